@@ -1,0 +1,1 @@
+"""rollbus: event-sourced rollouts for coding-agent RL."""

@@ -1,0 +1,3 @@
+from rollbus.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Bootstraps a fresh machine: Debian packages, a Python venv, the Kafka jars and the Claude Code CLI.
+# Each artefact is cached outside the clone under $ROLLBUS_CACHE, keyed by the file that pins it,
+# and rebuilt when absent. Prints the venv path on its last line.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+cache=${ROLLBUS_CACHE:-$HOME/.cache/rollbus}
+mkdir -p "$cache"
+log() { echo "bootstrap: $*" >&2; }
+
+# --- Debian packages (bubblewrap for sandboxes, docker-compose to validate compose/) ---
+need_apt=()
+command -v bwrap >/dev/null || need_apt+=(bubblewrap)
+command -v docker-compose >/dev/null || need_apt+=(docker-compose)
+command -v git >/dev/null || need_apt+=(git)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  log "apt-get install ${need_apt[*]}"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}") >&2 \
+    || log "warning: could not install ${need_apt[*]}"
+fi
+
+# --- Python venv, keyed by the lock files ---
+command -v uv >/dev/null || python3 -m pip install -q uv==0.13.8 >&2
+key=$(cat "$here/uv.lock" "$here/requirements-nodeps.txt" | sha256sum | cut -c1-16)
+venv="$cache/venv-$key"
+if [ ! -f "$venv/.complete" ]; then
+  log "building venv $venv"
+  rm -rf "$venv"
+  UV_PROJECT_ENVIRONMENT="$venv" uv sync --frozen --no-install-project --project "$here" >&2
+  uv pip install --python "$venv/bin/python" --no-deps -r "$here/requirements-nodeps.txt" >&2
+  touch "$venv/.complete"
+fi
+# the project itself, editable, so `rollbus` is on the venv's PATH (cheap, redone each time)
+uv pip install --python "$venv/bin/python" --no-deps -e "$here" -q >&2
+ln -sfn "$venv" "$cache/venv"
+
+# --- Kafka jars (Maven Central), keyed by the pom ---
+"$venv/bin/python" -m rollbus.broker fetch >&2
+
+# --- Claude Code CLI (npm), keyed by its pinned version ---
+"$venv/bin/python" -m rollbus.claude_cli fetch >&2 || log "warning: Claude Code CLI not installed"
+
+echo "$venv"
