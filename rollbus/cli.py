@@ -1,4 +1,4 @@
-"""The ``rollbus`` command: one subcommand per service and tool.
+"""The rollbus command: one subcommand per service and tool.
 
 Subcommands are listed explicitly in :data:`COMMANDS` (name -> module); each module exposes
 ``add_arguments(parser)`` and ``run(args) -> int``. Modules are imported only when chosen, so

@@ -1,0 +1,3 @@
+from services.grader.main import main
+
+raise SystemExit(main())

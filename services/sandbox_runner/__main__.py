@@ -1,0 +1,3 @@
+from services.sandbox_runner.main import main
+
+raise SystemExit(main())

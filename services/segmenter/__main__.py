@@ -1,0 +1,3 @@
+from services.segmenter.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,21 @@
+"""Segmenter: a Faust app joining `turns`, `sessions`, `diffs` and `rewards` per rollout into reward/K `segments`."""
+
+from __future__ import annotations
+
+import argparse
+
+from rollbus.config import add_common_options, add_option
+from services._stub import not_built_yet, parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common_options(parser)
+    add_option(parser, "--loss-scope", default="all_turns", choices=["all_turns", "last_turn"], help="loss scope")
+
+
+def run(args: argparse.Namespace) -> int:
+    return not_built_yet("segmenter", "the Faust join; the pure segmentation lives in rollbus.trajectory")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(parse(__doc__, "rollbus segmenter", add_arguments, argv))
