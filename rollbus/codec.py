@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import fastavro
+from fastavro.schema import SchemaParseException
 from fastavro.validation import ValidationError, validate
 
 from rollbus.events import EVENT_TYPES
 
-__all__ = ["EVENT_TYPES", "Codec", "CodecError", "Decoded", "decode", "encode", "schema"]
+__all__ = ["EVENT_TYPES", "Codec", "CodecError", "Decoded", "decode", "encode", "read_header", "schema"]
 
 MAGIC = b"RB"
 HEADER = struct.Struct(">2sBH")  # magic, event type id (index in EVENT_TYPES), schema version
@@ -60,6 +61,8 @@ class _Schema:
 def _load(path: Path) -> dict[str, Any]:
     try:
         declared = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CodecError(f"schema file {path} does not exist") from None
     except json.JSONDecodeError as exc:
         raise CodecError(f"schema file {path} is not valid JSON: {exc}") from exc
     if not isinstance(declared.get("version"), int):
@@ -67,27 +70,32 @@ def _load(path: Path) -> dict[str, Any]:
     return declared
 
 
-def load_schemas(schema_dir: Path, event_type: str) -> dict[int, _Schema]:
-    """Every version of ``event_type``'s schema found in ``schema_dir``, by version."""
-    paths = [schema_dir / f"{event_type}.avsc"]
+def _history_paths(schema_dir: Path, event_type: str) -> list[Path]:
     history = schema_dir / "history"
-    if history.is_dir():
-        paths += sorted(
-            p for p in history.iterdir()
-            if (m := _HISTORY_NAME.match(p.name)) and m["event"] == event_type
-        )
-    versions: dict[int, _Schema] = {}
-    for path in paths:
+    if not history.is_dir():
+        return []
+    named = ((path, _HISTORY_NAME.match(path.name)) for path in history.iterdir())
+    return sorted(path for path, match in named if match and match["event"] == event_type)
+
+
+def _load_versions(schema_dir: Path, event_type: str) -> dict[int, _Schema]:
+    """Every version of ``event_type``'s schema in ``schema_dir``; the current file must be the newest."""
+    current = _load(schema_dir / f"{event_type}.avsc")
+    versions = {current["version"]: current}
+    for path in _history_paths(schema_dir, event_type):
         declared = _load(path)
         version = declared["version"]
-        named = _HISTORY_NAME.match(path.name)
-        if named and int(named["version"]) != version:
-            raise CodecError(f"{path} declares version {version}, its name says {named['version']}")
+        if version != int(_HISTORY_NAME.match(path.name)["version"]):
+            raise CodecError(f"{path} declares version {version}, its name says otherwise")
         if version in versions:
             raise CodecError(f"{event_type} schema version {version} is defined twice ({path})")
-        parsed = fastavro.parse_schema(copy.deepcopy(declared))
-        versions[version] = _Schema(version, declared, parsed)
-    return versions
+        if version > current["version"]:
+            raise CodecError(f"{path} is newer than the current {event_type} schema (v{current['version']})")
+        versions[version] = declared
+    try:
+        return {v: _Schema(v, d, fastavro.parse_schema(copy.deepcopy(d))) for v, d in versions.items()}
+    except SchemaParseException as exc:
+        raise CodecError(f"{event_type} schema in {schema_dir} is not valid Avro: {exc}") from exc
 
 
 def _field_name(path: str, record_name: str) -> str:
@@ -114,17 +122,26 @@ def _expected(avro_type: Any) -> str:
     return str(avro_type)
 
 
+def read_header(data: bytes | bytearray | memoryview) -> tuple[str, int]:
+    """The event type and schema version a message claims, without touching its body."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise CodecError(f"expected message bytes, got {type(data).__name__} (a tombstone?)")
+    if len(data) < HEADER.size:
+        raise CodecError(f"message of {len(data)} bytes is shorter than the {HEADER.size}-byte header")
+    magic, type_id, version = HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise CodecError(f"bad magic {bytes(magic)!r}: not a rollbus message (expected {MAGIC!r})")
+    if type_id >= len(EVENT_TYPES):
+        raise CodecError(f"unknown event type id {type_id} (known: 0..{len(EVENT_TYPES) - 1})")
+    return EVENT_TYPES[type_id], version
+
+
 class Codec:
     """Encodes and decodes rollbus events using the schemas found in one directory."""
 
     def __init__(self, schema_dir: Path = SCHEMA_DIR) -> None:
         self.schema_dir = schema_dir
-        self._schemas: dict[str, dict[int, _Schema]] = {}
-        for event_type in EVENT_TYPES:
-            versions = load_schemas(schema_dir, event_type)
-            if not versions:
-                raise CodecError(f"no schema for event type {event_type!r} in {schema_dir}")
-            self._schemas[event_type] = versions
+        self._schemas = {event_type: _load_versions(schema_dir, event_type) for event_type in EVENT_TYPES}
 
     def latest_version(self, event_type: str) -> int:
         return max(self._versions(event_type))
@@ -143,19 +160,9 @@ class Codec:
         fastavro.schemaless_writer(buffer, current.parsed, datum)
         return buffer.getvalue()
 
-    def decode(self, data: bytes) -> Decoded:
+    def decode(self, data: bytes | bytearray | memoryview) -> Decoded:
         """The event in ``data``, resolved against the latest schema of its type."""
-        if len(data) < HEADER.size:
-            raise CodecError(f"message of {len(data)} bytes is shorter than the {HEADER.size}-byte header")
-        magic, type_id, version = HEADER.unpack_from(data)
-        if magic != MAGIC:
-            raise CodecError(f"bad magic {magic!r}: not a rollbus message (expected {MAGIC!r})")
-        if type_id >= len(EVENT_TYPES):
-            raise CodecError(f"unknown event type id {type_id} (known: 0..{len(EVENT_TYPES) - 1})")
-        event_type = EVENT_TYPES[type_id]
-        if version not in self._versions(event_type):
-            raise CodecError(f"unknown {event_type} schema version {version} "
-                             f"(known: {sorted(self._versions(event_type))})")
+        event_type, version = read_header(data)
         writer, reader = self._get(event_type, version), self._get(event_type, None)
         body = io.BytesIO(data)
         body.seek(HEADER.size)
@@ -222,7 +229,7 @@ def encode(event_type: str, record: Mapping[str, Any]) -> bytes:
     return default_codec().encode(event_type, record)
 
 
-def decode(data: bytes) -> Decoded:
+def decode(data: bytes | bytearray | memoryview) -> Decoded:
     return default_codec().decode(data)
 
 

@@ -32,7 +32,10 @@ def add_option(
     """Add ``flag`` whose default comes from its ``ROLLBUS_*`` variable, then ``default``."""
     env = env_name(flag)
     raw = os.environ.get(env)
-    value = type(raw) if raw is not None else default
+    try:
+        value = type(raw) if raw is not None else default
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{env}={raw!r} is not a valid value for {flag}: {exc}") from exc
     parser.add_argument(
         flag, default=value, type=type, help=f"{help} [env {env}; default {default!r}]", **kwargs
     )

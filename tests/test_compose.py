@@ -25,12 +25,13 @@ def test_compose_file_is_valid() -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_every_service_has_a_container_and_gpu_profile_adds_sglang() -> None:
-    default = set(_compose("config", "--services").stdout.split())
-    with_gpu = set(_compose("--profile", "gpu", "config", "--services").stdout.split())
-    assert SERVICES <= default
-    assert "sglang" not in default
-    assert with_gpu - default == {"sglang"}
+def test_every_service_has_a_container_and_only_sglang_needs_the_gpu_profile() -> None:
+    resolved = yaml.safe_load(_compose("config").stdout)["services"]
+    assert SERVICES <= set(resolved)
+    gpu_only = {name for name, service in resolved.items() if "gpu" in service.get("profiles", [])}
+    assert gpu_only == {"sglang"}
+    devices = resolved["sglang"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["capabilities"] == ["gpu"]
 
 
 def test_services_run_rollbus_subcommands_that_exist() -> None:

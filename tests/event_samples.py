@@ -1,0 +1,60 @@
+"""One realistic, valid record per event type (without ``schema_version``: the codec fills it in)."""
+
+from __future__ import annotations
+
+import json
+
+AT = 1_700_000_000_000  # a fixed instant, milliseconds since the epoch
+
+
+def turn(**overrides) -> dict:
+    """Turn 1 of the main chain, extending turn 0's prompt + output by a tool result."""
+    record = {
+        "rollout_id": "r-1", "chain_id": "main", "chain_kind": "main", "turn_index": 1,
+        "prompt_ref_turn": 0, "prompt_ids": [151644, 872, 198], "prompt_tokens": 40,
+        "output_ids": [9707, 0, 151645], "output_logprobs": [-0.25, -1.5, 0.0], "finish_reason": "stop",
+        "policy_version": 3, "request_id": "req-7",
+        "timings": {"started_at": AT, "finished_at": AT + 250, "generation_ms": 240},
+    }
+    return {**record, **overrides}
+
+
+def segment(tokens: int = 6) -> dict:
+    """A segment shaped like a real one: mostly sampled tokens, every fifth block of 500 a tool result."""
+    response = [(i * 7919) % 151_000 for i in range(tokens)]
+    mask = bytes(0 if (i // 500) % 5 == 4 else 1 for i in range(tokens))
+    return {
+        "segment_id": "r-1/0", "rollout_id": "r-1", "group_id": "g-1", "index": 0, "num_segments": 2,
+        "kind": "wipe", "prompt_ids": list(range(min(tokens, 2_000))), "response_ids": response,
+        "loss_mask": mask, "rollout_logprobs": [-(i % 97) / 8 for i in range(tokens)], "reward": 0.5,
+        "trajectory_reward": 1.0, "policy_versions": [7 if m else -1 for m in mask], "created_at": AT,
+    }
+
+
+SAMPLES: dict[str, dict] = {
+    "task": {
+        "rollout_id": "r-1", "group_id": "g-1", "sample_index": 0, "group_size": 4,
+        "prompt": "Fix the failing test in tests/test_parse.py", "label": None,
+        "metadata": json.dumps({"image": "python:3.11", "workdir": "/repo", "eval_cmd": "pytest -x"}),
+        "submitted_at": AT,
+    },
+    "turn": turn(),
+    "session": {
+        "rollout_id": "r-1", "chain_id": "sub-1", "kind": "frozen", "chain_kind": "subagent",
+        "reason": "subagent", "turn_count": 5, "parent_chain_id": "main", "at": AT,
+    },
+    "diff": {
+        "rollout_id": "r-1", "patch": "--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n", "exit_status": 0,
+        "wall_time_s": 81.25, "turns": 12, "error": None, "at": AT,
+    },
+    "reward": {
+        "rollout_id": "r-1", "reward": 1.0, "solved": True, "applied_cleanly": True,
+        "details": json.dumps({"passed": 3, "failed": 0}), "failure_kind": None, "at": AT,
+    },
+    "segment": segment(),
+    "policy": {"version": 8, "location": "/ckpt/policy-8", "published_at": AT},
+    "dead_letter": {
+        "source_topic": "turns", "partition": 2, "offset": 12345, "key": b"r-1", "value": b"RB\x01\x00",
+        "error": "CodecError: turn v1 body is undecodable", "service": "segmenter", "at": AT,
+    },
+}

@@ -1,0 +1,170 @@
+"""The wire codec: header, round-trips of random records, and clear errors on bad input."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rollbus import codec
+from rollbus.codec import HEADER, MAGIC, CodecError, Decoded
+from rollbus.events import EVENT_TYPES, TOPICS
+from tests.avro_strategies import records
+from tests.event_samples import SAMPLES, segment, turn
+
+SEGMENT_TOKENS = 96_000
+
+
+def test_event_types_match_the_topic_catalogue():
+    assert codec.EVENT_TYPES == EVENT_TYPES
+    assert set(TOPICS) == set(EVENT_TYPES)
+
+
+@pytest.mark.parametrize("event_type", EVENT_TYPES)
+def test_header_names_event_type_and_schema_version(event_type):
+    data = codec.encode(event_type, SAMPLES[event_type])
+    version = codec.schema(event_type)["version"]
+    assert data[:5] == b"RB" + bytes([EVENT_TYPES.index(event_type)]) + version.to_bytes(2, "big")
+
+
+def test_read_header_leaves_the_body_alone():
+    data = HEADER.pack(MAGIC, EVENT_TYPES.index("segment"), 1) + b"not avro at all"
+    assert codec.read_header(data) == ("segment", 1)
+    with pytest.raises(CodecError, match="segment v1 body is undecodable"):
+        codec.decode(data)
+
+
+@pytest.mark.parametrize("event_type", EVENT_TYPES)
+@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(data=st.data())
+def test_random_records_round_trip(event_type, data):
+    record = data.draw(records(codec.schema(event_type)))
+    decoded = codec.decode(codec.encode(event_type, record))
+    assert decoded == Decoded(event_type, record["schema_version"], record)
+
+
+token_ids = st.lists(st.integers(0, 2**18), max_size=3_000)
+logprob = st.floats(max_value=0.0, width=32, allow_nan=False)
+
+
+@settings(max_examples=30, deadline=None)
+@given(prompt=token_ids, output=st.lists(st.tuples(st.integers(0, 2**18), logprob), max_size=3_000))
+def test_token_arrays_round_trip(prompt, output):
+    sampled = {"output_ids": [t for t, _ in output], "output_logprobs": [lp for _, lp in output]}
+    record = turn(prompt_ids=prompt, **sampled)
+    assert codec.decode(codec.encode("turn", record)).record == {**record, "schema_version": 1}
+
+
+def test_segment_of_96k_tokens_round_trips_compactly():
+    record = segment(SEGMENT_TOKENS)
+    data = codec.encode("segment", record)
+    assert codec.decode(data).record == {**record, "schema_version": 1}
+    # token ids < 2**20 take at most 3 varint bytes, logprobs 4, mask 1, versions 1: well under 10 per token
+    assert len(data) < 10 * (SEGMENT_TOKENS + 2_000)
+
+
+def test_encode_sets_schema_version_whatever_the_caller_says():
+    decoded = codec.decode(codec.encode("turn", turn(schema_version=99)))
+    assert decoded.record["schema_version"] == decoded.schema_version == 1
+
+
+def test_defaulted_fields_may_be_left_out():
+    record = turn()
+    del record["prompt_ref_turn"]
+    assert codec.decode(codec.encode("turn", record)).record["prompt_ref_turn"] is None
+
+
+def test_schema_returns_a_copy():
+    codec.schema("turn")["fields"].clear()
+    assert codec.schema("turn")["fields"]
+
+
+def _turn_bytes() -> bytes:
+    return codec.encode("turn", turn())
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (None, "expected message bytes, got NoneType"),
+        (b"", "shorter than the 5-byte header"),
+        (b"RB\x01", "shorter than the 5-byte header"),
+        (b"XX" + _turn_bytes()[2:], "bad magic"),
+        (HEADER.pack(MAGIC, len(EVENT_TYPES), 1) + b"\x00", f"unknown event type id {len(EVENT_TYPES)}"),
+        (HEADER.pack(MAGIC, 1, 99) + _turn_bytes()[5:], "unknown turn schema version 99"),
+        (_turn_bytes() + b"\x00", "turn v1 message has 1 trailing bytes"),
+    ],
+    ids=["tombstone", "empty", "short-header", "bad-magic", "unknown-type", "unknown-version", "trailing"],
+)
+def test_decode_rejects_bad_bytes(data, message):
+    with pytest.raises(CodecError, match=message):
+        codec.decode(data)
+
+
+def test_any_bytes_like_message_decodes():
+    data = _turn_bytes()
+    assert codec.decode(bytearray(data)) == codec.decode(memoryview(data)) == codec.decode(data)
+
+
+def test_every_truncation_of_a_message_is_rejected():
+    data = _turn_bytes()
+    for length in range(len(data)):
+        with pytest.raises(CodecError):
+            codec.decode(data[:length])
+
+
+@pytest.mark.parametrize("event_type", EVENT_TYPES)
+@settings(max_examples=150, deadline=None)
+@given(body=st.binary(max_size=80))
+def test_arbitrary_bodies_decode_or_raise_codec_error(event_type, body):
+    data = HEADER.pack(MAGIC, EVENT_TYPES.index(event_type), 1) + body
+    try:
+        decoded = codec.decode(data)
+    except CodecError as error:
+        assert event_type in str(error)
+    else:
+        assert decoded.event_type == event_type
+
+
+def _without(record: dict, field: str) -> dict:
+    return {name: value for name, value in record.items() if name != field}
+
+
+@pytest.mark.parametrize(
+    ("record", "field"),
+    [
+        (_without(turn(), "request_id"), "request_id"),
+        (turn(rollout_id=None), "rollout_id"),
+        (turn(turn_index="1"), "turn_index"),
+        (turn(turn_index=True), "turn_index"),
+        (turn(turn_index=2**31), "turn_index"),
+        (turn(output_ids=[1, 2.5]), "output_ids"),
+        (turn(chain_kind="helper"), "chain_kind"),
+        (turn(prompt_ref_turn="0"), "prompt_ref_turn"),
+        (turn(timings={"started_at": 1, "generation_ms": 2}), "finished_at"),
+        (turn(tokens=[1]), "tokens"),
+    ],
+    ids=["missing", "null", "str-for-int", "bool-for-int", "int32-overflow", "float-in-ids", "enum",
+         "union", "nested-missing", "unknown-field"],
+)
+def test_encode_names_event_type_and_field_of_a_bad_record(record, field):
+    with pytest.raises(CodecError, match=rf"^turn record .*{field}"):
+        codec.encode("turn", record)
+
+
+def test_unknown_event_type_and_version_are_codec_errors():
+    with pytest.raises(CodecError, match="unknown event type 'turns'"):
+        codec.encode("turns", turn())
+    with pytest.raises(CodecError, match="unknown turn schema version 2"):
+        codec.schema("turn", 2)
+
+
+@pytest.mark.parametrize("event_type", EVENT_TYPES)
+def test_every_field_of_every_event_is_checked_by_name(event_type):
+    for field in codec.schema(event_type)["fields"][1:]:  # schema_version is the codec's to fill in
+        name = field["name"]
+        with pytest.raises(CodecError, match=rf"^{event_type} record .*'{name}': got object"):
+            codec.encode(event_type, {**SAMPLES[event_type], name: object()})
+        if "default" not in field:
+            with pytest.raises(CodecError, match=rf"^{event_type} record is missing field\(s\) {name} "):
+                codec.encode(event_type, _without(SAMPLES[event_type], name))
