@@ -1,0 +1,408 @@
+"""Canonical append-only history: each prompt is the chain's exact token stream plus the new messages.
+
+A coding agent sends its whole conversation every turn. Re-rendering and re-tokenizing it drifts
+from what was sampled (templates drop reasoning, tool inputs come back re-serialised, BPE merges
+differently across boundaries), and every drifted token is a sampled token we can no longer train.
+Instead we keep the tokens the model actually saw and sampled, recognise the assistant messages the
+client echoes back as our own outputs, and render only what is new (tool results, user text) plus
+the generation prompt. Per-turn cost grows with the new tokens, not with the context.
+
+Only a real history rewrite (compaction, an edited or foreign assistant message, removed messages,
+changed tools) starts a new chain from a full render; the old chain is frozen as a ``wipe``.
+
+Usage (one :class:`CanonicalHistory` per agent thread: the main agent, each sub-agent)::
+
+    plan = history.plan(messages, tools)          # no mutation; plan.prompt_ids goes to the engine
+    turn = history.commit(plan, output_ids, output_logprobs, finish_reason, policy_version,
+                          assistant_message)      # the message we parsed and sent back
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollbus.trajectory import FrozenChain, SegmentKind, Turn
+
+Message = dict[str, Any]
+
+# Stands in for the last assistant turn when rendering new messages: never appears in real text.
+WINDOW_MARKER = "\u2063rollbus-window-\u2063"
+_WINDOW_HEAD: list[Message] = [{"role": "user", "content": "."}]
+
+
+class StalePlan(ValueError):
+    """A plan committed after the history moved on (another commit, or a different history)."""
+
+
+class WindowCheckFailed(ValueError):
+    """The chat template did not render new messages independently of what precedes them."""
+
+
+# ---------------------------------------------------------------- assistant messages
+
+
+@dataclass(frozen=True)
+class AssistantMessage:
+    """An assistant message reduced to what survives a client round trip.
+
+    Tool arguments are canonical JSON (sorted keys, no whitespace) because the Claude Code CLI
+    re-serialises tool inputs; text and reasoning are stripped of surrounding whitespace.
+    """
+
+    text: str
+    reasoning: str
+    tool_calls: tuple[tuple[str, str, str], ...]  # (id, name, canonical JSON arguments)
+
+    def echoed_by(self, echo: AssistantMessage) -> bool:
+        """Whether ``echo`` is this message as sent back; the client may drop the reasoning."""
+        return (
+            echo.text == self.text
+            and echo.tool_calls == self.tool_calls
+            and echo.reasoning in ("", self.reasoning)
+        )
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content if part.get("type") == "text")
+
+
+def canonical_json(value: Any) -> str:
+    if isinstance(value, str):
+        value = json.loads(value) if value.strip() else {}
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def normalise_assistant(message: Message) -> AssistantMessage:
+    calls = []
+    for call in message.get("tool_calls") or ():
+        function = call.get("function", call)
+        calls.append((call.get("id", ""), function["name"], canonical_json(function.get("arguments", {}))))
+    return AssistantMessage(
+        text=_text(message.get("content")).strip(),
+        reasoning=(message.get("reasoning_content") or "").strip(),
+        tool_calls=tuple(calls),
+    )
+
+
+# ---------------------------------------------------------------- rendering
+
+
+class TemplateRenderer:
+    """Full renders and suffix renders of one tokenizer's chat template.
+
+    A suffix is rendered in a small window, ``[user ".", assistant MARKER] + new``, and cut after the
+    marker's closing tokens. Rendering "window without the new messages" and taking the difference
+    would not do: Qwen-style templates change how the last assistant turn renders depending on what
+    follows it. The cut is checked (marker once, closing text right after it, suffix starting at a
+    special token so tokenizing it alone equals tokenizing it in context).
+    """
+
+    def __init__(self, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None):
+        self.tokenizer = tokenizer
+        self.kwargs = dict(chat_template_kwargs or {})
+        self.special_ids = {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+        closed = self._render(_WINDOW_HEAD + [{"role": "assistant", "content": WINDOW_MARKER}], None, False)
+        self.close_text = closed[closed.index(WINDOW_MARKER) + len(WINDOW_MARKER) :]
+        self.close_ids = self.encode(self.close_text)
+        self._suffix_needs_tools: bool | None = None
+
+    def _render(self, messages: Sequence[Message], tools: list[dict] | None, generation: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            list(messages), tools=tools, add_generation_prompt=generation, tokenize=False, **self.kwargs
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def full(self, messages: Sequence[Message], tools: list[dict] | None) -> list[int]:
+        return self.encode(self._render(messages, tools, True))
+
+    def suffix(self, new: Sequence[Message], tools: list[dict] | None) -> list[int]:
+        """Tokens for ``new`` + generation prompt, as the template renders them after an assistant turn."""
+        if self._suffix_needs_tools is None:
+            self._suffix_needs_tools = self._suffix_text(new, tools) != self._suffix_text(new, None)
+        text = self._suffix_text(new, tools if self._suffix_needs_tools else None)
+        ids = self.encode(text)
+        if not ids or ids[0] not in self.special_ids:
+            raise WindowCheckFailed(f"rendered suffix does not start at a special token: {text[:40]!r}")
+        return ids
+
+    def _suffix_text(self, new: Sequence[Message], tools: list[dict] | None) -> str:
+        window = _WINDOW_HEAD + [{"role": "assistant", "content": WINDOW_MARKER}] + list(new)
+        text = self._render(window, tools, True)
+        at = text.find(WINDOW_MARKER)
+        if at < 0 or text.find(WINDOW_MARKER, at + 1) >= 0:
+            raise WindowCheckFailed("the window's assistant marker is missing or repeated")
+        after = at + len(WINDOW_MARKER)
+        if not text.startswith(self.close_text, after):
+            raise WindowCheckFailed("the assistant turn closes differently when messages follow it")
+        return text[after + len(self.close_text) :]
+
+    def closing_ids(self, output_ids: Sequence[int], stop_token_ids: set[int]) -> list[int]:
+        """Template tokens that follow a sampled output in history (``\\n`` after ``<|im_end|>``).
+
+        An output that ended on any stop token (``<|endoftext|>`` too) keeps it verbatim in place of
+        the template's end-of-turn token; a truncated one gets the whole closing, end token included.
+        """
+        if output_ids and output_ids[-1] in stop_token_ids and self.close_ids[0] in stop_token_ids:
+            return self.close_ids[1:]
+        return list(self.close_ids)
+
+
+# ---------------------------------------------------------------- the plan
+
+
+@dataclass
+class PromptPlan:
+    """What to send for one request, and how it relates to the chain; commit it after sampling.
+
+    ``reason`` says why a new chain starts: ``first``, ``tools_changed``, ``compaction`` (the
+    conversation's opening changed), ``edited_history`` (a later context message changed),
+    ``removed_messages``, ``unmatched_assistant`` (an echoed assistant message is not what we
+    sampled), ``unsampled_assistant`` (a new assistant message we never sampled, e.g. a prefill),
+    ``no_new_messages`` or ``window_check_failed``; None when the chain continues.
+    """
+
+    prompt_ids: list[int]
+    new_chain: bool
+    reason: str | None
+    reused_tokens: int
+    rendered_tokens: int
+    chain_id: str
+    turn_index: int
+    messages: list[Message] = field(repr=False)
+    tools: list[dict] | None = field(repr=False)
+    _epoch: tuple[int, int] = field(repr=False, default=(0, 0))
+    _new_messages: list[Message] = field(repr=False, default_factory=list)
+    _echoes: dict[int, Message] = field(repr=False, default_factory=dict)
+
+
+@dataclass
+class _Match:
+    """How a request lines up with the chain: where new messages start, or why it cannot."""
+
+    new_from: int = 0
+    reason: str | None = None
+    echoes: dict[int, Message] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- histories
+
+
+def _default_stop_ids(tokenizer: Any, renderer: TemplateRenderer) -> set[int]:
+    eos = tokenizer.eos_token_id
+    return {renderer.close_ids[0]} | ({eos} if isinstance(eos, int) else set())
+
+
+class CanonicalHistory:
+    """One agent thread's chains: the live one (``turns``) and those frozen by rewrites (``frozen``).
+
+    ``sent[i]`` is the normalised assistant message returned for ``turns[i]``. The stream and the
+    messages already in the chain are private; plans are computed against them without mutation.
+    Messages must be HF/OpenAI chat dicts with tool-call ``arguments`` as objects.
+    """
+
+    history_mode = "canonical"
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        stop_token_ids: Sequence[int] | None = None,
+        chain_name: str = "main",
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ):
+        self.renderer = TemplateRenderer(tokenizer, chat_template_kwargs)
+        stops = _default_stop_ids(tokenizer, self.renderer) if stop_token_ids is None else stop_token_ids
+        self.stop_token_ids = set(stops)
+        self.chain_name = chain_name
+        self.turns: list[Turn] = []
+        self.sent: list[AssistantMessage] = []
+        self.frozen: list[FrozenChain] = []
+        self._chain_number = 0  # of the live chain, or of the next one when none is live
+        self._commits = 0
+        self._stream: list[int] = []
+        self._context: list[Message | int] = []  # the chain's messages; an int is the index of our turn
+        self._echoes: dict[int, Message] = {}  # last raw echo of each of our turns (fast equality path)
+        self._tools: list[dict] | None = None
+        self._opening = 0  # index of the chain's first non-system message
+
+    @property
+    def chain_id(self) -> str:
+        return self._chain_id(self._chain_number)
+
+    def _chain_id(self, number: int) -> str:
+        return self.chain_name if number == 0 else f"{self.chain_name}.{number}"
+
+    @property
+    def stream(self) -> list[int]:
+        """The live chain's exact tokens: last prompt + last output + closing template tokens."""
+        return list(self._stream)
+
+    def continues(self, messages: Sequence[Message], tools: list[dict] | None) -> bool:
+        """Whether this request extends the live chain: lets an adapter route sub-agent requests."""
+        return bool(self.turns) and self._match(messages, tools).reason is None
+
+    def plan(self, messages: Sequence[Message], tools: list[dict] | None) -> PromptPlan:
+        messages = list(messages)
+        match = self._match(messages, tools) if self.turns else _Match(reason="first")
+        epoch = (id(self), self._commits)
+        if match.reason is None:
+            new = messages[match.new_from :]
+            try:
+                suffix = self.renderer.suffix(new, tools)
+            except WindowCheckFailed:
+                match = _Match(reason="window_check_failed")
+            else:
+                return PromptPlan(
+                    self._stream + suffix, False, None, len(self._stream), len(suffix), self.chain_id,
+                    len(self.turns), messages, tools, epoch, new, match.echoes,
+                )
+        ids = self.renderer.full(messages, tools)
+        chain_id = self._chain_id(self._chain_number + (1 if self.turns else 0))
+        return PromptPlan(ids, True, match.reason, 0, len(ids), chain_id, 0, messages, tools, epoch)
+
+    def _match(self, messages: Sequence[Message], tools: list[dict] | None) -> _Match:
+        if tools != self._tools:
+            return _Match(reason="tools_changed")
+        echoes: dict[int, Message] = {}
+        for i, entry in enumerate(self._context):
+            if i >= len(messages):
+                return _Match(reason="removed_messages")
+            message = messages[i]
+            if isinstance(entry, int):
+                if message == self._echoes.get(entry):
+                    continue
+                if message.get("role") != "assistant" or not self.sent[entry].echoed_by(
+                    normalise_assistant(message)
+                ):
+                    return _Match(reason="unmatched_assistant")
+                echoes[entry] = message
+            elif message != entry:
+                return _Match(reason="compaction" if i <= self._opening else "edited_history")
+        new_from = len(self._context)
+        if new_from == len(messages):
+            return _Match(reason="no_new_messages")
+        if any(m.get("role") == "assistant" for m in messages[new_from:]):
+            return _Match(reason="unsampled_assistant")
+        return _Match(new_from=new_from, echoes=echoes)
+
+    def commit(
+        self,
+        plan: PromptPlan,
+        output_ids: Sequence[int],
+        output_logprobs: Sequence[float],
+        finish_reason: str,
+        policy_version: int,
+        assistant_message: Message,
+    ) -> Turn:
+        """Record what was sampled for ``plan``; ``assistant_message`` is what the client was sent.
+
+        The returned turn shares ``plan.prompt_ids`` (no copy of the context): don't mutate it.
+        """
+        if plan._epoch != (id(self), self._commits):
+            raise StalePlan(f"plan for turn {plan.turn_index} of {plan.chain_id} is stale; plan again")
+        if plan.new_chain:
+            self._restart(plan)
+        else:
+            self._context.extend(dict(m) for m in plan._new_messages)
+            self._echoes.update((turn, dict(message)) for turn, message in plan._echoes.items())
+        turn = Turn(
+            plan.prompt_ids, list(output_ids), list(output_logprobs), finish_reason, policy_version,
+            chain_id=self.chain_id, turn_index=len(self.turns),
+        )
+        closing = self.renderer.closing_ids(output_ids, self.stop_token_ids)
+        self._stream = turn.prompt_ids + turn.output_ids + closing
+        self._context.append(len(self.turns))
+        self.turns.append(turn)
+        self.sent.append(normalise_assistant(assistant_message))
+        self._commits += 1
+        return turn
+
+    def _restart(self, plan: PromptPlan) -> None:
+        if self.turns:
+            self.frozen.append(FrozenChain("wipe", self.turns, "canonical", self.chain_id))
+            self._chain_number += 1
+        self.turns, self.sent, self._echoes = [], [], {}
+        self._context = [dict(m) for m in plan.messages]
+        self._tools = json.loads(json.dumps(plan.tools)) if plan.tools is not None else None
+        self._opening = next((i for i, m in enumerate(plan.messages) if m.get("role") != "system"), 0)
+
+    def freeze(self, kind: SegmentKind) -> FrozenChain | None:
+        """End the live chain (a finished sub-agent, or the trajectory's end); the next plan is ``first``."""
+        if not self.turns:
+            return None
+        chain = FrozenChain(kind, self.turns, "canonical", self.chain_id)
+        self.turns, self.sent, self._echoes, self._context, self._stream = [], [], {}, [], []
+        self._tools = None
+        self._chain_number += 1
+        self._commits += 1
+        return chain
+
+    def all_chains(self, final_kind: SegmentKind = "final") -> list[FrozenChain]:
+        """The frozen wipes, then the live chain as ``final_kind``: input for ``fan_out``."""
+        live = [FrozenChain(final_kind, self.turns, "canonical", self.chain_id)] if self.turns else []
+        return self.frozen + live
+
+
+class RerenderHistory:
+    """``--history-mode rerender``: a full render every turn, stitched later by ``merge_turns``.
+
+    Same interface as :class:`CanonicalHistory`; restarts are found by ``merge_turns_all``, so
+    ``frozen`` stays empty and every turn belongs to one ``rerender`` chain.
+    """
+
+    history_mode = "rerender"
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        stop_token_ids: Sequence[int] | None = None,
+        chain_name: str = "main",
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ):
+        self.renderer = TemplateRenderer(tokenizer, chat_template_kwargs)
+        self.stop_token_ids = set(stop_token_ids or _default_stop_ids(tokenizer, self.renderer))
+        self.chain_id = chain_name
+        self.turns: list[Turn] = []
+        self.sent: list[AssistantMessage] = []
+        self.frozen: list[FrozenChain] = []
+
+    def plan(self, messages: Sequence[Message], tools: list[dict] | None) -> PromptPlan:
+        ids = self.renderer.full(list(messages), tools)
+        first = not self.turns
+        epoch = (id(self), len(self.turns))
+        return PromptPlan(
+            ids, first, "first" if first else None, 0, len(ids), self.chain_id, len(self.turns),
+            list(messages), tools, epoch,
+        )
+
+    def commit(
+        self,
+        plan: PromptPlan,
+        output_ids: Sequence[int],
+        output_logprobs: Sequence[float],
+        finish_reason: str,
+        policy_version: int,
+        assistant_message: Message,
+    ) -> Turn:
+        if plan._epoch != (id(self), len(self.turns)):
+            raise StalePlan(f"plan for turn {plan.turn_index} of {plan.chain_id} is stale; plan again")
+        turn = Turn(
+            plan.prompt_ids, list(output_ids), list(output_logprobs), finish_reason, policy_version,
+            chain_id=self.chain_id, turn_index=len(self.turns),
+        )
+        self.turns.append(turn)
+        self.sent.append(normalise_assistant(assistant_message))
+        return turn
+
+    def all_chains(self, final_kind: SegmentKind = "final") -> list[FrozenChain]:
+        return [FrozenChain(final_kind, self.turns, "rerender", self.chain_id)] if self.turns else []
