@@ -1,0 +1,96 @@
+"""Run one host process to completion under a deadline, keeping its output even when it is killed.
+
+``run_process`` returns once the output pipes are closed, i.e. once every process that inherited them has
+exited: after a timeout kill that means the whole tree is gone, not just signalled. Only a process that
+escaped the process group (its own session, outside any namespace) can hold them open; it is waited for
+for at most ``KILL_GRACE_S``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from asyncio.subprocess import PIPE
+from collections.abc import Callable, Mapping, Sequence
+
+from rollbus.sandbox.base import Completed
+
+KILL_GRACE_S = 5.0
+READER_GRACE_S = 1.0
+CHUNK = 1 << 16
+
+Killer = Callable[[asyncio.subprocess.Process], None]
+
+
+def kill_process_group(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL the group the process leads (it was started in a new session)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def run_process(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str | os.PathLike[str] | None,
+    timeout: float,
+    kill: Killer = kill_process_group,
+    pass_fds: Sequence[int] = (),
+) -> Completed:
+    """Run ``argv`` in a new session; on timeout ``kill`` it (and its group) and report what it printed."""
+    start = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=PIPE,
+        stderr=PIPE,
+        env=dict(env),
+        cwd=cwd,
+        start_new_session=True,
+        pass_fds=tuple(pass_fds),
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = bytearray(), bytearray()
+    readers = [
+        asyncio.ensure_future(_collect(proc.stdout, out)),
+        asyncio.ensure_future(_collect(proc.stderr, err)),
+    ]
+    timed_out = False
+    try:
+        await asyncio.wait_for(proc.wait(), timeout)  # on 3.11 this also waits for the pipes to close
+    except TimeoutError:
+        timed_out = True
+        kill(proc)
+        kill_process_group(proc)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), KILL_GRACE_S)
+    except asyncio.CancelledError:
+        kill(proc)
+        kill_process_group(proc)
+        raise
+    finally:
+        await _stop(readers)
+    return Completed(
+        exit_code=proc.returncode if proc.returncode is not None else -signal.SIGKILL,
+        stdout=out.decode("utf-8", errors="replace"),
+        stderr=err.decode("utf-8", errors="replace"),
+        wall_time_s=time.monotonic() - start,
+        timed_out=timed_out,
+    )
+
+
+async def _collect(stream: asyncio.StreamReader, sink: bytearray) -> None:
+    """Append everything read to ``sink`` as it arrives, so a cancelled read keeps what came before."""
+    while chunk := await stream.read(CHUNK):
+        sink += chunk
+
+
+async def _stop(readers: list[asyncio.Future[None]]) -> None:
+    """Readers end at end of file; one still blocked on a pipe that a stray process holds is cancelled."""
+    _, pending = await asyncio.wait(readers, timeout=READER_GRACE_S)
+    for reader in pending:
+        reader.cancel()
+    await asyncio.gather(*readers, return_exceptions=True)

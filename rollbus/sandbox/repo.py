@@ -1,0 +1,95 @@
+"""The repository an agent works on, and its patch against the baseline.
+
+The agent can rewrite anything under its workspace, including ``.git/config`` (hooks, ``core.fsmonitor``,
+diff drivers and clean filters all run commands). So the baseline the patch is computed against lives in a
+*trusted* git directory beside the workspace, never mounted into the sandbox, and every host-side git call
+ignores user and system config. The workspace still gets its own ``.git`` for the agent to use.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+GIT_IDENTITY = ("-c", "user.name=rollbus", "-c", "user.email=rollbus@localhost", "-c", "commit.gpgsign=false")
+BASELINE_MESSAGE = "rollbus baseline"
+
+
+class GitError(RuntimeError):
+    """A host-side git command failed."""
+
+
+def baseline_gitdir(workdir: Path) -> Path:
+    """Where the trusted baseline of ``workdir`` lives (a sibling, outside anything mounted in a sandbox)."""
+    workdir = Path(workdir).resolve()
+    return workdir.with_name(workdir.name + ".baseline.git")
+
+
+def prepare_repo(src_dir: Path, dest: Path) -> Path:
+    """Copy ``src_dir`` to ``dest``, make it a git repository if it is not, record the trusted baseline.
+
+    The baseline lands beside ``dest`` (:func:`baseline_gitdir`), so ``dest`` belongs in a scratch directory
+    that the caller removes as a whole.
+    """
+    dest = Path(dest)
+    shutil.copytree(src_dir, dest, symlinks=True)
+    if not (dest / ".git").exists():
+        _git(["init", "-q"], cwd=dest)
+        _git(["add", "-A"], cwd=dest)
+        _git([*GIT_IDENTITY, "commit", "-q", "--allow-empty", "-m", BASELINE_MESSAGE], cwd=dest)
+    _trusted_git(dest, ["init", "-q"])
+    _trusted_git(dest, ["add", "-A"])
+    _trusted_git(dest, [*GIT_IDENTITY, "commit", "-q", "--allow-empty", "-m", BASELINE_MESSAGE])
+    return dest
+
+
+def git_diff(workdir: Path) -> str:
+    """The agent's patch: every change under ``workdir`` since the baseline, new and binary files included."""
+    _trusted_git(workdir, ["add", "-A"])
+    return _trusted_git(workdir, ["diff", "--cached", "--binary", "--no-ext-diff", "--no-textconv", "HEAD"])
+
+
+def apply_patch(workdir: Path, patch: str) -> bool:
+    """Apply ``patch`` (from :func:`git_diff`) to ``workdir``, all or nothing; False if it does not apply."""
+    if not patch.strip():
+        return True
+    done = subprocess.run(
+        ["git", "apply", "--whitespace=nowarn", "-"],
+        input=patch,
+        cwd=workdir,
+        env=_git_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.returncode == 0
+
+
+def _trusted_git(workdir: Path, args: list[str]) -> str:
+    workdir = Path(workdir).resolve()
+    gitdir = ["--git-dir", str(baseline_gitdir(workdir)), "--work-tree", str(workdir)]
+    return _git([*gitdir, "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", *args], cwd=workdir)
+
+
+def _git(args: list[str], *, cwd: Path) -> str:
+    done = subprocess.run(
+        ["git", *args], cwd=cwd, env=_git_env(), capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise GitError(f"git {' '.join(args)} failed in {cwd}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def _git_env() -> dict[str, str]:
+    """No user/system config (deterministic, and nothing configured can run), no prompts, no pager."""
+    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TMPDIR")}
+    return {
+        **keep,
+        "HOME": "/nonexistent",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_PAGER": "cat",
+    }
