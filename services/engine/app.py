@@ -1,0 +1,210 @@
+"""HTTP face of the engine: the subset of SGLang's server API the adapter uses.
+
+Routes and bodies mirror ``sglang/srt/entrypoints/http_server.py``: ``/generate`` (non-streaming, and
+streaming as SGLang's cumulative ``data: {...}`` server-sent events ending in ``data: [DONE]``),
+``/abort_request``, ``/health``, ``/get_model_info`` / ``/model_info``, ``/get_server_info`` /
+``/server_info``, ``/update_weights_from_disk``, ``/flush_cache``, plus ``/metrics`` (Prometheus text).
+Bad input is a 400 with ``{"error": {"message": ...}}``, as SGLang's ``_create_error_response``.
+
+Generation runs on one dedicated worker thread, so torch never blocks the event loop and requests are
+served one at a time in arrival order; ``/abort_request`` reaches both queued and running requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from services.engine.engine import Engine, TokenCallback
+from services.engine.policies import ChainRoute
+from services.engine.protocol import BadRequest, GenerateRequest, Generation, parse_generate, response_body
+
+
+@dataclass
+class Served:
+    """What the routes share: the engine, its generation worker and how it was started."""
+
+    engine: Engine
+    worker: ThreadPoolExecutor
+    tokenizer_path: str
+    served_model_name: str
+
+    async def run(
+        self, request: GenerateRequest, route: ChainRoute, on_token: TokenCallback | None = None
+    ) -> Generation:
+        self.engine.admit(request.rid)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.worker, self.engine.generate, request, route, on_token)
+
+
+def served(http: Request) -> Served:
+    return http.app.state.served
+
+
+async def json_body(http: Request) -> Any:
+    try:
+        return await http.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise BadRequest(f"the request body is not valid JSON: {err}") from err
+
+
+def sse(payload: Any) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+async def generate(http: Request) -> Response:
+    arrived = time.perf_counter()
+    state = served(http)
+    engine = state.engine
+    request = parse_generate(await json_body(http), engine.vocab_size, engine.context_length)
+    route = ChainRoute.from_headers(http.headers)
+    if request.stream:
+        return StreamingResponse(stream(state, request, route, arrived), media_type="text/event-stream")
+    generation = await state.run(request, route)
+    text = engine.text(request, generation)
+    return JSONResponse(response_body(request, generation, text, time.perf_counter() - arrived))
+
+
+async def stream(state: Served, request: GenerateRequest, route: ChainRoute, arrived: float):
+    """SGLang's default (non-incremental) stream: each event carries the whole output so far."""
+    loop = asyncio.get_running_loop()
+    partials: asyncio.Queue[Generation | None] = asyncio.Queue()
+    task = asyncio.ensure_future(
+        state.run(request, route, lambda partial: loop.call_soon_threadsafe(partials.put_nowait, partial))
+    )
+    task.add_done_callback(lambda _: partials.put_nowait(None))  # after every queued partial
+    engine = state.engine
+    try:
+        while (partial := await partials.get()) is not None:
+            yield sse(response_body(request, partial, engine.text(request, partial), None))
+        generation = task.result()
+        latency = time.perf_counter() - arrived
+        yield sse(response_body(request, generation, engine.text(request, generation), latency))
+        yield b"data: [DONE]\n\n"
+    finally:
+        if not task.done():
+            engine.abort(request.rid)  # the client went away mid-stream
+
+
+async def abort_request(http: Request) -> Response:
+    body = await json_body(http)
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object.")
+    rid, abort_all = body.get("rid") or "", body.get("abort_all", False)
+    if not isinstance(rid, str) or not isinstance(abort_all, bool):
+        raise BadRequest('abort_request takes {"rid": str} or {"abort_all": true}.')
+    if rid or abort_all:
+        served(http).engine.abort(rid, abort_all=abort_all)
+    return Response(status_code=200)
+
+
+async def health(http: Request) -> Response:
+    return Response(status_code=200)
+
+
+async def model_info(http: Request) -> JSONResponse:
+    return JSONResponse(model_info_dict(served(http)))
+
+
+def model_info_dict(state: Served) -> dict[str, Any]:
+    engine = state.engine
+    return {
+        "model_path": engine.model_path,
+        "served_model_name": state.served_model_name,
+        "tokenizer_path": state.tokenizer_path,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": engine.weight_version,
+        "load_format": "auto",
+        "model_type": engine.model.config.model_type,
+        "architectures": engine.model.config.architectures,
+        "policy": engine.policy.name,
+        "vocab_size": engine.model.config.vocab_size,
+        "context_length": engine.context_length,
+    }
+
+
+async def server_info(http: Request) -> JSONResponse:
+    state = served(http)
+    cache = state.engine.prefix_cache
+    return JSONResponse(
+        {
+            **model_info_dict(state),
+            "prefix_cache_capacity": cache.capacity,
+            "prefix_cache_entries": len(cache),
+            "prefix_cache_tokens": cache.cached_tokens(),
+            "counters": vars(state.engine.counters),
+        }
+    )
+
+
+async def metrics(http: Request) -> PlainTextResponse:
+    counters = vars(served(http).engine.counters).items()
+    return PlainTextResponse("".join(f"rollbus_engine_{name}_total {value}\n" for name, value in counters))
+
+
+async def update_weights_from_disk(http: Request) -> JSONResponse:
+    body = await json_body(http)
+    if not isinstance(body, dict) or not isinstance(body.get("model_path"), str):
+        raise BadRequest('update_weights_from_disk needs {"model_path": "<checkpoint dir>"}.')
+    version = body.get("weight_version")
+    if version is not None and not isinstance(version, str):
+        raise BadRequest(f"weight_version must be a string, got {version!r}.")
+    try:
+        new_version = await asyncio.to_thread(served(http).engine.update_weights, body["model_path"], version)
+    except (OSError, ValueError) as err:
+        message = f"Failed to update weights: {err}"
+        return JSONResponse({"success": False, "message": message, "num_paused_requests": 0}, status_code=400)
+    message = f"Succeeded to update model weights. Weight version updated to {new_version}."
+    return JSONResponse({"success": True, "message": message, "num_paused_requests": 0})
+
+
+async def flush_cache(http: Request) -> PlainTextResponse:
+    await asyncio.to_thread(served(http).engine.flush_cache)
+    return PlainTextResponse("Cache flushed.\n")
+
+
+async def bad_request(http: Request, err: Exception) -> JSONResponse:
+    return JSONResponse({"error": {"message": str(err)}}, status_code=400)
+
+
+ROUTES: list[tuple[str, Any, list[str]]] = [
+    ("/generate", generate, ["POST", "PUT"]),
+    ("/abort_request", abort_request, ["POST"]),
+    ("/health", health, ["GET"]),
+    ("/health_generate", health, ["GET"]),
+    ("/get_model_info", model_info, ["GET"]),
+    ("/model_info", model_info, ["GET"]),
+    ("/get_server_info", server_info, ["GET"]),
+    ("/server_info", server_info, ["GET"]),
+    ("/metrics", metrics, ["GET"]),
+    ("/update_weights_from_disk", update_weights_from_disk, ["POST"]),
+    ("/flush_cache", flush_cache, ["GET", "POST"]),
+]
+
+
+def create_app(engine: Engine, *, tokenizer_path: str, served_model_name: str = "rollbus-engine") -> FastAPI:
+    """The FastAPI app serving ``engine``, with its own single generation worker thread."""
+    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-generate")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        engine.abort(abort_all=True)
+        worker.shutdown(wait=True, cancel_futures=True)
+
+    app = FastAPI(title="rollbus engine", lifespan=lifespan)
+    app.state.served = Served(engine, worker, tokenizer_path, served_model_name)
+    app.add_exception_handler(BadRequest, bad_request)
+    for path, endpoint, methods in ROUTES:
+        app.add_api_route(path, endpoint, methods=methods)
+    return app

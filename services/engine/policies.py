@@ -1,0 +1,152 @@
+"""What the engine outputs: sampled tokens, or a script replayed with real logprobs.
+
+``--policy sample`` draws every token from the loaded weights. ``--policy scripted --script FILE``
+replays fixed model outputs so end-to-end runs (tool calls, sub-agents, final answers) are
+reproducible with a random model; the engine still scores each scripted token under the current
+weights, so the logprobs are true and training on them is meaningful.
+
+Script file (JSON)::
+
+    {
+      "turns": ["<raw model output>", {"text": "<partial output>", "complete": false}, ...],
+      "subagent_turns": ["..."],            # optional: replayed per sub-agent chain
+      "side_text": "...",                   # optional: every side-chain request (titles, summaries)
+      "final_text": "..."                   # optional: answer once a chain's turns run out
+    }
+
+A turn is raw model output (reasoning, ``<tool_call>`` blocks, text) without the closing
+``<|im_end|>``; the engine appends it for a complete turn (a string, or ``"complete": true``), so the
+request finishes with ``{"type": "stop", "matched": im_end}``. Cursors are kept per
+(rollout, chain): every main chain and every sub-agent chain replays its list from the start, and a
+request advances its chain's cursor by one (a retried request therefore gets the next turn). When a
+chain's turns run out, the engine answers ``final_text`` (default :data:`DEFAULT_FINAL_TEXT`), a plain
+text turn that ends the agent loop instead of failing the rollout.
+
+The chain comes from the adapter's headers ``X-Rollbus-Rollout``, ``X-Rollbus-Chain`` and
+``X-Rollbus-Chain-Kind`` (``main`` | ``subagent`` | ``side``); without them a request belongs to the
+anonymous main chain.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from services.engine.protocol import BadRequest
+
+DEFAULT_FINAL_TEXT = "The scripted session is over; I have nothing further to do."
+DEFAULT_SIDE_TEXT = "Scripted session"
+CHAIN_KINDS = ("main", "subagent", "side")
+
+ROLLOUT_HEADER = "x-rollbus-rollout"
+CHAIN_HEADER = "x-rollbus-chain"
+CHAIN_KIND_HEADER = "x-rollbus-chain-kind"
+
+
+@dataclass(frozen=True)
+class ChainRoute:
+    """Which rollout and chain a request belongs to (from the adapter's headers)."""
+
+    rollout_id: str = ""
+    chain_id: str = ""
+    kind: str = "main"
+
+    @classmethod
+    def from_headers(cls, headers: Mapping[str, str]) -> ChainRoute:
+        kind = headers.get(CHAIN_KIND_HEADER, "main")
+        if kind not in CHAIN_KINDS:
+            raise BadRequest(f"X-Rollbus-Chain-Kind must be one of {', '.join(CHAIN_KINDS)}, got {kind!r}.")
+        return cls(headers.get(ROLLOUT_HEADER, ""), headers.get(CHAIN_HEADER, ""), kind)
+
+
+@dataclass(frozen=True)
+class ScriptedTurn:
+    """One scripted model output; ``complete`` turns get the ``<|im_end|>`` stop token appended."""
+
+    text: str
+    complete: bool = True
+
+
+@dataclass(frozen=True)
+class Script:
+    turns: tuple[ScriptedTurn, ...]
+    subagent_turns: tuple[ScriptedTurn, ...] = ()
+    side_text: str = DEFAULT_SIDE_TEXT
+    final_text: str = DEFAULT_FINAL_TEXT
+
+
+def _turn(raw: Any, where: str) -> ScriptedTurn:
+    if isinstance(raw, str):
+        return ScriptedTurn(raw)
+    if isinstance(raw, dict) and isinstance(raw.get("text"), str):
+        complete = raw.get("complete", True)
+        if not isinstance(complete, bool):
+            raise ValueError(f"{where}.complete must be a boolean")
+        return ScriptedTurn(raw["text"], complete)
+    raise ValueError(f"{where} must be a string or {{\"text\": str, \"complete\": bool}}")
+
+
+def _text(data: dict[str, Any], key: str, default: str) -> str:
+    value = data.get(key, default)
+    if not isinstance(value, str):
+        raise ValueError(f"script {key} must be a string")
+    return value
+
+
+def parse_script(data: Any) -> Script:
+    """Validate a decoded script file."""
+    if not isinstance(data, dict) or not isinstance(data.get("turns"), list):
+        raise ValueError('a script must be a JSON object with a "turns" list')
+    subagent = data.get("subagent_turns", [])
+    if not isinstance(subagent, list):
+        raise ValueError("script subagent_turns must be a list")
+    return Script(
+        turns=tuple(_turn(raw, f"turns[{i}]") for i, raw in enumerate(data["turns"])),
+        subagent_turns=tuple(_turn(raw, f"subagent_turns[{i}]") for i, raw in enumerate(subagent)),
+        side_text=_text(data, "side_text", DEFAULT_SIDE_TEXT),
+        final_text=_text(data, "final_text", DEFAULT_FINAL_TEXT),
+    )
+
+
+def load_script(path: str | Path) -> Script:
+    try:
+        return parse_script(json.loads(Path(path).read_text()))
+    except (json.JSONDecodeError, ValueError) as err:
+        raise ValueError(f"bad script {path}: {err}") from err
+
+
+class Policy(Protocol):
+    name: str
+
+    def scripted_turn(self, route: ChainRoute) -> ScriptedTurn | None:
+        """The output to force for this request, or None to sample from the weights."""
+
+
+class SamplePolicy:
+    """True sampling from the loaded weights."""
+
+    name = "sample"
+
+    def scripted_turn(self, route: ChainRoute) -> ScriptedTurn | None:
+        return None
+
+
+@dataclass
+class ScriptedPolicy:
+    """Replays a :class:`Script`, one cursor per (rollout, chain)."""
+
+    script: Script
+    name: str = "scripted"
+    cursors: dict[tuple[str, str, str], int] = field(default_factory=dict)
+
+    def scripted_turn(self, route: ChainRoute) -> ScriptedTurn:
+        if route.kind == "side":
+            return ScriptedTurn(self.script.side_text)
+        turns = self.script.turns if route.kind == "main" else self.script.subagent_turns
+        key = (route.rollout_id, route.chain_id, route.kind)
+        cursor = self.cursors.get(key, 0)
+        self.cursors[key] = cursor + 1
+        return turns[cursor] if cursor < len(turns) else ScriptedTurn(self.script.final_text)
