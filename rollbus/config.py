@@ -2,6 +2,11 @@
 
 Each service declares its options with :func:`add_option`, so ``--help`` documents the flag, its
 environment variable and its default in one place, and a bad value fails at start-up.
+
+A service's own flags read variables scoped by its name (``rollbus engine --port`` <- ``ROLLBUS_ENGINE_PORT``),
+so one environment can configure every service without them reading each other's ports; the flags every
+component shares (``--bootstrap-servers``, ``--state-dir``) read unscoped ones (``ROLLBUS_BOOTSTRAP_SERVERS``).
+The scope comes from the parser's ``prog`` (``rollbus <service>``), which :mod:`rollbus.cli` sets.
 """
 
 from __future__ import annotations
@@ -15,9 +20,17 @@ DEFAULT_STATE_DIR = ".rollbus"
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 
 
-def env_name(flag: str) -> str:
-    """``--bootstrap-servers`` -> ``ROLLBUS_BOOTSTRAP_SERVERS``."""
-    return "ROLLBUS_" + flag.lstrip("-").replace("-", "_").upper()
+def env_name(flag: str, scope: str | None = None) -> str:
+    """``--bootstrap-servers`` -> ``ROLLBUS_BOOTSTRAP_SERVERS``; with scope ``engine``, ``--port`` ->
+    ``ROLLBUS_ENGINE_PORT``."""
+    parts = [scope, flag.lstrip("-")] if scope else [flag.lstrip("-")]
+    return "ROLLBUS_" + "_".join(parts).replace("-", "_").upper()
+
+
+def parser_scope(parser: argparse.ArgumentParser) -> str | None:
+    """``rollbus sandbox-runner`` -> ``sandbox-runner``; other progs have no scope."""
+    words = parser.prog.split()
+    return words[1] if len(words) == 2 and words[0] == "rollbus" else None
 
 
 def add_option(
@@ -27,10 +40,13 @@ def add_option(
     default: Any = None,
     type: Any = str,  # noqa: A002 - mirrors argparse
     help: str,  # noqa: A002
+    shared: bool = False,
     **kwargs: Any,
 ) -> None:
-    """Add ``flag`` whose default comes from its ``ROLLBUS_*`` variable, then ``default``."""
-    env = env_name(flag)
+    """Add ``flag`` whose default comes from its ``ROLLBUS_*`` variable, then ``default``.
+
+    ``shared`` flags read the unscoped variable (see the module docstring)."""
+    env = env_name(flag, None if shared else parser_scope(parser))
     raw = os.environ.get(env)
     try:
         value = type(raw) if raw is not None else default
@@ -48,8 +64,11 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         "--bootstrap-servers",
         default=DEFAULT_BOOTSTRAP,
         help="Kafka bootstrap servers (any Kafka-compatible cluster)",
+        shared=True,
     )
-    add_option(parser, "--state-dir", default=DEFAULT_STATE_DIR, type=Path, help="local state directory")
+    add_option(
+        parser, "--state-dir", default=DEFAULT_STATE_DIR, type=Path, help="local state directory", shared=True
+    )
 
 
 def bootstrap_servers() -> str:

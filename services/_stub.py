@@ -6,7 +6,6 @@ pretending to run.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 
@@ -14,8 +13,3 @@ def not_built_yet(stage: str, what: str) -> int:
     print(f"rollbus {stage}: not built yet ({what}); see the open issues", file=sys.stderr)
     return 2
 
-
-def parse(module_doc: str, prog: str, add_arguments, argv: list[str] | None) -> argparse.Namespace:  # noqa: ANN001
-    parser = argparse.ArgumentParser(prog=prog, description=module_doc.splitlines()[0])
-    add_arguments(parser)
-    return parser.parse_args(argv)

@@ -50,3 +50,20 @@ def test_unknown_subcommand_is_an_error(capsys: pytest.CaptureFixture[str]) -> N
     with pytest.raises(SystemExit) as done:
         main(["no-such-thing"])
     assert done.value.code == 2
+
+
+def test_service_flags_read_variables_scoped_by_the_service(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two services with a --port each must not read each other's port from one shared environment."""
+    from rollbus.config import add_common_options
+
+    monkeypatch.setenv("ROLLBUS_ENGINE_PORT", "31000")
+    monkeypatch.setenv("ROLLBUS_PORT", "1")
+    monkeypatch.setenv("ROLLBUS_BOOTSTRAP_SERVERS", "kafka:9092")
+    parsers = {name: argparse.ArgumentParser(prog=f"rollbus {name}") for name in ("engine", "adapter")}
+    for parser in parsers.values():
+        add_option(parser, "--port", default=8080, type=int, help="port")
+        add_common_options(parser)
+    engine, adapter = (parsers[name].parse_args([]) for name in ("engine", "adapter"))
+    assert (engine.port, adapter.port) == (31000, 8080)
+    assert engine.bootstrap_servers == adapter.bootstrap_servers == "kafka:9092"
+    assert env_name("--sglang-url", "adapter") == "ROLLBUS_ADAPTER_SGLANG_URL"

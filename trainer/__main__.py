@@ -1,3 +1,7 @@
-from trainer.main import main
+"""``python -m trainer``: the same as ``rollbus trainer``."""
 
-raise SystemExit(main())
+import sys
+
+from rollbus.cli import main
+
+raise SystemExit(main(["trainer", *sys.argv[1:]]))

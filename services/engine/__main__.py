@@ -1,9 +1,7 @@
-"""``python -m services.engine``: same as ``rollbus engine``."""
+"""``python -m services.engine``: the same as ``rollbus engine``."""
 
-import argparse
+import sys
 
-from services.engine.main import add_arguments, run
+from rollbus.cli import main
 
-parser = argparse.ArgumentParser(prog="python -m services.engine", description=__doc__)
-add_arguments(parser)
-raise SystemExit(run(parser.parse_args()))
+raise SystemExit(main(["engine", *sys.argv[1:]]))

@@ -1,3 +1,7 @@
-from services.grader.main import main
+"""``python -m services.grader``: the same as ``rollbus grader``."""
 
-raise SystemExit(main())
+import sys
+
+from rollbus.cli import main
+
+raise SystemExit(main(["grader", *sys.argv[1:]]))

@@ -1,3 +1,7 @@
-from services.sandbox_runner.main import main
+"""``python -m services.sandbox_runner``: the same as ``rollbus sandbox-runner``."""
 
-raise SystemExit(main())
+import sys
+
+from rollbus.cli import main
+
+raise SystemExit(main(["sandbox-runner", *sys.argv[1:]]))

@@ -1,3 +1,7 @@
-from services.segmenter.main import main
+"""``python -m services.segmenter``: the same as ``rollbus segmenter``."""
 
-raise SystemExit(main())
+import sys
+
+from rollbus.cli import main
+
+raise SystemExit(main(["segmenter", *sys.argv[1:]]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from rollbus.config import add_common_options, add_option
-from services._stub import not_built_yet, parse
+from services._stub import not_built_yet
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,6 +16,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     return not_built_yet("segmenter", "the Faust join; the pure segmentation lives in rollbus.trajectory")
 
-
-def main(argv: list[str] | None = None) -> int:
-    return run(parse(__doc__, "rollbus segmenter", add_arguments, argv))

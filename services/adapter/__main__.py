@@ -1,0 +1,3 @@
+from services.adapter.main import main
+
+raise SystemExit(main())
