@@ -1,0 +1,117 @@
+"""Shared fixtures: one real Kafka broker for the whole session, and fresh topics per test.
+
+Which broker (``ROLLBUS_TEST_BROKER`` forces one):
+
+* ``docker``   — testcontainers' ``KafkaContainer`` (KRaft), when a Docker engine answers;
+* ``local``    — the embedded broker (:class:`rollbus.broker.EmbeddedBroker`) in a temporary state
+  directory on a free port, when ``java`` is on PATH;
+* ``external`` — whatever ``ROLLBUS_BOOTSTRAP_SERVERS`` points at.
+
+Tests never share topics: the ``topics`` fixture creates every rollbus topic under a namespace of its
+own (``t-1a2b3c4d5e.turns``), so tests can run against one broker, in any order, and against an
+external cluster without touching its real topics.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from rollbus.topics import TOPICS, create_topics, topic_name
+
+BROKER_KINDS = ("docker", "local", "external")
+TEST_PARTITIONS = 3  # fewer than the default: quicker to create, still exercises partitioning
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "kafka: needs a real Kafka broker (the kafka_bootstrap fixture)")
+
+
+def docker_reachable() -> bool:
+    """True if a Docker engine answers a ping (the docker SDK comes with testcontainers)."""
+    try:
+        import docker
+        import requests
+    except ImportError:
+        return False
+    try:
+        docker.from_env(timeout=3).ping()
+    except (docker.errors.DockerException, requests.RequestException, OSError):
+        return False
+    return True
+
+
+def broker_kind() -> str:
+    forced = os.environ.get("ROLLBUS_TEST_BROKER")
+    if forced:
+        if forced not in BROKER_KINDS:
+            expected = ", ".join(BROKER_KINDS)
+            raise pytest.UsageError(f"ROLLBUS_TEST_BROKER={forced!r}; expected one of {expected}")
+        return forced
+    if docker_reachable():
+        return "docker"
+    if shutil.which("java"):
+        return "local"
+    if os.environ.get("ROLLBUS_BOOTSTRAP_SERVERS"):
+        return "external"
+    raise pytest.UsageError("no Kafka for the tests: no Docker engine, no java, no ROLLBUS_BOOTSTRAP_SERVERS")
+
+
+def docker_broker() -> Iterator[str]:
+    """A KRaft Kafka in a container (not exercised here: this machine has no Docker engine).
+
+    Reasoned rather than run: testcontainers sets the offsets topic to one replica but leaves the
+    transaction log at Kafka's defaults (3 replicas, min ISR 2), under which a single broker can
+    never start a transactional producer; so both are set to 1 here. Topics are created by the
+    ``topics`` fixture with their own ``max.message.bytes``, so the image's broker-wide defaults
+    do not matter. ``get_bootstrap_server()`` gives host:mapped-port, advertised to the host.
+    """
+    from testcontainers.community.kafka import KafkaContainer
+
+    container = (
+        KafkaContainer("confluentinc/cp-kafka:7.6.0")
+        .with_kraft()
+        .with_env("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1")
+        .with_env("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1")
+    )
+    with container as kafka:
+        yield kafka.get_bootstrap_server()
+
+
+def local_broker(state_dir: os.PathLike[str]) -> Iterator[str]:
+    from rollbus.broker import EmbeddedBroker, free_port
+
+    broker = EmbeddedBroker(state_dir, port=free_port())
+    broker.start(timeout=120)
+    try:
+        yield broker.bootstrap_servers
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Bootstrap servers of the session's Kafka broker (see the module docstring for which)."""
+    kind = broker_kind()
+    if kind == "docker":
+        yield from docker_broker()
+    elif kind == "local":
+        yield from local_broker(tmp_path_factory.mktemp("rollbus-state"))
+    else:
+        yield os.environ["ROLLBUS_BOOTSTRAP_SERVERS"]
+
+
+def unique_namespace() -> str:
+    return f"t-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+async def topics(kafka_bootstrap: str) -> dict[str, str]:
+    """All rollbus topics created afresh for this test: base name -> real (namespaced) name."""
+    namespace = unique_namespace()
+    await create_topics(kafka_bootstrap, TEST_PARTITIONS, namespace)
+    return {spec.name: topic_name(spec.name, namespace) for spec in TOPICS}
