@@ -300,15 +300,11 @@ def rss_bytes(pid: int) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=("start", "stop", "status", "fetch"))
-    port = int(os.environ.get("ROLLBUS_BROKER_PORT", DEFAULT_PORT))
-    parser.add_argument(
-        "--port",
-        type=int,
-        default=port,
-        help=f"broker port on 127.0.0.1 [env ROLLBUS_BROKER_PORT; default {DEFAULT_PORT}]",
+    add_option(parser, "--port", default=DEFAULT_PORT, type=int, help="broker port on 127.0.0.1")
+    add_option(
+        parser, "--state-dir", default=DEFAULT_STATE_DIR, type=Path, help="local state directory", shared=True
     )
-    add_option(parser, "--state-dir", default=DEFAULT_STATE_DIR, type=Path, help="local state directory")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for start or stop")
+    add_option(parser, "--timeout", default=60.0, type=float, help="seconds to wait for start or stop")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -353,9 +349,9 @@ def print_status(broker: EmbeddedBroker) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rollbus.broker", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    from rollbus.cli import main as cli_main
+
+    return cli_main(["broker", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

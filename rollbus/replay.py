@@ -225,7 +225,9 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, help="stop after this many events")
     parser.add_argument("--format", choices=("json", "table"), default="json", help="output format")
     parser.add_argument("--full", action="store_true", help="print token arrays and bytes in full")
-    add_option(parser, "--bootstrap-servers", default=DEFAULT_BOOTSTRAP, help="Kafka bootstrap servers")
+    add_option(
+        parser, "--bootstrap-servers", default=DEFAULT_BOOTSTRAP, help="Kafka bootstrap servers", shared=True
+    )
 
 
 add_tail_arguments = add_replay_arguments

@@ -210,7 +210,9 @@ async def check_topics(bootstrap_servers: str, namespace: str = "") -> dict[str,
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=("create", "check", "list"))
-    add_option(parser, "--bootstrap-servers", default=DEFAULT_BOOTSTRAP, help="Kafka bootstrap servers")
+    add_option(
+        parser, "--bootstrap-servers", default=DEFAULT_BOOTSTRAP, help="Kafka bootstrap servers", shared=True
+    )
     add_option(parser, "--partitions", default=DEFAULT_PARTITIONS, type=int,
                help="partition count shared by all rollout-keyed topics")  # fmt: skip
     add_option(parser, "--namespace", default="", help="prefix for topic names (tests, parallel demos)")

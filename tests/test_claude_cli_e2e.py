@@ -38,7 +38,8 @@ def scripted_replies() -> list[Reply]:
     tools = [tool("Read", "file_path"), tool("Edit", "file_path", "old_string", "new_string")]
     replies = []
     for turn, raw in enumerate(json.loads((EXAMPLES / "scripts" / "fix_calc.json").read_text())["turns"]):
-        _, visible = ReasoningParser("qwen3").parse_non_stream(raw)
+        # the template's generation prompt opens <think>, so each output starts inside the reasoning
+        _, visible = ReasoningParser("qwen3", force_reasoning=True).parse_non_stream(raw)
         normal, calls = FunctionCallParser(tools, "qwen3_coder").parse_non_stream(visible)
         blocks = [text(normal.strip())] if normal.strip() else []
         blocks += [tool_use(f"toolu_{turn}_{c.tool_index}", c.name, json.loads(c.parameters)) for c in calls]
