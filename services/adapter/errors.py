@@ -61,7 +61,9 @@ def not_found(message: str) -> ApiError:
 
 
 def too_large(limit: int) -> ApiError:
-    return ApiError(413, "request_too_large", f"request body exceeds the {limit}-byte limit", should_retry=False)
+    return ApiError(
+        413, "request_too_large", f"request body exceeds the {limit}-byte limit", should_retry=False
+    )
 
 
 def overloaded(message: str, retry_after: float) -> ApiError:

@@ -1,0 +1,190 @@
+"""The adapter's HTTP surface: the Anthropic Messages API the Claude Code CLI talks to, plus admin,
+health and metrics. Routes only; the work is in :mod:`services.adapter.turn`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from services.adapter import anthropic, edge
+from services.adapter.errors import ApiError, forbidden, invalid_request, not_found, unauthenticated
+from services.adapter.metrics import CountRequests
+from services.adapter.publisher import Publisher
+from services.adapter.replies import ClientGone, TurnStream, collect
+from services.adapter.sessions import MAIN, RequestShape, answers_agent_call
+from services.adapter.settings import AdapterSettings
+from services.adapter.state import AdapterState, build_state, shutdown, warm_up
+from services.adapter.translate import to_chat
+from services.adapter.turn import TurnInput, close_chains, hand_back, run_turn
+
+AGENT_HEADER = "x-claude-code-agent-id"
+
+
+async def messages(request: Request) -> Response:
+    state: AdapterState = request.app.state.adapter
+    state.refuse_if_draining()
+    rollout = edge.rollout_id(request, state.tokens)
+    body = anthropic.parse_messages_request(await edge.read_body(request, state.kit.settings.body_limit))
+    chat = to_chat(body.system, body.messages, body.tools)
+    session = state.sessions.get(rollout)
+    agent = session.route(
+        RequestShape(request.headers.get(AGENT_HEADER), chat.system, chat.messages, chat.tools)
+    )
+    if agent.kind == MAIN and answers_agent_call(chat.messages):
+        await hand_back(state.kit, session.finished_subagents())
+    state.admit()
+    events = run_turn(state.kit, agent, TurnInput(chat, body.model, body.max_tokens, body.sampling()))
+    try:
+        started = await anext(events)  # the prompt is planned: a too-long prompt is still a plain 400
+    except BaseException:
+        await events.aclose()
+        state.release()
+        raise
+    if body.stream:
+        return TurnStream(events, started, on_close=state.release)
+    try:
+        return await collect(events, request)
+    finally:
+        state.release()
+
+
+async def count_tokens(request: Request) -> Response:
+    state: AdapterState = request.app.state.adapter
+    edge.rollout_id(request, state.tokens)
+    body = anthropic.parse_count_tokens_request(await edge.read_body(request, state.kit.settings.body_limit))
+    chat = to_chat(body.system, body.messages, body.tools)
+    ids = await asyncio.to_thread(state.renderer.full, chat.messages, chat.tools or None)
+    return JSONResponse({"input_tokens": len(ids)})
+
+
+async def open_session(request: Request) -> Response:
+    """``{rollout_id}`` -> ``{token}``: the runner gives the token to the agent as its API key."""
+    state: AdapterState = request.app.state.adapter
+    _check_admin(request, state.kit.settings)
+    data = anthropic.decode_json(await edge.read_body(request, 64 * 1024))
+    rollout = data.get("rollout_id")
+    if not isinstance(rollout, str) or not rollout:
+        raise invalid_request("rollout_id: a non-empty string is required")
+    return JSONResponse({"rollout_id": rollout, "token": state.tokens.issue(rollout)})
+
+
+async def close_session(request: Request) -> Response:
+    """The rollout ended: its live chains are closed on the bus and its token stops working."""
+    state: AdapterState = request.app.state.adapter
+    _check_admin(request, state.kit.settings)
+    rollout = request.path_params["rollout_id"]
+    state.tokens.revoke(rollout)
+    session = state.sessions.pop(rollout)
+    if session is None:
+        raise not_found(f"no session for rollout {rollout!r}")
+    closed = await close_chains(state.kit, session.agents.values())
+    return JSONResponse({"rollout_id": rollout, "closed": closed})
+
+
+def _check_admin(request: Request, settings: AdapterSettings) -> None:
+    if not settings.admin_token:
+        raise forbidden("the admin API is disabled: start the adapter with --admin-token")
+    token = edge.bearer_or_key(request) or ""
+    if not hmac.compare_digest(token.encode(), settings.admin_token.encode()):
+        raise unauthenticated("admin token required")
+
+
+async def root(request: Request) -> Response:
+    return Response(status_code=200)
+
+
+async def healthz(request: Request) -> Response:
+    state: AdapterState = request.app.state.adapter
+    status = "draining" if state.draining else "ok"
+    body = {"status": status, "active_turns": state.active, "bus_backlog": len(state.kit.outbox.backlog)}
+    return JSONResponse(body, status_code=503 if state.draining else 200)
+
+
+async def metrics(request: Request) -> Response:
+    state: AdapterState = request.app.state.adapter
+    return Response(generate_latest(state.kit.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return exc.response()
+
+
+async def internal_error(request: Request, exc: Exception) -> Response:
+    """A bug, in the shape the CLI understands (Starlette logs the traceback and re-raises)."""
+    return ApiError(500, "api_error", f"internal error: {type(exc).__name__}: {exc}").response()
+
+
+async def client_gone(request: Request, exc: Exception) -> Response:
+    return Response(status_code=499)  # nobody reads it; the turn was aborted and not recorded
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404/405 in the Anthropic error shape."""
+    assert isinstance(exc, HTTPException)
+    kinds = {404: "not_found_error", 405: "invalid_request_error"}
+    err = ApiError(
+        exc.status_code, kinds.get(exc.status_code, "api_error"), str(exc.detail), should_retry=False
+    )
+    return err.response()
+
+
+ROUTES: list[tuple[str, Callable[[Request], Any], list[str]]] = [
+    ("/", root, ["GET", "HEAD"]),
+    ("/healthz", healthz, ["GET"]),
+    ("/metrics", metrics, ["GET"]),
+    ("/v1/messages", messages, ["POST"]),
+    ("/v1/messages/count_tokens", count_tokens, ["POST"]),
+    ("/admin/sessions", open_session, ["POST"]),
+    ("/admin/sessions/{rollout_id}/close", close_session, ["POST"]),
+]
+
+
+def create_app(
+    settings: AdapterSettings,
+    publisher: Publisher,
+    *,
+    tokenizer: Any = None,
+    http: httpx.AsyncClient | None = None,
+    parse: Callable[..., Any] | None = None,
+) -> FastAPI:
+    """The adapter app; without ``tokenizer``/``parse`` the real ones are loaded.
+
+    ``publisher`` is ``rollbus.bus.Publisher`` (started by the caller) or any :class:`Publisher`; an
+    ``http`` client passed in stays the caller's to close.
+    """
+    state = build_state(settings, publisher, tokenizer=tokenizer, http=http, parse=parse)
+    owned_http = http is None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(warm_up, state)
+        yield
+        await shutdown(state, close_http=owned_http)
+
+    app = FastAPI(
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        middleware=[Middleware(CountRequests, metrics=state.kit.metrics)],
+    )
+    for path, endpoint, methods in ROUTES:
+        app.add_api_route(path, endpoint, methods=methods, include_in_schema=False)
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(ClientGone, client_gone)
+    app.add_exception_handler(Exception, internal_error)
+    app.state.adapter = state
+    return app

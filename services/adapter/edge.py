@@ -1,0 +1,46 @@
+"""What every request passes before the adapter looks at it: the body limit and the session token."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+
+from services.adapter.errors import invalid_request, too_large, unauthenticated
+from services.adapter.sessions import SessionTokens
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 as soon as it is known to exceed ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise invalid_request("content-length must be a number")
+        if int(declared) > limit:
+            raise too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def bearer_or_key(request: Request) -> str | None:
+    """``x-api-key`` (ANTHROPIC_API_KEY) or ``Authorization: Bearer`` (ANTHROPIC_AUTH_TOKEN)."""
+    key = request.headers.get("x-api-key")
+    if key:
+        return key.strip()
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return None
+
+
+def rollout_id(request: Request, tokens: SessionTokens) -> str:
+    token = bearer_or_key(request)
+    if token is None:
+        raise unauthenticated("missing session token: send x-api-key or Authorization: Bearer")
+    rollout = tokens.rollout_for(token)
+    if rollout is None:
+        raise unauthenticated("unknown session token")
+    return rollout

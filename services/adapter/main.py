@@ -1,0 +1,173 @@
+"""``rollbus adapter``: the Anthropic Messages API over an SGLang server; every turn goes to the bus.
+
+On SIGTERM/SIGINT it drains first (new turns get 503, turns in flight finish and are published), then
+stops serving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from pathlib import Path
+from types import FrameType
+
+import uvicorn
+
+from rollbus.config import add_common_options, add_option
+from services.adapter.settings import HISTORY_MODES, AdapterSettings
+from services.adapter.state import AdapterState
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common_options(parser)
+    defaults = AdapterSettings(signing_key=b"")
+    add_option(parser, "--host", default="127.0.0.1", help="address to listen on")
+    add_option(parser, "--port", default=8082, type=int, help="port to listen on")
+    add_option(
+        parser, "--sglang-url", default=defaults.sglang_url, help="SGLang (or rollbus engine) base URL"
+    )
+    add_option(parser, "--tokenizer", default=defaults.tokenizer, help="built-in tokenizer name or directory")
+    add_option(
+        parser,
+        "--context-length",
+        default=defaults.context_length,
+        type=int,
+        help="model context in tokens; longer prompts get 'prompt is too long'",
+    )
+    add_option(
+        parser,
+        "--max-new-tokens",
+        default=defaults.max_new_tokens,
+        type=int,
+        help="cap on sampled tokens per turn",
+    )
+    add_option(
+        parser,
+        "--history-mode",
+        default=defaults.history_mode,
+        choices=list(HISTORY_MODES),
+        help="canonical: append-only token history; rerender: render every prompt whole",
+    )
+    add_option(parser, "--tool-parser", default=defaults.tool_parser, help="SGLang tool-call parser")
+    add_option(
+        parser,
+        "--reasoning-parser",
+        default=defaults.reasoning_parser,
+        help="SGLang reasoning parser ('' for none)",
+    )
+    add_option(
+        parser,
+        "--max-concurrency",
+        default=defaults.max_concurrency,
+        type=int,
+        help="turns generating at once; more get 529 + retry-after",
+    )
+    add_option(
+        parser,
+        "--body-limit",
+        default=defaults.body_limit,
+        type=int,
+        help="largest request body in bytes (413 above)",
+    )
+    add_option(parser, "--admin-token", default=None, help="bearer token of the /admin API (off if unset)")
+    add_option(
+        parser,
+        "--open-sessions",
+        default=False,
+        type=_flag,
+        nargs="?",
+        const=True,
+        help="dev: accept any session token, as the rollout id itself",
+    )
+    add_option(
+        parser,
+        "--policy-version",
+        default=defaults.policy_version,
+        type=int,
+        help="policy version recorded when the engine reports none",
+    )
+    add_option(
+        parser,
+        "--ping-interval",
+        default=defaults.ping_interval,
+        type=float,
+        help="seconds between SSE pings while a turn generates",
+    )
+
+
+def _flag(raw: str | bool) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off", ""):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean, got {raw!r}")
+
+
+def settings_from(args: argparse.Namespace) -> AdapterSettings:
+    return AdapterSettings(
+        sglang_url=args.sglang_url,
+        tokenizer=args.tokenizer,
+        context_length=args.context_length,
+        max_new_tokens=args.max_new_tokens,
+        history_mode=args.history_mode,
+        tool_parser=args.tool_parser,
+        reasoning_parser=args.reasoning_parser,
+        max_concurrency=args.max_concurrency,
+        body_limit=args.body_limit,
+        admin_token=args.admin_token,
+        open_sessions=args.open_sessions,
+        policy_version=args.policy_version,
+        ping_interval=args.ping_interval,
+        state_dir=Path(args.state_dir),
+    )
+
+
+async def serve(args: argparse.Namespace) -> None:
+    from rollbus.bus import Publisher
+    from services.adapter.app import create_app
+
+    settings = settings_from(args)
+    async with Publisher(args.bootstrap_servers, client_id="rollbus-adapter") as publisher:
+        app = create_app(settings, publisher)
+        server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info"))
+        install_drain(server, app.state.adapter, settings.drain_timeout)
+        await server.serve()
+
+
+def install_drain(server: uvicorn.Server, state: AdapterState, timeout: float) -> None:
+    """First signal: refuse new turns, and stop uvicorn once those in flight are done. Second: stop now."""
+    stop = server.handle_exit
+    loop = asyncio.get_running_loop()
+
+    def drain_then_exit(sig: int, frame: FrameType | None) -> None:
+        if state.draining:
+            stop(sig, frame)
+            return
+        state.draining = True  # from here every new turn gets 503
+
+        def start() -> None:
+            drained = loop.create_task(state.drain(timeout))
+            drained.add_done_callback(lambda _: stop(sig, frame))
+
+        loop.call_soon_threadsafe(start)  # signal handlers run between bytecodes: wake the loop properly
+
+    server.handle_exit = drain_then_exit  # type: ignore[method-assign]
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        settings_from(args)
+    except ValueError as exc:
+        raise SystemExit(f"rollbus adapter: {exc}") from exc
+    asyncio.run(serve(args))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rollbus adapter", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

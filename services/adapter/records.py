@@ -1,0 +1,67 @@
+"""The ``turn`` and ``session`` records the adapter publishes (schemas/turn.avsc, schemas/session.avsc)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from services.adapter.sessions import Agent
+
+
+def prompt_reference(turn: Any, previous: Any | None) -> tuple[int | None, list[int]]:
+    """``(prompt_ref_turn, prompt_ids)``: only the suffix when the previous turn's stream prefixes it.
+
+    Checked on the tokens themselves, so a reader that resolves the reference gets the exact prompt.
+    """
+    if previous is None:
+        return None, list(turn.prompt_ids)
+    stream = list(previous.prompt_ids) + list(previous.output_ids)
+    if len(stream) <= len(turn.prompt_ids) and list(turn.prompt_ids[: len(stream)]) == stream:
+        return previous.turn_index, list(turn.prompt_ids[len(stream) :])
+    return None, list(turn.prompt_ids)
+
+
+def turn_record(
+    agent: Agent, turn: Any, previous: Any | None, request_id: str, timings: dict[str, int]
+) -> dict[str, Any]:
+    ref, prompt_ids = prompt_reference(turn, previous)
+    return {
+        "rollout_id": agent.rollout_id,
+        "chain_id": turn.chain_id,
+        "chain_kind": agent.kind,
+        "turn_index": turn.turn_index,
+        "prompt_ref_turn": ref,
+        "prompt_ids": prompt_ids,
+        "prompt_tokens": len(turn.prompt_ids),
+        "output_ids": list(turn.output_ids),
+        "output_logprobs": [float(x) for x in turn.output_logprobs],
+        "finish_reason": turn.finish_reason,
+        "policy_version": int(turn.policy_version),
+        "request_id": request_id,
+        "timings": timings,
+    }
+
+
+def session_record(
+    agent: Agent, chain_id: str, kind: str, *, turn_count: int, reason: str | None = None
+) -> dict[str, Any]:
+    return {
+        "rollout_id": agent.rollout_id,
+        "chain_id": chain_id,
+        "kind": kind,
+        "chain_kind": agent.kind,
+        "reason": reason,
+        "turn_count": turn_count,
+        "parent_chain_id": agent.parent.chain_id if agent.parent is not None else None,
+        "at": now_ms(),
+    }
+
+
+def previous_turn(turns: Sequence[Any]) -> Any | None:
+    """The turn before the newest one of the live chain, if the chain has one."""
+    return turns[-2] if len(turns) >= 2 else None
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)

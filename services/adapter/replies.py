@@ -1,0 +1,66 @@
+"""Turn events -> HTTP: an SSE stream for ``stream: true``, one JSON message otherwise.
+
+Either way the turn generator is closed when the reply ends or the client goes away, which cancels and
+aborts a generation still running and releases the request's admission.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from services.adapter import sse
+from services.adapter.errors import ApiError
+from services.adapter.turn import Done, Ping, Started, TurnEvent
+
+
+class ClientGone(Exception):
+    """The client closed the connection while its turn was generating."""
+
+
+class TurnStream(StreamingResponse):
+    """SSE for one turn; ``on_close`` runs however the response ends (finished, failed, cut)."""
+
+    def __init__(self, events: AsyncIterator[TurnEvent], started: Started, on_close: Callable[[], None]):
+        self.events = events
+        self.on_close = on_close
+        headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+        super().__init__(_sse(events, started), media_type="text/event-stream", headers=headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.events.aclose()
+            self.on_close()
+
+
+async def _sse(events: AsyncIterator[TurnEvent], started: Started) -> AsyncIterator[bytes]:
+    yield sse.message_start(started.message)
+    try:
+        async for item in events:
+            if isinstance(item, Ping):
+                yield sse.ping()
+            elif isinstance(item, Done):
+                for chunk in sse.content_events(item.message["content"]):
+                    yield chunk
+                for chunk in sse.message_end(item.message):
+                    yield chunk
+    except ApiError as err:  # the status line is gone: the error travels as an event
+        yield sse.error(err)
+
+
+async def collect(events: AsyncIterator[TurnEvent], request: Request) -> JSONResponse:
+    """Run a turn to its end for a non-streaming request, watching for the client leaving."""
+    try:
+        async for item in events:
+            if isinstance(item, Ping) and await request.is_disconnected():
+                raise ClientGone("client disconnected during generation")
+            if isinstance(item, Done):
+                return JSONResponse(item.message)
+        raise RuntimeError("turn ended without a message")
+    finally:
+        await events.aclose()

@@ -1,0 +1,41 @@
+"""Adapter settings as one frozen value, so the app is built from data and bad values fail at start."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HISTORY_MODES = ("canonical", "rerender")
+
+
+@dataclass(frozen=True)
+class AdapterSettings:
+    sglang_url: str = "http://127.0.0.1:30000"
+    tokenizer: str = "qwen3.6"
+    context_length: int = 32768
+    max_new_tokens: int = 8192
+    history_mode: str = "canonical"
+    tool_parser: str = "qwen3_coder"
+    reasoning_parser: str = "qwen3"
+    max_concurrency: int = 32
+    body_limit: int = 32 * 1024 * 1024
+    admin_token: str | None = None
+    open_sessions: bool = False
+    policy_version: int = 0
+    ping_interval: float = 10.0  # seconds without bytes before a ping; the CLI gives up after 180 s
+    engine_timeout: float = 1800.0
+    outbox_capacity: int = 1000
+    retry_after: float = 2.0  # seconds suggested to clients refused under overload or drain
+    drain_timeout: float = 60.0
+    state_dir: Path = Path(".rollbus")
+    signing_key: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
+
+    def __post_init__(self) -> None:
+        if self.history_mode not in HISTORY_MODES:
+            raise ValueError(f"history_mode must be one of {HISTORY_MODES}, not {self.history_mode!r}")
+        for name in ("context_length", "max_new_tokens", "max_concurrency", "body_limit", "outbox_capacity"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, not {getattr(self, name)}")
+        if self.ping_interval <= 0:
+            raise ValueError(f"ping_interval must be positive, not {self.ping_interval}")

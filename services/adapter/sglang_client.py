@@ -1,0 +1,120 @@
+"""Token-in/token-out calls to an SGLang ``/generate`` server over one pooled HTTP client.
+
+A turn that is cancelled (the CLI hung up) or fails is aborted on the server, so a dead request never
+keeps generating on the GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+
+class EngineError(Exception):
+    """The engine failed or answered something that is not a generation."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One engine answer, reduced to what a turn records."""
+
+    rid: str
+    text: str
+    output_ids: list[int]
+    output_logprobs: list[float]
+    finish_type: str  # stop | length | abort
+    matched: Any  # the stop token id or string that ended it, if any
+    prompt_tokens: int
+    weight_version: str | None
+    generation_ms: int
+
+
+@dataclass(frozen=True)
+class TurnHeaders:
+    """Who the turn is for, so engine logs and schedulers can group by rollout and chain."""
+
+    rollout_id: str
+    chain_id: str
+    chain_kind: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "X-Rollbus-Rollout": self.rollout_id,
+            "X-Rollbus-Chain": self.chain_id,
+            "X-Rollbus-Chain-Kind": self.chain_kind,
+        }
+
+
+class SGLangClient:
+    def __init__(self, base_url: str, http: httpx.AsyncClient) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.http = http
+
+    async def generate(
+        self, input_ids: list[int], sampling_params: dict[str, Any], rid: str, headers: TurnHeaders
+    ) -> Generation:
+        body = {
+            "input_ids": input_ids,
+            "sampling_params": sampling_params,
+            "return_logprob": True,
+            "rid": rid,
+            "stream": False,
+        }
+        started = time.monotonic()
+        try:
+            response = await self.http.post(f"{self.base_url}/generate", json=body, headers=headers.as_dict())
+        except asyncio.CancelledError:
+            await asyncio.shield(self.abort(rid))
+            raise
+        except httpx.HTTPError as exc:
+            await self.abort(rid)
+            raise EngineError(f"engine call failed: {type(exc).__name__}: {exc}") from exc
+        if response.status_code != 200:
+            await self.abort(rid)
+            raise EngineError(f"engine answered {response.status_code}: {response.text[:500]}")
+        elapsed_ms = int((time.monotonic() - started) * 1000)
+        return parse_generation(response.json(), rid, elapsed_ms)
+
+    async def abort(self, rid: str) -> None:
+        """Best effort: the engine may already have finished or be unreachable."""
+        try:
+            await self.http.post(f"{self.base_url}/abort_request", json={"rid": rid}, timeout=5.0)
+        except httpx.HTTPError:
+            pass
+
+
+def parse_generation(data: Any, rid: str, elapsed_ms: int) -> Generation:
+    """Check the engine's answer holds ids and one logprob per id; a mismatch is an engine bug."""
+    try:
+        meta = data["meta_info"]
+        pairs = meta["output_token_logprobs"]
+        logprobs = [float(item[0]) for item in pairs]
+        ids_from_logprobs = [int(item[1]) for item in pairs]
+        output_ids = [int(i) for i in data.get("output_ids", ids_from_logprobs)]
+        finish = meta.get("finish_reason") or {"type": "abort"}
+        finish_type = finish["type"] if isinstance(finish, dict) else str(finish)
+        matched = finish.get("matched") if isinstance(finish, dict) else None
+        text = str(data.get("text", ""))
+        prompt_tokens = int(meta["prompt_tokens"])
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise EngineError(f"engine answer is not a generation: {type(exc).__name__}: {exc}") from exc
+    if output_ids != ids_from_logprobs:
+        raise EngineError(
+            f"engine output_ids ({len(output_ids)}) disagree with its logprob ids ({len(ids_from_logprobs)})"
+        )
+    version = meta.get("weight_version")
+    return Generation(
+        rid=rid,
+        text=text,
+        output_ids=output_ids,
+        output_logprobs=logprobs,
+        finish_type=finish_type,
+        matched=matched,
+        prompt_tokens=prompt_tokens,
+        weight_version=None if version is None else str(version),
+        generation_ms=int(meta.get("e2e_latency", elapsed_ms / 1000) * 1000),
+    )

@@ -1,0 +1,253 @@
+"""One turn of an agent: plan the prompt, generate, parse, commit and publish, in that order.
+
+A turn is an async generator of :class:`Started`, :class:`Ping` and :class:`Done`, so the streaming and
+the non-streaming routes share one path. Closing it early (the client went away) cancels the engine
+call, which aborts it on the engine, and releases the agent; nothing is committed or published then.
+The turn is published before :class:`Done` is yielded, so no client sees a turn the bus has not got.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from services.adapter import records, response
+from services.adapter.anthropic import Message
+from services.adapter.errors import prompt_too_long, upstream_failed
+from services.adapter.metrics import AdapterMetrics
+from services.adapter.publisher import Outbox
+from services.adapter.sessions import SIDE, Agent
+from services.adapter.settings import AdapterSettings
+from services.adapter.sglang_client import EngineError, Generation, SGLangClient, TurnHeaders
+from services.adapter.translate import ChatPrompt, assistant_message
+
+
+@dataclass(frozen=True)
+class TurnInput:
+    """The translated request: what to render and how to sample."""
+
+    chat: ChatPrompt
+    model: str
+    max_tokens: int
+    sampling: dict[str, Any]  # temperature / top_p / top_k / stop, only those the request gave
+
+
+@dataclass(frozen=True)
+class Started:
+    message: dict[str, Any]  # the envelope: id, model, usage.input_tokens
+
+
+@dataclass(frozen=True)
+class Ping:
+    pass
+
+
+@dataclass(frozen=True)
+class Done:
+    message: dict[str, Any]
+
+
+TurnEvent = Started | Ping | Done
+
+
+@dataclass
+class TurnKit:
+    """Everything a turn needs besides its agent: settings, engine, tokenizer, parser, bus, metrics."""
+
+    settings: AdapterSettings
+    engine: SGLangClient
+    tokenizer: Any
+    stop_token_ids: tuple[int, ...]
+    parse: Callable[..., Any]  # rollbus.parsing.parse_output
+    outbox: Outbox
+    metrics: AdapterMetrics
+
+
+@dataclass
+class Prepared:
+    """A planned turn: the prompt (``rollbus.canonical.PromptPlan``) and how much it may generate."""
+
+    plan: Any
+    message_id: str
+    max_new_tokens: int
+
+
+async def run_turn(kit: TurnKit, agent: Agent, turn: TurnInput) -> AsyncIterator[TurnEvent]:
+    """Started (prompt planned) -> Ping... (engine working) -> Done (turn published)."""
+    clock = time.monotonic()
+    async with agent.lock:
+        prepared = await prepare(kit, agent, turn)
+        head = response.message_body(
+            prepared.message_id,
+            turn.model,
+            [],
+            (None, None),
+            response.usage(len(prepared.plan.prompt_ids), 0),
+        )
+        yield Started(head)
+        started_at = records.now_ms()
+        generation = None
+        async for item in generate(kit, agent, prepared, turn):
+            if isinstance(item, Generation):
+                generation = item
+            else:
+                yield item
+        assert generation is not None, "generate() ends with the generation"
+        message = await finish(kit, agent, prepared, turn, generation, started_at)
+        kit.metrics.turn_seconds.observe(time.monotonic() - clock)
+        yield Done(message)
+
+
+async def prepare(kit: TurnKit, agent: Agent, turn: TurnInput) -> Prepared:
+    """Plan the prompt and size the generation to what the context has left."""
+    plan = await asyncio.to_thread(agent.history.plan, turn.chat.messages, turn.chat.tools)
+    prompt_len = len(plan.prompt_ids)
+    context = kit.settings.context_length
+    if prompt_len >= context:
+        raise prompt_too_long(prompt_len, context)
+    max_new = min(kit.settings.max_new_tokens, turn.max_tokens, context - prompt_len)
+    return Prepared(plan, f"msg_{uuid.uuid4().hex}", max_new)
+
+
+async def generate(
+    kit: TurnKit, agent: Agent, prepared: Prepared, turn: TurnInput
+) -> AsyncIterator[Ping | Generation]:
+    """Wait for the engine, yielding a :class:`Ping` every ``ping_interval``; last, the generation."""
+    params = {
+        **turn.sampling,
+        "max_new_tokens": prepared.max_new_tokens,
+        "stop_token_ids": list(kit.stop_token_ids),
+        "skip_special_tokens": False,
+    }
+    rid = f"rb-{uuid.uuid4().hex}"
+    headers = TurnHeaders(agent.rollout_id, prepared.plan.chain_id, agent.kind)
+    call = asyncio.create_task(kit.engine.generate(list(prepared.plan.prompt_ids), params, rid, headers))
+    kit.metrics.in_flight.inc()
+    try:
+        with kit.metrics.engine_seconds.time():
+            while not (await asyncio.wait({call}, timeout=kit.settings.ping_interval))[0]:
+                yield Ping()
+    finally:
+        kit.metrics.in_flight.dec()
+        if not call.done():
+            call.cancel()
+            await asyncio.wait({call})
+    try:
+        generation = call.result()
+    except EngineError as exc:
+        raise upstream_failed(str(exc)) from exc
+    if generation.finish_type == "abort":
+        raise upstream_failed(f"the engine aborted request {rid}")
+    yield generation
+
+
+async def finish(
+    kit: TurnKit, agent: Agent, prepared: Prepared, turn: TurnInput, generation: Generation, started_at: int
+) -> dict[str, Any]:
+    """Parse, build the content blocks, commit the turn and publish it; returns the final message."""
+    settings, plan = kit.settings, prepared.plan
+    text = kit.tokenizer.decode(generation.output_ids, skip_special_tokens=False)
+    parsed = await asyncio.to_thread(
+        kit.parse,
+        text,
+        turn.chat.tools,
+        tool_parser=settings.tool_parser,
+        reasoning_parser=settings.reasoning_parser or None,
+    )
+    ref = response.TurnRef(agent.rollout_id, plan.chain_id, plan.turn_index)
+    blocks = response.content_blocks(parsed, ref, settings.signing_key)
+    sent = assistant_message(Message.model_validate({"role": "assistant", "content": blocks}))
+    version = policy_version(generation.weight_version, settings.policy_version)
+    outbound = [("sessions", event) for event in chain_changes(agent, plan)]
+    committed = agent.history.commit(
+        plan, generation.output_ids, generation.output_logprobs, generation.finish_type, version, sent
+    )
+    timings = {
+        "started_at": started_at,
+        "finished_at": records.now_ms(),
+        "generation_ms": generation.generation_ms,
+    }
+    previous = records.previous_turn(agent.history.turns)
+    outbound.append(("turns", records.turn_record(agent, committed, previous, generation.rid, timings)))
+    if agent.kind == SIDE:  # a side call is one turn: its chain ends with it
+        side_end = records.session_record(agent, committed.chain_id, "frozen", turn_count=1, reason="side")
+        outbound.append(("sessions", side_end))
+    await publish(kit, agent, outbound)
+    stop = response.stop_reason(generation.finish_type, blocks, generation.matched)
+    _count(kit.metrics, agent, plan, generation, stop[0])
+    usage = response.usage(len(plan.prompt_ids), len(generation.output_ids))
+    return response.message_body(prepared.message_id, turn.model, blocks, stop, usage)
+
+
+def chain_changes(agent: Agent, plan: Any) -> list[dict[str, Any]]:
+    """Session events a committed plan implies: the live chain frozen (if rewritten), a chain opened."""
+    if not plan.new_chain:
+        return []
+    events = []
+    if agent.history.turns:
+        events.append(
+            records.session_record(
+                agent,
+                agent.history.chain_id,
+                "frozen",
+                turn_count=len(agent.history.turns),
+                reason=plan.reason,
+            )
+        )
+    events.append(records.session_record(agent, plan.chain_id, "opened", turn_count=0, reason=plan.reason))
+    return events
+
+
+async def publish(kit: TurnKit, agent: Agent, outbound: list[tuple[str, dict[str, Any]]]) -> None:
+    """In order, keyed by rollout: one partition keeps a chain's opened -> turns -> frozen sequence."""
+    for topic, record in outbound:
+        await kit.outbox.publish(topic, record, key=agent.rollout_id)
+    kit.metrics.backlog.set(len(kit.outbox.backlog))
+
+
+def policy_version(reported: str | None, configured: int) -> int:
+    """The engine's weight version when it reports a number, else the configured one."""
+    if reported is not None and reported.lstrip("-").isdigit():
+        return int(reported)
+    return configured
+
+
+def _count(
+    metrics: AdapterMetrics, agent: Agent, plan: Any, generation: Generation, stop_reason: str
+) -> None:
+    metrics.turns.labels(agent.kind, stop_reason).inc()
+    metrics.prompt_tokens.inc(len(plan.prompt_ids))
+    metrics.reused_tokens.inc(plan.reused_tokens)
+    metrics.output_tokens.inc(len(generation.output_ids))
+    if plan.new_chain:
+        metrics.new_chains.labels(plan.reason or "first").inc()
+
+
+async def hand_back(kit: TurnKit, agents: list[Agent]) -> None:
+    """Freeze sub-agents whose results reached the main agent: their chains are complete segments."""
+    for agent in agents:
+        freeze = getattr(agent.history, "freeze", None)
+        if freeze is None:
+            continue
+        chain_id, count = agent.history.chain_id, len(agent.history.turns)
+        if freeze("subagent") is not None:
+            record = records.session_record(agent, chain_id, "frozen", turn_count=count, reason="subagent")
+            await kit.outbox.publish("sessions", record, key=agent.rollout_id)
+
+
+async def close_chains(kit: TurnKit, agents: Iterable[Agent]) -> list[str]:
+    """The rollout ended: a ``closed`` event for every agent's live chain; returns their ids."""
+    closed = []
+    for agent in agents:
+        if agent.history.turns:
+            count = len(agent.history.turns)
+            record = records.session_record(
+                agent, agent.chain_id, "closed", turn_count=count, reason="rollout_end"
+            )
+            await kit.outbox.publish("sessions", record, key=agent.rollout_id)
+            closed.append(agent.chain_id)
+    return closed

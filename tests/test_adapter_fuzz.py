@@ -1,0 +1,182 @@
+"""Property tests of the request parser: no body, however broken, may turn into a 500."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from typing import Any
+
+import httpx
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rollbus.canonical import TemplateRenderer
+from rollbus.tokenizer import load_tokenizer
+from services.adapter.anthropic import parse_messages_request
+from services.adapter.app import create_app
+from services.adapter.errors import ApiError
+from services.adapter.translate import to_chat
+from tests.test_adapter_support import BusPublisher, body, free_port
+from tests.test_adapter_support import settings as adapter_settings
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=20,
+)
+
+VALID = body(
+    [
+        {"role": "user", "content": "Read app.py"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "read it", "signature": ""},
+                {"type": "text", "text": "Reading."},
+                {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"file_path": "/a"}},
+            ],
+        },
+        {"role": "system", "content": "The date changed."},
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_1",
+                    "content": [{"type": "text", "text": "x=1"}],
+                    "is_error": False,
+                    "cache_control": {"type": "ephemeral"},
+                },
+                {"type": "text", "text": "go on"},
+            ],
+        },
+    ],
+    temperature=1.0,
+)
+KEYS = [
+    "model",
+    "max_tokens",
+    "system",
+    "tools",
+    "messages",
+    "stream",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop_sequences",
+    "type",
+    "text",
+    "content",
+    "role",
+    "id",
+    "name",
+    "input",
+    "tool_use_id",
+    "is_error",
+    "thinking",
+    "signature",
+    "input_schema",
+    "description",
+]
+
+
+def paths(value: Any, prefix: tuple = ()) -> list[tuple]:
+    """Every path into a JSON value (keys and list indexes)."""
+    found = [prefix]
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found += paths(item, prefix + (key,))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found += paths(item, prefix + (i,))
+    return found
+
+
+ALL_PATHS = paths(VALID)[1:]
+
+
+@st.composite
+def mutated_bodies(draw) -> dict[str, Any]:
+    """The valid body with a few parts deleted, replaced by random JSON, or given a stray key."""
+    data = copy.deepcopy(VALID)
+    for _ in range(draw(st.integers(1, 3))):
+        path = draw(st.sampled_from(ALL_PATHS))
+        parent = data
+        try:
+            for step in path[:-1]:
+                parent = parent[step]
+            op = draw(st.sampled_from(["delete", "replace", "add"]))
+            if op == "delete":
+                del parent[path[-1]]
+            elif op == "replace":
+                parent[path[-1]] = draw(json_values)
+            elif isinstance(parent, dict):
+                parent[draw(st.sampled_from(KEYS))] = draw(json_values)
+        except (KeyError, IndexError, TypeError):
+            continue  # an earlier mutation removed or replaced this path
+    return data
+
+
+_renderer = TemplateRenderer(load_tokenizer("qwen3.6"))
+
+
+def check_parses_or_400(raw: bytes) -> None:
+    """A 400 ApiError, or a request that translates and renders with the real chat template."""
+    try:
+        request = parse_messages_request(raw)
+    except ApiError as err:
+        assert err.status == 400 and err.error_type == "invalid_request_error" and err.message
+        return
+    chat = to_chat(request.system, request.messages, request.tools)
+    assert _renderer.full(chat.messages, chat.tools or None)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(json_values)
+def test_random_json_is_a_clean_400(value) -> None:
+    check_parses_or_400(json.dumps(value).encode())
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated_bodies())
+def test_mutated_cli_bodies_parse_or_are_400(data) -> None:
+    check_parses_or_400(json.dumps(data).encode())
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=200))
+def test_random_bytes_are_a_clean_400(raw) -> None:
+    check_parses_or_400(raw)
+
+
+HEADERS = {"x-api-key": "fuzz", "content-type": "application/json"}
+
+
+def test_through_the_app_every_mutation_is_a_4xx() -> None:
+    """With a one-token context every valid body is 'prompt is too long', so any 5xx is a parser bug."""
+    app = create_app(adapter_settings(f"http://127.0.0.1:{free_port()}", context_length=1), BusPublisher())
+    loop = asyncio.new_event_loop()
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://adapter")
+    statuses: list[int] = []
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(mutated_bodies())
+    def post(data) -> None:
+        response = loop.run_until_complete(
+            client.post("/v1/messages", content=json.dumps(data).encode(), headers=HEADERS)
+        )
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["type"] == "invalid_request_error"
+        statuses.append(response.status_code)
+
+    try:
+        post()
+    finally:
+        loop.run_until_complete(client.aclose())
+        loop.close()
+    assert statuses

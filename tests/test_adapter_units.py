@@ -1,0 +1,299 @@
+"""The adapter's pure parts: translation, routing, ids and signatures, SSE framing, records, the outbox."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollbus.canonical import CanonicalHistory
+from rollbus.tokenizer import load_tokenizer
+from rollbus.trajectory import Turn
+from services.adapter import sse
+from services.adapter.anthropic import Message, parse_messages_request
+from services.adapter.errors import overloaded
+from services.adapter.publisher import BacklogFull, Outbox
+from services.adapter.records import prompt_reference
+from services.adapter.response import TurnRef, signed_turn, stop_reason, thinking_signature, tool_use_id
+from services.adapter.sessions import MAIN, SIDE, SUBAGENT, RequestShape, Sessions, answers_agent_call
+from services.adapter.settings import AdapterSettings
+from services.adapter.sglang_client import EngineError, parse_generation
+from services.adapter.translate import IMAGE_PLACEHOLDER, to_chat
+from services.adapter.turn import policy_version
+from tests.test_adapter_support import READ_TOOL, BusPublisher, body
+
+
+def chat_of(messages, **overrides):
+    request = parse_messages_request(json.dumps(body(messages, **overrides)).encode())
+    return to_chat(request.system, request.messages, request.tools)
+
+
+def test_system_blocks_join_and_cache_markers_vanish() -> None:
+    chat = chat_of("hi")
+    assert chat.messages[0] == {
+        "role": "system",
+        "content": "You are Claude Code, a coding agent.\n\nWork in /repo.",
+    }
+    assert "cache_control" not in json.dumps(chat.messages)
+    assert chat.tools[0]["function"]["parameters"] == READ_TOOL["input_schema"]
+
+
+def test_mid_history_system_messages_fold_into_the_next_user_turn_after_tool_results() -> None:
+    chat = chat_of(
+        [
+            {"role": "user", "content": "go"},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t1", "name": "Read", "input": {"file_path": "/a"}}],
+            },
+            {"role": "system", "content": "Date is Monday."},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": "x", "is_error": True},
+                    {"type": "text", "text": "then?"},
+                ],
+            },
+            {"role": "system", "content": [{"type": "text", "text": "Last word."}]},
+        ]
+    )
+    roles = [m["role"] for m in chat.messages]
+    assert roles == ["system", "user", "assistant", "tool", "user"]
+    assert chat.messages[3] == {"role": "tool", "tool_call_id": "t1", "content": "x"}
+    assert chat.messages[4]["content"] == (
+        "<system-reminder>\nDate is Monday.\n</system-reminder>\n\nthen?"
+        "\n\n<system-reminder>\nLast word.\n</system-reminder>"
+    )
+
+
+def test_assistant_blocks_become_reasoning_text_and_tool_calls_with_ids_kept() -> None:
+    chat = chat_of(
+        [
+            {"role": "user", "content": "go"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "plan", "signature": ""},
+                    {"type": "text", "text": "Reading."},
+                    {"type": "tool_use", "id": "toolu_abc", "name": "Read", "input": {"file_path": "/a"}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "toolu_abc",
+                        "content": [{"type": "text", "text": "a"}, {"type": "image"}],
+                    }
+                ],
+            },
+        ]
+    )
+    assistant = chat.messages[2]
+    assert assistant["reasoning_content"] == "plan" and assistant["content"] == "Reading."
+    assert assistant["tool_calls"] == [
+        {
+            "id": "toolu_abc",
+            "type": "function",
+            "function": {"name": "Read", "arguments": {"file_path": "/a"}},
+        }
+    ]
+    assert chat.messages[3]["content"] == f"a\n\n{IMAGE_PLACEHOLDER}"
+
+
+def test_tool_use_ids_and_signatures_name_their_turn() -> None:
+    ref = TurnRef("r1", "main", 3)
+    ids = {tool_use_id(ref, i) for i in range(3)} | {tool_use_id(TurnRef("r1", "main", 4), 0)}
+    assert len(ids) == 4 and all(i.startswith("toolu_") for i in ids)
+    signature = thinking_signature(b"k" * 32, ref)
+    assert signed_turn(b"k" * 32, signature) == "r1/main/3"
+    assert signed_turn(b"x" * 32, signature) is None
+    tampered = signature[:-1] + ("1" if signature.endswith("0") else "0")
+    assert signed_turn(b"k" * 32, tampered) is None
+    forged_turn = signature.replace(signature.split(".")[1], "cjEvbWFpbi85")  # "r1/main/9"
+    assert signed_turn(b"k" * 32, forged_turn) is None
+    assert signed_turn(b"k" * 32, "") is None and signed_turn(b"k" * 32, "rb1.!!.x") is None
+
+
+@pytest.mark.parametrize(
+    "finish, blocks, matched, expected",
+    [
+        ("length", [{"type": "tool_use"}], None, ("max_tokens", None)),
+        ("stop", [{"type": "text"}, {"type": "tool_use"}], 1, ("tool_use", None)),
+        ("stop", [{"type": "text"}], "END", ("stop_sequence", "END")),
+        ("stop", [], 248046, ("end_turn", None)),
+    ],
+)
+def test_stop_reason(finish, blocks, matched, expected) -> None:
+    assert stop_reason(finish, blocks, matched) == expected
+
+
+def test_sse_frames_name_their_type_and_errors_keep_the_anthropic_shape() -> None:
+    frame = sse.event("ping", {}).decode()
+    assert frame == 'event: ping\ndata: {"type":"ping"}\n\n'
+    blocks = [{"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"file_path": "/ä"}}]
+    frames = [f.decode() for f in sse.content_events(blocks)]
+    delta = json.loads(frames[1].split("data: ", 1)[1])
+    assert json.loads(delta["delta"]["partial_json"]) == {"file_path": "/ä"}
+    error = json.loads(sse.error(overloaded("busy", 2)).decode().split("data: ", 1)[1])
+    assert error == {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}
+
+
+def test_prompt_reference_only_when_the_previous_stream_is_a_prefix() -> None:
+    first = Turn([1, 2, 3], [4, 5], [-0.1, -0.2], "stop", 0, chain_id="main", turn_index=0)
+    extends = Turn([1, 2, 3, 4, 5, 9, 10], [6], [-0.3], "stop", 0, chain_id="main", turn_index=1)
+    diverges = Turn([1, 2, 3, 4, 7, 9], [6], [-0.3], "stop", 0, chain_id="main", turn_index=1)
+    assert prompt_reference(first, None) == (None, [1, 2, 3])
+    assert prompt_reference(extends, first) == (0, [9, 10])
+    assert prompt_reference(diverges, first) == (None, [1, 2, 3, 4, 7, 9])
+
+
+def test_routing_main_subagent_and_side() -> None:
+    tokenizer = load_tokenizer("qwen3.6")
+    sessions = Sessions(lambda name: CanonicalHistory(tokenizer, chain_name=name))
+    session = sessions.get("r1")
+    tools = [{"type": "function", "function": {"name": "Read", "parameters": {}}}]
+    main = session.route(RequestShape(None, "sys", [{"role": "user", "content": "a"}], tools))
+    assert (main.kind, main.chain_id) == (MAIN, "main")
+    by_header = session.route(RequestShape("ab12", "other", [{"role": "user", "content": "b"}], tools))
+    assert (by_header.kind, by_header.chain_id, by_header.parent) == (SUBAGENT, "agent-ab12", main)
+    side = session.route(RequestShape(None, "title please", [{"role": "user", "content": "c"}], []))
+    assert side.kind == SIDE and side.chain_id == "side-0" and "side-0" not in session.agents
+    assert session.route(RequestShape(None, "sys", [{"role": "user", "content": "d"}], tools)) is main
+
+
+def test_answers_agent_call_looks_at_the_last_assistant_turn() -> None:
+    call = {"id": "t9", "type": "function", "function": {"name": "Agent", "arguments": {}}}
+    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    assert not answers_agent_call(messages)
+    assert answers_agent_call(messages + [{"role": "tool", "tool_call_id": "t9", "content": "report"}])
+
+
+def test_engine_answers_are_checked() -> None:
+    good = {
+        "text": "hi",
+        "output_ids": [5, 6],
+        "meta_info": {
+            "finish_reason": {"type": "length"},
+            "prompt_tokens": 3,
+            "weight_version": "7",
+            "output_token_logprobs": [[-0.5, 5, None], [-1.5, 6, None]],
+        },
+    }
+    generation = parse_generation(good, "rb-1", 10)
+    assert (generation.output_ids, generation.output_logprobs, generation.finish_type) == (
+        [5, 6],
+        [-0.5, -1.5],
+        "length",
+    )
+    assert policy_version(generation.weight_version, 0) == 7 and policy_version("v-abc", 3) == 3
+    with pytest.raises(EngineError, match="disagree"):
+        parse_generation({**good, "output_ids": [5]}, "rb-1", 10)
+    with pytest.raises(EngineError, match="not a generation"):
+        parse_generation({"text": "hi"}, "rb-1", 10)
+
+
+async def test_outbox_keeps_order_through_an_outage_and_bounds_its_backlog() -> None:
+    publisher = BusPublisher()
+    outbox = Outbox(publisher, capacity=3, retry_interval=0.01)
+    record = {
+        "rollout_id": "r",
+        "chain_id": "c",
+        "kind": "opened",
+        "chain_kind": "main",
+        "reason": None,
+        "turn_count": 0,
+        "parent_chain_id": None,
+        "at": 0,
+    }
+    publisher.down = True
+    for n in range(3):
+        outbox.reserve()
+        assert await outbox.publish("sessions", {**record, "turn_count": n}, key="r") is False
+        outbox.release()
+    with pytest.raises(BacklogFull):
+        outbox.reserve()
+    publisher.down = False
+    assert await outbox.publish("sessions", {**record, "turn_count": 3}, key="r") is False  # queued behind
+    await outbox.flush(timeout=10)
+    assert [r["turn_count"] for _, _, r in publisher.events] == [0, 1, 2, 3]
+    outbox.reserve()
+
+
+async def test_outbox_spills_what_never_reached_the_bus(tmp_path) -> None:
+    publisher = BusPublisher()
+    publisher.down = True
+    outbox = Outbox(publisher, capacity=5, retry_interval=0.01)
+    await outbox.publish("turns", {"rollout_id": "r"}, key="r")
+    await asyncio.sleep(0.05)
+    assert outbox.spill(tmp_path / "left.jsonl") == 1
+    line = json.loads((tmp_path / "left.jsonl").read_text())
+    assert line == {"topic": "turns", "key": "r", "record": {"rollout_id": "r"}}
+
+
+def test_settings_fail_at_construction() -> None:
+    with pytest.raises(ValueError, match="history_mode"):
+        AdapterSettings(history_mode="magic")
+    with pytest.raises(ValueError, match="max_concurrency"):
+        AdapterSettings(max_concurrency=0)
+
+
+def test_message_blocks_of_a_string_content() -> None:
+    assert [b.type for b in Message(role="user", content="hi").blocks()] == ["text"]
+
+
+def test_folding_is_stable_as_the_cli_grows_the_conversation() -> None:
+    """Each request's translation must be a prefix of the next one's, or the chain would restart."""
+
+    def call(n: int) -> list[dict]:
+        tool_use = {"type": "tool_use", "id": f"t{n}", "name": "Read", "input": {"file_path": "/a"}}
+        result = {"type": "tool_result", "tool_use_id": f"t{n}", "content": "x"}
+        return [{"role": "assistant", "content": [tool_use]}, {"role": "user", "content": [result]}]
+
+    reminder = {"role": "system", "content": "Available agent types: ..."}
+    requests = [[{"role": "user", "content": "Read hello.py"}, reminder]]  # what the CLI sends first
+    requests.append(requests[-1] + call(1))
+    requests.append(requests[-1][:] + [call(2)[0], reminder, call(2)[1]])  # a reminder with a tool result
+    requests.append(requests[-1] + call(3))
+    chats = [chat_of(messages).messages for messages in requests]
+    for before, after in zip(chats, chats[1:], strict=False):
+        assert after[: len(before)] == before
+    assert "<system-reminder>" in chats[0][1]["content"] and len(chats[0]) == 2
+
+
+@st.composite
+def growing_conversations(draw) -> list[list[dict]]:
+    """Requests as the CLI grows them: each adds an assistant turn, reminders and the tool results."""
+
+    def reminders(where: str) -> list[dict]:
+        n = draw(st.integers(0, 2))
+        return [{"role": "system", "content": f"reminder {where} {i}"} for i in range(n)]
+
+    first = [*reminders("start"), {"role": "user", "content": "Read hello.py"}, *reminders("first")]
+    requests = [first]
+    for k in range(draw(st.integers(1, 4))):
+        tool_use = {"type": "tool_use", "id": f"t{k}", "name": "Read", "input": {"file_path": f"/f{k}"}}
+        result = [{"type": "tool_result", "tool_use_id": f"t{k}", "content": "x"}]
+        if draw(st.booleans()):
+            result.append({"type": "text", "text": "and also this"})
+        step = [
+            {"role": "assistant", "content": [tool_use]},
+            *reminders(f"before {k}"),
+            {"role": "user", "content": result},
+            *reminders(f"after {k}"),
+        ]
+        requests.append(requests[-1] + step)
+    return requests
+
+
+@settings(max_examples=60, deadline=None)
+@given(growing_conversations())
+def test_every_growing_conversation_translates_to_growing_chats(requests) -> None:
+    chats = [chat_of(messages).messages for messages in requests]
+    for before, after in zip(chats, chats[1:], strict=False):
+        assert after[: len(before)] == before
+    assert not any(m["role"] == "system" for chat in chats for m in chat[1:])
