@@ -56,13 +56,54 @@ class AssistantMessage:
     reasoning: str
     tool_calls: tuple[tuple[str, str, str], ...]  # (id, name, canonical JSON arguments)
 
-    def echoed_by(self, echo: AssistantMessage) -> bool:
-        """Whether ``echo`` is this message as sent back; the client may drop the reasoning."""
+    def echoed_by(self, echo: AssistantMessage, defaults: ToolDefaults | None = None) -> bool:
+        """Whether ``echo`` is this message as sent back; the client may drop the reasoning.
+
+        The Claude Code CLI validates tool inputs against their schemas and echoes them with schema
+        defaults filled in (Edit comes back with ``"replace_all": false``): an echoed argument the model
+        did not write is accepted when it equals that tool's schema default.
+        """
         return (
             echo.text == self.text
-            and echo.tool_calls == self.tool_calls
             and echo.reasoning in ("", self.reasoning)
+            and len(echo.tool_calls) == len(self.tool_calls)
+            and all(
+                _call_echoed(sent, back, defaults or {})
+                for sent, back in zip(self.tool_calls, echo.tool_calls, strict=True)
+            )
         )
+
+
+ToolDefaults = dict[str, dict[str, Any]]  # tool name -> {argument: schema default}
+
+
+def tool_defaults(tools: Sequence[dict] | None) -> ToolDefaults:
+    """Each tool's JSON-schema ``default`` values, by tool and argument name."""
+    found: ToolDefaults = {}
+    for tool in tools or ():
+        function = tool.get("function", tool)
+        properties = (function.get("parameters") or {}).get("properties") or {}
+        defaults = {k: v["default"] for k, v in properties.items() if isinstance(v, dict) and "default" in v}
+        if defaults:
+            found[function["name"]] = defaults
+    return found
+
+
+def _call_echoed(sent: tuple[str, str, str], back: tuple[str, str, str], defaults: ToolDefaults) -> bool:
+    if sent == back:
+        return True
+    if sent[:2] != back[:2]:
+        return False
+    ours, theirs = json.loads(sent[2]), json.loads(back[2])
+    if not isinstance(ours, dict) or not isinstance(theirs, dict):
+        return False
+    filled = defaults.get(sent[1], {})
+    added = theirs.keys() - ours.keys()
+    return (
+        all(theirs[k] == ours[k] for k in ours.keys() & theirs.keys())
+        and ours.keys() <= theirs.keys()
+        and all(k in filled and theirs[k] == filled[k] for k in added)
+    )
 
 
 def _text(content: Any) -> str:
@@ -232,6 +273,7 @@ class CanonicalHistory:
         self._context: list[Message | int] = []  # the chain's messages; an int is the index of our turn
         self._echoes: dict[int, Message] = {}  # last raw echo of each of our turns (fast equality path)
         self._tools: list[dict] | None = None
+        self._defaults: ToolDefaults = {}  # schema defaults of self._tools, for matching echoes
         self._opening = 0  # index of the chain's first non-system message
 
     @property
@@ -281,7 +323,7 @@ class CanonicalHistory:
                 if message == self._echoes.get(entry):
                     continue
                 if message.get("role") != "assistant" or not self.sent[entry].echoed_by(
-                    normalise_assistant(message)
+                    normalise_assistant(message), self._defaults
                 ):
                     return _Match(reason="unmatched_assistant")
                 echoes[entry] = message
@@ -333,6 +375,7 @@ class CanonicalHistory:
         self.turns, self.sent, self._echoes = [], [], {}
         self._context = [dict(m) for m in plan.messages]
         self._tools = json.loads(json.dumps(plan.tools)) if plan.tools is not None else None
+        self._defaults = tool_defaults(self._tools)
         self._opening = next((i for i, m in enumerate(plan.messages) if m.get("role") != "system"), 0)
 
     def freeze(self, kind: SegmentKind) -> FrozenChain | None:

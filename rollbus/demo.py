@@ -37,6 +37,7 @@ from rollbus.turn_log import frozen_chains, resolve_turns
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 MODEL = "rollbus-engine"
 TEST_CMD = ["python3", "-m", "unittest", "-q"]
+TEST_ENV = {"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}  # no __pycache__ in the agent's diff
 console = Console(highlight=False)
 
 
@@ -126,12 +127,15 @@ async def run_episode(args: argparse.Namespace, adapter_url: str, admin: str) ->
             cli = claude_cli.fetch()
             sandbox = BwrapSandbox(workdir, network="loopback", ro_binds={cli: claude_cli.SANDBOX_BINARY})
             try:
-                before = await sandbox.run(TEST_CMD, {"PATH": "/usr/bin:/bin"}, timeout=120)
+                before = await sandbox.run(TEST_CMD, TEST_ENV, timeout=120)
                 console.print(f"[bold]task[/bold]    {args.prompt}  (tests before: exit {before.exit_code})")
                 cmd = claude_cli.build_command(
                     args.prompt, model=MODEL, max_turns=args.max_turns, binary=claude_cli.SANDBOX_BINARY
                 )
-                env = claude_cli.build_env(adapter_url, session_token, model=MODEL, home=sandbox.home)
+                env = claude_cli.build_env(
+                    adapter_url, session_token, model=MODEL, home=sandbox.home,
+                    extra={"PYTHONDONTWRITEBYTECODE": "1"},
+                )  # fmt: skip
                 agent = await sandbox.run(cmd, env, timeout=600)
             finally:
                 await sandbox.close()
@@ -150,7 +154,7 @@ async def grade_patch(repo: Path, patch: str) -> tuple[bool, Completed]:
             return False, Completed(1, "", "patch did not apply", 0.0, False)
         sandbox = BwrapSandbox(clean, network="none")
         try:
-            graded = await sandbox.run(TEST_CMD, {"PATH": "/usr/bin:/bin"}, timeout=300)
+            graded = await sandbox.run(TEST_CMD, TEST_ENV, timeout=300)
         finally:
             await sandbox.close()
     return graded.exit_code == 0 and not graded.timed_out, graded

@@ -1,7 +1,7 @@
 """Start rollbus services as child processes and wait until they answer: for the demo and end-to-end tests.
 
-Each service runs as ``python -m rollbus <service> ...``, exactly as a user would start it, with its output in a
-log file, so a failure shows the service's own words.
+Each service runs as ``python -m rollbus <service> ...``, exactly as a user would start it, with its output
+in a log file, so a failure shows the service's own words.
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ class ServiceProcess:
                 pass
             time.sleep(0.2)
         self.stop()
-        raise ServiceFailed(f"{self.name} did not answer {self.health_url} in {timeout:.0f}s:\n{self.log_tail()}")
+        raise ServiceFailed(
+            f"{self.name} did not answer {self.health_url} in {timeout:.0f}s:\n{self.log_tail()}"
+        )
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM (the adapter drains on it), then SIGKILL if it lingers."""

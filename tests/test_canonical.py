@@ -16,6 +16,7 @@ from rollbus.canonical import (
     StalePlan,
     canonical_json,
     normalise_assistant,
+    tool_defaults,
 )
 from rollbus.tokenizer import SpecialIds, load_tokenizer, tokenizer_dir
 from rollbus.trajectory import fan_out, merge_turns_all, segment_chain
@@ -386,6 +387,51 @@ def test_normalised_assistant_ignores_key_order_whitespace_and_dropped_reasoning
     assert not sent.echoed_by(other_reasoning)
     other_id = AssistantMessage(echoed.text, "", (("toolu_2",) + echoed.tool_calls[0][1:],))
     assert not sent.echoed_by(other_id)
+
+
+def test_echoed_schema_defaults_match_but_other_added_or_changed_arguments_do_not():
+    """Claude Code 2.1.197 echoes Edit with ``"replace_all": false`` filled in from the tool's schema."""
+    edit = {"file_path": "/w/a.py", "old_string": "x", "new_string": "y"}
+    defaults = tool_defaults([
+        {"type": "function", "function": {"name": "Edit", "parameters": {"type": "object", "properties": {
+            "file_path": {"type": "string"}, "replace_all": {"type": "boolean", "default": False}}}}},
+    ])  # fmt: skip
+    assert defaults == {"Edit": {"replace_all": False}}
+
+    def echo(arguments: dict) -> AssistantMessage:
+        return normalise_assistant({"role": "assistant", "content": "", "tool_calls": [
+            tool_call("toolu_1", "Edit", arguments)]})  # fmt: skip
+
+    sent = echo(edit)
+    assert sent.echoed_by(echo(edit | {"replace_all": False}), defaults)
+    assert not sent.echoed_by(echo(edit | {"replace_all": False}))  # no schema, no leniency
+    assert not sent.echoed_by(echo(edit | {"replace_all": True}), defaults)
+    assert not sent.echoed_by(echo(edit | {"new_string": "z", "replace_all": False}), defaults)
+    assert not sent.echoed_by(echo(edit | {"dry_run": False}), defaults)
+    assert not sent.echoed_by(echo({"file_path": "/w/a.py", "old_string": "x"}), defaults)
+
+
+def test_chain_continues_when_the_client_fills_in_schema_defaults(tok, im_end):
+    tools = [{"type": "function", "function": {"name": "Edit", "description": "Edit a file.", "parameters": {
+        "type": "object", "properties": {"file_path": {"type": "string"},
+                                         "replace_all": {"type": "boolean", "default": False}},
+        "required": ["file_path"]}}}]  # fmt: skip
+    history = CanonicalHistory(tok, stop_token_ids=[im_end])
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "fix it"}]
+    plan = history.plan(messages, tools)
+    output = tok.encode(
+        "ok\n</think>\n\n<tool_call>\n<function=Edit>\n<parameter=file_path>\n/w/a.py\n</parameter>\n"
+        "</function>\n</tool_call>"
+    ) + [im_end]
+    sent = tool_call("toolu_1", "Edit", {"file_path": "/w/a.py"})
+    history.commit(plan, output, [-0.1] * len(output), "stop", 1,
+                   {"role": "assistant", "content": "", "reasoning_content": "ok", "tool_calls": [sent]})
+    echoed = tool_call("toolu_1", "Edit", {"replace_all": False, "file_path": "/w/a.py"})
+    messages += [{"role": "assistant", "content": "", "tool_calls": [echoed]},
+                 {"role": "tool", "tool_call_id": "toolu_1", "content": "done"}]  # fmt: skip
+    follow = history.plan(messages, tools)
+    assert (follow.new_chain, follow.reason) == (False, None)
+    assert follow.prompt_ids[: len(plan.prompt_ids) + len(output)] == plan.prompt_ids + output
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

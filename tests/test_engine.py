@@ -272,6 +272,14 @@ def test_scripted_cursor_is_per_rollout_and_chain(scripted, tokenizer):
     assert text(route("r2", "main")) == SCRIPT.turns[1].text
 
 
+def test_a_rewritten_main_chain_carries_on_with_the_next_scripted_turn(scripted, tokenizer):
+    """A compaction makes the adapter start ``main.1``; the agent itself is mid-script, not starting over."""
+    _, client = scripted
+    prompt = chat_prompt(tokenizer, "rewrite")
+    assert post_scripted(client, prompt, route("r3", "main"))["text"] == SCRIPT.turns[0].text
+    assert post_scripted(client, prompt, route("r3", "main.1"))["text"] == SCRIPT.turns[1].text
+
+
 def test_scripted_output_is_truncated_by_max_new_tokens(scripted, tokenizer):
     engine, client = scripted
     prompt = chat_prompt(tokenizer, "short budget")

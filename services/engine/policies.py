@@ -16,9 +16,10 @@ Script file (JSON)::
 
 A turn is raw model output (reasoning, ``<tool_call>`` blocks, text) without the closing
 ``<|im_end|>``; the engine appends it for a complete turn (a string, or ``"complete": true``), so the
-request finishes with ``{"type": "stop", "matched": im_end}``. Cursors are kept per
-(rollout, chain): every main chain and every sub-agent chain replays its list from the start, and a
-request advances its chain's cursor by one (a retried request therefore gets the next turn). When a
+request finishes with ``{"type": "stop", "matched": im_end}``. A rollout's main agent has one cursor
+across its chains (a compaction or history rewrite starts a new chain id, ``main`` -> ``main.1``, but the
+agent carries on with the next scripted turn); every sub-agent chain replays ``subagent_turns`` from the
+start. A request advances its cursor by one (a retried request therefore gets the next turn). When a
 chain's turns run out, the engine answers ``final_text`` (default :data:`DEFAULT_FINAL_TEXT`), a plain
 text turn that ends the agent loop instead of failing the rollout.
 
@@ -136,7 +137,7 @@ class SamplePolicy:
 
 @dataclass
 class ScriptedPolicy:
-    """Replays a :class:`Script`, one cursor per (rollout, chain)."""
+    """Replays a :class:`Script`: one cursor per rollout's main agent, one per sub-agent chain."""
 
     script: Script
     name: str = "scripted"
@@ -146,7 +147,8 @@ class ScriptedPolicy:
         if route.kind == "side":
             return ScriptedTurn(self.script.side_text)
         turns = self.script.turns if route.kind == "main" else self.script.subagent_turns
-        key = (route.rollout_id, route.chain_id, route.kind)
+        chain = "main" if route.kind == "main" else route.chain_id
+        key = (route.rollout_id, chain, route.kind)
         cursor = self.cursors.get(key, 0)
         self.cursors[key] = cursor + 1
         return turns[cursor] if cursor < len(turns) else ScriptedTurn(self.script.final_text)
