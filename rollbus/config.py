@@ -3,9 +3,10 @@
 Each service declares its options with :func:`add_option`, so ``--help`` documents the flag, its
 environment variable and its default in one place, and a bad value fails at start-up.
 
-A service's own flags read variables scoped by its name (``rollbus engine --port`` <- ``ROLLBUS_ENGINE_PORT``),
-so one environment can configure every service without them reading each other's ports; the flags every
-component shares (``--bootstrap-servers``, ``--state-dir``) read unscoped ones (``ROLLBUS_BOOTSTRAP_SERVERS``).
+A service's own flags read variables scoped by its name (``rollbus engine --port`` <-
+``ROLLBUS_ENGINE_PORT``), so one environment can configure every service without them reading each other's
+ports; the flags every component shares (``--bootstrap-servers``, ``--state-dir``) read unscoped ones
+(``ROLLBUS_BOOTSTRAP_SERVERS``).
 The scope comes from the parser's ``prog`` (``rollbus <service>``), which :mod:`rollbus.cli` sets.
 """
 

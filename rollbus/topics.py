@@ -215,7 +215,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_option(parser, "--partitions", default=DEFAULT_PARTITIONS, type=int,
                help="partition count shared by all rollout-keyed topics")  # fmt: skip
-    add_option(parser, "--namespace", default="", help="prefix for topic names (tests, parallel demos)")
+    add_option(
+        parser, "--namespace", default="", help="prefix for topic names (tests, parallel demos)", shared=True
+    )
     add_option(parser, "--replication-factor", default=1, type=int, help="replicas per partition (1 locally)")
 
 

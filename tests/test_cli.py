@@ -33,7 +33,9 @@ def test_bad_environment_value_fails_at_start_up(monkeypatch: pytest.MonkeyPatch
 
 
 def test_help_lists_every_subcommand() -> None:
-    out = subprocess.run([sys.executable, "-m", "rollbus", "--help"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "rollbus", "--help"], capture_output=True, text=True, check=True
+    )
     for name in COMMANDS:
         assert name in out.stdout
 

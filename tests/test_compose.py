@@ -1,4 +1,4 @@
-"""compose/ is validated by a real Compose implementation (Debian's docker-compose needs no engine for `config`)."""
+"""compose/ is validated by a real Compose implementation (Debian's docker-compose needs no engine)."""
 
 import shutil
 import subprocess

@@ -178,7 +178,7 @@ def test_cold_cache_builds_the_directory_once(tmp_path, monkeypatch, reference) 
 
 
 def test_markup_tokens_survive_skip_special_tokens() -> None:
-    """SGLang decodes with skip_special_tokens=True by default: reasoning and tool markup must stay, turn tokens go."""
+    """SGLang decodes with skip_special_tokens=True by default: markup must stay, turn tokens go."""
     tok = load_tokenizer()
     text = "<think>\nplan\n</think>\n\n<tool_call>\n<function=Read>\n</function>\n</tool_call>"
     ids = tok.encode(text + "<|im_end|>", add_special_tokens=False)

@@ -15,4 +15,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     return not_built_yet("trainer", "the segments consumer and the training step")
-

@@ -89,6 +89,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_option(
         parser,
+        "--topic-namespace",
+        default=defaults.topic_namespace,
+        help="prefix of the topics published to (tests, parallel demos); empty: the real topics",
+    )
+    add_option(
+        parser,
         "--ping-interval",
         default=defaults.ping_interval,
         type=float,
@@ -120,6 +126,7 @@ def settings_from(args: argparse.Namespace) -> AdapterSettings:
         admin_token=args.admin_token,
         open_sessions=args.open_sessions,
         policy_version=args.policy_version,
+        topic_namespace=args.topic_namespace,
         ping_interval=args.ping_interval,
         state_dir=Path(args.state_dir),
     )

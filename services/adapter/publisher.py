@@ -19,6 +19,8 @@ from typing import Any, Protocol
 
 from aiokafka.errors import KafkaError
 
+from rollbus.topics import topic_name
+
 log = logging.getLogger(__name__)
 
 #: what a failed delivery raises: broker errors, a dead connection, a delivery that timed out
@@ -50,8 +52,10 @@ class Outbox:
         capacity: int = 1000,
         send_timeout: float = 5.0,
         retry_interval: float = 1.0,
+        namespace: str = "",
     ) -> None:
         self.publisher = publisher
+        self.namespace = namespace  # "" is the real topics; tests publish to ``t-....turns``
         self.capacity = capacity
         self.send_timeout = send_timeout
         self.retry_interval = retry_interval
@@ -69,8 +73,11 @@ class Outbox:
         self.reserved = max(0, self.reserved - 1)
 
     async def publish(self, topic: str, record: Mapping[str, Any], key: str) -> bool:
-        """Deliver now if the bus takes it (True), else keep it in the backlog (False). Never drops."""
-        item = Pending(topic, record, key)
+        """Deliver now if the bus takes it (True), else keep it in the backlog (False). Never drops.
+
+        ``topic`` is the base name (``turns``); the record goes to it in the outbox's namespace.
+        """
+        item = Pending(topic_name(topic, self.namespace), record, key)
         if not self.backlog and await self._send(item):
             return True
         self.backlog.append(item)

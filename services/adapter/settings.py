@@ -23,6 +23,7 @@ class AdapterSettings:
     admin_token: str | None = None
     open_sessions: bool = False
     policy_version: int = 0
+    topic_namespace: str = ""  # publish to ``<namespace>.turns`` etc. (tests); "" is the real topics
     ping_interval: float = 10.0  # seconds without bytes before a ping; the CLI gives up after 180 s
     engine_timeout: float = 1800.0
     outbox_capacity: int = 1000

@@ -88,7 +88,7 @@ def build_state(
         timeout=httpx.Timeout(settings.engine_timeout, connect=10.0),
         limits=httpx.Limits(max_connections=settings.max_concurrency + 8),
     )
-    outbox = Outbox(publisher, capacity=settings.outbox_capacity)
+    outbox = Outbox(publisher, capacity=settings.outbox_capacity, namespace=settings.topic_namespace)
     kit = TurnKit(
         settings, SGLangClient(settings.sglang_url, http), tokenizer, stops, parse, outbox, AdapterMetrics()
     )
