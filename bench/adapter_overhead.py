@@ -1,15 +1,16 @@
 """What the adapter adds per turn: latency and CPU, against the engine alone on the same prompts.
 
-Run: ``python bench/adapter_overhead.py [--turns 10 50 100] [--engine-flags "..."]``.
+Run: ``python bench/adapter_overhead.py [--turns 10 50 100] [--final-context 64000] [--engine-flags "..."]``.
 
 Starts the rollbus engine (scripted policy: every turn a Read tool call, real logprobs) and the adapter
 (real tokenizer, chat template, SGLang parsers, canonical history; turns encoded with the real codec and
 written to a local file instead of Kafka), each in its own process. For each size it drives one CLI-shaped
 conversation of that many turns through the adapter (history echoed back with tool results each turn),
 and right after each turn sends the *same* prompt ids straight to the engine's ``/generate`` (interleaved,
-so both see the same machine load). Prints per-turn wall time (median) and CPU time of the process that
-served it (mean), the added latency, and the ratios adapter/engine. The direct call finds its prompt in the
-engine's prefix cache, so the added latency is an upper bound.
+so both see the same machine load). The direct calls go to a twin engine (same flags, same seed) that has
+seen the same prompts in the same order, so its prefix cache is in the same state and both paths prefill the
+same new tokens. Prints per-turn wall time (median) and CPU time of the process that served it (mean), the
+added latency, and the ratios adapter/engine.
 """
 
 from __future__ import annotations
@@ -146,11 +147,36 @@ class TurnLog:
         latest = max(k for k in self.records if k[0] == rollout)
         return self.prompts[latest]
 
+    def last_prompt_tokens(self) -> int:
+        """Length of the newest prompt read so far (the conversation's final context)."""
+        newest = max(self.records, key=lambda k: self.records[k]["timings"]["finished_at"])
+        return len(self.prompts[newest])
+
+
+CODE_LINE = "    total = compute_value(index, scale=2.5)  # accumulate the running total\n"
+
+
+def file_text(path: str, chars: int) -> str:
+    """A Read result of about ``chars`` characters of code-like text (the CLI numbers its lines)."""
+    lines = max(1, chars // (len(CODE_LINE) + 6))
+    return f"# {path}\n" + "".join(f"{n:>6}\t{CODE_LINE}" for n in range(1, lines + 1))
+
 
 def conversation(
-    adapter_url: str, adapter: subprocess.Popen, direct: DirectEngine, log: TurnLog, turns: int
+    adapter_url: str,
+    adapter: subprocess.Popen,
+    direct: DirectEngine,
+    log: TurnLog,
+    turns: int,
+    final_context: int,
 ) -> list[Sample]:
-    """One CLI-shaped conversation through the adapter; after each turn, its prompt to the engine alone."""
+    """One CLI-shaped conversation through the adapter; after each turn, its prompt to the engine alone.
+
+    Each Read result is sized so the conversation reaches about ``final_context`` tokens by its last turn
+    (about 3 characters per token for this code-like text), within the adapter's default context.
+    """
+    room = final_context - 2_000 - 120 * turns  # the system prompt and tools, then ~120 tokens a turn
+    chars_per_result = max(60, int(3.0 * room / turns))
     rollout = f"bench-{uuid.uuid4().hex[:8]}"
     messages: list[dict] = [{"role": "user", "content": "Read every module under /repo/src."}]
     samples = []
@@ -172,7 +198,7 @@ def conversation(
             samples.append(Sample(wall, cpu, *direct.generate(log.last_prompt(rollout))))
             message = response.json()
             call = next(b for b in message["content"] if b["type"] == "tool_use")
-            result = f"print('{call['input']['file_path']}')\n" * 3
+            result = file_text(call["input"]["file_path"], chars_per_result)
             messages += [
                 {"role": "assistant", "content": message["content"]},
                 {
@@ -183,7 +209,7 @@ def conversation(
     return samples
 
 
-def report(turns: int, samples: list[Sample]) -> None:
+def report(turns: int, samples: list[Sample], context: int) -> None:
     """Wall time as medians (robust to other load); CPU as means (the clock ticks in 10 ms steps)."""
 
     def median_ms(values: list[float]) -> float:
@@ -194,11 +220,13 @@ def report(turns: int, samples: list[Sample]) -> None:
 
     a_wall, e_wall = median_ms([s.adapter_wall for s in samples]), median_ms([s.engine_wall for s in samples])
     added = median_ms([s.adapter_wall - s.engine_wall for s in samples])
+    ratio = statistics.median(s.adapter_wall / s.engine_wall for s in samples)  # per turn, then the median
     a_cpu, e_cpu = mean_ms([s.adapter_cpu for s in samples]), mean_ms([s.engine_cpu for s in samples])
     wall = f"wall/turn (median): via adapter {a_wall:6.1f} ms, engine alone {e_wall:6.1f} ms"
     cpu = f"CPU/turn (mean): adapter {a_cpu:5.1f} ms, engine {e_cpu:6.1f} ms"
     print(
-        f"{turns:>4} turns | {wall}, added {added:6.1f} ms, ratio {a_wall / e_wall:4.2f} | "
+        f"{turns:>4} turns to {context / 1000:4.1f}k tokens | {wall}, added {added:6.1f} ms, "
+        f"ratio {ratio:4.3f} | "
         f"{cpu}, ratio {a_cpu / max(e_cpu, 1e-9):4.2f}"
     )
 
@@ -230,6 +258,9 @@ def serve_adapter(port: int, engine_url: str, records_file: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, nargs="+", default=[10, 50, 100])
+    parser.add_argument(
+        "--final-context", type=int, default=64_000, help="tokens the conversation reaches by its last turn"
+    )
     parser.add_argument("--engine-flags", default=TINY_ENGINE, help="model shape flags for the engine")
     parser.add_argument(
         "--serve-adapter", nargs=3, metavar=("PORT", "ENGINE_URL", "RECORDS"), help=argparse.SUPPRESS
@@ -243,27 +274,16 @@ def main() -> int:
         (tmp / "script.json").write_text(
             json.dumps({"turns": [READ.format(i=i) for i in range(max(args.turns))]})
         )
-        engine_port, adapter_port = free_port(), free_port()
+        engine_port, twin_port, adapter_port = free_port(), free_port(), free_port()
         engine_url, adapter_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{adapter_port}"
+        twin_url = f"http://127.0.0.1:{twin_port}"
         records_file = tmp / "turns.jsonl"
-        engine = start(
-            [
-                sys.executable,
-                "-m",
-                "services.engine",
-                "--policy",
-                "scripted",
-                "--script",
-                str(tmp / "script.json"),
-                "--port",
-                str(engine_port),
-                "--threads",
-                "1",
-                *shlex.split(args.engine_flags),
-            ],
-            f"{engine_url}/health",
-            tmp / "engine.log",
-        )
+        engine_cmd = [
+            sys.executable, "-m", "services.engine", "--policy", "scripted",
+            "--script", str(tmp / "script.json"), "--threads", "1", *shlex.split(args.engine_flags),
+        ]  # fmt: skip
+        engine = start([*engine_cmd, "--port", str(engine_port)], f"{engine_url}/health", tmp / "engine.log")
+        twin = start([*engine_cmd, "--port", str(twin_port)], f"{twin_url}/health", tmp / "twin.log")
         adapter = start(
             [sys.executable, __file__, "--serve-adapter", str(adapter_port), engine_url, str(records_file)],
             f"{adapter_url}/healthz",
@@ -271,11 +291,12 @@ def main() -> int:
         )
         try:
             print(f"engine flags: {args.engine_flags}; CPU cores: {os.cpu_count()}")
-            direct, log = DirectEngine(engine_url, engine), TurnLog(records_file)
+            direct, log = DirectEngine(twin_url, twin), TurnLog(records_file)
             for turns in args.turns:
-                report(turns, conversation(adapter_url, adapter, direct, log, turns))
+                samples = conversation(adapter_url, adapter, direct, log, turns, args.final_context)
+                report(turns, samples, log.last_prompt_tokens())
         finally:
-            for proc in (adapter, engine):
+            for proc in (adapter, engine, twin):
                 proc.terminate()
                 proc.wait(10)
     return 0

