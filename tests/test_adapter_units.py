@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -233,6 +235,20 @@ async def test_outbox_spills_what_never_reached_the_bus(tmp_path) -> None:
     assert outbox.spill(tmp_path / "left.jsonl") == 1
     line = json.loads((tmp_path / "left.jsonl").read_text())
     assert line == {"topic": "turns", "key": "r", "record": {"rollout_id": "r"}}
+
+
+async def test_outbox_publishes_to_its_topic_namespace() -> None:
+    class Topics:
+        def __init__(self) -> None:
+            self.seen: list[str] = []
+
+        async def publish(self, topic: str, record: Mapping[str, Any], *, key: str) -> None:
+            self.seen.append(topic)
+
+    publisher = Topics()
+    assert await Outbox(publisher, namespace="t-42").publish("turns", {"rollout_id": "r"}, key="r")
+    assert await Outbox(publisher).publish("sessions", {"rollout_id": "r"}, key="r")
+    assert publisher.seen == ["t-42.turns", "sessions"]
 
 
 def test_settings_fail_at_construction() -> None:

@@ -1,0 +1,212 @@
+"""The pieces end-to-end tests of the real Claude Code CLI share: one adapter, a scripted engine behind it,
+episodes in bwrap, and the rollout's events read back from the bus.
+
+The adapter is started once (it is the slow part to load: tokenizer, SGLang parsers) and publishes to a
+topic namespace of its own. The scripted engine replays one script per process, so :class:`Rig` restarts it
+on the same port when a test needs another script; tests grouped by script restart it rarely.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from rollbus import claude_cli
+from rollbus.broker import free_port
+from rollbus.replay import ReadPlan, read
+from rollbus.sandbox import BwrapSandbox, Completed, prepare_repo
+from rollbus.services import ServiceProcess
+from rollbus.topics import topic_name
+from rollbus.trajectory import Segment, Turn, fan_out
+from rollbus.turn_log import frozen_chains, resolve_turns
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+SCRIPTS = EXAMPLES / "scripts"
+MODEL = "rollbus-engine"
+SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}  # no __pycache__ in the agent's diff
+
+
+class Rig:
+    """The shared adapter, and the scripted engine on a fixed port that it calls."""
+
+    def __init__(self, bootstrap: str, namespace: str, log_dir: Path) -> None:
+        self.bootstrap, self.namespace, self.log_dir = bootstrap, namespace, log_dir
+        self.engine_port, self.adapter_port = free_port(), free_port()
+        self.admin_token = uuid.uuid4().hex
+        self.url = f"http://127.0.0.1:{self.adapter_port}"
+        self.script: Path | None = None
+        self.engine: ServiceProcess | None = None
+        self.adapter = ServiceProcess(
+            "adapter",
+            ["--port", str(self.adapter_port), "--sglang-url", f"http://127.0.0.1:{self.engine_port}",
+             "--bootstrap-servers", bootstrap, "--topic-namespace", namespace,
+             "--admin-token", self.admin_token, "--state-dir", str(log_dir)],
+            health_url=f"{self.url}/healthz",
+            log_dir=log_dir,
+        )  # fmt: skip
+
+    def start(self) -> None:
+        self.adapter.start()
+
+    def stop(self) -> None:
+        self.stop_engine()
+        self.adapter.stop()
+
+    def use_script(self, script: Path) -> None:
+        """Serve ``script`` (a fresh engine, so every rollout's cursor starts at its first turn)."""
+        if self.script != script or self.engine is None or self.engine.proc is None:
+            self.start_engine(script)
+
+    def start_engine(self, script: Path) -> None:
+        self.stop_engine()
+        self.engine = ServiceProcess(
+            "engine",
+            ["--port", str(self.engine_port), "--policy", "scripted", "--script", str(script)],
+            health_url=f"http://127.0.0.1:{self.engine_port}/health",
+            log_dir=self.log_dir / script.stem,
+        )
+        self.engine.start()
+        self.script = script
+
+    def stop_engine(self) -> None:
+        if self.engine is not None:
+            self.engine.stop()
+        self.engine = None
+
+    def admin(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.url, headers={"authorization": f"Bearer {self.admin_token}"})
+
+    async def open_session(self, rollout_id: str) -> str:
+        async with self.admin() as http:
+            answer = (await http.post("/admin/sessions", json={"rollout_id": rollout_id})).raise_for_status()
+        return answer.json()["token"]
+
+    async def close_session(self, rollout_id: str) -> dict[str, Any]:
+        async with self.admin() as http:
+            return (await http.post(f"/admin/sessions/{rollout_id}/close")).raise_for_status().json()
+
+    async def metric(self, name: str, **labels: str) -> float:
+        """The adapter's Prometheus sample ``name`` with these labels summed over the others (0 if absent)."""
+        async with httpx.AsyncClient() as http:
+            text = (await http.get(f"{self.url}/metrics")).raise_for_status().text
+        total = 0.0
+        for sample in re.finditer(rf"^{re.escape(name)}\{{(.*)\}} (\S+)$", text, re.MULTILINE):
+            found = dict(re.findall(r'(\w+)="([^"]*)"', sample.group(1)))
+            if all(found.get(k) == v for k, v in labels.items()):
+                total += float(sample.group(2))
+        return total
+
+    async def answered(self, status: int, route: str = "/v1/messages") -> int:
+        """How many requests on ``route`` the adapter answered with ``status``."""
+        return int(await self.metric("rollbus_adapter_requests_total", route=route, status=str(status)))
+
+
+@dataclass
+class Rollout:
+    """One episode of the CLI: its exit and stream-json output, its repository, its events on the bus."""
+
+    rollout_id: str
+    completed: Completed
+    workdir: Path
+    turns: list[dict[str, Any]]  # turn records, bus order
+    sessions: list[dict[str, Any]]  # session records, bus order
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return stream_events(self.completed.stdout)
+
+    @property
+    def result(self) -> dict[str, Any]:
+        """The CLI's closing ``result`` event (raises if it printed none)."""
+        return next(e for e in reversed(self.events) if e.get("type") == "result")
+
+    def resolved(self) -> list[Turn]:
+        return resolve_turns(self.turns)
+
+    def segments(self, reward: float) -> list[Segment]:
+        """What the segmenter makes of the rollout: turns -> frozen chains -> reward/K segments."""
+        kinds = {r["chain_id"]: r["chain_kind"] for r in self.turns}
+        return fan_out(frozen_chains(self.resolved(), kinds), self.rollout_id, reward)
+
+
+async def play(
+    rig: Rig, tmp_path: Path, prompt: str, *, token: str | None = None, rollout_id: str = "", **cli: Any
+) -> Rollout:
+    """A fresh session and scratch repo (``tmp_path / rollout_id``), the CLI run to its end, the session
+    closed, its events read. With ``token`` the CLI uses that token instead (no session is opened)."""
+    rollout_id = rollout_id or new_rollout_id()
+    session_token = await rig.open_session(rollout_id) if token is None else token
+    workdir = prepare_repo(EXAMPLES / "buggy_repo", tmp_path / rollout_id)
+    completed = await run_claude(rig.url, session_token, workdir, prompt, **cli)
+    (tmp_path / f"{rollout_id}.stream.jsonl").write_text(completed.stdout)  # for a failure's post-mortem
+    if token is None:
+        await rig.close_session(rollout_id)
+    turns = await rollout_events(rig.bootstrap, rig.namespace, "turns", rollout_id)
+    sessions = await rollout_events(rig.bootstrap, rig.namespace, "sessions", rollout_id)
+    return Rollout(rollout_id, completed, workdir, turns, sessions)
+
+
+def new_rollout_id() -> str:
+    return f"e2e-{uuid.uuid4().hex[:10]}"
+
+
+def stream_events(stdout: str) -> list[dict[str, Any]]:
+    """The JSON lines of ``--output-format stream-json`` (anything else on stdout is skipped)."""
+    events = []
+    for line in stdout.splitlines():
+        if line.startswith("{"):
+            events.append(json.loads(line))
+    return events
+
+
+async def run_claude(
+    base_url: str,
+    token: str,
+    workdir: Path,
+    prompt: str,
+    *,
+    max_turns: int = 8,
+    env: Mapping[str, str] | None = None,
+    max_output_tokens: int = claude_cli.DEFAULT_MAX_OUTPUT_TOKENS,
+    extra_args: tuple[str, ...] = (),
+    timeout: float = 180.0,
+) -> Completed:
+    """The real CLI, headless, in a bwrap sandbox that only reaches loopback (the adapter)."""
+    binary = claude_cli.fetch()
+    sandbox = BwrapSandbox(workdir, network="loopback", ro_binds={binary: claude_cli.SANDBOX_BINARY})
+    try:
+        cmd = claude_cli.build_command(
+            prompt, model=MODEL, max_turns=max_turns, binary=claude_cli.SANDBOX_BINARY, extra_args=extra_args
+        )
+        full_env = claude_cli.build_env(
+            base_url, token, model=MODEL, home=sandbox.home, max_output_tokens=max_output_tokens,
+            extra={**SANDBOX_ENV, **(env or {})},
+        )  # fmt: skip
+        return await sandbox.run(cmd, full_env, timeout=timeout)
+    finally:
+        await sandbox.close()
+
+
+async def rollout_events(bootstrap: str, namespace: str, topic: str, rollout_id: str) -> list[dict[str, Any]]:
+    """The rollout's events on ``topic`` (base name), read back from the beginning in bus order."""
+    plan = ReadPlan(topic_name(topic, namespace), "beginning", key=rollout_id.encode())
+    records = []
+    async for _, decoded in read(bootstrap, plan):
+        if isinstance(decoded, Exception):
+            raise decoded
+        records.append(decoded.record)
+    return records
+
+
+def script_turns(script: Path, key: str = "turns") -> list[str]:
+    """The raw model outputs of a script file's ``turns`` (or ``subagent_turns``)."""
+    raw = json.loads(script.read_text())[key]
+    return [t if isinstance(t, str) else t["text"] for t in raw]
