@@ -58,6 +58,17 @@ def add_option(
     )
 
 
+def parse_bool(raw: str | bool) -> bool:
+    """A boolean flag or variable: 1/true/yes/on, 0/false/no/off (or empty)."""
+    if isinstance(raw, bool):
+        return raw
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off", ""):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean, got {raw!r}")
+
+
 def add_common_options(parser: argparse.ArgumentParser) -> None:
     """Options every component understands: where the bus is and where local state lives."""
     add_option(

@@ -47,7 +47,7 @@ class Rig:
         self.adapter = ServiceProcess(
             "adapter",
             ["--port", str(self.adapter_port), "--sglang-url", f"http://127.0.0.1:{self.engine_port}",
-             "--bootstrap-servers", bootstrap, "--topic-namespace", namespace,
+             "--bootstrap-servers", bootstrap, "--namespace", namespace,
              "--admin-token", self.admin_token, "--state-dir", str(log_dir)],
             health_url=f"{self.url}/healthz",
             log_dir=log_dir,

@@ -1,3 +1,7 @@
-from services.adapter.main import main
+"""``python -m services.adapter``: the same as ``rollbus adapter``."""
 
-raise SystemExit(main())
+import sys
+
+from rollbus.cli import main
+
+raise SystemExit(main(["adapter", *sys.argv[1:]]))

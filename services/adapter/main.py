@@ -14,7 +14,8 @@ from types import FrameType
 
 import uvicorn
 
-from rollbus.config import add_common_options, add_option
+from rollbus.config import add_common_options, add_option, parse_bool
+from rollbus.topics import TopicsError, check_topics
 from services.adapter.settings import HISTORY_MODES, AdapterSettings
 from services.adapter.state import AdapterState
 
@@ -75,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         "--open-sessions",
         default=False,
-        type=_flag,
+        type=parse_bool,
         nargs="?",
         const=True,
         help="dev: accept any session token, as the rollout id itself",
@@ -89,9 +90,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_option(
         parser,
-        "--topic-namespace",
+        "--namespace",
         default=defaults.topic_namespace,
         help="prefix of the topics published to (tests, parallel demos); empty: the real topics",
+        shared=True,
     )
     add_option(
         parser,
@@ -100,16 +102,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="seconds between SSE pings while a turn generates",
     )
-
-
-def _flag(raw: str | bool) -> bool:
-    if isinstance(raw, bool):
-        return raw
-    if raw.lower() in ("1", "true", "yes", "on"):
-        return True
-    if raw.lower() in ("0", "false", "no", "off", ""):
-        return False
-    raise argparse.ArgumentTypeError(f"expected a boolean, got {raw!r}")
 
 
 def settings_from(args: argparse.Namespace) -> AdapterSettings:
@@ -126,7 +118,7 @@ def settings_from(args: argparse.Namespace) -> AdapterSettings:
         admin_token=args.admin_token,
         open_sessions=args.open_sessions,
         policy_version=args.policy_version,
-        topic_namespace=args.topic_namespace,
+        topic_namespace=args.namespace,
         ping_interval=args.ping_interval,
         state_dir=Path(args.state_dir),
     )
@@ -137,6 +129,8 @@ async def serve(args: argparse.Namespace) -> None:
     from services.adapter.app import create_app
 
     settings = settings_from(args)
+    # refuse to run on missing or mismatched topics: a rollout's events must meet in one partition
+    await check_topics(args.bootstrap_servers, settings.topic_namespace)
     async with Publisher(args.bootstrap_servers, client_id="rollbus-adapter") as publisher:
         app = create_app(settings, publisher)
         server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info"))
@@ -170,11 +164,8 @@ def run(args: argparse.Namespace) -> int:
         settings_from(args)
     except ValueError as exc:
         raise SystemExit(f"rollbus adapter: {exc}") from exc
-    asyncio.run(serve(args))
+    try:
+        asyncio.run(serve(args))
+    except TopicsError as exc:
+        raise SystemExit(f"rollbus adapter: {exc}") from exc
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rollbus adapter", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))

@@ -14,21 +14,11 @@ from pathlib import Path
 import torch
 import transformers
 
-from rollbus.config import add_option
+from rollbus.config import add_option, parse_bool
 from rollbus.tokenizer import DEFAULT_TOKENIZER, SpecialIds, load_tokenizer, tokenizer_dir
 from services.engine.engine import Engine
 from services.engine.model import ModelSpec, load_model, random_model
 from services.engine.policies import Policy, SamplePolicy, ScriptedPolicy, load_script
-
-
-def parse_bool(raw: str | bool) -> bool:
-    if isinstance(raw, bool):
-        return raw
-    if raw.lower() in ("1", "true", "yes", "on"):
-        return True
-    if raw.lower() in ("0", "false", "no", "off", ""):
-        return False
-    raise argparse.ArgumentTypeError(f"expected a boolean, got {raw!r}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

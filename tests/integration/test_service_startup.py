@@ -1,0 +1,37 @@
+"""Services refuse to start on topics where a rollout's events could not meet in one partition."""
+
+import os
+import subprocess
+import sys
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from rollbus.topics import create_topics, topic_name
+from tests.conftest import TEST_PARTITIONS, unique_namespace
+
+
+def start_adapter(bootstrap: str, namespace: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ROLLBUS_BOOTSTRAP_SERVERS": bootstrap, "ROLLBUS_NAMESPACE": namespace}
+    command = [sys.executable, "-m", "services.adapter", "--port", "0"]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_adapter_refuses_missing_topics(kafka_bootstrap: str) -> None:
+    namespace = unique_namespace()
+    done = start_adapter(kafka_bootstrap, namespace)
+    assert done.returncode == 1
+    assert f"missing topics {namespace}.tasks" in done.stderr and "rollbus topics create" in done.stderr
+
+
+async def test_adapter_refuses_mismatched_partition_counts(kafka_bootstrap: str) -> None:
+    namespace = unique_namespace()
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic_name("turns", namespace), TEST_PARTITIONS + 1, 1)])
+    finally:
+        await admin.close()
+    await create_topics(kafka_bootstrap, TEST_PARTITIONS, namespace)
+    done = start_adapter(kafka_bootstrap, namespace)
+    assert done.returncode == 1
+    assert "must share one partition count" in done.stderr
