@@ -18,6 +18,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -82,16 +83,20 @@ def docker_broker() -> Iterator[str]:
     ``topics`` fixture with their own ``max.message.bytes``, so the image's broker-wide defaults
     do not matter. ``get_bootstrap_server()`` gives host:mapped-port, advertised to the host.
     """
+    with kafka_container() as kafka:
+        yield kafka.get_bootstrap_server()
+
+
+def kafka_container(**docker_client_kw: Any) -> Any:
+    """The testcontainers ``KafkaContainer`` the docker path starts (built, not started, by a unit test)."""
     from testcontainers.community.kafka import KafkaContainer
 
-    container = (
-        KafkaContainer("confluentinc/cp-kafka:7.6.0")
+    return (
+        KafkaContainer("confluentinc/cp-kafka:7.6.0", docker_client_kw=docker_client_kw or None)
         .with_kraft()
         .with_env("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1")
         .with_env("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1")
     )
-    with container as kafka:
-        yield kafka.get_bootstrap_server()
 
 
 def local_broker(state_dir: os.PathLike[str]) -> Iterator[str]:

@@ -93,3 +93,21 @@ def test_a_class_archive_is_adopted_only_after_a_clean_exit(
     assert final.exists() == (adopted or final_exists)
     if final_exists:
         assert final.read_bytes() == b"first archive"
+
+
+def test_docker_path_builds_a_kraft_container_allowing_transactions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The testcontainers path cannot run here (no Docker engine); this checks what it would start.
+
+    Left unexercised: pulling the image, the container's start-up and its advertised listener.
+    """
+    from tests.conftest import broker_kind, kafka_container
+
+    container = kafka_container(version="1.44")  # an explicit API version: the client asks no engine
+    assert container.kraft_enabled
+    assert container.env["KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"] == "1"
+    assert container.env["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"] == "1"
+    monkeypatch.setenv("ROLLBUS_TEST_BROKER", "docker")
+    assert broker_kind() == "docker"
+    monkeypatch.setenv("ROLLBUS_TEST_BROKER", "podman")
+    with pytest.raises(pytest.UsageError, match="expected one of docker, local, external"):
+        broker_kind()
