@@ -7,8 +7,22 @@ Instead we keep the tokens the model actually saw and sampled, recognise the ass
 client echoes back as our own outputs, and render only what is new (tool results, user text) plus
 the generation prompt. Per-turn cost grows with the new tokens, not with the context.
 
-Only a real history rewrite (compaction, an edited or foreign assistant message, removed messages,
-changed tools) starts a new chain from a full render; the old chain is frozen as a ``wipe``.
+Only a real history rewrite starts a new chain from a full render; the old chain is frozen as a
+``wipe``. The plan's ``reason`` names the rewrite:
+
+* ``first``: the thread's first request (or the first after :meth:`CanonicalHistory.freeze`);
+* ``tools_changed``: the offered tools differ;
+* ``compaction``: the conversation's opening (its first non-system message) was rewritten, e.g.
+  Claude Code's "This session is being continued from a previous conversation...";
+* ``fork``: the messages match a strict prefix of the chain's context (by the same rules as an
+  extension: our assistant turns echoed) and then add only new user/tool messages; Claude Code's
+  compaction request is one (the conversation up to an earlier point, then "write a summary");
+* ``unmatched_assistant``: an echoed assistant message is not what we sampled;
+* ``edited_history``: a later context message changed;
+* ``removed_messages``: the request stops inside the chain's context, adding nothing;
+* ``no_new_messages``: the request is exactly the chain's context;
+* ``unsampled_assistant``: a new assistant message we never sampled (e.g. a prefill);
+* ``window_check_failed``: the template did not render the new messages independently.
 
 Usage (one :class:`CanonicalHistory` per agent thread: the main agent, each sub-agent)::
 
@@ -204,11 +218,7 @@ class TemplateRenderer:
 class PromptPlan:
     """What to send for one request, and how it relates to the chain; commit it after sampling.
 
-    ``reason`` says why a new chain starts: ``first``, ``tools_changed``, ``compaction`` (the
-    conversation's opening changed), ``edited_history`` (a later context message changed),
-    ``removed_messages``, ``unmatched_assistant`` (an echoed assistant message is not what we
-    sampled), ``unsampled_assistant`` (a new assistant message we never sampled, e.g. a prefill),
-    ``no_new_messages`` or ``window_check_failed``; None when the chain continues.
+    ``reason`` says why a new chain starts (the module docstring lists them); None when it continues.
     """
 
     prompt_ids: list[int]
@@ -325,16 +335,28 @@ class CanonicalHistory:
                 if message.get("role") != "assistant" or not self.sent[entry].echoed_by(
                     normalise_assistant(message), self._defaults
                 ):
-                    return _Match(reason="unmatched_assistant")
+                    return _Match(reason=self._diverged(messages, i, "unmatched_assistant"))
                 echoes[entry] = message
             elif message != entry:
-                return _Match(reason="compaction" if i <= self._opening else "edited_history")
+                return _Match(reason=self._diverged(messages, i, "edited_history"))
         new_from = len(self._context)
         if new_from == len(messages):
             return _Match(reason="no_new_messages")
         if any(m.get("role") == "assistant" for m in messages[new_from:]):
             return _Match(reason="unsampled_assistant")
         return _Match(new_from=new_from, echoes=echoes)
+
+    def _diverged(self, messages: Sequence[Message], at: int, otherwise: str) -> str:
+        """Why a request that leaves the chain at message ``at`` starts a new one.
+
+        A rewritten opening is a compaction; the chain's context up to ``at`` followed by only new
+        user/tool messages is a fork (Claude Code's summary request branches off an earlier turn).
+        """
+        if at <= self._opening:
+            return "compaction"
+        if all(m.get("role") in ("user", "tool") for m in messages[at:]):
+            return "fork"
+        return otherwise
 
     def commit(
         self,

@@ -17,6 +17,7 @@ from rollbus.bus import EventTooLarge
 from rollbus.parsing import parse_output
 from rollbus.tokenizer import load_tokenizer
 from services.adapter.app import create_app
+from services.adapter.expiry import TASK_NAME
 from services.adapter.response import signed_turn
 from tests.test_adapter_support import (
     BusPublisher,
@@ -233,6 +234,43 @@ async def test_agent_result_freezes_the_subagent_and_compaction_starts_a_chain(a
     )
     assert closed.status_code == 200 and closed.json()["closed"] == ["main.1"]
     assert adapter.publisher.of("sessions", rollout_id)[-1]["kind"] == "closed"
+
+
+def expiry_tasks() -> list[asyncio.Task]:
+    return [t for t in asyncio.all_tasks() if t.get_name() == TASK_NAME]
+
+
+async def until(check, what: str, timeout: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def test_idle_sessions_close_their_chains_and_lose_their_tokens(engine_url) -> None:
+    publisher = BusPublisher()
+    admin = {"authorization": "Bearer adm"}
+    idle = settings(engine_url, admin_token="adm", open_sessions=False, session_idle_timeout=1.0)
+    async with adapter_client(idle, publisher) as client:
+        assert len(expiry_tasks()) == 1
+        rollout_id, unused_id = f"r-{uuid.uuid4().hex[:8]}", f"r-{uuid.uuid4().hex[:8]}"
+        tokens = [
+            (await client.post("/admin/sessions", json={"rollout_id": r}, headers=admin)).json()["token"]
+            for r in (rollout_id, unused_id)
+        ]
+        await streamed(client, body("Read /repo/app.py"), {"x-api-key": tokens[0]})
+        await until(lambda: publisher.of("sessions", rollout_id)[-1]["kind"] == "closed", "the idle close")
+        events = [(e["chain_id"], e["kind"], e["reason"]) for e in publisher.of("sessions", rollout_id)]
+        assert events == [("main", "opened", "first"), ("main", "closed", "idle_timeout")]
+        for token in tokens:
+            again = await client.post("/v1/messages", json=body("hi"), headers={"x-api-key": token})
+            assert again.status_code == 401
+        gone = await client.post(f"/admin/sessions/{rollout_id}/close", headers=admin)
+        assert gone.status_code == 404
+        assert publisher.of("sessions", unused_id) == []
+    assert expiry_tasks() == []  # stopped with the app
+    async with adapter_client(settings(engine_url, session_idle_timeout=0), BusPublisher()):
+        assert expiry_tasks() == []
 
 
 async def test_bus_outage_keeps_turns_then_refuses_with_503(engine_url) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 from collections.abc import Mapping
@@ -17,10 +18,19 @@ from rollbus.trajectory import Turn
 from services.adapter import sse
 from services.adapter.anthropic import Message, parse_messages_request
 from services.adapter.errors import overloaded
+from services.adapter.main import add_arguments, run, settings_from
 from services.adapter.publisher import BacklogFull, Outbox
 from services.adapter.records import prompt_reference
 from services.adapter.response import TurnRef, signed_turn, stop_reason, thinking_signature, tool_use_id
-from services.adapter.sessions import MAIN, SIDE, SUBAGENT, RequestShape, Sessions, answers_agent_call
+from services.adapter.sessions import (
+    MAIN,
+    SIDE,
+    SUBAGENT,
+    RequestShape,
+    Sessions,
+    SessionTokens,
+    answers_agent_call,
+)
 from services.adapter.settings import AdapterSettings
 from services.adapter.sglang_client import EngineError, parse_generation
 from services.adapter.translate import IMAGE_PLACEHOLDER, to_chat
@@ -168,6 +178,45 @@ def test_routing_main_subagent_and_side() -> None:
     assert session.route(RequestShape(None, "sys", [{"role": "user", "content": "d"}], tools)) is main
 
 
+class HandClock:
+    """A clock the test moves by hand: expiry is about which session is older, not about waiting."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_sessions_expire_after_no_request_and_no_turn_in_flight() -> None:
+    tokenizer = load_tokenizer("qwen3.6")
+    clock = HandClock()
+    sessions = Sessions(lambda name: CanonicalHistory(tokenizer, chain_name=name), clock)
+    tools = [{"type": "function", "function": {"name": "Read", "parameters": {}}}]
+    quiet, asked, working = (sessions.get(r) for r in ("quiet", "asked", "working"))
+    agent = working.route(RequestShape(None, "sys", [{"role": "user", "content": "a"}], tools))
+    clock.now += 60
+    sessions.get("asked")
+    async with agent.lock:  # a turn longer than the timeout is not idleness
+        assert [s.rollout_id for s in sessions.expire(idle_since=clock.now - 30)] == ["quiet"]
+    assert "quiet" not in sessions and "asked" in sessions and "working" in sessions
+    clock.now += 31
+    assert {s.rollout_id for s in sessions.expire(idle_since=clock.now - 30)} == {"asked", "working"}
+    assert sessions.expire(idle_since=clock.now) == [] and sessions.get("quiet") is not quiet
+
+
+def test_tokens_never_used_are_found_and_revoked_tokens_stop_working() -> None:
+    clock = HandClock()
+    tokens = SessionTokens(clock=clock)
+    used, unused = tokens.issue("r-used"), tokens.issue("r-unused")
+    clock.now += 10
+    assert tokens.unused(clock.now - 20, in_use=set()) == []
+    assert tokens.unused(clock.now, in_use={"r-used"}) == ["r-unused"]
+    tokens.revoke("r-unused")
+    assert tokens.rollout_for(unused) is None and tokens.rollout_for(used) == "r-used"
+    assert tokens.unused(clock.now, in_use={"r-used"}) == []
+
+
 def test_answers_agent_call_looks_at_the_last_assistant_turn() -> None:
     call = {"id": "t9", "type": "function", "function": {"name": "Agent", "arguments": {}}}
     messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
@@ -256,6 +305,44 @@ def test_settings_fail_at_construction() -> None:
         AdapterSettings(history_mode="magic")
     with pytest.raises(ValueError, match="max_concurrency"):
         AdapterSettings(max_concurrency=0)
+    with pytest.raises(ValueError, match="session_idle_timeout"):
+        AdapterSettings(session_idle_timeout=-1)
+    with pytest.raises(ValueError, match="signing_key must not be empty"):
+        AdapterSettings(signing_key=b"")
+    with pytest.raises(ValueError, match="at least 16 bytes, not 15"):
+        AdapterSettings(signing_key=b"k" * 15)
+    assert AdapterSettings(signing_key=b"k" * 16, session_idle_timeout=0).session_idle_timeout == 0
+
+
+def adapter_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="rollbus adapter")
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_a_shared_signing_key_survives_a_restart(monkeypatch) -> None:
+    """Signatures written before a restart are recognised after it when the key is configured;
+    without one every process has its own random key."""
+    ref = TurnRef("r1", "main", 2)
+    monkeypatch.setenv("ROLLBUS_ADAPTER_SIGNING_KEY", "a-shared-key-of-enough-bytes")
+    before, after = settings_from(adapter_args([])), settings_from(adapter_args([]))
+    assert before.signing_key == b"a-shared-key-of-enough-bytes"
+    assert signed_turn(after.signing_key, thinking_signature(before.signing_key, ref)) == "r1/main/2"
+    flagged = settings_from(adapter_args(["--signing-key", "another-key-16-bytes"]))
+    assert signed_turn(flagged.signing_key, thinking_signature(before.signing_key, ref)) is None
+    monkeypatch.delenv("ROLLBUS_ADAPTER_SIGNING_KEY")
+    own, other = settings_from(adapter_args([])), settings_from(adapter_args([]))
+    assert signed_turn(other.signing_key, thinking_signature(own.signing_key, ref)) is None
+
+
+@pytest.mark.parametrize("key", ["", "short-secret"])
+def test_a_bad_signing_key_stops_the_adapter_without_showing_it(monkeypatch, key) -> None:
+    monkeypatch.setenv("ROLLBUS_ADAPTER_SIGNING_KEY", key)
+    with pytest.raises(SystemExit) as stopped:
+        run(adapter_args([]))
+    message = str(stopped.value)
+    assert message.startswith("rollbus adapter: signing_key must")
+    assert ("empty" if not key else "at least 16 bytes") in message and (not key or key not in message)
 
 
 def test_message_blocks_of_a_string_content() -> None:

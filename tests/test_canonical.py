@@ -252,6 +252,32 @@ def test_compaction_freezes_the_chain_as_a_wipe(tok):
     assert trained == sum(len(t.output_ids) for c in session.history.all_chains() for t in c.turns)
 
 
+def test_claude_code_compaction_is_a_fork_then_a_rewritten_opening(tok):
+    """The CLI's summary request branches off an earlier turn (our turns echoed, then new user/tool
+    messages only); the conversation it then continues has a new opening."""
+    session = start(tok, turns=4)
+    m = session.messages
+    assistants = [i for i, x in enumerate(m) if x["role"] == "assistant"]
+    at = assistants[2]
+    summary = {"role": "user", "content": "Your task is to create a detailed summary. <summary>"}
+    for fork in (m[:at] + [summary], m[: at + 1] + [summary]):
+        assert session.history.plan(fork, TOOLS).reason == "fork"
+    edited = dict(m[assistants[1]], content="not what we sampled")
+    not_a_prefix = m[: assistants[1]] + [edited] + m[assistants[1] + 1 : at] + [summary]
+    assert session.history.plan(not_a_prefix, TOOLS).reason == "unmatched_assistant"
+    assert session.history.plan([m[0], summary], TOOLS).reason == "compaction"
+    session.messages = m[:at] + [summary]
+    plan, _ = session.step(tok, 9)
+    assert (plan.new_chain, plan.reason, plan.chain_id, plan.reused_tokens) == (True, "fork", "main.1", 0)
+    session.messages = [m[0], {"role": "user", "content": "This session is being continued ... Summary: ..."}]
+    plan, _ = session.step(tok, 10)
+    assert (plan.new_chain, plan.reason, plan.chain_id) == (True, "compaction", "main.2")
+    assert [(c.kind, c.chain_id, len(c.turns)) for c in session.history.frozen] == [
+        ("wipe", "main", 4),
+        ("wipe", "main.1", 1),
+    ]
+
+
 def rewrites(session: Session) -> dict[str, list[dict]]:
     m = session.messages
     assistant = max(i for i, x in enumerate(m) if x["role"] == "assistant")
@@ -265,6 +291,7 @@ def rewrites(session: Session) -> dict[str, list[dict]]:
         "no_new_messages": m[: assistant + 1],
         "unsampled_assistant": m + [{"role": "assistant", "content": "prefill"}],
         "compaction": [m[0], {"role": "user", "content": "summary"}] + m[2:],
+        "fork": m[:assistant] + [{"role": "user", "content": "Summarise the conversation so far."}],
     }
 
 
@@ -277,6 +304,7 @@ def rewrites(session: Session) -> dict[str, list[dict]]:
         "no_new_messages",
         "unsampled_assistant",
         "compaction",
+        "fork",
         "tools_changed",
     ],
 )

@@ -192,8 +192,9 @@ async def test_compaction_freezes_the_chain_and_the_episode_goes_on(
     assert "<summary>" in summary_prompt  # main.1 is the CLI's summary request
     continued = tokenizer.decode(rollout.resolved()[4].prompt_ids)
     assert "continued from a previous conversation" in continued and "seq 1000 2999" not in continued
-    assert ("frozen", "compaction") in session_kinds(rollout, "main.1")
-    assert session_kinds(rollout, "main")[-1][0] == "frozen"
+    # the summary request branches off the conversation; the continued one rewrites its opening
+    assert session_kinds(rollout, "main")[-1] == ("frozen", "fork")
+    assert session_kinds(rollout, "main.1") == [("opened", "fork"), ("frozen", "compaction")]
     assert session_kinds(rollout, "main.2") == [("opened", "compaction"), ("closed", "rollout_end")]
     assert_trains_every_sampled_token(rollout, ["wipe", "wipe", "final"])
 

@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 
 from services.adapter import anthropic, edge
 from services.adapter.errors import ApiError, forbidden, invalid_request, not_found, unauthenticated
+from services.adapter.expiry import idle_expiry
 from services.adapter.metrics import CountRequests
 from services.adapter.publisher import Publisher
 from services.adapter.replies import ClientGone, TurnStream, collect
@@ -170,7 +171,8 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(warm_up, state)
-        yield
+        async with idle_expiry(state):
+            yield
         await shutdown(state, close_http=owned_http)
 
     app = FastAPI(

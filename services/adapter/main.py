@@ -16,13 +16,13 @@ import uvicorn
 
 from rollbus.config import add_common_options, add_option, parse_bool
 from rollbus.topics import TopicsError, check_topics
-from services.adapter.settings import HISTORY_MODES, AdapterSettings
+from services.adapter.settings import HISTORY_MODES, MIN_SIGNING_KEY_BYTES, AdapterSettings
 from services.adapter.state import AdapterState
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_options(parser)
-    defaults = AdapterSettings(signing_key=b"")
+    defaults = AdapterSettings()
     add_option(parser, "--host", default="127.0.0.1", help="address to listen on")
     add_option(parser, "--port", default=8082, type=int, help="port to listen on")
     add_option(
@@ -102,9 +102,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="seconds between SSE pings while a turn generates",
     )
+    add_option(
+        parser,
+        "--session-idle-timeout",
+        default=defaults.session_idle_timeout,
+        type=float,
+        help="seconds without a request after which a session's chains close and its token stops (0: never)",
+    )
+    add_option(
+        parser,
+        "--signing-key",
+        default=None,
+        help=f"HMAC key of thinking signatures, at least {MIN_SIGNING_KEY_BYTES} bytes; replicas and "
+        "restarts sharing it recognise each other's signatures (unset: random per process; prefer the "
+        "variable, flags show in ps)",
+    )
 
 
 def settings_from(args: argparse.Namespace) -> AdapterSettings:
+    """The settings the flags describe; a bad value raises ValueError naming it."""
+    key = {} if args.signing_key is None else {"signing_key": args.signing_key.encode()}
     return AdapterSettings(
         sglang_url=args.sglang_url,
         tokenizer=args.tokenizer,
@@ -120,7 +137,9 @@ def settings_from(args: argparse.Namespace) -> AdapterSettings:
         policy_version=args.policy_version,
         topic_namespace=args.namespace,
         ping_interval=args.ping_interval,
+        session_idle_timeout=args.session_idle_timeout,
         state_dir=Path(args.state_dir),
+        **key,
     )
 
 

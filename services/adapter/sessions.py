@@ -3,7 +3,7 @@
 A rollout's requests interleave several conversations on one wire: the main agent, sub-agents (the CLI
 marks them with ``x-claude-code-agent-id``) and side calls (titles, tool-less helpers). Each is an
 :class:`Agent` with its own history, so sub-agent and side turns never mix into the main trajectory.
-The history names the agent's *chains* (``main``, ``main.1`` after a compaction, ...).
+The history names the agent's *chains* (``main``, ``main.1`` after a history rewrite, ...).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import hashlib
 import hmac
 import itertools
 import secrets
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -46,14 +47,21 @@ NewHistory = Callable[[str], History]  # agent name -> a fresh history whose cha
 class SessionTokens:
     """Session token -> rollout id. Tokens come from the admin endpoint; ``open_sessions`` takes any."""
 
-    def __init__(self, *, open_sessions: bool = False) -> None:
+    def __init__(self, *, open_sessions: bool = False, clock: Callable[[], float] = time.monotonic) -> None:
         self.open_sessions = open_sessions
+        self.clock = clock
         self._rollouts: dict[str, str] = {}
+        self._issued: dict[str, float] = {}  # rollout id -> when its latest token was issued
 
     def issue(self, rollout_id: str) -> str:
         token = f"rb-{secrets.token_urlsafe(24)}"
         self._rollouts[token] = rollout_id
+        self._issued[rollout_id] = self.clock()
         return token
+
+    def unused(self, issued_before: float, in_use: Container[str]) -> list[str]:
+        """Rollouts whose tokens were issued before ``issued_before`` and never started a session."""
+        return [r for r, at in self._issued.items() if at < issued_before and r not in in_use]
 
     def rollout_for(self, token: str) -> str | None:
         for known, rollout_id in self._rollouts.items():
@@ -63,6 +71,7 @@ class SessionTokens:
 
     def revoke(self, rollout_id: str) -> None:
         self._rollouts = {t: r for t, r in self._rollouts.items() if r != rollout_id}
+        self._issued.pop(rollout_id, None)
 
 
 @dataclass
@@ -98,10 +107,11 @@ class RequestShape:
 
 @dataclass
 class Session:
-    """The agents of one rollout."""
+    """The agents of one rollout; ``last_active`` is when it last got a request or had a turn running."""
 
     rollout_id: str
     new_history: NewHistory
+    last_active: float = 0.0
     agents: dict[str, Agent] = field(default_factory=dict)
     _side_serial: itertools.count = field(default_factory=itertools.count)
 
@@ -131,6 +141,10 @@ class Session:
             self.agents[name] = agent
         return agent
 
+    def busy(self) -> bool:
+        """Whether one of its agents has a turn in flight (side calls are not kept, so not seen)."""
+        return any(agent.lock.locked() for agent in self.agents.values())
+
     def finished_subagents(self) -> list[Agent]:
         """Sub-agents with a live chain and no turn in flight: the main agent just got their results."""
         return [
@@ -155,16 +169,35 @@ def answers_agent_call(messages: list[dict[str, Any]]) -> bool:
 
 
 class Sessions:
-    """Every live rollout's :class:`Session`, created on its first request."""
+    """Every live rollout's :class:`Session`, created on its first request; it lives until the admin API
+    closes it or it goes idle (:mod:`services.adapter.expiry`)."""
 
-    def __init__(self, new_history: NewHistory) -> None:
+    def __init__(self, new_history: NewHistory, clock: Callable[[], float] = time.monotonic) -> None:
         self.new_history = new_history
+        self.clock = clock
         self._sessions: dict[str, Session] = {}
 
     def get(self, rollout_id: str) -> Session:
-        if rollout_id not in self._sessions:
-            self._sessions[rollout_id] = Session(rollout_id, self.new_history)
-        return self._sessions[rollout_id]
+        """The rollout's session, created if new; a request is activity, so it counts as active now."""
+        session = self._sessions.get(rollout_id)
+        if session is None:
+            session = self._sessions[rollout_id] = Session(rollout_id, self.new_history)
+        session.last_active = self.clock()
+        return session
 
     def pop(self, rollout_id: str) -> Session | None:
         return self._sessions.pop(rollout_id, None)
+
+    def __contains__(self, rollout_id: object) -> bool:
+        return rollout_id in self._sessions
+
+    def expire(self, idle_since: float) -> list[Session]:
+        """Remove and return the sessions not active since ``idle_since``; a turn in flight is activity."""
+        now = self.clock()
+        for session in self._sessions.values():
+            if session.busy():
+                session.last_active = now
+        idle = [s for s in self._sessions.values() if s.last_active < idle_since]
+        for session in idle:
+            del self._sessions[session.rollout_id]
+        return idle

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HISTORY_MODES = ("canonical", "rerender")
+MIN_SIGNING_KEY_BYTES = 16
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,10 @@ class AdapterSettings:
     outbox_capacity: int = 1000
     retry_after: float = 2.0  # seconds suggested to clients refused under overload or drain
     drain_timeout: float = 60.0
+    session_idle_timeout: float = 3600.0  # seconds without a request before a session closes; 0: never
     state_dir: Path = Path(".rollbus")
+    # HMAC key of thinking signatures: random per process unless given, so a restarted adapter (or
+    # another replica) recognises the signatures of the history the CLI echoes only if they share it
     signing_key: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
 
     def __post_init__(self) -> None:
@@ -40,3 +44,13 @@ class AdapterSettings:
                 raise ValueError(f"{name} must be positive, not {getattr(self, name)}")
         if self.ping_interval <= 0:
             raise ValueError(f"ping_interval must be positive, not {self.ping_interval}")
+        if not self.signing_key:
+            raise ValueError("signing_key must not be empty")
+        if len(self.signing_key) < MIN_SIGNING_KEY_BYTES:
+            raise ValueError(
+                f"signing_key must be at least {MIN_SIGNING_KEY_BYTES} bytes, not {len(self.signing_key)}"
+            )
+        if self.session_idle_timeout < 0:
+            raise ValueError(
+                f"session_idle_timeout must be 0 (never) or positive, not {self.session_idle_timeout}"
+            )

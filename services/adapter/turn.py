@@ -239,15 +239,13 @@ async def hand_back(kit: TurnKit, agents: list[Agent]) -> None:
             await kit.outbox.publish("sessions", record, key=agent.rollout_id)
 
 
-async def close_chains(kit: TurnKit, agents: Iterable[Agent]) -> list[str]:
-    """The rollout ended: a ``closed`` event for every agent's live chain; returns their ids."""
+async def close_chains(kit: TurnKit, agents: Iterable[Agent], reason: str = "rollout_end") -> list[str]:
+    """The rollout ended (or went idle): a ``closed`` event for every agent's live chain; their ids."""
     closed = []
     for agent in agents:
         if agent.history.turns:
             count = len(agent.history.turns)
-            record = records.session_record(
-                agent, agent.chain_id, "closed", turn_count=count, reason="rollout_end"
-            )
+            record = records.session_record(agent, agent.chain_id, "closed", turn_count=count, reason=reason)
             await kit.outbox.publish("sessions", record, key=agent.rollout_id)
             closed.append(agent.chain_id)
     return closed
