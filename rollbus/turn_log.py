@@ -7,7 +7,7 @@ the square of its turns. Writers and readers share these two functions so the en
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rollbus.trajectory import FrozenChain, Turn
@@ -17,15 +17,15 @@ class UnresolvedTurn(ValueError):
     """A turn refers to a turn of its chain that was not seen (lost, or read out of order)."""
 
 
-def prompt_reference(prompt_ids: list[int], previous: Turn | None) -> tuple[int | None, list[int]]:
+def prompt_reference(prompt_ids: Sequence[int], previous: Turn | None) -> tuple[int | None, list[int]]:
     """``(prompt_ref_turn, prompt_ids)``: only the suffix when ``previous``'s stream prefixes the prompt.
 
     Checked on the tokens themselves, so a reader that resolves the reference gets the exact prompt.
     """
     if previous is None or previous.turn_index is None:
         return None, list(prompt_ids)
-    stream = previous.prompt_ids + previous.output_ids
-    if len(stream) <= len(prompt_ids) and prompt_ids[: len(stream)] == stream:
+    stream = [*previous.prompt_ids, *previous.output_ids]
+    if len(stream) <= len(prompt_ids) and list(prompt_ids[: len(stream)]) == stream:
         return previous.turn_index, list(prompt_ids[len(stream) :])
     return None, list(prompt_ids)
 

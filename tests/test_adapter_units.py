@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 from rollbus.canonical import CanonicalHistory
 from rollbus.tokenizer import load_tokenizer
 from rollbus.trajectory import Turn
+from rollbus.turn_log import prompt_reference
 from services.adapter import sse
 from services.adapter.anthropic import Message, parse_messages_request
 from services.adapter.errors import overloaded
 from services.adapter.main import add_arguments, run, settings_from
 from services.adapter.publisher import BacklogFull, Outbox
-from services.adapter.records import prompt_reference
 from services.adapter.response import TurnRef, signed_turn, stop_reason, thinking_signature, tool_use_id
 from services.adapter.sessions import (
     MAIN,
@@ -159,9 +159,9 @@ def test_prompt_reference_only_when_the_previous_stream_is_a_prefix() -> None:
     first = Turn([1, 2, 3], [4, 5], [-0.1, -0.2], "stop", 0, chain_id="main", turn_index=0)
     extends = Turn([1, 2, 3, 4, 5, 9, 10], [6], [-0.3], "stop", 0, chain_id="main", turn_index=1)
     diverges = Turn([1, 2, 3, 4, 7, 9], [6], [-0.3], "stop", 0, chain_id="main", turn_index=1)
-    assert prompt_reference(first, None) == (None, [1, 2, 3])
-    assert prompt_reference(extends, first) == (0, [9, 10])
-    assert prompt_reference(diverges, first) == (None, [1, 2, 3, 4, 7, 9])
+    assert prompt_reference(first.prompt_ids, None) == (None, [1, 2, 3])
+    assert prompt_reference(extends.prompt_ids, first) == (0, [9, 10])
+    assert prompt_reference(diverges.prompt_ids, first) == (None, [1, 2, 3, 4, 7, 9])
 
 
 def test_routing_main_subagent_and_side() -> None:

@@ -6,26 +6,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from rollbus.turn_log import prompt_reference
 from services.adapter.sessions import Agent
-
-
-def prompt_reference(turn: Any, previous: Any | None) -> tuple[int | None, list[int]]:
-    """``(prompt_ref_turn, prompt_ids)``: only the suffix when the previous turn's stream prefixes it.
-
-    Checked on the tokens themselves, so a reader that resolves the reference gets the exact prompt.
-    """
-    if previous is None:
-        return None, list(turn.prompt_ids)
-    stream = list(previous.prompt_ids) + list(previous.output_ids)
-    if len(stream) <= len(turn.prompt_ids) and list(turn.prompt_ids[: len(stream)]) == stream:
-        return previous.turn_index, list(turn.prompt_ids[len(stream) :])
-    return None, list(turn.prompt_ids)
 
 
 def turn_record(
     agent: Agent, turn: Any, previous: Any | None, request_id: str, timings: dict[str, int]
 ) -> dict[str, Any]:
-    ref, prompt_ids = prompt_reference(turn, previous)
+    ref, prompt_ids = prompt_reference(turn.prompt_ids, previous)
     return {
         "rollout_id": agent.rollout_id,
         "chain_id": turn.chain_id,
