@@ -16,6 +16,11 @@ command -v npm >/dev/null || need_apt+=(nodejs npm)
 command -v bwrap >/dev/null || need_apt+=(bubblewrap)
 command -v docker-compose >/dev/null || need_apt+=(docker-compose)
 command -v git >/dev/null || need_apt+=(git)
+# what every sandbox offers (the default toolchain is the host's read-only /usr): Debian's python3 with pytest,
+# patch for the grader's last apply strategy, socat for the agent sandbox's one forwarded port
+command -v socat >/dev/null || need_apt+=(socat)
+command -v patch >/dev/null || need_apt+=(patch)
+[ -x /usr/bin/python3 ] && /usr/bin/python3 -c "import pytest" 2>/dev/null || need_apt+=(python3 python3-pytest)
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "apt-get install ${need_apt[*]}"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}") >&2 \

@@ -14,7 +14,7 @@ def turn(**overrides) -> dict:
         "prompt_ref_turn": 0, "prompt_ids": [151644, 872, 198], "prompt_tokens": 40,
         "output_ids": [9707, 0, 151645], "output_logprobs": [-0.25, -1.5, 0.0], "finish_reason": "stop",
         "policy_version": 3, "request_id": "req-7",
-        "timings": {"started_at": AT, "finished_at": AT + 250, "generation_ms": 240},
+        "timings": {"started_at": AT, "finished_at": AT + 250, "generation_ms": 240}, "attempt_id": "a-1",
     }
     return {**record, **overrides}
 
@@ -28,6 +28,7 @@ def segment(tokens: int = 6) -> dict:
         "kind": "wipe", "prompt_ids": list(range(min(tokens, 2_000))), "response_ids": response,
         "loss_mask": mask, "rollout_logprobs": [-(i % 97) / 8 for i in range(tokens)], "reward": 0.5,
         "trajectory_reward": 1.0, "policy_versions": [7 if m else -1 for m in mask], "created_at": AT,
+        "attempt_id": "a-1", "chain_id": "main",
     }
 
 
@@ -36,20 +37,26 @@ SAMPLES: dict[str, dict] = {
         "rollout_id": "r-1", "group_id": "g-1", "sample_index": 0, "group_size": 4,
         "prompt": "Fix the failing test in tests/test_parse.py", "label": None,
         "metadata": json.dumps({"image": "python:3.11", "workdir": "/repo", "eval_cmd": "pytest -x"}),
-        "submitted_at": AT,
+        "submitted_at": AT, "env_config": None, "ctx_config": None, "messages": None,
     },
     "turn": turn(),
     "session": {
         "rollout_id": "r-1", "chain_id": "sub-1", "kind": "frozen", "chain_kind": "subagent",
         "reason": "subagent", "turn_count": 5, "parent_chain_id": "main", "at": AT,
+        "attempt_id": "a-1", "agent_id": "a1b2c3", "parent_tool_use_id": "toolu_1",
     },
     "diff": {
         "rollout_id": "r-1", "patch": "--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n", "exit_status": 0,
         "wall_time_s": 81.25, "turns": 12, "error": None, "at": AT,
+        "attempt_id": "a-1", "group_id": "g-1", "group_size": 4, "failure_kind": None,
+        "patch_truncated": False,
+        "task_metadata": json.dumps({"image": "python:3.11", "workdir": "/repo"}), "label": None,
     },
     "reward": {
         "rollout_id": "r-1", "reward": 1.0, "solved": True, "applied_cleanly": True,
         "details": json.dumps({"passed": 3, "failed": 0}), "failure_kind": None, "at": AT,
+        "attempt_id": "a-1", "group_id": "g-1", "group_size": 4, "flags": [],
+        "tests": [{"name": "tests/test_x.py::test_a", "status": "PASSED"}], "step_rewards": [], "infos": "[]",
     },
     "segment": segment(),
     "policy": {"version": 8, "location": "/ckpt/policy-8", "published_at": AT},

@@ -52,20 +52,20 @@ logprob = st.floats(max_value=0.0, width=32, allow_nan=False)
 def test_token_arrays_round_trip(prompt, output):
     sampled = {"output_ids": [t for t, _ in output], "output_logprobs": [lp for _, lp in output]}
     record = turn(prompt_ids=prompt, **sampled)
-    assert codec.decode(codec.encode("turn", record)).record == {**record, "schema_version": 1}
+    assert codec.decode(codec.encode("turn", record)).record == {**record, "schema_version": 2}
 
 
 def test_segment_of_96k_tokens_round_trips_compactly():
     record = segment(SEGMENT_TOKENS)
     data = codec.encode("segment", record)
-    assert codec.decode(data).record == {**record, "schema_version": 1}
+    assert codec.decode(data).record == {**record, "schema_version": 2}
     # token ids < 2**20 take at most 3 varint bytes, logprobs 4, mask 1, versions 1: well under 10 per token
     assert len(data) < 10 * (SEGMENT_TOKENS + 2_000)
 
 
 def test_encode_sets_schema_version_whatever_the_caller_says():
     decoded = codec.decode(codec.encode("turn", turn(schema_version=99)))
-    assert decoded.record["schema_version"] == decoded.schema_version == 1
+    assert decoded.record["schema_version"] == decoded.schema_version == 2
 
 
 def test_defaulted_fields_may_be_left_out():
@@ -92,7 +92,7 @@ def _turn_bytes() -> bytes:
         (b"XX" + _turn_bytes()[2:], "bad magic"),
         (HEADER.pack(MAGIC, len(EVENT_TYPES), 1) + b"\x00", f"unknown event type id {len(EVENT_TYPES)}"),
         (HEADER.pack(MAGIC, 1, 99) + _turn_bytes()[5:], "unknown turn schema version 99"),
-        (_turn_bytes() + b"\x00", "turn v1 message has 1 trailing bytes"),
+        (_turn_bytes() + b"\x00", "turn v2 message has 1 trailing bytes"),
     ],
     ids=["tombstone", "empty", "short-header", "bad-magic", "unknown-type", "unknown-version", "trailing"],
 )
@@ -155,8 +155,8 @@ def test_encode_names_event_type_and_field_of_a_bad_record(record, field):
 def test_unknown_event_type_and_version_are_codec_errors():
     with pytest.raises(CodecError, match="unknown event type 'turns'"):
         codec.encode("turns", turn())
-    with pytest.raises(CodecError, match="unknown turn schema version 2"):
-        codec.schema("turn", 2)
+    with pytest.raises(CodecError, match="unknown turn schema version 3"):
+        codec.schema("turn", 3)
 
 
 @pytest.mark.parametrize("event_type", EVENT_TYPES)
