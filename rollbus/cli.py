@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from rollbus.settings import SettingsError
+
 COMMANDS: dict[str, tuple[str, str]] = {
     "broker": ("rollbus.broker", "run the embedded Apache Kafka broker (start|stop|status|fetch)"),
     "topics": ("rollbus.topics", "create or check the rollbus topics"),
@@ -42,7 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     add(cmd_parser)
     args = cmd_parser.parse_args(argv[1:])
     args.command = name
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except SettingsError as exc:  # a bad flag or variable: one line, before anything started
+        cmd_parser.exit(2, f"{cmd_parser.prog}: error: {exc}\n")
 
 
 if __name__ == "__main__":
