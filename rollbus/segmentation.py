@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from rollbus.codec import CodecError, decode
 from rollbus.trajectory import ChainBroken, ChainTokens, FrozenChain, LossScope, Segment, fan_out
 from rollbus.turn_log import (
     ConflictingTurn,
@@ -511,3 +512,27 @@ class Segmenter:
     def _drop_bodies(self, state: RolloutState) -> None:
         for key in state.body_keys():
             self.bodies.pop(body_key(state.rollout_id, key), None)
+
+
+# --- from the wire ----------------------------------------------------------------------------------
+
+
+class WrongKey(CodecError):
+    """An event whose Kafka key is not its rollout id: it sits on another rollout's partition."""
+
+
+def decode_fact(topic: str, value: bytes | None, key: bytes | None, timestamp_ms: int) -> Fact:
+    """The fact in one message of ``turns``/``sessions``/``diffs``/``rewards``; CodecError if poison."""
+    from rollbus.topics import MAX_EVENT_BYTES, spec_for, split_name
+
+    data = value or b""
+    if len(data) > MAX_EVENT_BYTES:
+        raise CodecError(f"message of {len(data)} bytes is over the limit of {MAX_EVENT_BYTES}")
+    decoded = decode(data)
+    expected = spec_for(topic).event_type
+    if decoded.event_type != expected:
+        raise CodecError(f"{decoded.event_type} event on {topic!r}, which carries {expected} events")
+    rollout_id = decoded.record["rollout_id"]
+    if key != rollout_id.encode():
+        raise WrongKey(f"message key {key!r} is not its rollout id {rollout_id!r}")
+    return Fact(FACT_KINDS[split_name(topic)[1]], decoded.record, timestamp_ms)
