@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sandbox-runner": ("services.sandbox_runner.main", "runs the coding agent per task; publishes diffs"),
     "grader": ("services.grader.main", "grades diffs in a clean sandbox; publishes rewards"),
     "segmenter": ("services.segmenter.main", "joins turns, sessions and rewards into segments"),
+    "rebuild": ("services.segmenter.rebuild", "replay the raw topics into a fresh derived topic (segments)"),
     "trainer": ("trainer.main", "consumes segments and trains the policy"),
     "demo": ("rollbus.demo", "run the end-to-end slice on embedded defaults"),
 }
