@@ -75,9 +75,9 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
     add_option(
         parser,
         "--bootstrap-servers",
-        default=default_bootstrap(),
-        help="Kafka bootstrap servers (any Kafka-compatible cluster); unset: the embedded broker of the "
-        f"state dir wherever `rollbus broker start` put it, else {DEFAULT_BOOTSTRAP}",
+        default=None,
+        help="Kafka bootstrap servers (any Kafka-compatible cluster); unset: the embedded broker of "
+        f"--state-dir wherever `rollbus broker start` put it, else {DEFAULT_BOOTSTRAP}",
         shared=True,
     )
     add_option(
