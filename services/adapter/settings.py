@@ -21,6 +21,7 @@ class AdapterSettings:
     reasoning_parser: str = "qwen3"
     max_concurrency: int = 32
     body_limit: int = 32 * 1024 * 1024
+    body_timeout: float = 60.0  # seconds a request body may take to arrive in full (408 after)
     admin_token: str | None = None
     open_sessions: bool = False
     policy_version: int = 0
@@ -42,8 +43,9 @@ class AdapterSettings:
         for name in ("context_length", "max_new_tokens", "max_concurrency", "body_limit", "outbox_capacity"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, not {getattr(self, name)}")
-        if self.ping_interval <= 0:
-            raise ValueError(f"ping_interval must be positive, not {self.ping_interval}")
+        for name in ("ping_interval", "body_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, not {getattr(self, name)}")
         if not self.signing_key:
             raise ValueError("signing_key must not be empty")
         if len(self.signing_key) < MIN_SIGNING_KEY_BYTES:

@@ -18,6 +18,10 @@ class EngineError(Exception):
     """The engine failed or answered something that is not a generation."""
 
 
+class EngineRejected(EngineError):
+    """The engine answered 4xx: it will refuse this request however often it is sent."""
+
+
 @dataclass(frozen=True)
 class Generation:
     """One engine answer, reduced to what a turn records."""
@@ -75,7 +79,8 @@ class SGLangClient:
             raise EngineError(f"engine call failed: {type(exc).__name__}: {exc}") from exc
         if response.status_code != 200:
             await self.abort(rid)
-            raise EngineError(f"engine answered {response.status_code}: {response.text[:500]}")
+            error = EngineRejected if 400 <= response.status_code < 500 else EngineError
+            raise error(f"engine answered {response.status_code}: {response.text[:500]}")
         elapsed_ms = int((time.monotonic() - started) * 1000)
         return parse_generation(response.json(), rid, elapsed_ms)
 
