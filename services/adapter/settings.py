@@ -28,6 +28,7 @@ class AdapterSettings:
     topic_namespace: str = ""  # publish to ``<namespace>.turns`` etc. (tests); "" is the real topics
     ping_interval: float = 10.0  # seconds without bytes before a ping; the CLI gives up after 180 s
     engine_timeout: float = 1800.0
+    engine_api_key: str | None = field(default=None, repr=False)  # the engine's --api-key, if it has one
     outbox_capacity: int = 1000
     retry_after: float = 2.0  # seconds suggested to clients refused under overload or drain
     drain_timeout: float = 60.0

@@ -54,9 +54,12 @@ class TurnHeaders:
 
 
 class SGLangClient:
-    def __init__(self, base_url: str, http: httpx.AsyncClient) -> None:
+    """``api_key``: the engine's ``--api-key``, sent as a bearer token on every call."""
+
+    def __init__(self, base_url: str, http: httpx.AsyncClient, api_key: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.http = http
+        self.auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     async def generate(
         self, input_ids: list[int], sampling_params: dict[str, Any], rid: str, headers: TurnHeaders
@@ -70,7 +73,9 @@ class SGLangClient:
         }
         started = time.monotonic()
         try:
-            response = await self.http.post(f"{self.base_url}/generate", json=body, headers=headers.as_dict())
+            response = await self.http.post(
+                f"{self.base_url}/generate", json=body, headers={**headers.as_dict(), **self.auth}
+            )
         except asyncio.CancelledError:
             await asyncio.shield(self.abort(rid))
             raise
@@ -87,7 +92,9 @@ class SGLangClient:
     async def abort(self, rid: str) -> None:
         """Best effort: the engine may already have finished or be unreachable."""
         try:
-            await self.http.post(f"{self.base_url}/abort_request", json={"rid": rid}, timeout=5.0)
+            await self.http.post(
+                f"{self.base_url}/abort_request", json={"rid": rid}, headers=self.auth, timeout=5.0
+            )
         except httpx.HTTPError:
             pass
 
