@@ -3,8 +3,7 @@
 Runs ``CMD`` in the sandbox the runner (``agent``) or the grader (``grader``) would build for the row (the
 first row of the file unless ``--line``), prints its output and exits with its status. The agent's sandbox
 gets the Claude Code binary at its usual place and, with ``--adapter-url``, ``ANTHROPIC_BASE_URL`` pointing
-there;
-the grader's has no network and never sees the CLI.
+there; the grader's has no network and never sees the CLI.
 """
 
 from __future__ import annotations
