@@ -52,6 +52,9 @@ class AdapterSessions:
         self._http = httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout)
 
     async def open(self, rollout_id: str, attempt_id: str) -> str:
+        """A token for a new attempt. What an earlier attempt left open (its runner died mid-rollout) is
+        closed first, so its chains end and the new attempt starts a conversation of its own."""
+        await self.close(rollout_id, None)
         body = {"rollout_id": rollout_id, "attempt_id": attempt_id}
         answer = await self._post("/admin/sessions", body)
         if answer.status_code != 200 or not isinstance(answer.json().get("token"), str):
@@ -59,10 +62,12 @@ class AdapterSessions:
                                 f"{answer.text[:300]}")  # fmt: skip
         return str(answer.json()["token"])
 
-    async def close(self, rollout_id: str, attempt_id: str) -> None:
-        """Close the attempt's session; 404 (no request ever reached it) is fine."""
+    async def close(self, rollout_id: str, attempt_id: str | None) -> None:
+        """Close the attempt's session (every session of the rollout with ``attempt_id=None``); 404 (no
+        request ever reached it) is fine."""
+        body = {"attempt_id": attempt_id} if attempt_id else {}
         try:
-            answer = await self._post(f"/admin/sessions/{rollout_id}/close", {"attempt_id": attempt_id})
+            answer = await self._post(f"/admin/sessions/{rollout_id}/close", body)
         except AttemptFailed as exc:
             log.warning("closing the session of %s/%s: %s", rollout_id, attempt_id, exc)
             return
