@@ -148,7 +148,9 @@ def row(spec: dict[str, Any], commits: dict[str, str]) -> dict[str, Any]:
     return {"prompt": spec["problem_statement"], "label": label, "metadata": metadata}
 
 
-def build(images: Path = IMAGES, *, write_tasks: bool = False, dataset: Path = DATASET) -> list[dict[str, Any]]:
+def build(
+    images: Path = IMAGES, *, write_tasks: bool = False, dataset: Path = DATASET
+) -> list[dict[str, Any]]:
     """Build every image under ``images`` and return the rows; checks (or rewrites) ``dataset``."""
     rows = []
     for spec in specs():

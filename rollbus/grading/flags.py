@@ -93,8 +93,8 @@ def shadows_stdlib(path: PurePosixPath, package_dirs: set[str]) -> bool:
     """Whether ``path`` can be imported as a standard-library module from some ``sys.path`` entry.
 
     Any directory that is not a package (no ``__init__.py``: the repository root, ``tests/``, ``src/``) may be
-    on ``sys.path`` (``python -m``, pytest's rootdir insertion), so a module or package directly inside it whose
-    name is a standard-library module's shadows that module.
+    on ``sys.path`` (``python -m``, pytest's rootdir insertion), so a module or package directly inside it
+    whose name is a standard-library module's shadows that module.
     """
     parts = path.parts
     for depth in range(len(parts)):

@@ -76,7 +76,9 @@ def split_sections(text: str) -> list[FileSection]:
         starts = [i for i, line in enumerate(lines) if line.startswith(GIT_HEADER)]
     else:
         starts = [
-            i for i, line in enumerate(lines[:-1]) if line.startswith("--- ") and lines[i + 1].startswith("+++ ")
+            i
+            for i, line in enumerate(lines[:-1])
+            if line.startswith("--- ") and lines[i + 1].startswith("+++ ")
         ]
     sections = []
     for n, start in enumerate(starts):
@@ -108,7 +110,7 @@ def section_of(lines: list[str]) -> FileSection:
 
 
 def header_paths(rest: str) -> list[str]:
-    """The two paths of ``diff --git a/X b/Y`` (quoted or not; unquoted names split where both halves agree)."""
+    """The two paths of ``diff --git a/X b/Y`` (quoted or not; unquoted ones split where the halves agree)."""
     if rest.startswith('"') or rest.endswith('"'):
         tokens = re.findall(r'"(?:[^"\\]|\\.)*"|\S+', rest)
         return [p for p in (strip_prefix(unquote(t)) for t in tokens) if p is not None]

@@ -197,5 +197,7 @@ def absolute_paths(metadata: Mapping[str, Any], base_dir: Path) -> dict[str, Any
                     swepro[key] = str(resolve(base_dir, swepro[key]))
         files = holder.get("eval_files")
         if isinstance(files, dict):
-            holder["eval_files"] = {k: str(resolve(base_dir, v)) if isinstance(v, str) else v for k, v in files.items()}
+            holder["eval_files"] = {
+                k: str(resolve(base_dir, v)) if isinstance(v, str) else v for k, v in files.items()
+            }
     return out

@@ -86,7 +86,9 @@ async def grade(spec: GradingSpec, patch: str, config: GradeConfig | None = None
         return failed(verdict.SANDBOX_FAILED, f"{type(exc).__name__}: {exc}")
 
 
-async def _grade(spec: GradingSpec, sanitized: Sanitized, config: GradeConfig, deadline: float) -> GradeResult:
+async def _grade(
+    spec: GradingSpec, sanitized: Sanitized, config: GradeConfig, deadline: float
+) -> GradeResult:
     with tempfile.TemporaryDirectory(prefix="rollbus-grade-", dir=config.scratch_dir) as tmp:
         scratch = Path(tmp)
         image = materialize(spec.image, scratch / "image")
@@ -154,7 +156,9 @@ async def apply(image: Path, repo: Path, sanitized: Sanitized, deadline: float) 
         try:
             target = f"{sandbox.home}/{PATCH_NAME}"
             await sandbox.write_file(target, sanitized.patch)
-            done = await sandbox.run([*argv, target], BASE_ENV | {"HOME": sandbox.home}, timeout=_left(deadline))
+            done = await sandbox.run(
+                [*argv, target], BASE_ENV | {"HOME": sandbox.home}, timeout=_left(deadline)
+            )
         finally:
             await sandbox.close()
         logs.append(f"$ {name}: exit {done.exit_code}\n{done.stdout}{done.stderr}")
@@ -190,7 +194,9 @@ async def run_grader(
                 return Outcome(False, verdict.GRADING_SETUP_FAILED, (), "before_repo_set_cmd failed"), log
             files = ",".join(grader.selected_test_files)
             ran = await sandbox.run(
-                shell(spec, f"bash {EVAL_DIR}/run_script.sh {shlex.quote(files)}"), env, timeout=_left(deadline)
+                shell(spec, f"bash {EVAL_DIR}/run_script.sh {shlex.quote(files)}"),
+                env,
+                timeout=_left(deadline),
             )
             return await parse_swepro(grader, ran, eval_dir, scratch, deadline), ran.stdout + ran.stderr
         command = grader.cmd if isinstance(grader, EvalCmd) else f"python3 {EVAL_DIR}/f2p.py"
@@ -199,7 +205,9 @@ async def run_grader(
         text = grader.cmd if isinstance(grader, EvalCmd) else grader.script
         junit_path = f"{sandbox.home}/{JUNIT_NAME}"
         ran = await sandbox.run(
-            shell(spec, command), env | {"PYTEST_ADDOPTS": f"--junitxml={junit_path}"}, timeout=_left(deadline)
+            shell(spec, command),
+            env | {"PYTEST_ADDOPTS": f"--junitxml={junit_path}"},
+            timeout=_left(deadline),
         )
         if ran.timed_out:
             raise TimeoutError
@@ -226,7 +234,14 @@ async def parse_swepro(
     sandbox = BwrapSandbox(logs, network="none", ro_binds={eval_dir: EVAL_DIR})
     try:
         w = sandbox.workdir
-        argv = ["python3", "-I", f"{EVAL_DIR}/parser.py", f"{w}/stdout.log", f"{w}/stderr.log", f"{w}/output.json"]
+        argv = [
+            "python3",
+            "-I",
+            f"{EVAL_DIR}/parser.py",
+            f"{w}/stdout.log",
+            f"{w}/stderr.log",
+            f"{w}/output.json",
+        ]
         parsed = await sandbox.run(argv, BASE_ENV | {"HOME": sandbox.home}, timeout=_left(deadline))
         output = await _read_optional(sandbox, f"{w}/output.json")
     finally:
@@ -234,7 +249,9 @@ async def parse_swepro(
     if parsed.timed_out:
         raise TimeoutError
     if parsed.exit_code != 0 or output is None:
-        return Outcome(False, verdict.PARSER_FAILED, (), f"parser exit {parsed.exit_code}: {parsed.stderr[-500:]}")
+        return Outcome(
+            False, verdict.PARSER_FAILED, (), f"parser exit {parsed.exit_code}: {parsed.stderr[-500:]}"
+        )
     try:
         reported = verdict.parse_parser_output(output)
     except ValueError as exc:
@@ -265,4 +282,3 @@ def _excerpt(text: str, limit: int) -> str:
 
 def grade_sync(spec: GradingSpec, patch: str, config: GradeConfig | None = None) -> GradeResult:
     return asyncio.run(grade(spec, patch, config))
-

@@ -33,7 +33,9 @@ def snapshot(root: Path) -> dict[str, Entry]:
             full = os.path.join(dirpath, name)
             info = os.lstat(full)
             rel = os.path.relpath(full, root).replace(os.sep, "/")
-            entries[rel] = Entry(_kind(info.st_mode), stat.S_IMODE(info.st_mode), info.st_size, info.st_mtime_ns)
+            entries[rel] = Entry(
+                _kind(info.st_mode), stat.S_IMODE(info.st_mode), info.st_size, info.st_mtime_ns
+            )
     return entries
 
 
@@ -57,7 +59,9 @@ def changes(before_root: Path, before: dict[str, Entry], after_root: Path) -> di
             out[rel] = "modified"
         elif new.kind in ("dir", "other") or old == new:
             continue
-        elif old.size != new.size or _content(before_root / rel, new.kind) != _content(after_root / rel, new.kind):
+        elif old.size != new.size or _content(before_root / rel, new.kind) != _content(
+            after_root / rel, new.kind
+        ):
             out[rel] = "modified"
     return out
 
@@ -76,7 +80,7 @@ def package_dirs(root: Path) -> set[str]:
 
 
 def remove_bytecode(root: Path) -> int:
-    """Delete every ``__pycache__`` directory and ``.pyc``/``.pyo`` file (or link so named); returns how many."""
+    """Delete each ``__pycache__`` dir and ``.pyc``/``.pyo`` file (or link so named); returns how many."""
     removed = 0
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         for name in list(dirnames):

@@ -96,7 +96,7 @@ def final(
     return GradeResult(1.0 if solved else 0.0, solved, True, kind, flags, outcome.tests, info)
 
 
-# -- swepro ---------------------------------------------------------------------------------------------------
+# -- swepro --------------------------------------------------------------------------------------------------
 
 
 def parse_parser_output(text: str) -> list[TestResult]:
@@ -136,7 +136,7 @@ def swepro_outcome(reported: list[TestResult], required: Iterable[str]) -> Outco
     return Outcome(True, None, tuple(tests))
 
 
-# -- eval_cmd / f2p_script ------------------------------------------------------------------------------------
+# -- eval_cmd / f2p_script -----------------------------------------------------------------------------------
 
 
 def parse_junit(text: str) -> list[TestResult]:

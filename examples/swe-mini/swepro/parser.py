@@ -1,9 +1,10 @@
 """SWE-bench Pro style parser for pytest ``-rA`` output.
 
-``python parser.py stdout.log stderr.log output.json`` writes ``{"tests": [{"name", "status"}]}`` with statuses
-PASSED, FAILED, SKIPPED or ERROR (XFAIL counts as PASSED, XPASS as FAILED), one entry per test name. Only the
-"short test summary info" sections are read, and when a name is reported twice the worse status wins, so a line
-the code under test prints that merely looks like a result cannot turn a failure into a pass.
+``python parser.py stdout.log stderr.log output.json`` writes ``{"tests": [{"name", "status"}]}`` with
+statuses PASSED, FAILED, SKIPPED or ERROR (XFAIL counts as PASSED, XPASS as FAILED), one entry per test name.
+Only the "short test summary info" sections are read, and when a name is reported twice the worse
+status wins, so a line the code under test prints that merely looks like a result
+cannot turn a failure into a pass.
 """
 
 import json
@@ -12,8 +13,14 @@ import sys
 
 SUMMARY = re.compile(r"^=+ short test summary info =+$")
 RESULT = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+(\S+)(?:\s+-\s.*)?$")
-STATUS = {"PASSED": "PASSED", "XFAIL": "PASSED", "FAILED": "FAILED", "XPASS": "FAILED", "ERROR": "ERROR",
-          "SKIPPED": "SKIPPED"}
+STATUS = {
+    "PASSED": "PASSED",
+    "XFAIL": "PASSED",
+    "FAILED": "FAILED",
+    "XPASS": "FAILED",
+    "ERROR": "ERROR",
+    "SKIPPED": "SKIPPED",
+}
 RANK = {"PASSED": 0, "SKIPPED": 1, "FAILED": 2, "ERROR": 3}
 
 
