@@ -152,13 +152,22 @@ def string_list(value: Any, where: str) -> list[str]:
     if value in (None, ""):
         return []
     if isinstance(value, str):
-        try:
-            value = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            raise BadRow(f"{where} is a string but not a list literal: {value[:80]!r}") from None
+        value = list_literal(value, where)
     if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
         raise BadRow(f"{where} must be a list of strings")
     return list(value)
+
+
+def list_literal(text: str, where: str) -> Any:
+    """A JSON array or a Python list literal (SWE-bench Pro writes the latter)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    try:
+        return ast.literal_eval(text.strip())
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        raise BadRow(f"{where} is a string but not a list literal: {text[:80]!r}") from None
 
 
 def parse_eval_files(value: Any, base_dir: Path) -> dict[str, Path]:
