@@ -1,9 +1,10 @@
 """Dataset rows (slime's JSONL: ``{"prompt", "label", "metadata"}``) checked and turned into `tasks` records.
 
-A row must name an image, a prompt (the prompt key, else ``metadata.problem_statement``) and at most one
-grader (swepro, ``eval_cmd`` or ``remote_env_info.f2p_script``; none is allowed and scores 0). A bad row is
-reported with its line number and skipped; the rest are submitted. Host paths in the metadata (the image,
-the swepro scripts) are resolved against the dataset file, so tasks run from any directory.
+A row must name an image and a workdir, a prompt (the prompt key, else ``metadata.problem_statement``) and at
+most one grader (swepro, ``eval_cmd`` or ``remote_env_info.f2p_script``, checked as the grader reads it; none
+is allowed and scores 0). A bad row is reported with its line number and skipped; the rest are submitted.
+Host paths in the metadata (image, swepro scripts, eval files) are made absolute against the dataset file, so
+tasks run from any directory.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-PATH_KEYS = ("image", "run_script_path", "parser_script_path")
-SWEPRO_KEYS = ("run_script_path", "parser_script_path")
+from rollbus.grading.rows import BadRow, absolute_paths, parse_metadata
 
 
 class RowError(ValueError):
@@ -46,16 +46,13 @@ class Row:
 
 
 def graders_of(metadata: dict[str, Any]) -> list[str]:
-    """Which graders the metadata names (swepro, eval_cmd, f2p_script), in priority order."""
+    """Which graders the metadata names (swepro, eval_cmd, f2p_script; also under ``remote_env_info``)."""
     env = metadata.get("remote_env_info") if isinstance(metadata.get("remote_env_info"), dict) else {}
-    swepro = metadata.get("swepro") if isinstance(metadata.get("swepro"), dict) else {}
     found = []
-    if any(metadata.get(k) or swepro.get(k) or env.get(k) for k in SWEPRO_KEYS):
-        found.append("swepro")
-    if metadata.get("eval_cmd") or env.get("eval_cmd"):
-        found.append("eval_cmd")
-    if metadata.get("f2p_script") or env.get("f2p_script"):
-        found.append("f2p_script")
+    for key in ("swepro", "eval_cmd", "f2p_script"):
+        value = metadata.get(key)
+        if (value if value not in (None, "") else env.get(key)) not in (None, "", {}):
+            found.append(key)
     return found
 
 
@@ -75,10 +72,13 @@ def parse_row(text: str, line: int, keys: RowKeys, base: Path) -> Row:
             raise RowError(f"{keys.metadata_key!r} is a string that is not JSON") from None
     if not isinstance(metadata, dict):
         raise RowError(f"{keys.metadata_key!r} must be a JSON object")
-    metadata = resolve_paths(metadata, base)
+    metadata = absolute_paths(metadata, base)
     env = metadata.get("remote_env_info") if isinstance(metadata.get("remote_env_info"), dict) else {}
     if not (metadata.get("image") or env.get("image")):
         raise RowError(f"no image in {keys.metadata_key!r} (a repository directory or tarball)")
+    workdir = metadata.get("workdir") or env.get("workdir")
+    if not isinstance(workdir, str) or not workdir.startswith("/"):
+        raise RowError(f"no workdir in {keys.metadata_key!r} (the repository's absolute path inside)")
     prompt = data.get(keys.input_key)
     if not isinstance(prompt, str) or not prompt.strip():
         prompt = metadata.get("problem_statement")
@@ -89,28 +89,15 @@ def parse_row(text: str, line: int, keys: RowKeys, base: Path) -> Row:
     graders = graders_of(metadata)
     if len(graders) > 1:
         raise RowError(f"{len(graders)} graders ({', '.join(graders)}): a row names at most one")
+    if graders:  # its fields are checked now, not when its first diff is graded
+        try:
+            parse_metadata(metadata, base)
+        except BadRow as exc:
+            raise RowError(str(exc)) from None
     label = data.get(keys.label_key)
     if label is not None and not isinstance(label, str):
         label = json.dumps(label)
     return Row(line, prompt, label, metadata)
-
-
-def resolve_paths(metadata: dict[str, Any], base: Path) -> dict[str, Any]:
-    """A copy of ``metadata`` with its relative host paths (image, swepro scripts) made absolute."""
-
-    def fix(section: dict[str, Any]) -> dict[str, Any]:
-        out = dict(section)
-        for key in PATH_KEYS:
-            value = out.get(key)
-            if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
-                out[key] = str((base / value).resolve())
-        return out
-
-    fixed = fix(metadata)
-    for nested in ("remote_env_info", "swepro"):
-        if isinstance(fixed.get(nested), dict):
-            fixed[nested] = fix(fixed[nested])
-    return fixed
 
 
 def read_rows(path: Path, keys: RowKeys) -> Iterator[Row | tuple[int, RowError]]:
