@@ -267,7 +267,7 @@ async def run_episode(
     except _EnvFailed as exc:
         episode.stop, episode.error = "env_error", str(exc)
     finally:
-        await _close_once(env, episode)
+        await close_env(env, episode)
     return episode
 
 
@@ -348,8 +348,9 @@ def _plain(info: Any) -> dict[str, Any]:
     return json.loads(json.dumps(info, default=str))
 
 
-async def _close_once(env: Env, episode: Episode) -> None:
-    """``env.close()`` to completion even if the caller is being cancelled; its errors are logged, kept."""
+async def close_env(env: Env, episode: Episode) -> None:
+    """``env.close()`` unless ``episode`` says it ran: to completion even if the caller is being cancelled;
+    its errors are logged and kept in the infos, never raised."""
     if episode.closed:
         return
     episode.closed += 1
