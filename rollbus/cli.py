@@ -22,10 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "engine": ("services.engine.main", "local SGLang-compatible model server (CPU)"),
     "sandbox-runner": ("services.sandbox_runner.main", "runs the coding agent per task; publishes diffs"),
     "grader": ("services.grader.main", "grades diffs in a clean sandbox; publishes rewards"),
-    "gym-runner": (
-        "services.gym_runner.main",
-        "runs gym environments per task through the adapter; publishes rewards",
-    ),
+    "gym-runner": ("services.gym_runner.main", "runs gym episodes through the adapter; publishes rewards"),
     "segmenter": ("services.segmenter.main", "joins turns, sessions and rewards into segments"),
     "trainer": ("trainer.main", "consumes segments and trains the policy"),
     "demo": ("rollbus.demo", "run the end-to-end slice on embedded defaults"),
