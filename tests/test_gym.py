@@ -249,7 +249,7 @@ async def test_context_manager_rewrites_what_the_model_sees() -> None:
     seen: list[list[dict]] = []
 
     async def model(messages, tools):
-        seen.append(len(messages))
+        seen.append(messages)
         return Reply({"role": "assistant", "content": "x"}, "stop")
 
     env = Scripted({"done_after": 3})
