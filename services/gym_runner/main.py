@@ -36,7 +36,6 @@ def run(args: argparse.Namespace) -> int:
     settings = GymRunnerSettings.from_args(args)
     if settings.admin_token is None:
         raise SettingsError("--admin-token: required (the adapter's admin token, to open sessions)")
-    load_builtins()
     try:
         load_plugins(settings.plugin_paths())
     except GymConfigError as exc:
@@ -87,6 +86,7 @@ class Episodes:
 
 async def serve(settings: GymRunnerSettings, stop: asyncio.Event) -> None:
     """Consume tasks until ``stop`` is set, then drain (see the module docstring)."""
+    load_builtins()
     ns = settings.namespace
     assert settings.admin_token is not None
     timeout = httpx.Timeout(settings.request_timeout, connect=10.0)
