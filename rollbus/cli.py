@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gym-runner": ("services.gym_runner.main", "runs gym episodes through the adapter; publishes rewards"),
     "segmenter": ("services.segmenter.main", "joins turns, sessions and rewards into segments"),
     "trainer": ("trainer.main", "consumes segments and trains the policy"),
+    "export": ("rollbus.export", "write gym episodes from the topics as ms-swift-style JSON lines"),
     "demo": ("rollbus.demo", "run the end-to-end slice on embedded defaults"),
 }
 

@@ -18,6 +18,7 @@ import pytest
 
 from rollbus import gym
 from rollbus.bus import Publisher
+from rollbus.export import ExportSettings, export_completions
 from rollbus.replay import ReadPlan, read
 from rollbus.trajectory import fan_out
 from rollbus.turn_log import frozen_chains, resolve_turns
@@ -87,7 +88,9 @@ async def rewards_for(bootstrap: str, topic: str, rollouts: set[str], deadline: 
         await asyncio.sleep(0.5)
 
 
-async def test_gym_rows_get_the_rewards_their_scripted_episodes_earn(kafka_bootstrap, topics, engine_url):
+async def test_gym_rows_get_the_rewards_their_scripted_episodes_earn(
+    kafka_bootstrap, topics, engine_url, tmp_path
+):
     namespace = topics["tasks"].rsplit(".", 1)[0]
     ids = {name: f"{name}-{uuid.uuid4().hex[:6]}" for name in
            ("first", "retry", "wrong", "lake", "hole", "bad", "coding")}  # fmt: skip
@@ -138,6 +141,17 @@ async def test_gym_rows_get_the_rewards_their_scripted_episodes_earn(kafka_boots
     ]  # fmt: skip
     closed = [s for s in sessions if s["rollout_id"] == ids["retry"] and s["kind"] == "closed"]
     assert [s["chain_id"] for s in closed] == ["main"]  # the runner closed the session
+
+    out = tmp_path / "completions.jsonl"
+    config = {"bootstrap_servers": kafka_bootstrap, "namespace": namespace, "out": str(out), "failed": "skip"}
+    assert await export_completions(ExportSettings.load(config)) == (5, 0)
+    lines = {line["rollout_id"]: line for line in map(json.loads, out.read_text().splitlines())}
+    retry = lines[ids["retry"]]
+    assert retry["env_config"] == {"name": "math", "seed": 11} and retry["step_rewards"] == [0.0, 0.5]
+    assert [m["role"] for m in retry["messages"]] == ["system", "user", "assistant", "user", "assistant"]
+    assert retry["messages"][-1]["content"] == "<move>down</move> <answer>2</answer>"
+    assert len(retry["trajectory_infos"]) == 3 and retry["reward"] == 0.5
+    assert lines[ids["lake"]]["ctx_config"] == {"name": "window", "keep": 2}
 
 
 async def check_lake_wipes(rollout: str, reward: dict, turns: list[dict], sessions: list[dict]) -> None:
