@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -277,3 +278,22 @@ def test_window_keeps_the_opening_and_starts_at_a_user_turn() -> None:
     kept = manager.manage_context(history, "r")
     assert [m["content"] for m in kept] == ["s", "q", "o2", "a3", "o3"]
     assert manager.manage_context(history[:4], "r") == history[:4]
+
+
+async def test_the_docs_example_registers_and_plays(tmp_path) -> None:
+    """docs/gym.md's environment, as a plugin file, is under 30 lines and works."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "gym.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(code.splitlines()) < 30
+    plugin = tmp_path / "my_envs.py"
+    plugin.write_text(code)
+    gym.load_plugins([plugin])
+    guesses = iter(["<guess>2</guess>", "<guess>4</guess>"])
+
+    async def model(messages, tools):
+        return Reply({"role": "assistant", "content": next(guesses)}, "stop")
+
+    result = await run_episode(
+        make_env({"name": "guess", "secret": 4}), RolloutRequest([]), model, max_turns=5
+    )
+    assert result.step_rewards == [0.0, 1.0] and result.messages[3]["content"] == "No, higher."
