@@ -10,6 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 import uuid
 from typing import Any
@@ -41,7 +45,8 @@ def engine_url(tmp_path_factory):
 
 @contextlib.asynccontextmanager
 async def stack(bootstrap: str, namespace: str, engine_url: str, **runner: Any):
-    """The adapter (publishing to ``namespace``) and a runner; yields (runner's stop event, publisher)."""
+    """The adapter (publishing to ``namespace``) and a runner (unless ``in_process=False``); yields the
+    runner's stop event, a publisher and the adapter's URL."""
     async with Publisher(bootstrap) as publisher:
         adapter_settings = settings(
             engine_url, admin_token="adm", open_sessions=False, topic_namespace=namespace
@@ -50,10 +55,14 @@ async def stack(bootstrap: str, namespace: str, engine_url: str, **runner: Any):
         async with app.router.lifespan_context(app), served(app) as (url, _):
             config = {"bootstrap_servers": bootstrap, "namespace": namespace, "adapter_url": url,
                       "admin_token": "adm", "max_tokens": 64, "concurrency": 3, **runner}  # fmt: skip
+            config.pop("in_process", None)
             stop = asyncio.Event()
-            task = asyncio.create_task(serve(GymRunnerSettings.load(config), stop))
+            if runner.get("in_process", True):
+                task = asyncio.create_task(serve(GymRunnerSettings.load(config), stop))
+            else:
+                task = asyncio.create_task(stop.wait())
             try:
-                yield stop, publisher
+                yield stop, publisher, url
             finally:
                 stop.set()
                 await task
@@ -103,7 +112,7 @@ async def test_gym_rows_get_the_rewards_their_scripted_episodes_earn(
         task(ids["bad"], {"name": "chess", "depth": 3}),
         task(ids["coding"], None),
     ]
-    async with stack(kafka_bootstrap, namespace, engine_url) as (_, publisher):
+    async with stack(kafka_bootstrap, namespace, engine_url) as (_, publisher, _url):
         for row in rows:
             await publisher.publish(topics["tasks"], row)
         wanted = set(ids.values()) - {ids["coding"]}
@@ -213,7 +222,11 @@ async def test_shutdown_cancels_closes_and_hands_the_task_back(kafka_bootstrap, 
     stepping = asyncio.Event()
     STARTED.append(stepping)
     try:
-        async with stack(kafka_bootstrap, namespace, engine_url, drain_timeout=0.1) as (stop, publisher):
+        async with stack(kafka_bootstrap, namespace, engine_url, drain_timeout=0.1) as (
+            stop,
+            publisher,
+            _url,
+        ):
             await publisher.publish(topics["tasks"], task(rollout, {"name": "stuck-test", "tag": tag}))
             await asyncio.wait_for(stepping.wait(), 120)
             stop.set()  # what SIGTERM does
@@ -225,3 +238,28 @@ async def test_shutdown_cancels_closes_and_hands_the_task_back(kafka_bootstrap, 
     assert rollout not in {r["rollout_id"] for r in await events(kafka_bootstrap, topics["rewards"])}
     sessions = [s for s in await events(kafka_bootstrap, topics["sessions"]) if s["rollout_id"] == rollout]
     assert [s["kind"] for s in sessions] == ["opened", "closed"]  # the adapter session was closed too
+
+
+async def test_the_rollbus_gym_runner_command_runs_episodes_and_stops_on_sigterm(
+    kafka_bootstrap, topics, engine_url, tmp_path
+):
+    """The real command line: flags, variables, the consumer, and a clean exit 0 on SIGTERM."""
+    namespace = topics["tasks"].rsplit(".", 1)[0]
+    rollout = f"cli-{uuid.uuid4().hex[:6]}"
+    async with stack(kafka_bootstrap, namespace, engine_url, in_process=False) as (_, publisher, url):
+        env = {**os.environ, "ROLLBUS_GYM_RUNNER_ADMIN_TOKEN": "adm", "ROLLBUS_NAMESPACE": namespace}
+        log = (tmp_path / "gym-runner.log").open("wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rollbus", "gym-runner", "--bootstrap-servers", kafka_bootstrap,
+             "--adapter-url", url, "--max-tokens", "64", "--loss-scope", "last_turn"],
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+        try:
+            await publisher.publish(topics["tasks"], task(rollout, {"name": "math", "seed": 2}))
+            reward = (await rewards_for(kafka_bootstrap, topics["rewards"], {rollout}))[rollout]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code = await asyncio.to_thread(proc.wait, 60)
+            log.close()
+    assert code == 0, (tmp_path / "gym-runner.log").read_text()
+    assert reward["reward"] == 1.0 and json.loads(reward["details"])["loss_scope"] == "last_turn"
