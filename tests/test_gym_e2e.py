@@ -205,10 +205,8 @@ class Stuck(gym.Env):
 async def test_timeouts_are_retried_then_fail_and_every_env_is_closed(kafka_bootstrap, topics, engine_url):
     namespace = topics["tasks"].rsplit(".", 1)[0]
     rollout, tag = f"slow-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
-    async with stack(kafka_bootstrap, namespace, engine_url, episode_timeout=1.0, attempts=2) as (
-        _,
-        publisher,
-    ):
+    runner = {"episode_timeout": 1.0, "attempts": 2}
+    async with stack(kafka_bootstrap, namespace, engine_url, **runner) as (_, publisher, _url):
         await publisher.publish(topics["tasks"], task(rollout, {"name": "stuck-test", "tag": tag}))
         reward = (await rewards_for(kafka_bootstrap, topics["rewards"], {rollout}))[rollout]
     assert reward["failure_kind"] == "timeout" and json.loads(reward["details"])["attempts"] == 2
