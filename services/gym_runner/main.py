@@ -19,11 +19,12 @@ from collections.abc import Coroutine
 from typing import Any
 
 import httpx
+from aiokafka.errors import KafkaConnectionError
 
 from rollbus.bus import Event, EventConsumer, Publisher
 from rollbus.gym import GymConfigError, load_builtins, load_plugins
 from rollbus.settings import SettingsError
-from rollbus.topics import topic_name
+from rollbus.topics import TopicsError, check_topics, topic_name
 from services.gym_runner.adapter_client import AdapterClient
 from services.gym_runner.runner import GymRunner
 from services.gym_runner.settings import GymRunnerSettings
@@ -41,11 +42,15 @@ def run(args: argparse.Namespace) -> int:
     except GymConfigError as exc:
         raise SettingsError(str(exc)) from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    asyncio.run(_main(settings))
+    try:
+        asyncio.run(_main(settings))
+    except (TopicsError, KafkaConnectionError) as exc:
+        raise SystemExit(f"rollbus gym-runner: {exc}") from None
     return 0
 
 
 async def _main(settings: GymRunnerSettings) -> None:
+    await check_topics(settings.bootstrap_servers, settings.namespace)  # refuse missing/mismatched topics
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
