@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "grader": ("services.grader.main", "grades diffs in a clean sandbox; publishes rewards"),
     "gym-runner": ("services.gym_runner.main", "runs gym episodes through the adapter; publishes rewards"),
     "segmenter": ("services.segmenter.main", "joins turns, sessions and rewards into segments"),
+    "rebuild": ("services.segmenter.rebuild", "replay the raw topics into a fresh derived topic (segments)"),
     "trainer": ("trainer.main", "consumes segments and trains the policy"),
     "submit": ("services.sandbox_runner.submit", "submit a JSONL dataset as tasks (n samples per row)"),
     "sandbox": ("services.sandbox_runner.debug", "run a command in a row's agent or grader sandbox"),
