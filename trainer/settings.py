@@ -22,7 +22,7 @@ class TrainerSettings(BusSettings):
     # -- what a step is
     group_size: int = Field(8, gt=0, description="rollouts per group (all must arrive before it trains)")
     rollout_batch_size: int = Field(8, gt=0, description="complete groups per optimiser step")
-    steps: int = Field(0, ge=0, description="stop once this many steps are trained (counted across restarts); 0: never")
+    steps: int = Field(0, ge=0, description="stop at this many steps in total (across restarts); 0: never")
     skip_zero_variance: bool = Field(True, description="skip groups whose rollouts all scored the same")
     max_staleness: int | None = Field(
         None, ge=0, description="drop groups sampled more than N policy versions ago; unset: keep all"
