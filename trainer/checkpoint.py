@@ -33,6 +33,7 @@ class TrainerState:
     step: int = 0
     finished_groups: list[str] = field(default_factory=list)  # trained, dropped as stale, or skipped
     counters: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)  # this step's log row, rewritten if lost in a crash
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TrainerState:

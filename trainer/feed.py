@@ -55,14 +55,19 @@ class SegmentFeed:
 async def latest_policy_version(bootstrap_servers: str, topic: str, max_event_bytes: int) -> int | None:
     """The highest version ever published on ``policy`` (a compacted, single-partition topic), or None."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap_servers, enable_auto_commit=False, isolation_level="read_committed"
+        bootstrap_servers=bootstrap_servers,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
     )
     await consumer.start()
     try:
         partition = TopicPartition(topic, 0)
         consumer.assign([partition])
         end = (await consumer.end_offsets([partition]))[partition]
-        await consumer.seek_to_beginning(partition)
+        # an explicit seek: seek_to_beginning() right after assign() races the consumer's own offset reset
+        # and can leave the position at the end, which would read as "nothing ever published"
+        consumer.seek(partition, (await consumer.beginning_offsets([partition]))[partition])
         latest: int | None = None
         while await consumer.position(partition) < end:
             for messages in (await consumer.getmany(partition, timeout_ms=1000)).values():

@@ -65,6 +65,9 @@ class Trainer:
         self.position: dict[TopicPartition, int] = {}
         self.where: dict[str, tuple[TopicPartition, int]] = {}  # buffered segment id -> its place
         self.metrics = MetricsLog(self.settings.checkpoints())
+        logged = self.metrics.rows()
+        if learner.state.metrics and (not logged or logged[-1]["step"] < learner.state.step):
+            self.metrics.write(learner.state.metrics)  # the crash came between checkpoint and log
         self._waiting_since = time.monotonic()
 
     async def run(self, stop: asyncio.Event | None = None) -> int:
@@ -161,23 +164,23 @@ class Trainer:
         self.fault("before_train")
         result = await asyncio.to_thread(learner.step, shares)
         trained = time.monotonic()
-        row = self._row(groups, result)
-        learner.state.version += 1
-        learner.state.step += 1
-        learner.state.finished_groups = sorted(self.buffer.finished)
-        learner.state.counters = dict(self.counters)
+        state = learner.state
+        state.version += 1
+        state.step += 1
+        state.finished_groups = sorted(self.buffer.finished)
+        state.counters = dict(self.counters)
+        state.metrics = self._row(groups, result)
+        state.metrics.update(
+            step=state.step, version=state.version, wait_s=ready - self._waiting_since,
+            step_s=trained - ready, **dict(self.counters),
+        )  # fmt: skip
         path = await asyncio.to_thread(learner.save, settings.keep_checkpoints)
         self.fault("after_checkpoint")
-        await self._publish(str(path.resolve()), learner.state.version)
+        self.metrics.write(state.metrics)
+        await self._publish(str(path.resolve()), state.version)
         self.fault("after_publish")
         await feed.commit(self.commit_offsets())
         self.fault("after_commit")
-        done = time.monotonic()
-        row.update(
-            step=learner.state.step, version=learner.state.version, wait_s=ready - self._waiting_since,
-            step_s=trained - ready, save_publish_s=done - trained, **dict(self.counters),
-        )  # fmt: skip
-        self.metrics.write(row)
         self._waiting_since = time.monotonic()
 
     def _row(self, groups: list[Group], result: StepResult) -> dict[str, Any]:
