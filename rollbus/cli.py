@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "engine": ("services.engine.main", "local SGLang-compatible model server (CPU)"),
     "sandbox-runner": ("services.sandbox_runner.main", "runs the coding agent per task; publishes diffs"),
     "grader": ("services.grader.main", "grades diffs in a clean sandbox; publishes rewards"),
+    "grade": ("services.grader.cli", "grade one patch against one row exactly as the grader does"),
     "segmenter": ("services.segmenter.main", "joins turns, sessions and rewards into segments"),
     "trainer": ("trainer.main", "consumes segments and trains the policy"),
     "demo": ("rollbus.demo", "run the end-to-end slice on embedded defaults"),

@@ -42,6 +42,7 @@ APPLY_COMMANDS = (
     ("git-apply", ["git", "apply", "--whitespace=nowarn"]),
     ("patch", ["patch", "-p1", "--no-backup-if-mismatch", "--batch", "--forward", "-i"]),
 )
+REFRESH_INDEX = ["git", "update-index", "-q", "--refresh"]
 BASE_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "LANG": "C.UTF-8",
@@ -153,12 +154,13 @@ async def apply(image: Path, repo: Path, sanitized: Sanitized, deadline: float) 
             shutil.rmtree(repo)
             trees.copy_tree(image, repo)
         sandbox = BwrapSandbox(repo, network="none")
+        env = BASE_ENV | {"HOME": sandbox.home}
         try:
             target = f"{sandbox.home}/{PATCH_NAME}"
             await sandbox.write_file(target, sanitized.patch)
-            done = await sandbox.run(
-                [*argv, target], BASE_ENV | {"HOME": sandbox.home}, timeout=_left(deadline)
-            )
+            if name == "git-apply-3way":  # a copied index has stale stat data: "does not match index"
+                await sandbox.run(REFRESH_INDEX, env, timeout=_left(deadline))
+            done = await sandbox.run([*argv, target], env, timeout=_left(deadline))
         finally:
             await sandbox.close()
         logs.append(f"$ {name}: exit {done.exit_code}\n{done.stdout}{done.stderr}")
