@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sandbox-runner": ("services.sandbox_runner.main", "runs the coding agent per task; publishes diffs"),
     "grader": ("services.grader.main", "grades diffs in a clean sandbox; publishes rewards"),
     "gym-runner": ("services.gym_runner.main", "runs gym episodes through the adapter; publishes rewards"),
+    "grade": ("services.grader.cli", "grade one patch against one row exactly as the grader does"),
     "segmenter": ("services.segmenter.main", "joins turns, sessions and rewards into segments"),
     "rebuild": ("services.segmenter.rebuild", "replay the raw topics into a fresh derived topic (segments)"),
     "trainer": ("trainer.main", "consumes segments and trains the policy"),
