@@ -92,4 +92,8 @@ def _git_env() -> dict[str, str]:
         "GIT_CONFIG_GLOBAL": "/dev/null",
         "GIT_TERMINAL_PROMPT": "0",
         "GIT_PAGER": "cat",
+        # Sandbox workspaces belong to the sandbox's host uid; host-side git (as root) must still read them.
+        "GIT_CONFIG_COUNT": "1",
+        "GIT_CONFIG_KEY_0": "safe.directory",
+        "GIT_CONFIG_VALUE_0": "*",
     }
