@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import inspect
 import json
 import os
 import resource
@@ -34,9 +35,10 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rollbus.sandbox.base import (
     Completed,
@@ -71,12 +73,14 @@ ETC_FILES = (
 )
 # Start the forwarder, wait (at most ~10 s) until it listens, then become the command.
 FORWARDER = (
-    "socat TCP-LISTEN:$RB_PORT,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:" + ADAPTER_SOCKET + " &\n"
+    "$RB_SOCAT TCP-LISTEN:$RB_PORT,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:" + ADAPTER_SOCKET + " &\n"
     'n=0; while ! grep -q "0100007F:$RB_HEX 00000000:0000 0A" /proc/net/tcp; do\n'
     "  n=$((n+1)); [ $n -gt 2000 ] && { echo 'rollbus: adapter forwarder did not start' >&2; exit 125; }\n"
     "  sleep 0.005; done\n"
-    'unset RB_PORT RB_HEX; exec "$@"'
+    'unset RB_PORT RB_HEX RB_SOCAT; exec "$@"'
 )
+HOST_USR = "/.rollbus/host/usr"
+TOOLCHAIN_SKIP = {"proc", "dev", "sys", "tmp", "run", "home", "workspace", ".rollbus"}
 CLONE_NEWNS = 0x00020000
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 1 << 14, 1 << 18
 
@@ -100,12 +104,18 @@ class BwrapLayout:
     tmp_bytes: int | None = None
     disable_userns: bool = True
     toolchain: Path | None = None  # a root filesystem mounted read-only as /; None: the host's /usr
+    inside_workdir: str = WORKSPACE
+    host_loader: tuple[str, ...] = ()  # how to run the host's socat over a foreign toolchain
 
 
-def system_mounts(toolchain: Path | None = None) -> list[str]:
-    """The read-only system: a toolchain rootfs as ``/``, or the host's system dirs and a few /etc files."""
+def system_mounts(toolchain: Path | None = None, host_usr: bool = False) -> list[str]:
+    """The read-only system: a toolchain rootfs's top-level dirs, or the host's system dirs and /etc files.
+
+    Over a toolchain, ``host_usr`` adds the host's ``/usr`` at ``/.rollbus/host/usr`` (read-only) so the
+    forwarder can run the host's ``socat`` through the host's loader.
+    """
     if toolchain is not None:
-        return ["--ro-bind", str(toolchain), "/"]
+        return toolchain_mounts(toolchain) + (["--ro-bind", "/usr", HOST_USR] if host_usr else [])
     args: list[str] = []
     for path in SYSTEM_DIRS:
         if os.path.islink(path):
@@ -115,6 +125,31 @@ def system_mounts(toolchain: Path | None = None) -> list[str]:
     for path in ETC_FILES:
         args += ["--ro-bind-try", path, path]
     return args
+
+
+def toolchain_mounts(rootfs: Path) -> list[str]:
+    """Each top-level entry of ``rootfs`` read-only (symlinks as symlinks) but what the sandbox provides."""
+    args: list[str] = []
+    for entry in sorted(rootfs.iterdir()):
+        if entry.name in TOOLCHAIN_SKIP:
+            continue
+        if entry.is_symlink():
+            args += ["--symlink", os.readlink(entry), f"/{entry.name}"]
+        elif entry.is_dir():
+            args += ["--ro-bind", str(entry), f"/{entry.name}"]
+    return args
+
+
+def host_socat() -> tuple[str, ...]:
+    """The host's socat, run by the host's dynamic loader from ``/.rollbus/host/usr``."""
+    loader = Path(os.path.realpath("/lib64/ld-linux-x86-64.so.2"))
+    socat = Path(os.path.realpath(shutil.which("socat") or "/usr/bin/socat"))
+    libdirs = ["/usr/lib/x86_64-linux-gnu", "/usr/lib"]
+
+    def inside(path: Path | str) -> str:
+        return HOST_USR + str(path).removeprefix("/usr")
+
+    return (inside(loader), "--library-path", ":".join(inside(d) for d in libdirs), inside(socat))
 
 
 def bwrap_argv(
@@ -143,7 +178,7 @@ def bwrap_argv(
         ("--proc", "/proc"),
         ("--dev", "/dev"),
         tuple(tmp),
-        ("--bind", str(layout.workdir), WORKSPACE),
+        ("--bind", str(layout.workdir), layout.inside_workdir),
         ("--bind", str(layout.home), HOME),
         *(("--ro-bind", host, inside) for host, inside in layout.ro_binds.items()),
     ]
@@ -152,6 +187,7 @@ def bwrap_argv(
         mounts.append(("--ro-bind", str(layout.adapter_socket), ADAPTER_SOCKET))
         argv += ["--setenv", "RB_PORT", str(layout.forward_port)]
         argv += ["--setenv", "RB_HEX", f"{layout.forward_port:04X}"]
+        argv += ["--setenv", "RB_SOCAT", " ".join(layout.host_loader) or "socat"]
         cmd = ["/bin/sh", "-c", FORWARDER, "sh", *cmd]
     mounts.append(("--remount-ro", "/"))  # last: everything above keeps its own flags
     argv += [*system, *(arg for mount in mounts for arg in mount), "--chdir", cwd]
@@ -224,6 +260,7 @@ class BwrapSandbox(SandboxBase):
 
     workdir = WORKSPACE
     home = HOME
+    proxy: Any = None  # the AdapterProxy serving this sandbox's socket, when it has one
 
     def __init__(
         self,
@@ -240,6 +277,7 @@ class BwrapSandbox(SandboxBase):
         sandbox_id: str | None = None,
         toolchain: Path | None = None,
         scratch_root: Path = SCRATCH_ROOT,
+        inside_workdir: str = WORKSPACE,
     ) -> None:
         found = shutil.which(bwrap)
         if found is None:
@@ -247,6 +285,8 @@ class BwrapSandbox(SandboxBase):
         if network == "adapter" and (adapter_socket is None or forward_port is None):
             raise ValueError("network='adapter' needs adapter_socket and forward_port")
         self._bwrap = found
+        self.workdir = inside_workdir
+        self._on_close: list[Callable[[], Awaitable[None] | None]] = []
         self.sandbox_id = sandbox_id or secrets.token_hex(8)
         self.limits = limits or Limits()
         root = os.geteuid() == 0
@@ -279,10 +319,12 @@ class BwrapSandbox(SandboxBase):
             tmp_bytes=self.limits.tmp_bytes,
             disable_userns=uid is not None and bwrap_supports("--disable-userns", found),
             toolchain=toolchain,
+            inside_workdir=inside_workdir,
+            host_loader=host_socat() if toolchain is not None else (),
         )
         self._host_workdir = workdir
-        self._mounts = {WORKSPACE: workdir, HOME: self._state / "home"}
-        self._system = system_mounts(toolchain)
+        self._mounts = {inside_workdir: workdir, HOME: self._state / "home"}
+        self._system = system_mounts(toolchain, host_usr=network == "adapter")
         self.cgroups = Cgroups.create(f"rollbus-{self.sandbox_id}", self.limits)
         self.enforced = enforcement(self.limits, self.cgroups, "checked after each command (du)")
         self.enforced["nested_userns"] = (
@@ -316,7 +358,7 @@ class BwrapSandbox(SandboxBase):
     ) -> Completed:
         info_r, info_w = os.pipe()
         os.set_blocking(info_r, False)
-        argv = bwrap_argv(self.layout, cmd, cwd=cwd or WORKSPACE, system=self._system, info_fd=info_w)
+        argv = bwrap_argv(self.layout, cmd, cwd=cwd or self.workdir, system=self._system, info_fd=info_w)
         launcher = make_launcher(
             self.host_uid,
             getattr(self, "_binds", []),
@@ -360,7 +402,16 @@ class BwrapSandbox(SandboxBase):
     async def read_file(self, path: str) -> bytes:
         return read_host_file(self._mounts, path)
 
+    def on_close(self, callback: Callable[[], Awaitable[None] | None]) -> None:
+        """Run ``callback`` at close (after the sandbox's processes are gone), last registered first."""
+        self._on_close.append(callback)
+
     async def close(self) -> None:
+        while self._on_close:
+            with contextlib.suppress(Exception):
+                result = self._on_close.pop()()
+                if inspect.isawaitable(result):
+                    await result
         if self.cgroups is not None:
             self.cgroups.destroy()
             self.cgroups = None
