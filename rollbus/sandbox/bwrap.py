@@ -239,8 +239,8 @@ def make_launcher(
         for path in procs_files:
             with open(path, "w") as f:
                 f.write(pid)
-        for which, value in limits:
-            resource.setrlimit(which, (value, value))
+        for which, value in limits:  # CPU: SIGXCPU at the soft limit (named), SIGKILL a second later
+            resource.setrlimit(which, (value, value + 1 if which == resource.RLIMIT_CPU else value))
         if encoded:
             if libc.unshare(CLONE_NEWNS) != 0 or libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
                 raise OSError(ctypes.get_errno(), "private mount namespace")
@@ -394,6 +394,8 @@ class BwrapSandbox(SandboxBase):
             return "cpu_limit"
         if self.limits.disk_bytes is not None and disk_usage(self._mounts.values()) > self.limits.disk_bytes:
             return "disk_full"
+        if self.limits.tmp_bytes is not None and "No space left on device" in done.stderr:
+            return "disk_full"  # the private /tmp is gone with the command: its message is all that is left
         return done.failure_kind
 
     async def write_file(self, path: str, data: bytes | str) -> None:
