@@ -108,14 +108,18 @@ class BwrapLayout:
     host_loader: tuple[str, ...] = ()  # how to run the host's socat over a foreign toolchain
 
 
-def system_mounts(toolchain: Path | None = None, host_usr: bool = False) -> list[str]:
+def system_mounts(
+    toolchain: Path | None = None, host_usr: bool = False, staged_toolchain: Path | None = None
+) -> list[str]:
     """The read-only system: a toolchain rootfs's top-level dirs, or the host's system dirs and /etc files.
 
     Over a toolchain, ``host_usr`` adds the host's ``/usr`` at ``/.rollbus/host/usr`` (read-only) so the
     forwarder can run the host's ``socat`` through the host's loader.
     """
     if toolchain is not None:
-        return toolchain_mounts(toolchain) + (["--ro-bind", "/usr", HOST_USR] if host_usr else [])
+        return toolchain_mounts(toolchain, staged_toolchain) + (
+            ["--ro-bind", "/usr", HOST_USR] if host_usr else []
+        )
     args: list[str] = []
     for path in SYSTEM_DIRS:
         if os.path.islink(path):
@@ -127,8 +131,11 @@ def system_mounts(toolchain: Path | None = None, host_usr: bool = False) -> list
     return args
 
 
-def toolchain_mounts(rootfs: Path) -> list[str]:
-    """Each top-level entry of ``rootfs`` read-only (symlinks as symlinks) but what the sandbox provides."""
+def toolchain_mounts(rootfs: Path, staged: Path | None = None) -> list[str]:
+    """Each top-level entry of ``rootfs`` read-only (symlinks as symlinks) but what the sandbox provides.
+
+    ``staged`` is where the launcher binds ``rootfs`` (the listing is read from the real one).
+    """
     args: list[str] = []
     for entry in sorted(rootfs.iterdir()):
         if entry.name in TOOLCHAIN_SKIP:
@@ -136,7 +143,7 @@ def toolchain_mounts(rootfs: Path) -> list[str]:
         if entry.is_symlink():
             args += ["--symlink", os.readlink(entry), f"/{entry.name}"]
         elif entry.is_dir():
-            args += ["--ro-bind", str(entry), f"/{entry.name}"]
+            args += ["--ro-bind", str((staged or rootfs) / entry.name), f"/{entry.name}"]
     return args
 
 
@@ -291,6 +298,8 @@ class BwrapSandbox(SandboxBase):
         self.limits = limits or Limits()
         root = os.geteuid() == 0
         self.host_uid = (host_uid or HOST_UID_BASE + secrets.randbelow(HOST_UID_SPAN)) if root else None
+        if root:
+            require_traversable(scratch_root)
         self._state = make_scratch(scratch_root, self.sandbox_id)
         (self._state / "home").mkdir()
         write_identity(self._state / "etc", uid)
@@ -306,6 +315,8 @@ class BwrapSandbox(SandboxBase):
         }
         if adapter_socket is not None:
             sources["adapter"] = Path(adapter_socket)
+        if toolchain is not None:
+            sources["toolchain"] = Path(toolchain).resolve()
         staged = self._stage(sources) if root else sources
         self.layout = BwrapLayout(
             workdir=staged["workdir"],
@@ -324,7 +335,7 @@ class BwrapSandbox(SandboxBase):
         )
         self._host_workdir = workdir
         self._mounts = {inside_workdir: workdir, HOME: self._state / "home"}
-        self._system = system_mounts(toolchain, host_usr=network == "adapter")
+        self._system = system_mounts(toolchain, network == "adapter", staged.get("toolchain"))
         self.cgroups = Cgroups.create(f"rollbus-{self.sandbox_id}", self.limits)
         self.enforced = enforcement(self.limits, self.cgroups, "checked after each command (du)")
         self.enforced["nested_userns"] = (
@@ -436,6 +447,15 @@ def make_scratch(root: Path, sandbox_id: str) -> Path:
     path = root / sandbox_id
     path.mkdir(mode=0o711)
     return path
+
+
+def require_traversable(path: Path) -> None:
+    """The sandbox uids must reach their staging dirs: every existing ancestor needs the others' x bit."""
+    for parent in [path, *path.parents]:
+        if parent.exists() and not parent.stat().st_mode & 0o001:
+            raise SandboxUnavailable(
+                f"sandbox scratch root {path}: {parent} is not traversable (chmod o+x it)"
+            )
 
 
 def disk_usage(paths: Sequence[Path] | object) -> int:
