@@ -204,7 +204,7 @@ def _late_turn(state: RolloutState, record: Mapping[str, Any], key: TurnKey, dig
 
 def _session(state: RolloutState, record: Mapping[str, Any]) -> Step:
     attempt, chain_id, kind = record.get("attempt_id", ""), record["chain_id"], record["kind"]
-    identity, digest = f"{attempt}\x1f{chain_id}\x1f{kind}", _digest(record, ("schema_version", "at"))
+    identity, digest = json.dumps([attempt, chain_id, kind]), _digest(record, ("schema_version", "at"))
     seen = state.sessions.get(identity)
     if seen == digest:
         return Step("duplicate")
@@ -414,8 +414,8 @@ Decoder = Callable[[bytes], Mapping[str, Any]]
 
 
 def body_key(rollout_id: str, key: TurnKey) -> str:
-    attempt, chain, index = key
-    return f"{rollout_id}\x1f{attempt}\x1f{chain}\x1f{index}"
+    """The turn-bodies key: JSON, so no id, whatever characters it holds, can collide with another's."""
+    return json.dumps([rollout_id, *key])
 
 
 class Segmenter:
