@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from rollbus.codec import CodecError, decode
+from rollbus.topics import MAX_EVENT_BYTES, spec_for, split_name
 from rollbus.trajectory import ChainBroken, ChainTokens, FrozenChain, LossScope, Segment, fan_out
 from rollbus.turn_log import (
     ConflictingTurn,
@@ -523,8 +524,6 @@ class WrongKey(CodecError):
 
 def decode_fact(topic: str, value: bytes | None, key: bytes | None, timestamp_ms: int) -> Fact:
     """The fact in one message of ``turns``/``sessions``/``diffs``/``rewards``; CodecError if poison."""
-    from rollbus.topics import MAX_EVENT_BYTES, spec_for, split_name
-
     data = value or b""
     if len(data) > MAX_EVENT_BYTES:
         raise CodecError(f"message of {len(data)} bytes is over the limit of {MAX_EVENT_BYTES}")
