@@ -15,6 +15,7 @@ import argparse
 import importlib
 import importlib.util
 import sys
+from typing import Any
 
 from rollbus.config import default_bootstrap
 
@@ -57,6 +58,14 @@ def summary(name: str) -> str:
     return text if built(module_name) else NOT_BUILT + text
 
 
+def command_parser(name: str, module: Any) -> argparse.ArgumentParser:
+    """The parser of ``rollbus <name>``, filled by add_<name>_arguments or add_arguments."""
+    parser = argparse.ArgumentParser(prog=f"rollbus {name}", description=summary(name))
+    add = getattr(module, f"add_{name.replace('-', '_')}_arguments", module.add_arguments)
+    add(parser)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="rollbus", description=__doc__.splitlines()[0])
@@ -74,10 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"rollbus {name}: not built yet (no {missing.name}); see the open issues", file=sys.stderr)
         return 2
-    cmd_parser = argparse.ArgumentParser(prog=f"rollbus {name}", description=summary(name))
-    add = getattr(module, f"add_{name.replace('-', '_')}_arguments", module.add_arguments)
-    add(cmd_parser)
-    args = cmd_parser.parse_args(argv[1:])
+    args = command_parser(name, module).parse_args(argv[1:])
     args.command = name
     if "bootstrap_servers" in vars(args) and args.bootstrap_servers is None:  # after --state-dir is known
         args.bootstrap_servers = default_bootstrap(getattr(args, "state_dir", None))

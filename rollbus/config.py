@@ -55,8 +55,20 @@ def add_option(
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{env}={raw!r} is not a valid value for {flag}: {exc}") from exc
     parser.add_argument(
-        flag, default=value, type=type, help=f"{help} [env {env}; default {default!r}]", **kwargs
+        flag, default=value, type=type, help=f"{help} [env {env}; default {as_typed(default)}]", **kwargs
     )
+
+
+def as_typed(default: Any) -> str:
+    """A default as a person would type it: ``.rollbus`` for a path, ``unset`` for None, ``''`` for
+    the empty string; ``%`` escaped for argparse."""
+    if default is None:
+        return "unset"
+    if isinstance(default, str) and not default:
+        return "''"
+    if isinstance(default, bool):
+        return "true" if default else "false"
+    return str(default).replace("%", "%%")
 
 
 def parse_bool(raw: str | bool) -> bool:

@@ -320,6 +320,7 @@ async def print_events(
     """Print ``plan``'s events as JSON lines or a table (aligned at the end for replay, row by row for
     tail). Everything that is not an event (waiting, nothing found, broker lost) goes to stderr."""
     if plan.follow:
+        await require_broker(bootstrap_servers, connect_timeout)  # say "following" only once it is there
         say(f"following {where(plan)} on {bootstrap_servers}, Ctrl-C to stop")
     event_type = topic_event_type(plan.topic)
     table = TableWriter(sys.stdout, header(event_type), stream=plan.follow)

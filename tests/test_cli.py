@@ -1,12 +1,13 @@
 """The rollbus command: subcommands listed, flags documented, environment fallbacks honoured."""
 
 import argparse
+import importlib
 import subprocess
 import sys
 
 import pytest
 
-from rollbus.cli import COMMANDS, main
+from rollbus.cli import COMMANDS, built, command_parser, main
 from rollbus.config import add_option, env_name
 
 
@@ -40,12 +41,57 @@ def test_help_lists_every_subcommand() -> None:
         assert name in out.stdout
 
 
-@pytest.mark.parametrize("name", sorted(COMMANDS))
-def test_every_subcommand_documents_its_flags(name: str, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as done:
+def help_of(name: str, capsys: pytest.CaptureFixture[str]) -> str:
+    """``rollbus <name> --help`` on one long line (argparse would wrap, even inside a word)."""
+    with pytest.MonkeyPatch.context() as wide, pytest.raises(SystemExit) as done:
+        wide.setenv("COLUMNS", "10000")
         main([name, "--help"])
     assert done.value.code == 0
-    assert f"rollbus {name}" in capsys.readouterr().out
+    return " ".join(capsys.readouterr().out.split())  # argparse wraps at the terminal width: unwrap
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_subcommand_documents_every_option_it_reads(name: str, capsys) -> None:
+    """Every option the command's parser takes is in its --help with its help text, its environment
+    variable (where it has one) and a default as a person would type it, not a Python repr."""
+    module = importlib.import_module(COMMANDS[name][0])
+    parser = command_parser(name, module)
+    text = help_of(name, capsys)
+    options = [a for a in parser._actions if a.option_strings and a.dest != "help"]
+    assert options, f"rollbus {name} takes no options?"
+    for action in options:
+        assert action.help not in (None, argparse.SUPPRESS), f"{action.option_strings} has no help"
+        assert max(action.option_strings, key=len) in text, f"{action.option_strings} missing from --help"
+        assert " ".join(action.help.split()[:3]).replace("%%", "%") in text
+    for repr_marker in ("PosixPath(", " object at 0x", "<function"):
+        assert repr_marker not in text
+
+
+def test_stub_marker_follows_the_module_source(tmp_path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """A stage on the stub says NOT BUILT YET in `rollbus --help` and its own; the mark goes once the
+    module stops using the stub, and a stage with no module at all says so instead of a traceback."""
+    package = tmp_path / "fakestage"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    stub = "import argparse\nfrom services._stub import not_built_yet\n\n\ndef add_arguments(p):\n"
+    stub += "    p.add_argument('--x', help='x of it')\n\n\n"
+    stub += "def run(args):\n    return not_built_yet('f', 'w')\n"
+    (package / "main.py").write_text(stub)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(COMMANDS, "fake", ("fakestage.main", "does fake things"))
+    monkeypatch.setitem(COMMANDS, "ghost", ("nosuchpackage.main", "does nothing yet"))
+    assert not built("fakestage.main") and not built("nosuchpackage.main") and built("rollbus.replay")
+    assert "NOT BUILT YET: does fake things" in help_of("fake", capsys)
+    assert main(["fake"]) == 2 and "not built yet" in capsys.readouterr().err
+    assert main(["ghost"]) == 2 and "not built yet (no nosuchpackage)" in capsys.readouterr().err
+    (package / "main.py").write_text(stub.replace("return not_built_yet('f', 'w')", "return 0").replace(
+        "from services._stub import not_built_yet\n", ""))  # fmt: skip
+    assert built("fakestage.main")
+    assert "NOT BUILT YET" not in help_of("fake", capsys)
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listing = " ".join(capsys.readouterr().out.split())
+    assert "fake does fake things" in listing and "ghost NOT BUILT YET: does nothing yet" in listing
 
 
 def test_unknown_subcommand_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
