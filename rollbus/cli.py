@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 from rollbus.config import default_bootstrap
+from rollbus.settings import SettingsError
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "broker": ("rollbus.broker", "run the embedded Apache Kafka broker (start|stop|status|fetch)"),
@@ -87,7 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     args.command = name
     if "bootstrap_servers" in vars(args) and args.bootstrap_servers is None:  # after --state-dir is known
         args.bootstrap_servers = default_bootstrap(getattr(args, "state_dir", None))
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except SettingsError as exc:  # a bad flag or variable: one line, before anything started
+        cmd_parser.exit(2, f"{cmd_parser.prog}: error: {exc}\n")
 
 
 if __name__ == "__main__":

@@ -92,16 +92,19 @@ def run(args: argparse.Namespace) -> int:
 async def demo(args: argparse.Namespace, bootstrap: str, state: Path) -> int:
     await create_topics(bootstrap)
     engine_port, adapter_port, admin = free_port(), free_port(), uuid.uuid4().hex
+    engine_key = uuid.uuid4().hex  # the engine's control key: the adapter gets it, the agent sandbox never
     engine = ServiceProcess(
         "engine",
-        ["--port", str(engine_port), "--policy", "scripted", "--script", str(args.script)],
+        ["--port", str(engine_port), "--policy", "scripted", "--script", str(args.script),
+         "--api-key", engine_key],
         health_url=f"http://127.0.0.1:{engine_port}/health",
         log_dir=state / "logs",
     )
     adapter = ServiceProcess(
         "adapter",
         ["--port", str(adapter_port), "--sglang-url", f"http://127.0.0.1:{engine_port}",
-         "--bootstrap-servers", bootstrap, "--admin-token", admin, "--state-dir", str(state)],
+         "--bootstrap-servers", bootstrap, "--admin-token", admin, "--state-dir", str(state),
+         "--engine-api-key", engine_key],
         health_url=f"http://127.0.0.1:{adapter_port}/healthz",
         log_dir=state / "logs",
     )  # fmt: skip

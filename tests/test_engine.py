@@ -56,11 +56,12 @@ def make_engine(tokenizer, policy, seed: int = 0, **kwargs) -> Engine:
 
 
 @contextmanager
-def serving(engine: Engine) -> Iterator[httpx.Client]:
+def serving(engine: Engine, api_key: str | None = None) -> Iterator[httpx.Client]:
     """Run the real app under uvicorn in a thread; a client bound to it."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, tokenizer_path="qwen3.6"), log_level="warning"))
+    app = create_app(engine, tokenizer_path="qwen3.6", api_key=api_key)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     while not server.started:

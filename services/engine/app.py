@@ -6,6 +6,10 @@ streaming as SGLang's cumulative ``data: {...}`` server-sent events ending in ``
 ``/server_info``, ``/update_weights_from_disk``, ``/flush_cache``, plus ``/metrics`` (prometheus-client).
 Bad input is a 400 with ``{"error": {"message": ...}}``, as SGLang's ``_create_error_response``.
 
+With ``--api-key`` every route but ``/health`` wants ``Authorization: Bearer <key>`` (401 otherwise), as
+SGLang's ``--api-key``: weight updates, aborts and cache flushes are control, and the agent sandboxes
+never get the key (only the adapter does).
+
 Generation runs on one dedicated worker thread, so torch never blocks the event loop and requests are
 served one at a time in arrival order; ``/abort_request`` reaches both queued and running requests.
 """
@@ -13,6 +17,7 @@ served one at a time in arrival order; ``/abort_request`` reaches both queued an
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -29,7 +34,14 @@ from prometheus_client.registry import Collector
 
 from services.engine.engine import Engine, TokenCallback
 from services.engine.policies import ChainRoute
-from services.engine.protocol import BadRequest, GenerateRequest, Generation, parse_generate, response_body
+from services.engine.protocol import (
+    BadRequest,
+    GenerateRequest,
+    Generation,
+    IncrementalText,
+    parse_generate,
+    response_body,
+)
 
 
 @dataclass
@@ -86,9 +98,10 @@ async def stream(state: Served, request: GenerateRequest, route: ChainRoute, arr
     )
     task.add_done_callback(lambda _: partials.put_nowait(None))  # after every queued partial
     engine = state.engine
+    text = IncrementalText(lambda ids: engine.decode(request, ids))
     try:
         while (partial := await partials.get()) is not None:
-            yield sse(response_body(request, partial, engine.text(request, partial), None))
+            yield sse(response_body(request, partial, text.feed(partial.output_ids), None))
         generation = task.result()
         latency = time.perf_counter() - arrived
         yield sse(response_body(request, generation, engine.text(request, generation), latency))
@@ -227,8 +240,32 @@ ROUTES: list[tuple[str, Any, list[str]]] = [
 ]
 
 
-def create_app(engine: Engine, *, tokenizer_path: str, served_model_name: str = "rollbus-engine") -> FastAPI:
-    """The FastAPI app serving ``engine``, with its own single generation worker thread."""
+OPEN_PATHS = ("/health",)  # what answers without the key (load balancers, readiness checks)
+
+
+def require_key(app: FastAPI, api_key: str) -> None:
+    """Every route but :data:`OPEN_PATHS` answers 401 unless the request carries the bearer key."""
+    expected = f"Bearer {api_key}".encode()
+
+    @app.middleware("http")
+    async def check_key(http: Request, call_next: Any) -> Response:
+        if http.url.path in OPEN_PATHS:
+            return await call_next(http)
+        given = http.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            return JSONResponse({"error": {"message": "Unauthorized"}}, status_code=401)
+        return await call_next(http)
+
+
+def create_app(
+    engine: Engine,
+    *,
+    tokenizer_path: str,
+    served_model_name: str = "rollbus-engine",
+    api_key: str | None = None,
+) -> FastAPI:
+    """The FastAPI app serving ``engine``, with its own single generation worker thread; with
+    ``api_key`` every route but ``/health`` needs it."""
     worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-generate")
 
     @asynccontextmanager
@@ -242,6 +279,8 @@ def create_app(engine: Engine, *, tokenizer_path: str, served_model_name: str = 
     app.state.metrics_registry = CollectorRegistry()  # per app: several engines may live in one process
     app.state.metrics_registry.register(EngineCollector(engine))
     app.add_exception_handler(BadRequest, bad_request)
+    if api_key:
+        require_key(app, api_key)
     for path, endpoint, methods in ROUTES:
         app.add_api_route(path, endpoint, methods=methods)
     return app

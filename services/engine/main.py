@@ -45,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_option(parser, "--return-original-logprob", default=parse_bool(os.environ.get(
         "SGLANG_RETURN_ORIGINAL_LOGPROB", "false")), type=parse_bool, nargs="?", const=True,
         help="logprobs at temperature 1 whatever the request's temperature (SGLANG_RETURN_ORIGINAL_LOGPROB)")
+    add_option(parser, "--api-key", default=None,
+               help="bearer key every route but /health requires, as SGLang's (give it to the adapter only)")
     add_option(parser, "--save-checkpoint", default=None, type=Path,
                help="write the model to this directory and exit instead of serving")
 
@@ -108,6 +110,6 @@ def run(args: argparse.Namespace) -> int:
         engine.tokenizer.save_pretrained(args.save_checkpoint)
         print(f"saved {engine.model_path} to {args.save_checkpoint}")
         return 0
-    app = create_app(engine, tokenizer_path=tokenizer_path(args.tokenizer))
+    app = create_app(engine, tokenizer_path=tokenizer_path(args.tokenizer), api_key=args.api_key or None)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

@@ -31,6 +31,7 @@ anonymous main chain.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,7 +88,7 @@ def _turn(raw: Any, where: str) -> ScriptedTurn:
         if not isinstance(complete, bool):
             raise ValueError(f"{where}.complete must be a boolean")
         return ScriptedTurn(raw["text"], complete)
-    raise ValueError(f"{where} must be a string or {{\"text\": str, \"complete\": bool}}")
+    raise ValueError(f'{where} must be a string or {{"text": str, "complete": bool}}')
 
 
 def _text(data: dict[str, Any], key: str, default: str) -> str:
@@ -135,13 +136,21 @@ class SamplePolicy:
         return None
 
 
+MAX_CURSORS = 10_000  # chains whose place in the script is remembered (least recently used go first)
+
+
 @dataclass
 class ScriptedPolicy:
-    """Replays a :class:`Script`: one cursor per rollout's main agent, one per sub-agent chain."""
+    """Replays a :class:`Script`: one cursor per rollout's main agent, one per sub-agent chain.
+
+    At most ``max_cursors`` cursors are kept (an engine serves rollouts for days); the least recently
+    used chain is forgotten first, and would start its script again.
+    """
 
     script: Script
     name: str = "scripted"
-    cursors: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    max_cursors: int = MAX_CURSORS
+    cursors: OrderedDict[tuple[str, str, str], int] = field(default_factory=OrderedDict)
 
     def scripted_turn(self, route: ChainRoute) -> ScriptedTurn:
         if route.kind == "side":
@@ -149,6 +158,8 @@ class ScriptedPolicy:
         turns = self.script.turns if route.kind == "main" else self.script.subagent_turns
         chain = "main" if route.kind == "main" else route.chain_id
         key = (route.rollout_id, chain, route.kind)
-        cursor = self.cursors.get(key, 0)
+        cursor = self.cursors.pop(key, 0)
         self.cursors[key] = cursor + 1
+        while len(self.cursors) > self.max_cursors:
+            self.cursors.popitem(last=False)
         return turns[cursor] if cursor < len(turns) else ScriptedTurn(self.script.final_text)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -279,6 +280,29 @@ def text_ids(generation: Generation, no_stop_trim: bool) -> list[int]:
     if isinstance(matched, int) and not no_stop_trim and generation.output_ids:
         return generation.output_ids[:-1]
     return generation.output_ids
+
+
+class IncrementalText:
+    """The text of a growing output, decoding only the tokens added since the last call.
+
+    Decoding the whole output on every streamed token is quadratic. Byte-level BPE decodes a
+    concatenation to the concatenation of the decodes at character boundaries, so tokens are decoded
+    once their characters are complete; a piece ending in U+FFFD (a character split across tokens)
+    waits for the next token.
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self.decode = decode
+        self.text = ""
+        self.decoded = 0  # output tokens already in ``text``
+
+    def feed(self, output_ids: list[int]) -> str:
+        """The text of ``output_ids`` (which extend every list fed before)."""
+        piece = self.decode(output_ids[self.decoded :])
+        if not piece.endswith("\ufffd"):
+            self.text += piece
+            self.decoded = len(output_ids)
+        return self.text
 
 
 def response_body(

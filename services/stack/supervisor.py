@@ -1,0 +1,212 @@
+"""Supervise a stack of rollbus services as child processes: start in order, restart on crash, stop cleanly.
+
+Each child runs in a session of its own, so stopping one stops everything it started (the adapter's engine
+calls, the runner's sandboxes). A child that exits while the stack is up is restarted after a backoff that
+doubles up to a cap and resets once the child has stayed up for a while. Stopping (Ctrl-C, SIGTERM, or an
+error during start-up) stops the children in reverse order: SIGTERM to the whole process group, then SIGKILL
+after a grace period, so nothing is left behind whatever moment the stop came.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+log = logging.getLogger("rollbus.stack")
+
+
+class StackFailed(RuntimeError):
+    """A service did not become ready, or kept crashing past its restart budget."""
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """One service of the stack: its command, and how to tell it is ready."""
+
+    name: str
+    argv: Sequence[str]
+    health_url: str | None = None  # ready when it answers 200; None: ready once alive for `settle` seconds
+    settle: float = 1.0
+    env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def rollbus(cls, name: str, args: Sequence[str], **kwargs: object) -> ServiceSpec:
+        """``python -m rollbus <name> <args>``, exactly as a user would start it."""
+        return cls(name, [sys.executable, "-m", "rollbus", name, *args], **kwargs)  # type: ignore[arg-type]
+
+
+@dataclass
+class Child:
+    spec: ServiceSpec
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    restarts: int = 0
+    backoff: float = 0.0
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def launch(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as out:
+            self.proc = subprocess.Popen(
+                list(self.spec.argv), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, **self.spec.env},
+            )  # fmt: skip
+        self.started_at = time.monotonic()
+
+    def log_tail(self, lines: int = 20) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def stop_group(proc: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM the child's process group, SIGKILL whatever of it is left after ``grace`` seconds."""
+    if proc.poll() is not None and not _group_alive(proc.pid):
+        return
+    members = _group_members(proc.pid)
+    _signal_group(proc.pid, signal.SIGTERM)
+    _, alive = psutil.wait_procs(members, timeout=grace)
+    if alive or proc.poll() is None:
+        _signal_group(proc.pid, signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=5)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:  # pragma: no cover - a kernel that will not reap
+        log.error("process %d did not exit after SIGKILL", proc.pid)
+
+
+def _group_members(pgid: int) -> list[psutil.Process]:
+    members = []
+    for candidate in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(candidate.pid) == pgid:
+                members.append(candidate)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return members
+
+
+def _group_alive(pgid: int) -> bool:
+    return bool(_group_members(pgid))
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+class Supervisor:
+    """Runs ``specs`` in order until :meth:`stop`; restarts crashed children with capped backoff."""
+
+    def __init__(
+        self,
+        specs: Sequence[ServiceSpec],
+        log_dir: Path,
+        *,
+        ready_timeout: float = 120.0,
+        stop_grace: float = 20.0,
+        backoff_initial: float = 1.0,
+        backoff_max: float = 30.0,
+        stable_after: float = 60.0,
+        max_restarts: int = 20,
+        on_event: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.children = [Child(spec, Path(log_dir) / f"{spec.name}.log") for spec in specs]
+        self.ready_timeout, self.stop_grace = ready_timeout, stop_grace
+        self.backoff_initial, self.backoff_max = backoff_initial, backoff_max
+        self.stable_after, self.max_restarts = stable_after, max_restarts
+        self.on_event = on_event or (lambda name, what: log.info("%s: %s", name, what))
+        self._stopping = asyncio.Event()
+
+    def __getitem__(self, name: str) -> Child:
+        return next(child for child in self.children if child.spec.name == name)
+
+    async def start(self) -> None:
+        """Start every child in order, each ready before the next; on any failure stop what started."""
+        try:
+            for child in self.children:
+                child.launch()
+                await self._wait_ready(child)
+                self.on_event(child.spec.name, "ready")
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _wait_ready(self, child: Child) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        async with httpx.AsyncClient(timeout=2.0) as http:
+            while time.monotonic() < deadline:
+                if not child.running:
+                    raise StackFailed(f"{child.spec.name} exited during start-up:\n{child.log_tail()}")
+                if child.spec.health_url is None:
+                    if time.monotonic() - child.started_at >= child.spec.settle:
+                        return
+                else:
+                    try:
+                        if (await http.get(child.spec.health_url)).status_code == 200:
+                            return
+                    except httpx.TransportError:
+                        pass
+                await asyncio.sleep(0.2)
+        waited = f"{self.ready_timeout:.0f}s"
+        raise StackFailed(f"{child.spec.name} was not ready in {waited}:\n{child.log_tail()}")
+
+    async def watch(self, poll: float = 0.5) -> None:
+        """Until stopped: restart any child that exited, after its backoff; give up past ``max_restarts``."""
+        while not self._stopping.is_set():
+            for child in self.children:
+                if child.running or self._stopping.is_set():
+                    if child.running and time.monotonic() - child.started_at > self.stable_after:
+                        child.backoff = 0.0  # it stayed up: the next crash restarts quickly again
+                    continue
+                await self._restart(child)
+            try:
+                await asyncio.wait_for(self._stopping.wait(), poll)
+            except TimeoutError:
+                pass
+
+    async def _restart(self, child: Child) -> None:
+        code = child.proc.returncode if child.proc else None
+        if child.restarts >= self.max_restarts:
+            raise StackFailed(f"{child.spec.name} crashed {child.restarts} times; last:\n{child.log_tail()}")
+        child.backoff = min(self.backoff_max, child.backoff * 2 or self.backoff_initial)
+        self.on_event(child.spec.name, f"exited with {code}; restarting in {child.backoff:.1f}s")
+        try:
+            await asyncio.wait_for(self._stopping.wait(), child.backoff)
+            return  # stopped while backing off
+        except TimeoutError:
+            pass
+        child.restarts += 1
+        child.launch()
+        self.on_event(child.spec.name, f"restarted ({child.restarts})")
+
+    async def stop(self) -> None:
+        """Stop every child, last started first; safe to call more than once and at any moment."""
+        self._stopping.set()
+        for child in reversed(self.children):
+            if child.proc is not None:
+                await asyncio.to_thread(stop_group, child.proc, self.stop_grace)
+
+    async def __aenter__(self) -> Supervisor:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
