@@ -84,14 +84,16 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"rollbus {name}: not built yet (no {missing.name}); see the open issues", file=sys.stderr)
         return 2
-    args = command_parser(name, module).parse_args(argv[1:])
-    args.command = name
-    if "bootstrap_servers" in vars(args) and args.bootstrap_servers is None:  # after --state-dir is known
-        args.bootstrap_servers = default_bootstrap(getattr(args, "state_dir", None))
     try:
+        cmd_parser = command_parser(name, module)  # options read their variables here
+        args = cmd_parser.parse_args(argv[1:])
+        args.command = name
+        if "bootstrap_servers" in vars(args) and args.bootstrap_servers is None:  # once --state-dir is known
+            args.bootstrap_servers = default_bootstrap(getattr(args, "state_dir", None))
         return int(module.run(args) or 0)
     except SettingsError as exc:  # a bad flag or variable: one line, before anything started
-        cmd_parser.exit(2, f"{cmd_parser.prog}: error: {exc}\n")
+        print(f"rollbus {name}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -115,3 +115,61 @@ def test_service_flags_read_variables_scoped_by_the_service(monkeypatch: pytest.
     assert (engine.port, adapter.port) == (31000, 8080)
     assert engine.bootstrap_servers == adapter.bootstrap_servers == "kafka:9092"
     assert env_name("--sglang-url", "adapter") == "ROLLBUS_ADAPTER_SGLANG_URL"
+
+
+def settings_classes(module: object) -> list[type]:
+    from rollbus.settings import Settings
+
+    return [
+        v for v in vars(module).values()
+        if isinstance(v, type) and issubclass(v, Settings) and v.__module__ != "rollbus.settings"
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["adapter", "engine"])
+def test_every_setting_is_a_flag_and_a_variable_in_help(name: str, capsys) -> None:
+    """The settings class is the only declaration: each field shows in --help as its flag, its variable
+    and its default as typed."""
+    module = importlib.import_module(COMMANDS[name][0])
+    (cls,) = {c for c in settings_classes(module) if c.__name__.lower().startswith(name)}
+    text = help_of(name, capsys)
+    for field in cls.model_fields:
+        assert f"{cls.flag(field)} " in text, f"{cls.flag(field)} missing from rollbus {name} --help"
+        assert cls.env_var(field) in text
+    assert f"ROLLBUS_{name.upper()}_PORT" in text and "ROLLBUS_STATE_DIR" in text or name == "engine"
+
+
+BAD_VALUES = [  # (command, flag or variable, value, words the one line must contain): one per kind of option
+    ("adapter", "--port", "eighty", "valid integer"),
+    ("adapter", "--port", "70000", "less than or equal to 65535"),
+    ("adapter", "ROLLBUS_ADAPTER_PING_INTERVAL", "soon", "valid number"),
+    ("adapter", "--drain-timeout", "-1", "greater than or equal to 0"),
+    ("adapter", "ROLLBUS_ADAPTER_OPEN_SESSIONS", "maybe", "boolean"),
+    ("adapter", "--open-sessions", "perhaps", "boolean"),
+    ("adapter", "--history-mode", "magic", "'canonical' or 'rerender'"),
+    ("adapter", "--sglang-url", "localhost:30000", "match pattern"),
+    ("adapter", "ROLLBUS_NAMESPACE", "a b", "match pattern"),
+    ("adapter", "--bootstrap-servers", "", "at least 1 character"),
+    ("adapter", "--outbox-capacity", "0", "greater than or equal to 1"),
+    ("engine", "--policy", "greedy", "'sample' or 'scripted'"),
+    ("engine", "ROLLBUS_ENGINE_CONTEXT_LENGTH", "1", "greater than or equal to 2"),
+    ("engine", "SGLANG_RETURN_ORIGINAL_LOGPROB", "perhaps", "boolean"),
+    ("replay", "ROLLBUS_REPLAY_CONNECT_TIMEOUT", "never", "ROLLBUS_REPLAY_CONNECT_TIMEOUT='never'"),
+]
+
+
+@pytest.mark.parametrize(("command", "where", "value", "expected"), BAD_VALUES)
+def test_a_bad_value_is_one_line_naming_it_and_exit_2(command, where, value, expected, monkeypatch) -> None:
+    """Before any port is bound, model built or broker called (a subprocess: nothing of it can leak)."""
+    argv = [sys.executable, "-m", "rollbus", command]
+    if where.startswith("--"):
+        argv += [where, value]
+    else:
+        monkeypatch.setenv(where, value)
+    if command == "replay":
+        argv.append("turns")
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"{where}={value!r}" in lines[0] and expected in lines[0]
