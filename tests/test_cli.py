@@ -154,8 +154,14 @@ BAD_VALUES = [  # (command, flag or variable, value, words the one line must con
     ("engine", "--policy", "greedy", "'sample' or 'scripted'"),
     ("engine", "ROLLBUS_ENGINE_CONTEXT_LENGTH", "1", "greater than or equal to 2"),
     ("engine", "SGLANG_RETURN_ORIGINAL_LOGPROB", "perhaps", "boolean"),
-    ("replay", "ROLLBUS_REPLAY_CONNECT_TIMEOUT", "never", "ROLLBUS_REPLAY_CONNECT_TIMEOUT='never'"),
+    ("replay", "ROLLBUS_REPLAY_CONNECT_TIMEOUT", "never", "valid number"),
+    ("tail", "--connect-timeout", "0", "greater than 0"),
+    ("topics", "--partitions", "0", "greater than or equal to 1"),
+    ("topics", "ROLLBUS_TOPICS_REPLICATION_FACTOR", "two", "valid integer"),
+    ("broker", "--port", "99999", "less than or equal to 65535"),
+    ("broker", "ROLLBUS_BROKER_TIMEOUT", "-5", "greater than 0"),
 ]
+POSITIONAL = {"replay": ["turns"], "tail": ["turns"], "topics": ["list"], "broker": ["status"]}
 
 
 @pytest.mark.parametrize(("command", "where", "value", "expected"), BAD_VALUES)
@@ -166,8 +172,7 @@ def test_a_bad_value_is_one_line_naming_it_and_exit_2(command, where, value, exp
         argv += [where, value]
     else:
         monkeypatch.setenv(where, value)
-    if command == "replay":
-        argv.append("turns")
+    argv += POSITIONAL.get(command, [])
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2, done.stderr
