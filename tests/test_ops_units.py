@@ -121,3 +121,29 @@ def test_every_phony_make_target_is_defined() -> None:
     assert {"broker-start", "broker-stop", "test", "demo"} <= set(phony.group(1).split())
     assert set(phony.group(1).split()) <= defined
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def gone(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_service_stop_ends_the_service_and_what_it_started_even_if_it_ignores_sigterm(tmp_path) -> None:
+    """``ServiceProcess.stop``: SIGTERM to the process tree, SIGKILL to what lingers; no orphans."""
+    import subprocess
+
+    import psutil
+
+    from rollbus.services import ServiceProcess
+
+    service = ServiceProcess("stubborn", [], health_url="http://127.0.0.1:1/", log_dir=tmp_path)
+    service.proc = subprocess.Popen(["bash", "-c", "trap '' TERM; sleep 300 & wait"], start_new_session=True)
+    wait_until(lambda: bool(psutil.Process(service.proc.pid).children()), timeout=30, what="child started")
+    child = psutil.Process(service.proc.pid).children()[0].pid
+    service.stop(timeout=0.5)
+    assert service.proc.poll() is not None and gone(child)
+    service.stop()  # a second stop is a no-op
