@@ -20,7 +20,14 @@ from rollbus.settings import Settings
 from rollbus.tokenizer import DEFAULT_TOKENIZER, SpecialIds, load_tokenizer, tokenizer_dir
 from services.engine.engine import Engine
 from services.engine.model import ModelSpec, load_model, random_model
-from services.engine.policies import Policy, SamplePolicy, ScriptedPolicy, load_script
+from services.engine.policies import (
+    Policy,
+    SamplePolicy,
+    Script,
+    ScriptedPolicy,
+    load_script,
+    load_script_dir,
+)
 
 
 class EngineSettings(Settings):
@@ -33,7 +40,11 @@ class EngineSettings(Settings):
     policy: Literal["sample", "scripted"] = Field(
         "sample", description="sample from the weights, or replay --script with real logprobs"
     )
-    script: Path | None = Field(None, description='scripted policy: JSON file {"turns": [...]}')
+    script: Path | None = Field(
+        None,
+        description='scripted policy: JSON file {"turns": [...]}, or a directory of NAME.json replayed to '
+        "rollouts whose id starts with NAME-",
+    )
     tokenizer: str = Field(
         DEFAULT_TOKENIZER, min_length=1, description="built-in tokenizer name or directory"
     )
@@ -95,6 +106,9 @@ add_arguments = EngineSettings.add_arguments
 def build_policy(settings: EngineSettings) -> Policy:
     if settings.policy == "sample" or settings.script is None:
         return SamplePolicy()
+    if settings.script.is_dir():  # one script per task; rollouts of no task get default.json or nothing
+        scripts = load_script_dir(settings.script)
+        return ScriptedPolicy(scripts.get("default", Script(turns=())), by_prefix=scripts)
     return ScriptedPolicy(load_script(settings.script))
 
 
