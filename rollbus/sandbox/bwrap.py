@@ -76,7 +76,7 @@ FORWARDER = (
     "$RB_SOCAT TCP-LISTEN:$RB_PORT,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:" + ADAPTER_SOCKET + " &\n"
     'n=0; while ! grep -q "0100007F:$RB_HEX 00000000:0000 0A" /proc/net/tcp; do\n'
     "  n=$((n+1)); [ $n -gt 2000 ] && { echo 'rollbus: adapter forwarder did not start' >&2; exit 125; }\n"
-    "  sleep 0.005; done\n"
+    "  [ $n -gt 20 ] && sleep 0.005; done\n"
     'unset RB_PORT RB_HEX RB_SOCAT; exec "$@"'
 )
 HOST_USR = "/.rollbus/host/usr"

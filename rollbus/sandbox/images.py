@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from rollbus.sandbox.base import SandboxError
-from rollbus.sandbox.repo import GIT_IDENTITY, _git_env
+from rollbus.sandbox.repo import GIT_IDENTITY, _git_env, baseline_gitdir, record_baseline
 
 BASE_MESSAGE = "base"
 
@@ -96,6 +96,41 @@ def agent_workspace(src: Path, dest: Path) -> Path:
         _git(["add", "-f", "--pathspec-from-file=-", "--pathspec-file-nul"], dest, stdin=tracked)
     _git([*GIT_IDENTITY, "commit", "-q", "--allow-empty", "--no-verify", "-m", BASE_MESSAGE], dest)
     shutil.rmtree(dest / ".git" / "logs", ignore_errors=True)  # no reflog, not even of the base commit
+    return dest
+
+
+def tree_fingerprint(root: Path) -> str:
+    """A digest of every path, size, mode and mtime under ``root``: changes whenever a file does."""
+    digest = hashlib.sha256(str(root.resolve()).encode())
+    for parent, dirs, files in os.walk(root):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(parent, name)
+            st = os.lstat(path)
+            digest.update(f"{path}\0{st.st_size}\0{st.st_mode}\0{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:24]
+
+
+def cached_agent_workspace(src: Path, dest: Path, cache: Path) -> Path:
+    """:func:`agent_workspace` plus its trusted baseline, built once per image state and copied from then on.
+
+    The git work (init, add, commit, baseline) costs more than the copy; a changed image has a new
+    fingerprint, so a stale entry is never used.
+    """
+    entry = cache / f"agent-{tree_fingerprint(src)}"
+    if not entry.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=cache))
+        try:
+            record_baseline(agent_workspace(src, scratch / "ws"))
+            os.rename(scratch, entry)
+        except OSError:  # another sandbox built it first
+            shutil.rmtree(scratch, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+    copy_tree(entry / "ws", dest, skip_git=False)
+    copy_tree(baseline_gitdir(entry / "ws"), baseline_gitdir(dest), skip_git=False)
     return dest
 
 

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from rollbus.sandbox.adapter_proxy import AdapterProxy
 from rollbus.sandbox.base import Network, SandboxError
 from rollbus.sandbox.bwrap import SCRATCH_ROOT, WORKSPACE, BwrapSandbox, SandboxUnavailable
-from rollbus.sandbox.images import agent_workspace, grader_workspace, unpack
+from rollbus.sandbox.images import cached_agent_workspace, grader_workspace, unpack
 from rollbus.sandbox.limits import Limits
 from rollbus.sandbox.repo import record_baseline
 
@@ -105,7 +105,9 @@ async def create_local(spec: SandboxSpec, *, scratch_root: Path = SCRATCH_ROOT) 
 
 def _workspace(spec: SandboxSpec, scratch_root: Path, dest: Path) -> Path:
     src = unpack(Path(spec.image), scratch_root / "images", repository=True)
-    made = agent_workspace(src, dest) if spec.role == "agent" else grader_workspace(src, dest)
-    record_baseline(made)
+    if spec.role == "agent":
+        made = cached_agent_workspace(src, dest, scratch_root / "images")
+    else:
+        made = record_baseline(grader_workspace(src, dest))
     os.chmod(dest.parent, 0o700)
     return made
