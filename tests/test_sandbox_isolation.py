@@ -278,3 +278,32 @@ async def test_enforced_limits_are_reported(agent: BwrapSandbox) -> None:
     report = json.dumps(agent.enforced)
     assert agent.enforced["nested_userns"] == "bwrap --disable-userns"
     assert "NOT" not in report and agent.enforced["identity"].startswith("host uid")
+
+
+async def test_the_real_cli_works_through_the_forwarder_and_nothing_else() -> None:
+    """The real CLI, with the adapter socket as its only way out, fixes the repo; each request is stamped."""
+    from rollbus import claude_cli
+    from tests.fake_anthropic import FakeAnthropic
+    from tests.test_claude_cli_e2e import MODEL, TOKEN, scripted_replies
+
+    binary = claude_cli.fetch()
+    async with FakeAnthropic(scripted_replies()) as server:
+        spec = SandboxSpec(
+            image=EXAMPLE_REPO,
+            adapter_url=server.url,
+            base_url=BASE_URL,
+            ro_binds={str(binary): claude_cli.SANDBOX_BINARY},
+        )
+        async with await create_local(spec) as box:
+            cmd = claude_cli.build_command(
+                "Make the tests in /workspace pass.",
+                model=MODEL,
+                max_turns=6,
+                binary=claude_cli.SANDBOX_BINARY,
+            )
+            env = claude_cli.build_env(BASE_URL, TOKEN, model=MODEL, home=box.home)
+            episode = await box.run(cmd, env, timeout=300)
+            assert episode.exit_code == 0, episode.stderr
+            assert "range(1, n + 1)" in (box.host_workdir / "calc.py").read_text()
+            calls = server.message_requests()
+            assert calls and all(c.headers["x-rollbus-sandbox"] == box.sandbox_id for c in calls)
