@@ -80,6 +80,7 @@ FORWARDER = (
     'unset RB_PORT RB_HEX RB_SOCAT; exec "$@"'
 )
 HOST_USR = "/.rollbus/host/usr"
+DISK_FULL_MARGIN = 64 << 10  # a tmpfs workspace with less free space than this after a command is full
 TOOLCHAIN_SKIP = {"proc", "dev", "sys", "tmp", "run", "home", "workspace", ".rollbus"}
 CLONE_NEWNS = 0x00020000
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 1 << 14, 1 << 18
@@ -337,7 +338,13 @@ class BwrapSandbox(SandboxBase):
         self._mounts = {inside_workdir: workdir, HOME: self._state / "home"}
         self._system = system_mounts(toolchain, network == "adapter", staged.get("toolchain"))
         self.cgroups = Cgroups.create(f"rollbus-{self.sandbox_id}", self.limits)
-        self.enforced = enforcement(self.limits, self.cgroups, "checked after each command (du)")
+        self._disk_mounted = os.path.ismount(workdir)
+        disk = (
+            "tmpfs size (workspace), checked after each command (HOME)"
+            if self._disk_mounted
+            else ("checked after each command (du)")
+        )
+        self.enforced = enforcement(self.limits, self.cgroups, disk)
         self.enforced["nested_userns"] = (
             "bwrap --disable-userns" if self.layout.disable_userns else "NOT blocked"
         )
@@ -403,6 +410,8 @@ class BwrapSandbox(SandboxBase):
             return kind
         if self.limits.cpu_time_s is not None and done.exit_code in (128 + signal.SIGXCPU, -signal.SIGXCPU):
             return "cpu_limit"
+        if self._disk_mounted and _free_bytes(self._host_workdir) < DISK_FULL_MARGIN:
+            return "disk_full"
         if self.limits.disk_bytes is not None and disk_usage(self._mounts.values()) > self.limits.disk_bytes:
             return "disk_full"
         if self.limits.tmp_bytes is not None and "No space left on device" in done.stderr:
@@ -447,6 +456,11 @@ def make_scratch(root: Path, sandbox_id: str) -> Path:
     path = root / sandbox_id
     path.mkdir(mode=0o711)
     return path
+
+
+def _free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
 
 
 def require_traversable(path: Path) -> None:

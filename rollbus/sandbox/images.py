@@ -72,7 +72,7 @@ def copy_tree(src: Path, dest: Path, *, skip_git: bool) -> None:
     Hard links would be faster but are unsafe for a writable workspace: an in-place write would reach the
     image every later sandbox starts from.
     """
-    dest.mkdir(parents=True)
+    dest.mkdir(parents=True, exist_ok=True)  # it may be a size-capped tmpfs mounted for it
     entries = [e for e in os.listdir(src) if not (skip_git and e == ".git")]
     if entries:
         cmd = ["cp", "-a", "--reflink=auto", *(str(src / e) for e in entries), str(dest)]
