@@ -194,3 +194,24 @@ async def test_git_diff_of_a_sandbox_workspace_excludes_nothing_the_agent_wrote(
         await box.run(["sh", "-c", "sed -i 's/range(1, n)/range(1, n + 1)/' calc.py; echo n > new.txt"], ENV)
         patch = git_diff(box.host_workdir)
     assert "+    return sum(range(1, n + 1))" in patch and "+++ b/new.txt" in patch
+
+
+@needs_bwrap
+async def test_a_toolchain_tarball_keeps_absolute_symlinks_and_drops_devices(
+    tmp_path: Path, scratch: Path
+) -> None:
+    rootfs = mini_rootfs(tmp_path / "rootfs")
+    (rootfs / "etc" / "marker-link").symlink_to("/etc/rollbus-toolchain")  # absolute, as in docker export
+    out = tmp_path / "rootfs.tar"
+    with tarfile.open(out, "w") as tar:
+        tar.add(rootfs, arcname=".")
+        device = tarfile.TarInfo("./dev-null-copy")
+        device.type, device.devmajor, device.devminor = tarfile.CHRTYPE, 1, 3
+        tar.addfile(device)
+    async with await create_local(
+        SandboxSpec(image=EXAMPLE_REPO, toolchain=out), scratch_root=scratch
+    ) as box:
+        done = await box.run(["cat", "/etc/marker-link"], ENV)
+    assert done.stdout == "mini\n", done.stderr
+    unpacked = [p for p in (scratch / "images").iterdir() if not p.name.startswith("agent-")]
+    assert len(unpacked) == 1 and not (unpacked[0] / "dev-null-copy").exists()

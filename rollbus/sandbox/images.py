@@ -52,7 +52,7 @@ def unpack(image: Path, cache: Path, *, repository: bool) -> Path:
         scratch = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=cache))
         try:
             with tarfile.open(image) as tar:
-                tar.extractall(scratch, filter="data")
+                tar.extractall(scratch, filter="data" if repository else rootfs_filter)
         except (tarfile.TarError, OSError) as exc:
             shutil.rmtree(scratch, ignore_errors=True)
             raise SandboxError(f"cannot unpack image {image}: {exc}", "image_error") from exc
@@ -64,6 +64,16 @@ def unpack(image: Path, cache: Path, *, repository: bool) -> Path:
         return target
     entries = list(target.iterdir())
     return entries[0] if len(entries) == 1 and entries[0].is_dir() else target
+
+
+def rootfs_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    """A root filesystem keeps its absolute symlinks (they resolve inside the sandbox); no devices, no setuid.
+
+    ``tar`` filter rules otherwise: nothing lands outside the cache, group/other write and setuid bits go.
+    """
+    if member.isdev():
+        return None
+    return tarfile.tar_filter(member, dest)
 
 
 def copy_tree(src: Path, dest: Path, *, skip_git: bool) -> None:

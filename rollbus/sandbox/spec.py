@@ -20,10 +20,18 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from rollbus.sandbox.adapter_proxy import AdapterProxy
-from rollbus.sandbox.base import Network, SandboxError
-from rollbus.sandbox.bwrap import SCRATCH_ROOT, WORKSPACE, BwrapSandbox, SandboxUnavailable, _libc
+from rollbus.sandbox.base import Network, SandboxBase, SandboxError
+from rollbus.sandbox.bwrap import (
+    SCRATCH_ROOT,
+    WORKSPACE,
+    BwrapSandbox,
+    SandboxUnavailable,
+    _libc,
+    bwrap_supports,
+)
+from rollbus.sandbox.e2b_backend import E2B_WORKSPACE
 from rollbus.sandbox.images import cached_agent_workspace, grader_workspace, unpack
-from rollbus.sandbox.limits import CGROUP_ROOT, Limits
+from rollbus.sandbox.limits import CGROUP_ROOT, Cgroups, Limits, enforcement
 from rollbus.sandbox.repo import record_baseline
 
 Role = Literal["agent", "grader"]
@@ -111,6 +119,45 @@ async def create_local(spec: SandboxSpec, *, scratch_root: Path = SCRATCH_ROOT) 
         if isinstance(exc, SandboxUnavailable | OSError):
             raise SandboxError(f"cannot create sandbox {sandbox_id}: {exc}") from exc
         raise
+
+
+async def create_sandbox(spec: SandboxSpec, backend: str = "local", **options: Any) -> SandboxBase:
+    """The sandbox ``spec`` describes on ``backend`` (``local``: bwrap; ``e2b``: a cloud VM).
+
+    On E2B the agent reaches the adapter at ``spec.adapter_url`` directly (no forwarder); ``options`` go to
+    the backend's factory (``scratch_root`` for local, ``options``/``sdk`` for E2B).
+    """
+    if backend == "local":
+        return await create_local(spec, **options)
+    if backend == "e2b":
+        from rollbus.sandbox.e2b_backend import E2BSandbox
+
+        metadata = {"image": str(spec.image), **spec.metadata}
+        return await E2BSandbox.create(
+            role=spec.role,
+            metadata=metadata,
+            adapter_url=spec.adapter_url,
+            workdir=spec.workdir if spec.workdir != WORKSPACE else E2B_WORKSPACE,
+            sandbox_id=spec.sandbox_id,
+            **options,
+        )
+    raise ValueError(f"unknown sandbox backend {backend!r} (local, e2b)")
+
+
+def probe_enforcement(limits: Limits) -> dict[str, str]:
+    """Which limits a local sandbox would enforce here, for a service's start-up log (makes no sandbox)."""
+    cgroups = Cgroups.create(f"rollbus-probe-{secrets.token_hex(4)}", limits)
+    try:
+        disk = "tmpfs size (workspace)" if os.geteuid() == 0 else "checked after each command (du)"
+        report = enforcement(limits, cgroups, disk)
+    finally:
+        if cgroups is not None:
+            cgroups.destroy()
+    report["nested_userns"] = (
+        "bwrap --disable-userns" if bwrap_supports("--disable-userns") else "NOT blocked"
+    )
+    report["identity"] = "per-sandbox host uid" if os.geteuid() == 0 else f"caller uid {os.getuid()}"
+    return report
 
 
 def mount_disk(path: Path, size: int | None) -> bool:
