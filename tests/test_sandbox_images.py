@@ -215,3 +215,21 @@ async def test_a_toolchain_tarball_keeps_absolute_symlinks_and_drops_devices(
     assert done.stdout == "mini\n", done.stderr
     unpacked = [p for p in (scratch / "images").iterdir() if not p.name.startswith("agent-")]
     assert len(unpacked) == 1 and not (unpacked[0] / "dev-null-copy").exists()
+
+
+async def test_proxy_caps_concurrent_connections(tmp_path: Path) -> None:
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    proxy = await AdapterProxy(tmp_path / "a.sock", url, "sbx", max_connections=2).start()
+    held = [await asyncio.open_unix_connection(str(tmp_path / "a.sock")) for _ in range(2)]
+    await asyncio.sleep(0.1)
+    reader, _ = await asyncio.open_unix_connection(str(tmp_path / "a.sock"))
+    assert (await reader.read()).startswith(b"HTTP/1.1 503") and proxy.refused == 1
+    for _, writer in held:
+        writer.close()
+    await proxy.close()
+    server.close()

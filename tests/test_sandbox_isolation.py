@@ -8,6 +8,7 @@ namespace (ECONNREFUSED on its loopback, ENETUNREACH for any other address), nev
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -307,3 +308,19 @@ async def test_the_real_cli_works_through_the_forwarder_and_nothing_else() -> No
             assert "range(1, n + 1)" in (box.host_workdir / "calc.py").read_text()
             calls = server.message_requests()
             assert calls and all(c.headers["x-rollbus-sandbox"] == box.sandbox_id for c in calls)
+
+
+async def test_another_rollouts_processes_and_token_are_invisible(adapter: Adapter) -> None:
+    spec = SandboxSpec(image=EXAMPLE_REPO, adapter_url=adapter.url, base_url=BASE_URL)
+    async with await create_local(spec) as first, await create_local(spec) as second:
+        token = f"sk-rollout-{uuid.uuid4().hex}"
+        victim = asyncio.ensure_future(second.run(["sleep", "5"], {**ENV, "ANTHROPIC_AUTH_TOKEN": token}))
+        await asyncio.sleep(1.0)
+        spy = await first.run(
+            ["sh", "-c", f"grep -ls {token} /proc/*/environ; ls /proc | grep -c '^[0-9]'"], ENV
+        )
+        victim.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await victim
+    assert token not in spy.stdout
+    assert int(spy.stdout.split()[-1]) <= 8  # its own pid namespace: a handful of its own processes only

@@ -302,7 +302,7 @@ class BwrapSandbox(SandboxBase):
         if root:
             require_traversable(scratch_root)
         self._state = make_scratch(scratch_root, self.sandbox_id)
-        (self._state / "home").mkdir()
+        (self._state / "home").mkdir(mode=0o700)
         write_identity(self._state / "etc", uid)
         workdir = Path(workdir).resolve()
         if self.host_uid is not None:
