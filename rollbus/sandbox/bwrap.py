@@ -295,6 +295,7 @@ class BwrapSandbox(SandboxBase):
         self._bwrap = found
         self.workdir = inside_workdir
         self._on_close: list[Callable[[], Awaitable[None] | None]] = []
+        self._binds: list[tuple[str, str]] = []
         self.sandbox_id = sandbox_id or secrets.token_hex(8)
         self.limits = limits or Limits()
         root = os.geteuid() == 0
@@ -302,61 +303,71 @@ class BwrapSandbox(SandboxBase):
         if root:
             require_traversable(scratch_root)
         self._state = make_scratch(scratch_root, self.sandbox_id)
+        self.cgroups: Cgroups | None = None
+        try:
+            self._host_workdir = self._prepare_host(Path(workdir).resolve(), uid)
+            binds = {str(Path(host).resolve()): inside for host, inside in (ro_binds or {}).items()}
+            sources = {
+                "workdir": self._host_workdir,
+                "home": self._state / "home",
+                "etc": self._state / "etc",
+            }
+            sources |= {f"ro{i}": Path(host) for i, host in enumerate(binds)}
+            if adapter_socket is not None:
+                sources["adapter"] = Path(adapter_socket)
+            if toolchain is not None:
+                sources["toolchain"] = Path(toolchain).resolve()
+            staged = self._stage(sources) if root else sources
+            self.layout = BwrapLayout(
+                workdir=staged["workdir"],
+                home=staged["home"],
+                etc=staged["etc"],
+                network=network,
+                ro_binds={str(staged[f"ro{i}"]): inside for i, inside in enumerate(binds.values())},
+                uid=uid,
+                adapter_socket=staged.get("adapter"),
+                forward_port=forward_port,
+                tmp_bytes=self.limits.tmp_bytes,
+                disable_userns=uid is not None and bwrap_supports("--disable-userns", found),
+                toolchain=toolchain,
+                inside_workdir=inside_workdir,
+                host_loader=host_socat() if toolchain is not None else (),
+            )
+            self._mounts = {inside_workdir: self._host_workdir, HOME: self._state / "home"}
+            self._system = system_mounts(toolchain, network == "adapter", staged.get("toolchain"))
+            self.cgroups = Cgroups.create(f"rollbus-{self.sandbox_id}", self.limits)
+        except BaseException:
+            if self.cgroups is not None:
+                self.cgroups.destroy()
+            shutil.rmtree(self._state, ignore_errors=True)
+            raise
+        self.enforced = self._report()
+
+    def _prepare_host(self, workdir: Path, uid: int | None) -> Path:
+        """HOME and the identity files in the state dir; the workspace and HOME handed to the host uid."""
         (self._state / "home").mkdir(mode=0o700)
         write_identity(self._state / "etc", uid)
-        workdir = Path(workdir).resolve()
         if self.host_uid is not None:
             chown_tree(workdir, self.host_uid)
             os.chown(self._state / "home", self.host_uid, self.host_uid)
-        sources = {
-            "workdir": workdir,
-            "home": self._state / "home",
-            "etc": self._state / "etc",
-            **{f"ro{i}": Path(host).resolve() for i, host in enumerate(ro_binds or {})},
-        }
-        if adapter_socket is not None:
-            sources["adapter"] = Path(adapter_socket)
-        if toolchain is not None:
-            sources["toolchain"] = Path(toolchain).resolve()
-        staged = self._stage(sources) if root else sources
-        self.layout = BwrapLayout(
-            workdir=staged["workdir"],
-            home=staged["home"],
-            etc=staged["etc"],
-            network=network,
-            ro_binds={str(staged[f"ro{i}"]): inside for i, inside in enumerate((ro_binds or {}).values())},
-            uid=uid,
-            adapter_socket=staged.get("adapter"),
-            forward_port=forward_port,
-            tmp_bytes=self.limits.tmp_bytes,
-            disable_userns=uid is not None and bwrap_supports("--disable-userns", found),
-            toolchain=toolchain,
-            inside_workdir=inside_workdir,
-            host_loader=host_socat() if toolchain is not None else (),
-        )
-        self._host_workdir = workdir
-        self._mounts = {inside_workdir: workdir, HOME: self._state / "home"}
-        self._system = system_mounts(toolchain, network == "adapter", staged.get("toolchain"))
-        self.cgroups = Cgroups.create(f"rollbus-{self.sandbox_id}", self.limits)
         self._disk_mounted = os.path.ismount(workdir)
-        disk = (
-            "tmpfs size (workspace), checked after each command (HOME)"
-            if self._disk_mounted
-            else ("checked after each command (du)")
-        )
-        self.enforced = enforcement(self.limits, self.cgroups, disk)
-        self.enforced["nested_userns"] = (
-            "bwrap --disable-userns" if self.layout.disable_userns else "NOT blocked"
-        )
-        self.enforced["identity"] = (
-            f"host uid {self.host_uid}" if self.host_uid else f"caller uid {os.getuid()}"
-        )
+        return workdir
+
+    def _report(self) -> dict[str, str]:
+        """How each limit and boundary holds for this sandbox (``enforced``)."""
+        disk = "checked after each command (du)"
+        if self._disk_mounted:
+            disk = "tmpfs size (workspace), checked after each command (HOME)"
+        report = enforcement(self.limits, self.cgroups, disk)
+        report["nested_userns"] = "bwrap --disable-userns" if self.layout.disable_userns else "NOT blocked"
+        report["identity"] = f"host uid {self.host_uid}" if self.host_uid else f"caller uid {os.getuid()}"
+        return report
 
     def _stage(self, sources: Mapping[str, Path]) -> dict[str, Path]:
         """Mountpoints in the traversable scratch dir; the launcher binds each source there."""
         mnt = self._state / "mnt"
         mnt.mkdir(mode=0o711)
-        staged, self._binds = {}, []
+        staged = {}
         for name, src in sources.items():
             point = mnt / name
             if src.is_dir():
@@ -379,7 +390,7 @@ class BwrapSandbox(SandboxBase):
         argv = bwrap_argv(self.layout, cmd, cwd=cwd or self.workdir, system=self._system, info_fd=info_w)
         launcher = make_launcher(
             self.host_uid,
-            getattr(self, "_binds", []),
+            self._binds,
             self.cgroups.procs_files() if self.cgroups else [],
             rlimits(self.limits, self.cgroups),
         )
