@@ -265,7 +265,7 @@ async def test_the_agent_is_not_root_in_disguise(agent: BwrapSandbox) -> None:
     made = (agent.host_workdir / "made").stat()
     assert made.st_uid not in (0, os.getuid()) and made.st_uid == agent.host_uid
     suid = (agent.host_workdir / "suid").stat()
-    assert suid.st_mode & stat.S_ISUID and suid.st_uid == agent.host_uid  # a setuid bit means its own uid
+    assert suid.st_uid == agent.host_uid and not suid.st_mode & (stat.S_ISUID | stat.S_ISGID)  # stripped
     assert "new file mode 100755" in git_diff(agent.host_workdir)  # and a patch carries no setuid bit
 
 

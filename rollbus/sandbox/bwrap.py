@@ -10,8 +10,8 @@ Threat model: the agent is the attacker.
   the agent's uid 1000 maps to that uid, never to host root: files it creates are owned by it. Sources that
   uid could not reach (root-only parents) are bind-mounted to a traversable staging dir in a private mount
   namespace of the launcher, never on the host. bwrap adds ``no_new_privs``, drops every capability, mounts
-  binds and tmpfs ``nosuid,nodev`` (setuid bits do nothing) and ``--disable-userns`` forbids nested user
-  namespaces.
+  binds and tmpfs ``nosuid,nodev`` (setuid bits do nothing inside, and the host strips any the agent set
+  after each command) and ``--disable-userns`` forbids nested user namespaces.
 - Network: every sandbox has its own network namespace. ``"none"``: loopback only, nothing else.
   ``"adapter"``: loopback plus the adapter's unix socket at ``/run/adapter.sock`` and a ``socat`` forwarder
   on the loopback port ``ANTHROPIC_BASE_URL`` names (started before the command, gone with it).
@@ -23,6 +23,7 @@ Threat model: the agent is the attacker.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import functools
@@ -33,9 +34,10 @@ import resource
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -412,9 +414,12 @@ class BwrapSandbox(SandboxBase):
             os.close(info_r)
             os.close(info_w)
         after = self.cgroups.counters() if self.cgroups else {}
-        return _with_failure(done, self._classify(done, before, after))
+        usage = await asyncio.to_thread(settle, self._mounts.values())
+        return _with_failure(done, self._classify(done, before, after, usage))
 
-    def _classify(self, done: Completed, before: dict[str, int], after: dict[str, int]) -> FailureKind | None:
+    def _classify(
+        self, done: Completed, before: dict[str, int], after: dict[str, int], usage: int
+    ) -> FailureKind | None:
         if done.timed_out:
             return "timeout"
         if kind := failure_from_counters(before, after):
@@ -423,7 +428,7 @@ class BwrapSandbox(SandboxBase):
             return "cpu_limit"
         if self._disk_mounted and _free_bytes(self._host_workdir) < DISK_FULL_MARGIN:
             return "disk_full"
-        if self.limits.disk_bytes is not None and disk_usage(self._mounts.values()) > self.limits.disk_bytes:
+        if self.limits.disk_bytes is not None and usage > self.limits.disk_bytes:
             return "disk_full"
         if self.limits.tmp_bytes is not None and "No space left on device" in done.stderr:
             return "disk_full"  # the private /tmp is gone with the command: its message is all that is left
@@ -483,15 +488,19 @@ def require_traversable(path: Path) -> None:
             )
 
 
-def disk_usage(paths: Sequence[Path] | object) -> int:
-    """Bytes in the given trees (allocated blocks, hard links once)."""
+def settle(paths: Iterable[Path]) -> int:
+    """After a command: strip setuid/setgid bits the agent set (they never reach the host), return the bytes
+    the trees use (allocated blocks, hard links once). Symlinks are never followed."""
     seen: set[tuple[int, int]] = set()
     total = 0
-    for top in paths:  # type: ignore[attr-defined]
+    for top in paths:
         for parent, _dirs, files in os.walk(top):
             for name in files:
+                path = os.path.join(parent, name)
                 with contextlib.suppress(OSError):
-                    st = os.lstat(os.path.join(parent, name))
+                    st = os.lstat(path)
+                    if stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                        os.chmod(path, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
                     if (st.st_dev, st.st_ino) not in seen:
                         seen.add((st.st_dev, st.st_ino))
                         total += st.st_blocks * 512
