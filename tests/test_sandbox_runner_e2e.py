@@ -4,7 +4,9 @@ the real Claude Code CLI in bwrap against the real adapter and the scripted engi
 Each row's instance id picks its script (the engine's ``--script DIR``), so one engine serves every task:
 a fix, an agent that never edits, one that kills its own CLI, one that sleeps past its budget, and an image
 that does not exist. A second test kills a runner with ``kill -9`` mid-rollout: the task completes as a new
-attempt on the next runner, with the killed attempt's sandbox gone.
+attempt on the next runner, with the killed attempt's sandbox gone. Then every swe-mini task, solved by its
+script and graded 1 (graded with ``rollbus.grading``, as the grader service does), and the two scripts that
+fail on purpose, graded 0.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,6 +25,9 @@ import psutil
 import pytest
 
 from rollbus.bus import Publisher
+from rollbus.grading.rows import absolute_paths, parse_metadata
+from rollbus.grading.run import grade
+from rollbus.grading.verdict import GradeResult
 from rollbus.topics import create_topics, topic_name
 from tests.conftest import TEST_PARTITIONS
 from tests.e2e_support import EXAMPLES, SCRIPTS, Rig
@@ -40,6 +47,7 @@ from tests.runner_support import (
 pytestmark = pytest.mark.kafka
 
 BUDGET_S = 40  # the hanging agent's wall-clock budget; every honest rollout here ends well before it
+FAILING = ("swe-mini__sum-to", "swe-mini__binsearch")  # examples/swe-mini/scripts-failing
 SCRIPTS_BY_TASK = {
     "calc-fix": SCRIPTS / "fix_calc.json",
     "calc-noedit": RUNNER_SCRIPTS / "never_edits.json",
@@ -171,3 +179,71 @@ def data_dir(tmp_path: Path) -> Path:
     """A dataset directory holding its image: rows name it by a relative path, as users write them."""
     shutil.copytree(EXAMPLES / "buggy_repo", tmp_path / "data" / "buggy_repo")
     return tmp_path / "data"
+
+
+# --- swe-mini: every task solved by its script and graded 1; two scripts that fail on purpose graded 0 ------
+
+SWE_MINI = EXAMPLES / "swe-mini"
+
+
+@pytest.fixture(scope="module")
+def swe_mini_rows() -> list[dict]:
+    """The dataset's rows with absolute paths (the images built first, as `make` does)."""
+    built = subprocess.run([sys.executable, str(SWE_MINI / "build.py")], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    rows = [json.loads(line) for line in (SWE_MINI / "tasks.jsonl").read_text().splitlines() if line.strip()]
+    for row in rows:
+        row["metadata"] = absolute_paths(row["metadata"], SWE_MINI)
+    return rows
+
+
+async def run_and_grade(rig: Rig, tmp_path: Path, rows: list[dict]) -> dict[str, tuple[dict, GradeResult]]:
+    """Submit ``rows``, run them through a runner, grade every diff as the grader does: instance -> both."""
+    namespace = await new_namespace(rig.bootstrap)
+    dataset = write_dataset(tmp_path / "rows.jsonl", rows)
+    assert submit(rig.bootstrap, namespace, dataset).returncode == 0
+    tasks = await all_events(rig.bootstrap, namespace, "tasks")
+    runner = RunnerProcess(rig, namespace, tmp_path / "runner", "--concurrency", "3").start()
+    try:
+        diffs = await wait_for(rig.bootstrap, namespace, "diffs", {t["rollout_id"] for t in tasks}, 600)
+    finally:
+        runner.stop()
+    graded = {}
+    for (diff,) in diffs.values():
+        metadata = json.loads(diff["task_metadata"])
+        assert diff["failure_kind"] is None, (metadata["instance_id"], diff["error"], runner.log()[-2000:])
+        graded[metadata["instance_id"]] = (
+            diff,
+            await grade(parse_metadata(metadata, SWE_MINI), diff["patch"]),
+        )
+    return graded
+
+
+async def test_swe_mini_every_task_solved_through_the_cli(
+    rig: Rig, tmp_path: Path, swe_mini_rows: list[dict]
+) -> None:
+    rig.use_script(SWE_MINI / "scripts")
+    graded = await run_and_grade(rig, tmp_path, swe_mini_rows)
+    assert len(graded) == len(swe_mini_rows) == 10
+    for instance, (diff, result) in graded.items():
+        assert diff["turns"] == 3, instance
+        assert (result.reward, result.solved, result.flags) == (1.0, True, ()), (
+            instance,
+            result,
+            diff["patch"],
+        )
+
+
+async def test_swe_mini_scripts_that_fail_on_purpose_score_zero(
+    rig: Rig, tmp_path: Path, swe_mini_rows: list[dict]
+) -> None:
+    rig.use_script(SWE_MINI / "scripts-failing")
+    failing = [r for r in swe_mini_rows if r["metadata"]["instance_id"] in FAILING]
+    graded = await run_and_grade(rig, tmp_path, failing)
+    assert set(graded) == set(FAILING)
+    wrong, _ = graded["swe-mini__sum-to"]
+    assert "+    return sum(range(0, n))" in wrong["patch"]
+    deleted, _ = graded["swe-mini__binsearch"]
+    assert "deleted file mode" in deleted["patch"]
+    assert {i: r.reward for i, (_, r) in graded.items()} == {i: 0.0 for i in FAILING}
+    assert graded["swe-mini__binsearch"][1].flags, "deleting the tests is flagged, not just failed"
