@@ -55,7 +55,7 @@ async def test_reference_fix_scores_one_and_empty_patch_zero(
     spec = spec_of(rows, task)
     fixed = await grade(spec, rows[task]["label"])
     assert (fixed.reward, fixed.solved, fixed.failure_kind, fixed.flags) == (1.0, True, None, ())
-    assert fixed.applied_cleanly
+    assert fixed.applied_cleanly and fixed.details["apply_method"] == "git-apply-3way"
     empty = await grade(spec, "")
     assert (empty.reward, empty.solved, empty.applied_cleanly) == (0.0, False, True)
     assert empty.failure_kind == "tests_failed"

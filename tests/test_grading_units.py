@@ -116,6 +116,10 @@ def test_sanitize_only_ever_rejects_by_name(text: str) -> None:
         ("json.py", "added", fl.SHADOWS_STDLIB),
         ("tests/random.py", "added", fl.SHADOWS_STDLIB),
         (".git/hooks/pre-commit", "added", fl.TOUCHES_GIT),
+        ("evil-1.0.dist-info/entry_points.txt", "added", fl.SITE_HOOKS),
+        ("src/x.egg-info/entry_points.txt", "added", fl.SITE_HOOKS),
+        ("pytest.py", "added", fl.SHADOWS_TOOLCHAIN),
+        ("tests/_pytest/__init__.py", "added", fl.SHADOWS_TOOLCHAIN),
     ],
 )
 def test_machinery_paths_are_flagged(path: str, change: str, flag: str) -> None:
@@ -141,14 +145,29 @@ def test_row_test_files_are_flagged_even_when_added() -> None:
     [
         ("atexit.register(lambda: os._exit(0))", fl.EXIT_TRICKS),
         ("os . _exit(0)", fl.EXIT_TRICKS),
-        ("import _pytest.runner", fl.PYTEST_INTERNALS),
-        ("def pytest_runtest_makereport(item, call):", fl.PYTEST_INTERNALS),
-        ("pytest_plugins = ['evil']", fl.PYTEST_INTERNALS),
+        ("import _pytest.runner", fl.TEST_FRAMEWORK),
+        ("def pytest_runtest_makereport(item, call):", fl.TEST_FRAMEWORK),
+        ("pytest_plugins = ['evil']", fl.TEST_FRAMEWORK),
+        ("unittest.TestCase.assertEqual = lambda *a: None", fl.TEST_FRAMEWORK),
+        ("builtins.print = quiet", fl.TEST_FRAMEWORK),
+        ("setattr(pytest, 'fail', nothing)", fl.TEST_FRAMEWORK),
+        ("import pluggy", fl.TEST_FRAMEWORK),
     ],
 )
 def test_exit_and_pytest_tricks_in_added_lines(line: str, flag: str) -> None:
     assert flag in fl.content_flags([line])
-    assert fl.content_flags(["return sum(range(1, n + 1))", "sys.exit(main())"]) == set()
+    ordinary = [
+        "return sum(range(1, n + 1))",
+        "sys.exit(main())",
+        "if unittest.TestCase == x:",
+        "import pytest",
+    ]
+    assert fl.content_flags(ordinary) == set()
+
+
+def test_modifying_an_existing_toolchain_module_is_not_shadowing() -> None:
+    """A repository that is pytest edits its own ``src/_pytest``: only new modules of these names are fake."""
+    assert fl.SHADOWS_TOOLCHAIN not in fl.path_flags({"src/_pytest/runner.py": "modified"}, (), set())
 
 
 @given(

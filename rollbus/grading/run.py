@@ -18,6 +18,7 @@ The whole grade has one deadline; the sandbox of whatever runs when it passes is
 from __future__ import annotations
 
 import asyncio
+import inspect
 import shlex
 import shutil
 import tarfile
@@ -26,6 +27,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rollbus.grading import flags as fl
 from rollbus.grading import trees, verdict
@@ -33,6 +35,11 @@ from rollbus.grading.patches import PatchRejected, Sanitized, added_lines, sanit
 from rollbus.grading.rows import EvalCmd, F2PScript, GradingSpec, Swepro
 from rollbus.grading.verdict import GradeResult, Outcome, failed
 from rollbus.sandbox import BwrapSandbox, Completed, SandboxUnavailable
+
+try:  # the hardened sandbox contract (branch `sandbox`) names start-up failures; before it, only these exist
+    from rollbus.sandbox import SandboxError  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - depends on which sandbox package is merged
+    SandboxError = SandboxUnavailable  # type: ignore[misc,assignment]
 
 EVAL_DIR = "/eval"  # read-only bind of the eval-only scripts inside the grading sandbox
 PATCH_NAME = "rollbus.patch"
@@ -42,6 +49,7 @@ APPLY_COMMANDS = (
     ("git-apply", ["git", "apply", "--whitespace=nowarn"]),
     ("patch", ["patch", "-p1", "--no-backup-if-mismatch", "--batch", "--forward", "-i"]),
 )
+REFRESH_INDEX = ["git", "update-index", "-q", "--refresh"]
 BASE_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "LANG": "C.UTF-8",
@@ -82,7 +90,7 @@ async def grade(spec: GradingSpec, patch: str, config: GradeConfig | None = None
             return await _grade(spec, sanitized, config, started + config.timeout_s)
     except TimeoutError:
         return failed(verdict.TIMEOUT, f"grading took longer than {config.timeout_s:g} s")
-    except (SandboxUnavailable, OSError, tarfile.TarError) as exc:
+    except (SandboxUnavailable, SandboxError, OSError, tarfile.TarError) as exc:
         return failed(verdict.SANDBOX_FAILED, f"{type(exc).__name__}: {exc}")
 
 
@@ -94,7 +102,7 @@ async def _grade(
         image = materialize(spec.image, scratch / "image")
         pristine = trees.snapshot(image)
         repo = scratch / "repo"
-        method, apply_log = await apply(image, repo, sanitized, deadline)
+        method, apply_log = await apply(image, repo, sanitized, deadline, spec.workdir)
         if method is None:
             return failed(verdict.PATCH_FAILED, apply_log[-2000:], flags=_binary(sanitized))
         changed = trees.changes(image, pristine, repo)
@@ -142,7 +150,20 @@ def materialize(image: Path, dest: Path) -> Path:
     return entries[0] if len(entries) == 1 and entries[0].is_dir() else dest
 
 
-async def apply(image: Path, repo: Path, sanitized: Sanitized, deadline: float) -> tuple[str | None, str]:
+def grading_sandbox(repo: Path, workdir: str, eval_dir: Path | None = None) -> BwrapSandbox:
+    """A network-less sandbox over ``repo``, at the row's ``workdir`` where the backend can mount it there
+    (the hardened contract's ``inside_workdir``; otherwise ``/workspace``), eval scripts read-only."""
+    options: dict[str, Any] = {"network": "none"}
+    if eval_dir is not None:
+        options["ro_binds"] = {eval_dir: EVAL_DIR}
+    if "inside_workdir" in inspect.signature(BwrapSandbox).parameters:
+        options["inside_workdir"] = workdir
+    return BwrapSandbox(repo, **options)
+
+
+async def apply(
+    image: Path, repo: Path, sanitized: Sanitized, deadline: float, workdir: str
+) -> tuple[str | None, str]:
     """Apply with each tool in turn on a fresh copy; (method, log), method None when none applied it."""
     trees.copy_tree(image, repo)
     if not sanitized.patch:
@@ -152,13 +173,14 @@ async def apply(image: Path, repo: Path, sanitized: Sanitized, deadline: float) 
         if attempt:
             shutil.rmtree(repo)
             trees.copy_tree(image, repo)
-        sandbox = BwrapSandbox(repo, network="none")
+        sandbox = grading_sandbox(repo, workdir)
+        env = BASE_ENV | {"HOME": sandbox.home}
         try:
             target = f"{sandbox.home}/{PATCH_NAME}"
             await sandbox.write_file(target, sanitized.patch)
-            done = await sandbox.run(
-                [*argv, target], BASE_ENV | {"HOME": sandbox.home}, timeout=_left(deadline)
-            )
+            if name == "git-apply-3way":  # a copied index has stale stat data: "does not match index"
+                await sandbox.run(REFRESH_INDEX, env, timeout=_left(deadline))
+            done = await sandbox.run([*argv, target], env, timeout=_left(deadline))
         finally:
             await sandbox.close()
         logs.append(f"$ {name}: exit {done.exit_code}\n{done.stdout}{done.stderr}")
@@ -182,7 +204,7 @@ async def run_grader(
     spec: GradingSpec, repo: Path, eval_dir: Path, scratch: Path, deadline: float
 ) -> tuple[Outcome, str]:
     grader = spec.grader
-    sandbox = BwrapSandbox(repo, network="none", ro_binds={eval_dir: EVAL_DIR})
+    sandbox = grading_sandbox(repo, spec.workdir, eval_dir)
     env = BASE_ENV | {"HOME": sandbox.home}
     try:
         if isinstance(grader, Swepro):
@@ -198,6 +220,10 @@ async def run_grader(
                 env,
                 timeout=_left(deadline),
             )
+            if limit := sandbox_failure(ran):
+                return Outcome(
+                    False, limit, (), f"the tests hit a sandbox limit: {limit}"
+                ), ran.stdout + ran.stderr
             return await parse_swepro(grader, ran, eval_dir, scratch, deadline), ran.stdout + ran.stderr
         command = grader.cmd if isinstance(grader, EvalCmd) else f"python3 {EVAL_DIR}/f2p.py"
         if isinstance(grader, F2PScript):
@@ -211,6 +237,10 @@ async def run_grader(
         )
         if ran.timed_out:
             raise TimeoutError
+        if limit := sandbox_failure(ran):
+            return Outcome(
+                False, limit, (), f"the tests hit a sandbox limit: {limit}"
+            ), ran.stdout + ran.stderr
         junit = await _read_optional(sandbox, junit_path)
         outcome = verdict.command_outcome(
             ran.exit_code, ran.stdout + ran.stderr, runs_pytest=verdict.runs_pytest(text), junit=junit,
@@ -231,7 +261,7 @@ async def parse_swepro(
     logs.mkdir()
     (logs / "stdout.log").write_text(ran.stdout)
     (logs / "stderr.log").write_text(ran.stderr)
-    sandbox = BwrapSandbox(logs, network="none", ro_binds={eval_dir: EVAL_DIR})
+    sandbox = grading_sandbox(logs, "/workspace", eval_dir)
     try:
         w = sandbox.workdir
         argv = [
@@ -257,6 +287,12 @@ async def parse_swepro(
     except ValueError as exc:
         return Outcome(False, verdict.PARSER_FAILED, (), str(exc))
     return verdict.swepro_outcome(reported, grader.required)
+
+
+def sandbox_failure(done: Completed) -> str | None:
+    """The limit a command hit (memory, processes, disk, output), as the hardened sandbox names it."""
+    kind = getattr(done, "failure_kind", None)
+    return None if kind in (None, "timeout") else str(kind)
 
 
 def shell(spec: GradingSpec, command: str) -> list[str]:
