@@ -28,8 +28,11 @@ from rollbus.bus import Publisher
 from rollbus.grading.rows import absolute_paths, parse_metadata
 from rollbus.grading.run import grade
 from rollbus.grading.verdict import GradeResult
+from rollbus.rows import RowKeys, parse_row, tasks_for
 from rollbus.sandbox.bwrap import SCRATCH_ROOT
 from rollbus.topics import create_topics, topic_name
+from services.sandbox_runner.main import run_one
+from services.sandbox_runner.settings import RunnerSettings
 from tests.conftest import TEST_PARTITIONS
 from tests.e2e_support import EXAMPLES, SCRIPTS, Rig
 from tests.runner_support import (
@@ -165,6 +168,17 @@ async def test_runner_killed_mid_rollout_reruns_the_task_as_a_new_attempt(
         "the killed attempt published nothing"
     )
     assert "rollout" in second.log() and "attempt" in second.log()
+
+
+async def test_run_one_task_without_the_bus_is_what_the_demo_calls(rig: Rig, data_dir: Path) -> None:
+    """``run_one``: one `tasks` record in, its `diffs` record out (nothing published, nothing consumed)."""
+    rig.use_script(rig.log_dir / "scripts")
+    row = parse_row(json.dumps(calc_row("calc-fix")), 1, RowKeys(), data_dir)
+    (task,) = tasks_for(row, 1)
+    settings = RunnerSettings.load({"adapter_url": rig.url, "admin_token": rig.admin_token})
+    diff = await run_one(settings, task)
+    assert diff["rollout_id"] == task["rollout_id"] and diff["failure_kind"] is None, diff["error"]
+    assert FIXED_LINE in diff["patch"] and diff["attempt_id"].startswith("att-")
 
 
 def survivors(processes: list[psutil.Process]) -> list[psutil.Process]:

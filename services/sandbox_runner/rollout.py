@@ -102,6 +102,7 @@ class RunnerKit:
     settings: RunnerSettings
     sessions: AdapterSessions
     boot_gate: asyncio.Semaphore = field(init=False)
+    limits_logged: bool = False
 
     def __post_init__(self) -> None:
         self.boot_gate = asyncio.Semaphore(self.settings.boot_concurrency)
@@ -211,6 +212,9 @@ async def boot(kit: RunnerKit, metadata: dict[str, Any], binary: Path, attempt_i
                 probe = await sandbox.run(["true"], {"PATH": "/usr/bin:/bin"}, timeout=PROBE_TIMEOUT_S)
                 if probe.exit_code != 0 or probe.timed_out:
                     raise SandboxError(f"probe exited {probe.exit_code}: {probe.stderr.strip()[-500:]}")
+                if not kit.limits_logged:  # what holds on this host, said once
+                    kit.limits_logged = True
+                    log.info("sandbox limits enforced: %s", dict(getattr(sandbox, "enforced", {})))
                 return sandbox
             except (SandboxError, OSError, ValueError) as exc:  # a failed boot is killed and retried
                 failure = exc
