@@ -242,8 +242,9 @@ async def run_grader(
                 False, limit, (), f"the tests hit a sandbox limit: {limit}"
             ), ran.stdout + ran.stderr
         junit = await _read_optional(sandbox, junit_path)
+        pytest_ran = verdict.runs_pytest(text) or junit is not None  # a report, however pytest was started
         outcome = verdict.command_outcome(
-            ran.exit_code, ran.stdout + ran.stderr, runs_pytest=verdict.runs_pytest(text), junit=junit,
+            ran.exit_code, ran.stdout + ran.stderr, runs_pytest=pytest_ran, junit=junit,
             runs_unittest=verdict.runs_unittest(text),
         )  # fmt: skip
         return outcome, ran.stdout + ran.stderr
