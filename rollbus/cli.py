@@ -28,9 +28,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "engine": ("services.engine.main", "local SGLang-compatible model server (CPU)"),
     "sandbox-runner": ("services.sandbox_runner.main", "runs the coding agent per task; publishes diffs"),
     "grader": ("services.grader.main", "grades diffs in a clean sandbox; publishes rewards"),
+    "gym-runner": ("services.gym_runner.main", "runs gym episodes through the adapter; publishes rewards"),
     "grade": ("services.grader.cli", "grade one patch against one row exactly as the grader does"),
     "segmenter": ("services.segmenter.main", "joins turns, sessions and rewards into segments"),
+    "rebuild": ("services.segmenter.rebuild", "replay the raw topics into a fresh derived topic (segments)"),
     "trainer": ("trainer.main", "consumes segments and trains the policy"),
+    "submit": ("services.sandbox_runner.submit", "submit a JSONL dataset as tasks (n samples per row)"),
+    "sandbox": ("services.sandbox_runner.debug", "run a command in a row's agent or grader sandbox"),
+    "export": ("rollbus.export", "write gym episodes from the topics as ms-swift-style JSON lines"),
     "demo": ("rollbus.demo", "run the end-to-end slice on embedded defaults"),
 }
 
