@@ -16,6 +16,8 @@ import contextlib
 import logging
 import signal
 
+from aiokafka.errors import KafkaError
+
 from rollbus.bus import Event, EventConsumer, PermanentError, Publisher
 from rollbus.sandbox import bwrap_usable
 from rollbus.topics import TopicsError, check_topics, topic_name
@@ -36,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         )
     try:
         asyncio.run(serve(settings, stop_on_signals=True))
-    except TopicsError as exc:
+    except (TopicsError, KafkaError) as exc:  # no topics, or no broker: one line, not a traceback
         raise SystemExit(f"rollbus grader: {exc}") from exc
     return 0
 
