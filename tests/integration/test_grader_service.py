@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import sys
 import time
 import uuid
 from typing import Any
@@ -107,3 +110,26 @@ async def test_grader_publishes_rewards_and_dead_letters_poison(
     assert set(dead) == {b"no-rollout-id", b"poison"}
     assert dead[b"poison"]["value"] == b"\x00\x01not a diff" and dead[b"poison"]["service"] == "grader"
     assert "without a rollout_id" in dead[b"no-rollout-id"]["error"]
+
+
+async def test_rollbus_grader_process_grades_and_stops_on_sigterm(
+    kafka_bootstrap: str, topics: dict[str, str], rows: dict[str, dict[str, Any]]
+) -> None:
+    """The real command: settings from flags and variables, one diff graded, SIGTERM ends it with status 0."""
+    namespace = topics["diffs"].rsplit(".", 1)[0]
+    async with Publisher(kafka_bootstrap) as bus:
+        await bus.publish(topics["diffs"], diff("r-proc", rows["intervals"], rows["intervals"]["label"]))
+    env = {**os.environ, "ROLLBUS_NAMESPACE": namespace, "ROLLBUS_GRADER_GRADE_TIMEOUT": "120"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rollbus", "grader", "--bootstrap-servers", kafka_bootstrap,
+        "--group-id", f"grader-{uuid.uuid4().hex[:8]}", env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        rewards = await wait_for(kafka_bootstrap, topics["rewards"], 1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert [decode(m.value).record["reward"] for m in rewards] == [1.0]
+    assert proc.returncode == 0, output.decode()
+    assert b"rollout r-proc attempt r-proc-a1: reward 1.0" in output
