@@ -136,3 +136,19 @@ def test_changes_name_exactly_what_was_done(tmp_path_factory: pytest.TempPathFac
         if before[rel].kind == "file" and (image / rel).read_bytes() != (repo / rel).read_bytes()
     }  # fmt: skip
     assert set(trees.changes(image, before, repo)) == expected
+
+
+def test_protected_dirs_are_the_outermost_real_test_directories(tmp_path: Path, outside: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    (repo / "tests" / "unit").mkdir()
+    (repo / "test_top.py").write_text("")
+    (repo / "linked").symlink_to(outside)
+    files = {
+        "tests/unit/test_a.py",
+        "tests/test_core.py",
+        "test_top.py",
+        "linked/test_x.py",
+        "../up.py",
+        "gone/t.py",
+    }
+    assert trees.protected_dirs(repo, files) == ["test_top.py", "tests"]
