@@ -134,6 +134,11 @@ def test_ordinary_changes_are_not_flagged(path: str) -> None:
     assert fl.path_flags({path: "added"}, (), {"pkg"}) == set()
 
 
+def test_a_new_package_init_in_a_test_directory_is_flagged() -> None:
+    assert fl.path_flags({"tests/__init__.py": "added"}, (), ()) == {fl.TOUCHES_TESTS}
+    assert fl.path_flags({"pkg/__init__.py": "added"}, (), ()) == set()
+
+
 def test_row_test_files_are_flagged_even_when_added() -> None:
     assert fl.path_flags({"tests/test_hidden.py": "added"}, {"tests/test_hidden.py"}, ()) == {
         fl.TOUCHES_TESTS

@@ -68,6 +68,8 @@ def path_flags(
         name = pure.name
         if path in row_tests or (change != "added" and is_test_file(pure)):
             flags.add(TOUCHES_TESTS)
+        if change == "added" and name == "__init__.py" and TEST_DIRS & set(pure.parts[:-1]):
+            flags.add(TOUCHES_TESTS)  # makes the tests a package: its code runs before any test module
         if name == "conftest.py":
             flags.add(TOUCHES_CONFTEST)
         if name in TEST_CONFIG_FILES:
