@@ -65,6 +65,12 @@ def test_unusable_patches_are_named_failures(patch: str, kind: str) -> None:
     assert caught.value.kind == kind
 
 
+def test_only_newlines_end_lines() -> None:
+    """A form feed inside a hunk line (Python sources have them) does not start a fake file section."""
+    patch = TEXT.replace("+b\n", "+b\x0cdiff --git a/evil b/evil\n")
+    assert sanitize(patch, 10_000).paths == ("x.py",)
+
+
 def test_empty_patch_is_empty() -> None:
     assert sanitize("", 10).patch == "" and sanitize("\n  \n", 10).patch == ""
 
