@@ -126,6 +126,15 @@ async def test_a_hanging_patch_times_out(rows: dict[str, dict[str, Any]]) -> Non
     assert (result.reward, result.failure_kind) == (0.0, "timeout"), result
 
 
+async def test_missing_eval_material_is_a_bad_row(rows: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    row = json.loads(json.dumps(rows["lru"]))
+    row["metadata"]["swepro"]["parser_script_path"] = str(tmp_path / "no-parser.py")
+    result = await grade(parse_row(row, SWE_MINI), row["label"])
+    assert (result.reward, result.failure_kind) == (0.0, "bad_row") and "no-parser.py" in result.details[
+        "note"
+    ]
+
+
 async def test_missing_image_is_a_sandbox_failure(rows: dict[str, dict[str, Any]], tmp_path: Path) -> None:
     row = json.loads(json.dumps(rows["roman"]))
     row["metadata"]["image"] = str(tmp_path / "nowhere")

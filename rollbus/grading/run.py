@@ -98,6 +98,9 @@ async def grade(spec: GradingSpec, patch: str, config: GradeConfig | None = None
 async def _grade(
     spec: GradingSpec, sanitized: Sanitized, config: GradeConfig, deadline: float
 ) -> GradeResult:
+    missing = [str(p) for p in eval_material(spec) if not p.is_file()]
+    if missing:
+        return failed(verdict.BAD_ROW, f"eval-only files missing: {', '.join(missing)}")
     with tempfile.TemporaryDirectory(prefix="rollbus-grade-", dir=config.scratch_dir) as tmp:
         scratch = Path(tmp)
         image = materialize(spec.image, scratch / "image")
@@ -125,6 +128,14 @@ async def _grade(
         }
         zeroing = fl.ZEROING if config.zero_flagged else frozenset()
         return verdict.final(outcome, raised, zeroing, details)
+
+
+def eval_material(spec: GradingSpec) -> list[Path]:
+    """Host files the row's grading needs (none of them ever enters an agent's sandbox)."""
+    paths = list(spec.eval_files.values())
+    if isinstance(spec.grader, Swepro):
+        paths += [spec.grader.run_script, spec.grader.parser_script]
+    return paths
 
 
 def raise_flags(spec: GradingSpec, sanitized: Sanitized, changed: Mapping[str, str], repo: Path) -> set[str]:
