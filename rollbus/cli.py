@@ -36,6 +36,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "submit": ("services.sandbox_runner.submit", "submit a JSONL dataset as tasks (n samples per row)"),
     "sandbox": ("services.sandbox_runner.debug", "run a command in a row's agent or grader sandbox"),
     "export": ("rollbus.export", "write gym episodes from the topics as ms-swift-style JSON lines"),
+    "demo2": ("services.stack.demo", "closed-loop demo (in progress)"),
+    "up": ("services.stack.up", "the whole pipeline on embedded defaults, supervised, until Ctrl-C"),
     "demo": ("rollbus.demo", "run the end-to-end slice on embedded defaults"),
 }
 
