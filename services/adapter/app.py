@@ -17,7 +17,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from services.adapter import anthropic, edge
+from services.adapter import anthropic, edge, openai
 from services.adapter.errors import ApiError, forbidden, invalid_request, not_found, unauthenticated
 from services.adapter.expiry import idle_expiry
 from services.adapter.metrics import CountRequests
@@ -36,7 +36,9 @@ async def messages(request: Request) -> Response:
     state: AdapterState = request.app.state.adapter
     state.refuse_if_draining()
     rollout = edge.rollout_id(request, state.tokens)
-    body = anthropic.parse_messages_request(await edge.read_body(request, state.kit.settings.body_limit))
+    body = anthropic.parse_messages_request(
+        await edge.read_body(request, state.kit.settings.body_limit, state.kit.settings.body_timeout)
+    )
     chat = to_chat(body.system, body.messages, body.tools)
     session = state.sessions.get(rollout)
     agent = session.route(
@@ -63,7 +65,9 @@ async def messages(request: Request) -> Response:
 async def count_tokens(request: Request) -> Response:
     state: AdapterState = request.app.state.adapter
     edge.rollout_id(request, state.tokens)
-    body = anthropic.parse_count_tokens_request(await edge.read_body(request, state.kit.settings.body_limit))
+    body = anthropic.parse_count_tokens_request(
+        await edge.read_body(request, state.kit.settings.body_limit, state.kit.settings.body_timeout)
+    )
     chat = to_chat(body.system, body.messages, body.tools)
     ids = await asyncio.to_thread(state.renderer.full, chat.messages, chat.tools or None)
     return JSONResponse({"input_tokens": len(ids)})
@@ -73,7 +77,7 @@ async def open_session(request: Request) -> Response:
     """``{rollout_id}`` -> ``{token}``: the runner gives the token to the agent as its API key."""
     state: AdapterState = request.app.state.adapter
     _check_admin(request, state.kit.settings)
-    data = anthropic.decode_json(await edge.read_body(request, 64 * 1024))
+    data = anthropic.decode_json(await edge.read_body(request, 64 * 1024, state.kit.settings.body_timeout))
     rollout = data.get("rollout_id")
     if not isinstance(rollout, str) or not rollout:
         raise invalid_request("rollout_id: a non-empty string is required")
@@ -147,6 +151,7 @@ ROUTES: list[tuple[str, Callable[[Request], Any], list[str]]] = [
     ("/metrics", metrics, ["GET"]),
     ("/v1/messages", messages, ["POST"]),
     ("/v1/messages/count_tokens", count_tokens, ["POST"]),
+    ("/v1/chat/completions", openai.chat_completions, ["POST"]),
     ("/admin/sessions", open_session, ["POST"]),
     ("/admin/sessions/{rollout_id}/close", close_session, ["POST"]),
 ]

@@ -131,6 +131,11 @@ class Session:
             return main  # the main agent with a rewritten history (compaction): its history starts a chain
         return self._get_or_new(f"agent-{shape.fingerprint()}", SUBAGENT, shape.system)
 
+    def main_agent(self, system: str) -> Agent:
+        """The rollout's main agent whatever the request looks like: one conversation per session token
+        (the OpenAI route, :mod:`services.adapter.openai`)."""
+        return self._get_or_new(MAIN, MAIN, system)
+
     def _get_or_new(self, name: str, kind: str, system: str) -> Agent:
         return self.agents.get(name) or self._new(name, kind, system, keep=True)
 
