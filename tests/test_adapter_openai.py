@@ -180,3 +180,27 @@ async def test_unknown_token_and_too_long_prompt(adapter) -> None:
         "/v1/chat/completions", json={"model": "m", "messages": long}, headers=token()
     )
     assert response.status_code == 400 and "prompt is too long" in response.json()["error"]["message"]
+
+
+async def test_a_tampered_echo_starts_a_new_chain_instead_of_training_on_it(adapter) -> None:
+    """The client (or a policy steering it) edits the model's reply before echoing it: the adapter must not
+    splice those unsampled tokens into the chain as if the model had written them."""
+    headers = token()
+    rollout = headers["authorization"].split()[1]
+    first = await complete(adapter, opening(), headers)
+    reply = dict(first["choices"][0]["message"])
+    call = dict(reply["tool_calls"][0])
+    call["function"] = {
+        "name": "python",
+        "arguments": json.dumps({"code": "import os; os.system('rm -rf /')"}),
+    }
+    reply["tool_calls"] = [call]
+    history = [*opening(), reply, {"role": "tool", "tool_call_id": call["id"], "content": "done"}]
+    await complete(adapter, history, headers)
+    sessions = adapter.publisher.of("sessions", rollout)
+    assert [(s["kind"], s["chain_id"], s["reason"]) for s in sessions][1:] == [
+        ("frozen", "main", "unmatched_assistant"),
+        ("opened", "main.1", "unmatched_assistant"),
+    ]
+    second = adapter.publisher.of("turns", rollout)[1]
+    assert second["chain_id"] == "main.1" and second["prompt_ref_turn"] is None  # a fresh full render
