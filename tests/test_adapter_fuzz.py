@@ -17,16 +17,30 @@ from services.adapter.anthropic import parse_messages_request
 from services.adapter.app import create_app
 from services.adapter.errors import ApiError
 from services.adapter.translate import to_chat
-from tests.test_adapter_support import BusPublisher, body, free_port
+from tests.test_adapter_support import BusPublisher, StalledEngine, body, free_port
 from tests.test_adapter_support import settings as adapter_settings
 
+
+def nested(depth: int, leaf: Any) -> Any:
+    for i in range(depth):
+        leaf = {"a": leaf} if i % 2 else [leaf]
+    return leaf
+
+
+huge_integers = st.integers(min_value=2**31).map(lambda n: n * 10**30) | st.integers(-(10**40), -(2**31))
+lone_surrogates = st.sampled_from(["\ud800", "a\udfff", "\udbff\u0041", "x\ud83d"])  # json.dumps escapes them
+deeply_nested = st.integers(60, 700).map(lambda depth: nested(depth, "x"))
 json_values = st.recursive(
     st.none()
     | st.booleans()
     | st.integers(-(2**40), 2**40)
+    | huge_integers
     | st.floats(allow_nan=False)
-    | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    | st.text(max_size=20)
+    | lone_surrogates,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4) | deeply_nested
+    ),
     max_leaves=20,
 )
 
@@ -180,3 +194,39 @@ def test_through_the_app_every_mutation_is_a_4xx() -> None:
         loop.run_until_complete(client.aclose())
         loop.close()
     assert statuses
+
+
+def test_bodies_that_reach_the_engine_are_answered_or_400() -> None:
+    """A real context and an engine that answers at once: what parses is rendered, sampled, parsed and
+    recorded; a body the adapter or the engine refuses is a 400. Nothing is a 5xx."""
+    loop = asyncio.new_event_loop()
+    engine = StalledEngine([9707, 13], released=True)
+    loop.run_until_complete(engine.__aenter__())
+    publisher = BusPublisher()
+    app = create_app(adapter_settings(engine.url, context_length=8192), publisher)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://adapter")
+    statuses: list[int] = []
+
+    @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(mutated_bodies(), st.sampled_from([None, True, False]))
+    def post(data, stream) -> None:
+        if stream is not None and isinstance(data, dict):
+            data["stream"] = stream
+        response = loop.run_until_complete(
+            client.post("/v1/messages", content=json.dumps(data).encode(), headers=HEADERS)
+        )
+        assert response.status_code in (200, 400), response.text
+        if response.status_code == 400:
+            assert response.json()["error"]["type"] == "invalid_request_error"
+        elif response.headers["content-type"].startswith("text/event-stream"):
+            assert "event: error" not in response.text, response.text
+        statuses.append(response.status_code)
+
+    try:
+        post()
+    finally:
+        loop.run_until_complete(client.aclose())
+        loop.run_until_complete(engine.__aexit__())
+        loop.close()
+    assert 200 in statuses and 400 in statuses
+    assert len(engine.bodies) == statuses.count(200)

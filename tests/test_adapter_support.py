@@ -135,11 +135,18 @@ class StalledEngine:
     """A real HTTP server that holds ``/generate`` calls (a slow prefill) until :meth:`release`, then
     answers them with ``answer_ids``; it records the request ids of ``/abort_request`` calls."""
 
-    def __init__(self, answer_ids: list[int] | None = None) -> None:
+    def __init__(
+        self, answer_ids: list[int] | None = None, *, status: int = 200, released: bool = False
+    ) -> None:
         self.answer_ids = answer_ids or []
+        self.status = status  # a 4xx answers ``{"error": ...}`` as SGLang's bad requests
+        self.bodies: list[dict[str, Any]] = []  # every /generate body, as received
+        self.headers: list[dict[str, str]] = []  # every request's headers, lower-cased names
         self.aborted: list[str] = []
         self.generating = 0
         self._released = asyncio.Event()
+        if released:
+            self._released.set()
         self._server: asyncio.Server | None = None
         self.url = ""
 
@@ -170,10 +177,21 @@ class StalledEngine:
                     0,
                 )
                 body = json.loads(await reader.readexactly(length) or b"{}")
+                self.headers.append(
+                    {
+                        k.strip().lower(): v.strip()
+                        for k, _, v in (line.decode().partition(":") for line in head.split(b"\r\n")[1:])
+                        if k
+                    }
+                )
                 if path == "/abort_request":
                     self.aborted.append(body["rid"])
                     self._respond(writer, {})
+                elif self.status != 200:
+                    self.bodies.append(body)
+                    self._respond(writer, {"error": {"message": "bad sampling params (test)"}}, self.status)
                 else:
+                    self.bodies.append(body)
                     self.generating += 1
                     await self._released.wait()
                     self._respond(writer, self._generation(body))
@@ -192,9 +210,11 @@ class StalledEngine:
         return {"text": "", "output_ids": ids, "meta_info": meta}
 
     @staticmethod
-    def _respond(writer: asyncio.StreamWriter, data: dict[str, Any]) -> None:
+    def _respond(writer: asyncio.StreamWriter, data: dict[str, Any], status: int = 200) -> None:
         payload = json.dumps(data).encode()
-        head = f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(payload)}\r\n\r\n"
+        head = (
+            f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {len(payload)}\r\n\r\n"
+        )
         writer.write(head.encode() + payload)
 
 

@@ -7,6 +7,7 @@ Only the fields the adapter acts on are modelled; unknown keys (``context_manage
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -14,6 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from services.adapter.errors import invalid_request
 
 _STRICT = ConfigDict(strict=True, extra="ignore", frozen=True)
+MAX_INT = 2**31 - 1  # what the engine's int fields hold; larger is a 400 here, not a failure there
+#: JSON nesting allowed anywhere in a body: far below what the chat template's recursion survives
+#: (about 600 levels), far above any real tool schema or tool input
+MAX_DEPTH = 64
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")  # a \uD800-\uDFFF escape in the raw bytes
 
 
 class TextBlock(BaseModel):
@@ -91,13 +97,13 @@ class MessagesRequest(BaseModel):
     model_config = _STRICT
     model: str = Field(min_length=1)
     messages: list[Message] = Field(min_length=1)
-    max_tokens: int = Field(ge=1)
+    max_tokens: int = Field(ge=1, le=MAX_INT)
     system: str | list[TextBlock] | None = None
     tools: list[Tool] | None = None
     stream: bool = False
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)
+    top_k: int | None = Field(default=None, ge=0, le=MAX_INT)  # 0: disabled, as Anthropic's API
     stop_sequences: list[str] | None = None
 
     def sampling(self) -> dict[str, Any]:
@@ -105,7 +111,7 @@ class MessagesRequest(BaseModel):
         given = {
             "temperature": self.temperature,
             "top_p": self.top_p,
-            "top_k": self.top_k,
+            "top_k": self.top_k or None,  # 0 is "no top-k"; the engine refuses 0
             "stop": self.stop_sequences,
         }
         return {name: value for name, value in given.items() if value is not None}
@@ -139,9 +145,39 @@ def decode_json(body: bytes) -> dict[str, Any]:
         raise invalid_request(f"request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise invalid_request("request body is nested too deeply") from None
+    except ValueError as exc:  # an integer over the interpreter's 4300-digit conversion limit
+        raise invalid_request(f"request body holds a number that is too long: {exc}") from None
     if not isinstance(data, dict):
         raise invalid_request(f"request body must be a JSON object, not {type(data).__name__}")
+    check_json(data, strings=_SURROGATE.search(body) is not None)
     return data
+
+
+def check_json(data: Any, *, strings: bool) -> None:
+    """Refuse nesting deeper than :data:`MAX_DEPTH` and, if ``strings``, lone surrogates (``"\\ud800"``):
+    JSON allows them, but no tokenizer can encode them. Iterative, so any depth is safe to check."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list):
+            if depth > MAX_DEPTH:
+                raise invalid_request(f"request body is nested too deeply (more than {MAX_DEPTH} levels)")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                if strings and isinstance(key, str):
+                    _check_text(key)
+                stack.append((item, depth + 1))
+        elif strings and isinstance(value, str):
+            _check_text(value)
+
+
+def _check_text(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise invalid_request(
+            f"request body holds a lone surrogate (\\u{ord(text[exc.start]):04x}), which is not text"
+        ) from None
 
 
 def parse_messages_request(body: bytes) -> MessagesRequest:

@@ -36,7 +36,9 @@ async def messages(request: Request) -> Response:
     state: AdapterState = request.app.state.adapter
     state.refuse_if_draining()
     rollout = edge.rollout_id(request, state.tokens)
-    body = anthropic.parse_messages_request(await edge.read_body(request, state.kit.settings.body_limit))
+    body = anthropic.parse_messages_request(
+        await edge.read_body(request, state.kit.settings.body_limit, state.kit.settings.body_timeout)
+    )
     chat = to_chat(body.system, body.messages, body.tools)
     session = state.sessions.get(rollout)
     agent = session.route(
@@ -63,7 +65,9 @@ async def messages(request: Request) -> Response:
 async def count_tokens(request: Request) -> Response:
     state: AdapterState = request.app.state.adapter
     edge.rollout_id(request, state.tokens)
-    body = anthropic.parse_count_tokens_request(await edge.read_body(request, state.kit.settings.body_limit))
+    body = anthropic.parse_count_tokens_request(
+        await edge.read_body(request, state.kit.settings.body_limit, state.kit.settings.body_timeout)
+    )
     chat = to_chat(body.system, body.messages, body.tools)
     ids = await asyncio.to_thread(state.renderer.full, chat.messages, chat.tools or None)
     return JSONResponse({"input_tokens": len(ids)})
@@ -73,7 +77,7 @@ async def open_session(request: Request) -> Response:
     """``{rollout_id}`` -> ``{token}``: the runner gives the token to the agent as its API key."""
     state: AdapterState = request.app.state.adapter
     _check_admin(request, state.kit.settings)
-    data = anthropic.decode_json(await edge.read_body(request, 64 * 1024))
+    data = anthropic.decode_json(await edge.read_body(request, 64 * 1024, state.kit.settings.body_timeout))
     rollout = data.get("rollout_id")
     if not isinstance(rollout, str) or not rollout:
         raise invalid_request("rollout_id: a non-empty string is required")

@@ -2,26 +2,37 @@
 
 from __future__ import annotations
 
-from starlette.requests import Request
+import asyncio
 
-from services.adapter.errors import invalid_request, too_large, unauthenticated
+from starlette.requests import ClientDisconnect, Request
+
+from services.adapter.errors import ClientGone, body_timed_out, invalid_request, too_large, unauthenticated
 from services.adapter.sessions import SessionTokens
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 as soon as it is known to exceed ``limit`` bytes."""
+async def read_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The body, refused with 413 as soon as it is known to exceed ``limit`` bytes, and with 408 if it
+    has not arrived in full after ``timeout`` seconds (a client that sends less than its
+    ``content-length`` would otherwise hold the request until it gives up)."""
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.isdigit():
+        if not declared.isdigit() or len(declared) > 20:
             raise invalid_request("content-length must be a number")
         if int(declared) > limit:
             raise too_large(limit)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large(limit)
-        chunks.append(chunk)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large(limit)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise body_timed_out(timeout, size, declared) from None
+    except ClientDisconnect:
+        raise ClientGone("client disconnected while sending its body") from None
     return b"".join(chunks)
 
 

@@ -39,6 +39,10 @@ class ApiError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers())
 
 
+class ClientGone(Exception):
+    """The client closed the connection (while sending its body, or while its turn was generating)."""
+
+
 def invalid_request(message: str) -> ApiError:
     return ApiError(400, "invalid_request_error", message, should_retry=False)
 
@@ -63,6 +67,17 @@ def not_found(message: str) -> ApiError:
 def too_large(limit: int) -> ApiError:
     return ApiError(
         413, "request_too_large", f"request body exceeds the {limit}-byte limit", should_retry=False
+    )
+
+
+def body_timed_out(timeout: float, received: int, declared: str | None) -> ApiError:
+    """408: the body did not arrive in time; the CLI retries, which helps if the network hiccupped."""
+    expected = f" of {declared}" if declared is not None else ""
+    return ApiError(
+        408,
+        "timeout_error",
+        f"request body not received within {timeout:g} s ({received}{expected} bytes arrived)",
+        should_retry=True,
     )
 
 

@@ -74,6 +74,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_option(parser, "--admin-token", default=None, help="bearer token of the /admin API (off if unset)")
     add_option(
         parser,
+        "--engine-api-key",
+        default=None,
+        help="the engine's --api-key, sent as a bearer token (prefer the variable; never give it to agents)",
+    )
+    add_option(
+        parser,
+        "--body-timeout",
+        default=defaults.body_timeout,
+        type=float,
+        help="seconds a request body may take to arrive in full (408 after)",
+    )
+    add_option(
+        parser,
         "--open-sessions",
         default=False,
         type=parse_bool,
@@ -133,6 +146,8 @@ def settings_from(args: argparse.Namespace) -> AdapterSettings:
         max_concurrency=args.max_concurrency,
         body_limit=args.body_limit,
         admin_token=args.admin_token,
+        engine_api_key=args.engine_api_key or None,
+        body_timeout=args.body_timeout,
         open_sessions=args.open_sessions,
         policy_version=args.policy_version,
         topic_namespace=args.namespace,

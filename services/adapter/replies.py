@@ -13,12 +13,8 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from services.adapter import sse
-from services.adapter.errors import ApiError
+from services.adapter.errors import ApiError, ClientGone
 from services.adapter.turn import Done, Ping, Started, TurnEvent
-
-
-class ClientGone(Exception):
-    """The client closed the connection while its turn was generating."""
 
 
 class TurnStream(StreamingResponse):

@@ -21,12 +21,14 @@ class AdapterSettings:
     reasoning_parser: str = "qwen3"
     max_concurrency: int = 32
     body_limit: int = 32 * 1024 * 1024
+    body_timeout: float = 60.0  # seconds a request body may take to arrive in full (408 after)
     admin_token: str | None = None
     open_sessions: bool = False
     policy_version: int = 0
     topic_namespace: str = ""  # publish to ``<namespace>.turns`` etc. (tests); "" is the real topics
     ping_interval: float = 10.0  # seconds without bytes before a ping; the CLI gives up after 180 s
     engine_timeout: float = 1800.0
+    engine_api_key: str | None = field(default=None, repr=False)  # the engine's --api-key, if it has one
     outbox_capacity: int = 1000
     retry_after: float = 2.0  # seconds suggested to clients refused under overload or drain
     drain_timeout: float = 60.0
@@ -42,8 +44,9 @@ class AdapterSettings:
         for name in ("context_length", "max_new_tokens", "max_concurrency", "body_limit", "outbox_capacity"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, not {getattr(self, name)}")
-        if self.ping_interval <= 0:
-            raise ValueError(f"ping_interval must be positive, not {self.ping_interval}")
+        for name in ("ping_interval", "body_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, not {getattr(self, name)}")
         if not self.signing_key:
             raise ValueError("signing_key must not be empty")
         if len(self.signing_key) < MIN_SIGNING_KEY_BYTES:

@@ -18,6 +18,10 @@ class EngineError(Exception):
     """The engine failed or answered something that is not a generation."""
 
 
+class EngineRejected(EngineError):
+    """The engine answered 4xx: it will refuse this request however often it is sent."""
+
+
 @dataclass(frozen=True)
 class Generation:
     """One engine answer, reduced to what a turn records."""
@@ -50,9 +54,12 @@ class TurnHeaders:
 
 
 class SGLangClient:
-    def __init__(self, base_url: str, http: httpx.AsyncClient) -> None:
+    """``api_key``: the engine's ``--api-key``, sent as a bearer token on every call."""
+
+    def __init__(self, base_url: str, http: httpx.AsyncClient, api_key: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.http = http
+        self.auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     async def generate(
         self, input_ids: list[int], sampling_params: dict[str, Any], rid: str, headers: TurnHeaders
@@ -66,7 +73,9 @@ class SGLangClient:
         }
         started = time.monotonic()
         try:
-            response = await self.http.post(f"{self.base_url}/generate", json=body, headers=headers.as_dict())
+            response = await self.http.post(
+                f"{self.base_url}/generate", json=body, headers={**headers.as_dict(), **self.auth}
+            )
         except asyncio.CancelledError:
             await asyncio.shield(self.abort(rid))
             raise
@@ -75,14 +84,17 @@ class SGLangClient:
             raise EngineError(f"engine call failed: {type(exc).__name__}: {exc}") from exc
         if response.status_code != 200:
             await self.abort(rid)
-            raise EngineError(f"engine answered {response.status_code}: {response.text[:500]}")
+            error = EngineRejected if 400 <= response.status_code < 500 else EngineError
+            raise error(f"engine answered {response.status_code}: {response.text[:500]}")
         elapsed_ms = int((time.monotonic() - started) * 1000)
         return parse_generation(response.json(), rid, elapsed_ms)
 
     async def abort(self, rid: str) -> None:
         """Best effort: the engine may already have finished or be unreachable."""
         try:
-            await self.http.post(f"{self.base_url}/abort_request", json={"rid": rid}, timeout=5.0)
+            await self.http.post(
+                f"{self.base_url}/abort_request", json={"rid": rid}, headers=self.auth, timeout=5.0
+            )
         except httpx.HTTPError:
             pass
 

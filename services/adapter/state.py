@@ -90,7 +90,13 @@ def build_state(
     )
     outbox = Outbox(publisher, capacity=settings.outbox_capacity, namespace=settings.topic_namespace)
     kit = TurnKit(
-        settings, SGLangClient(settings.sglang_url, http), tokenizer, stops, parse, outbox, AdapterMetrics()
+        settings,
+        SGLangClient(settings.sglang_url, http, settings.engine_api_key),
+        tokenizer,
+        stops,
+        parse,
+        outbox,
+        AdapterMetrics(),
     )
 
     def new_history(name: str) -> Any:

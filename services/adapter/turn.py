@@ -17,12 +17,18 @@ from typing import Any
 
 from services.adapter import records, response
 from services.adapter.anthropic import Message
-from services.adapter.errors import prompt_too_long, upstream_failed
+from services.adapter.errors import invalid_request, prompt_too_long, upstream_failed
 from services.adapter.metrics import AdapterMetrics
 from services.adapter.publisher import Outbox
 from services.adapter.sessions import SIDE, Agent
 from services.adapter.settings import AdapterSettings
-from services.adapter.sglang_client import EngineError, Generation, SGLangClient, TurnHeaders
+from services.adapter.sglang_client import (
+    EngineError,
+    EngineRejected,
+    Generation,
+    SGLangClient,
+    TurnHeaders,
+)
 from services.adapter.translate import ChatPrompt, assistant_message
 
 
@@ -138,6 +144,8 @@ async def generate(
             await asyncio.wait({call})
     try:
         generation = call.result()
+    except EngineRejected as exc:  # retrying cannot help: not a 500, which the CLI retries ten times
+        raise invalid_request(f"the engine refused this request: {exc}") from exc
     except EngineError as exc:
         raise upstream_failed(str(exc)) from exc
     if generation.finish_type == "abort":

@@ -3,8 +3,12 @@
 Routes and bodies mirror ``sglang/srt/entrypoints/http_server.py``: ``/generate`` (non-streaming, and
 streaming as SGLang's cumulative ``data: {...}`` server-sent events ending in ``data: [DONE]``),
 ``/abort_request``, ``/health``, ``/get_model_info`` / ``/model_info``, ``/get_server_info`` /
-``/server_info``, ``/update_weights_from_disk``, ``/flush_cache``, plus ``/metrics`` (Prometheus text).
+``/server_info``, ``/update_weights_from_disk``, ``/flush_cache``, plus ``/metrics`` (prometheus-client).
 Bad input is a 400 with ``{"error": {"message": ...}}``, as SGLang's ``_create_error_response``.
+
+With ``--api-key`` every route but ``/health`` wants ``Authorization: Bearer <key>`` (401 otherwise), as
+SGLang's ``--api-key``: weight updates, aborts and cache flushes are control, and the agent sandboxes
+never get the key (only the adapter does).
 
 Generation runs on one dedicated worker thread, so torch never blocks the event loop and requests are
 served one at a time in arrival order; ``/abort_request`` reaches both queued and running requests.
@@ -13,9 +17,10 @@ served one at a time in arrival order; ``/abort_request`` reaches both queued an
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -23,10 +28,20 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from services.engine.engine import Engine, TokenCallback
 from services.engine.policies import ChainRoute
-from services.engine.protocol import BadRequest, GenerateRequest, Generation, parse_generate, response_body
+from services.engine.protocol import (
+    BadRequest,
+    GenerateRequest,
+    Generation,
+    IncrementalText,
+    parse_generate,
+    response_body,
+)
 
 
 @dataclass
@@ -83,9 +98,10 @@ async def stream(state: Served, request: GenerateRequest, route: ChainRoute, arr
     )
     task.add_done_callback(lambda _: partials.put_nowait(None))  # after every queued partial
     engine = state.engine
+    text = IncrementalText(lambda ids: engine.decode(request, ids))
     try:
         while (partial := await partials.get()) is not None:
-            yield sse(response_body(request, partial, engine.text(request, partial), None))
+            yield sse(response_body(request, partial, text.feed(partial.output_ids), None))
         generation = task.result()
         latency = time.perf_counter() - arrived
         yield sse(response_body(request, generation, engine.text(request, generation), latency))
@@ -147,9 +163,41 @@ async def server_info(http: Request) -> JSONResponse:
     )
 
 
-async def metrics(http: Request) -> PlainTextResponse:
-    counters = vars(served(http).engine.counters).items()
-    return PlainTextResponse("".join(f"rollbus_engine_{name}_total {value}\n" for name, value in counters))
+COUNTER_HELP = {
+    "requests": "Generate requests admitted",
+    "aborted": "Requests aborted (by /abort_request or a client gone mid-stream)",
+    "prompt_tokens": "Prompt tokens received",
+    "cached_tokens": "Prompt tokens served from the prefix cache",
+    "generated_tokens": "Tokens sampled",
+}
+
+
+class EngineCollector(Collector):
+    """Reads the engine's counters and cache at scrape time, so the engine stays free of prometheus."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        for name, value in vars(self.engine.counters).items():
+            yield CounterMetricFamily(f"rollbus_engine_{name}", COUNTER_HELP.get(name, name), value=value)
+        cache = self.engine.prefix_cache
+        yield GaugeMetricFamily(
+            "rollbus_engine_prefix_cache_entries", "KV cache entries held", value=len(cache)
+        )
+        yield GaugeMetricFamily(
+            "rollbus_engine_prefix_cache_tokens", "Tokens held in the KV cache", value=cache.cached_tokens()
+        )
+        info = InfoMetricFamily("rollbus_engine_weights", "The weights being served")
+        info.add_metric(
+            [], {"weight_version": str(self.engine.weight_version), "model_path": self.engine.model_path}
+        )
+        yield info
+
+
+async def metrics(http: Request) -> Response:
+    registry = http.app.state.metrics_registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
 async def update_weights_from_disk(http: Request) -> JSONResponse:
@@ -192,8 +240,32 @@ ROUTES: list[tuple[str, Any, list[str]]] = [
 ]
 
 
-def create_app(engine: Engine, *, tokenizer_path: str, served_model_name: str = "rollbus-engine") -> FastAPI:
-    """The FastAPI app serving ``engine``, with its own single generation worker thread."""
+OPEN_PATHS = ("/health",)  # what answers without the key (load balancers, readiness checks)
+
+
+def require_key(app: FastAPI, api_key: str) -> None:
+    """Every route but :data:`OPEN_PATHS` answers 401 unless the request carries the bearer key."""
+    expected = f"Bearer {api_key}".encode()
+
+    @app.middleware("http")
+    async def check_key(http: Request, call_next: Any) -> Response:
+        if http.url.path in OPEN_PATHS:
+            return await call_next(http)
+        given = http.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            return JSONResponse({"error": {"message": "Unauthorized"}}, status_code=401)
+        return await call_next(http)
+
+
+def create_app(
+    engine: Engine,
+    *,
+    tokenizer_path: str,
+    served_model_name: str = "rollbus-engine",
+    api_key: str | None = None,
+) -> FastAPI:
+    """The FastAPI app serving ``engine``, with its own single generation worker thread; with
+    ``api_key`` every route but ``/health`` needs it."""
     worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-generate")
 
     @asynccontextmanager
@@ -204,7 +276,11 @@ def create_app(engine: Engine, *, tokenizer_path: str, served_model_name: str = 
 
     app = FastAPI(title="rollbus engine", lifespan=lifespan)
     app.state.served = Served(engine, worker, tokenizer_path, served_model_name)
+    app.state.metrics_registry = CollectorRegistry()  # per app: several engines may live in one process
+    app.state.metrics_registry.register(EngineCollector(engine))
     app.add_exception_handler(BadRequest, bad_request)
+    if api_key:
+        require_key(app, api_key)
     for path, endpoint, methods in ROUTES:
         app.add_api_route(path, endpoint, methods=methods)
     return app

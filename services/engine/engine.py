@@ -282,8 +282,11 @@ class Engine:
     def text(self, request: GenerateRequest, generation: Generation) -> str:
         """``text`` of the response, decoded as SGLang's detokenizer does (matched stop trimmed)."""
         params = request.params
-        ids = text_ids(generation, params.no_stop_trim)
-        return self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
+        return self.decode(request, text_ids(generation, params.no_stop_trim))
+
+    def decode(self, request: GenerateRequest, ids: list[int]) -> str:
+        """``ids`` as text, with the request's special-token setting."""
+        return self.tokenizer.decode(ids, skip_special_tokens=request.params.skip_special_tokens)
 
     # ------------------------------------------------------------ weights and cache
 

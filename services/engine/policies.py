@@ -31,6 +31,7 @@ anonymous main chain.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,7 +88,7 @@ def _turn(raw: Any, where: str) -> ScriptedTurn:
         if not isinstance(complete, bool):
             raise ValueError(f"{where}.complete must be a boolean")
         return ScriptedTurn(raw["text"], complete)
-    raise ValueError(f"{where} must be a string or {{\"text\": str, \"complete\": bool}}")
+    raise ValueError(f'{where} must be a string or {{"text": str, "complete": bool}}')
 
 
 def _text(data: dict[str, Any], key: str, default: str) -> str:
@@ -135,20 +136,46 @@ class SamplePolicy:
         return None
 
 
+def load_script_dir(path: str | Path) -> dict[str, Script]:
+    """Every ``NAME.json`` of a directory, by name (a dataset's scripts, one per task)."""
+    scripts = {p.stem: load_script(p) for p in sorted(Path(path).glob("*.json"))}
+    if not scripts:
+        raise ValueError(f"no *.json scripts in {path}")
+    return scripts
+
+
+MAX_CURSORS = 10_000  # chains whose place in the script is remembered (least recently used go first)
+
+
 @dataclass
 class ScriptedPolicy:
-    """Replays a :class:`Script`: one cursor per rollout's main agent, one per sub-agent chain."""
+    """Replays a :class:`Script`: one cursor per rollout's main agent, one per sub-agent chain.
+
+    With ``by_prefix`` (``--script DIR``), a rollout whose id starts with ``NAME-`` replays ``NAME.json``
+    (``rollbus submit`` starts rollout ids with the row's instance id), any other rollout ``script``.
+    At most ``max_cursors`` cursors are kept (an engine serves rollouts for days); the least recently
+    used chain is forgotten first, and would start its script again.
+    """
 
     script: Script
     name: str = "scripted"
-    cursors: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    max_cursors: int = MAX_CURSORS
+    cursors: OrderedDict[tuple[str, str, str], int] = field(default_factory=OrderedDict)
+    by_prefix: dict[str, Script] = field(default_factory=dict)
+
+    def script_for(self, rollout_id: str) -> Script:
+        names = [n for n in self.by_prefix if rollout_id.startswith(n + "-")]
+        return self.by_prefix[max(names, key=len)] if names else self.script
 
     def scripted_turn(self, route: ChainRoute) -> ScriptedTurn:
+        script = self.script_for(route.rollout_id)
         if route.kind == "side":
-            return ScriptedTurn(self.script.side_text)
-        turns = self.script.turns if route.kind == "main" else self.script.subagent_turns
+            return ScriptedTurn(script.side_text)
+        turns = script.turns if route.kind == "main" else script.subagent_turns
         chain = "main" if route.kind == "main" else route.chain_id
         key = (route.rollout_id, chain, route.kind)
-        cursor = self.cursors.get(key, 0)
+        cursor = self.cursors.pop(key, 0)
         self.cursors[key] = cursor + 1
-        return turns[cursor] if cursor < len(turns) else ScriptedTurn(self.script.final_text)
+        while len(self.cursors) > self.max_cursors:
+            self.cursors.popitem(last=False)
+        return turns[cursor] if cursor < len(turns) else ScriptedTurn(script.final_text)
