@@ -119,6 +119,7 @@ class GymRunner:
         rollout = task["rollout_id"]
         episode = Episode()
         try:
+            await self._close_session(rollout, None)  # what a dead runner's attempt left open ends first
             token = await self.adapter.open(rollout, attempt_id)
         except BaseException as exc:
             await close_env(env, episode)  # it was made: its close is owed even if nothing ran
@@ -133,12 +134,12 @@ class GymRunner:
                 episode=episode,
             )  # fmt: skip
         finally:
-            await asyncio.shield(self._close_session(rollout))
+            await asyncio.shield(self._close_session(rollout, attempt_id))
         return Outcome(episode, attempt_id, number, episode.failure_kind, name)
 
-    async def _close_session(self, rollout: str) -> None:
+    async def _close_session(self, rollout: str, attempt_id: str | None) -> None:
         try:
-            await self.adapter.close(rollout)
+            await self.adapter.close(rollout, attempt_id)
         except AdapterError as exc:
             log.warning("%s: %s (the adapter's idle expiry will close it)", rollout, exc)
 
