@@ -142,6 +142,13 @@ async def test_the_official_openai_client_talks_to_it_and_streams(engine_url) ->
     assert [(e["rollout_id"], e["finish_reason"]) for e in turns] == [("r-official", "stop")] * 2
 
 
+def called(arguments: str) -> list[dict]:
+    """A conversation whose assistant turn calls a tool with these raw ``arguments``."""
+    call = {"id": "t", "type": "function", "function": {"name": "python", "arguments": arguments}}
+    return [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "t", "content": "y"}]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("patch", "status", "needle"),
     [
@@ -157,6 +164,10 @@ async def test_the_official_openai_client_talks_to_it_and_streams(engine_url) ->
         ({"messages": [{"role": "user", "content": "x"}, {"role": "system", "content": "late"}]},
          400, "only accepted at the start"),
         ({"max_tokens": 0}, 400, "max_tokens"),
+        ({"messages": called('{"code": ' + "9" * 5000 + "}")}, 400, "not a JSON object"),
+        ({"messages": called('{"code": ' + "[" * 100_000 + "]" * 100_000 + "}")}, 400, "not a JSON object"),
+        ({"messages": called('{"x": ' + "[" * 300 + "]" * 300 + "}")}, 400, "nested too deeply"),
+        ({"messages": called('{"code": "\\ud800"}')}, 400, "surrogate"),
         ({"messages": "hello"}, 400, "messages"),
     ],
 )  # fmt: skip

@@ -54,7 +54,7 @@ def runner_for(url: str, **overrides: Any) -> tuple[GymRunner, Collected, httpx.
     )
     http = httpx.AsyncClient(base_url=url, timeout=60)
     adapter = AdapterClient(
-        http, admin_token="adm", model="m", max_tokens=128, temperature=1.0, busy_retries=0
+        http, admin_token="adm", model="m", max_tokens=config.max_tokens, temperature=1.0, busy_retries=0
     )
     published = Collected()
     return GymRunner(config, adapter, published), published, http
@@ -70,6 +70,9 @@ async def test_python_tool_episode_through_the_adapter_and_a_real_sandbox(tmp_pa
             async with http:
                 solved = await runner.run_task(task("py-solved", {"name": "python_tool", "seed": 2}))
                 missed = await runner.run_task(task("py-missed", {"name": "python_tool", "seed": 1}))
+            short, _, http = runner_for(url, max_tokens=4)
+            async with http:
+                cut = await short.run_task(task("py-cut", {"name": "python_tool", "seed": 2}))
     assert (solved["reward"], solved["step_rewards"], solved["solved"]) == (1.0, [0.0, 1.0], True)
     assert (missed["reward"], missed["failure_kind"]) == (0.0, None)
     details = json.loads(solved["details"])
@@ -81,6 +84,14 @@ async def test_python_tool_episode_through_the_adapter_and_a_real_sandbox(tmp_pa
     turns = publisher.of("turns", "py-solved")
     assert [(t["chain_id"], t["prompt_ref_turn"]) for t in turns] == [("main", None), ("main", 0)]
     assert [topic for topic, _ in published.records] == ["rewards", "rewards"]
+    cut_details = json.loads(cut["details"])  # a reply cut by max_tokens ends the episode without a step
+    assert (cut_details["stop"], cut_details["turns"], cut["failure_kind"], cut["step_rewards"]) == (
+        "length",
+        1,
+        None,
+        [],
+    )
+    assert [t["finish_reason"] for t in publisher.of("turns", "py-cut")] == ["length"]
 
 
 async def test_bad_env_config_fails_at_once_without_the_adapter() -> None:
