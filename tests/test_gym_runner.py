@@ -123,3 +123,15 @@ def test_reward_record_drops_a_huge_conversation_and_falls_back_to_reward_for_so
     details = json.loads(record["details"])
     assert details["messages"] is None and details["messages_omitted"] is True
     assert record["solved"] is True and record["reward"] == 2.0 and record["group_size"] == 2
+
+
+async def test_a_malformed_task_still_gets_a_reward_naming_the_failure() -> None:
+    runner, published, http = runner_for(f"http://127.0.0.1:{free_port()}")
+    async with http:
+        record = await runner.run_task({"rollout_id": "odd", "env_config": '{"name": "math"}', "messages": 5})
+        assert record["failure_kind"] == "bad_env_config"  # messages must be a list: a config error
+        record = await runner.run_task(
+            {"rollout_id": "odder", "env_config": '{"name": "math"}', "group_size": "x"}
+        )
+    assert record["failure_kind"] == "runner_error" and "ValueError" in json.loads(record["details"])["error"]
+    assert [r["rollout_id"] for _, r in published.records] == ["odd", "odder"]
