@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "trainer": ("trainer.main", "consumes segments and trains the policy"),
     "submit": ("services.sandbox_runner.submit", "submit a JSONL dataset as tasks (n samples per row)"),
     "sandbox": ("services.sandbox_runner.debug", "run a command in a row's agent or grader sandbox"),
+    "gym-submit": ("services.gym_runner.submit", "submit ms-swift gym rows (JSONL) as tasks"),
     "export": ("rollbus.export", "write gym episodes from the topics as ms-swift-style JSON lines"),
     "demo": ("rollbus.demo", "run the end-to-end slice on embedded defaults"),
 }

@@ -7,14 +7,17 @@ import json
 from typing import Any
 
 import httpx
+import pytest
 
 from rollbus import gym
 from rollbus.broker import free_port
-from rollbus.gym import Episode
+from rollbus.codec import encode
+from rollbus.gym import Episode, GymConfigError
 from services.adapter.app import create_app
 from services.gym_runner.adapter_client import AdapterClient
 from services.gym_runner.runner import MAX_DETAILS_CHARS, GymRunner, Outcome, reward_record
 from services.gym_runner.settings import GymRunnerSettings
+from services.gym_runner.submit import parse_row, tasks_for
 from tests.e2e_support import SCRIPTS
 from tests.test_adapter_support import BusPublisher, engine_process, served, settings
 
@@ -135,3 +138,29 @@ async def test_a_malformed_task_still_gets_a_reward_naming_the_failure() -> None
         )
     assert record["failure_kind"] == "runner_error" and "ValueError" in json.loads(record["details"])["error"]
     assert [r["rollout_id"] for _, r in published.records] == ["odd", "odder"]
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [("[1]", "not list"), ("{", "not a JSON object"), ('{"messages": []}', "env_config is required"),
+     ('{"env_config": "math"}', "not valid JSON"),
+     ('{"env_config": {"name": "m"}, "messages": [1]}', "messages"),
+     ('{"env_config": {"name": "m"}, "ctx_config": [1]}', "ctx_config must be a JSON object")],
+)  # fmt: skip
+def test_gym_submit_refuses_rows_it_cannot_turn_into_tasks(text, needle) -> None:
+    with pytest.raises(GymConfigError, match=needle):
+        parse_row(text)
+
+
+def test_gym_submit_keeps_the_ms_swift_row_and_makes_a_group() -> None:
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
+    row = parse_row(json.dumps({"messages": messages, "env_config": {"name": "math", "seed": 1},
+                                "ctx_config": {"name": "window"}, "answer": 3}))  # fmt: skip
+    tasks = tasks_for(row, 3, "data-7", now_ms=5)
+    assert [t["sample_index"] for t in tasks] == [0, 1, 2] and len({t["rollout_id"] for t in tasks}) == 3
+    assert len({t["group_id"] for t in tasks}) == 1 and tasks[0]["group_size"] == 3
+    first = tasks[0]
+    assert json.loads(first["env_config"]) == {"name": "math", "seed": 1} and first["prompt"] == "q"
+    assert json.loads(first["messages"])[0] == {"role": "system", "content": "s"}
+    assert json.loads(first["metadata"]) == {"answer": 3}
+    encode("task", first)  # a valid v2 task event
