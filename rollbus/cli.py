@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "trainer": ("trainer.main", "consumes segments and trains the policy"),
     "submit": ("services.sandbox_runner.submit", "submit a JSONL dataset as tasks (n samples per row)"),
     "sandbox": ("services.sandbox_runner.debug", "run a command in a row's agent or grader sandbox"),
+    "gym-submit": ("services.gym_runner.submit", "submit ms-swift gym rows (JSONL) as tasks"),
     "export": ("rollbus.export", "write gym episodes from the topics as ms-swift-style JSON lines"),
     "demo2": ("services.stack.demo", "closed-loop demo (in progress)"),
     "up": ("services.stack.up", "the whole pipeline on embedded defaults, supervised, until Ctrl-C"),
