@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 from pydantic import Field
 from rich.console import Console
 from rich.table import Table
@@ -34,9 +35,9 @@ class DemoSettings(StackSettings):
     """Settings of ``rollbus demo`` (flags --x-y, variables ROLLBUS_DEMO_X_Y)."""
 
     model_config = StackSettings.scoped("demo")
-    tasks: Path = Field(EXAMPLES / "swe-mini" / "tasks.jsonl", description="dataset submitted (slime's rows)")
+    tasks: Path = Field(EXAMPLES / "swe-mini" / "demo.jsonl", description="dataset submitted (slime's rows)")
     n_samples_per_prompt: int = Field(2, ge=1, description="rollouts per task (one group)")
-    steps: int = Field(1, ge=0, description="training steps to make before stopping (0: none, roll out only)")
+    steps: int = Field(2, ge=0, description="training steps to make before stopping (0: none, roll out only)")
     json_summary: Path | None = Field(None, description="also write the summary as JSON here")
     timeout: float = Field(1800.0, gt=0, description="seconds the whole demo may take")
     idle_timeout: float = Field(
@@ -55,6 +56,8 @@ async def demo(settings: DemoSettings) -> dict[str, int]:
             await asyncio.to_thread(prepare, settings.tasks)
             await asyncio.to_thread(submit, settings, stack)
             await follow(settings, supervisor, progress)
+            served = await served_version(stack)
+            console.print(Text(f"{'engine':15} serving weight version {served}"))
         finally:
             stop.set()
             keeper.cancel()
@@ -105,6 +108,15 @@ async def follow(settings: DemoSettings, supervisor: Supervisor, progress: Progr
                                f"of {settings.steps} steps (groups without reward variance are skipped)"))
             return
     console.print(Text(f"{'demo':15} timed out after {settings.timeout:.0f}s"))
+
+
+async def served_version(stack: Stack) -> str:
+    """The weight version the engine generates with now (the trainer's last push, once it landed)."""
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        answer = await http.get(
+            f"{stack.engine_url}/get_model_info", headers={"authorization": f"Bearer {stack.engine_key}"}
+        )
+    return str(answer.json().get("weight_version")) if answer.status_code == 200 else f"unknown ({answer})"
 
 
 def tokens_trained(settings: DemoSettings) -> int | None:
