@@ -11,7 +11,8 @@ Threat model: the agent is the attacker.
   uid could not reach (root-only parents) are bind-mounted to a traversable staging dir in a private mount
   namespace of the launcher, never on the host. bwrap adds ``no_new_privs``, drops every capability, mounts
   binds and tmpfs ``nosuid,nodev`` (setuid bits do nothing inside, and the host strips any the agent set
-  after each command) and ``--disable-userns`` forbids nested user namespaces.
+  after each command) and ``--disable-userns`` forbids nested user namespaces (a seccomp filter,
+  :mod:`rollbus.sandbox.seccomp`, where bwrap lacks the flag).
 - Network: every sandbox has its own network namespace. ``"none"``: loopback only, nothing else.
   ``"adapter"``: loopback plus the adapter's unix socket at ``/run/adapter.sock`` and a ``socat`` forwarder
   on the loopback port ``ANTHROPIC_BASE_URL`` names (started before the command, gone with it).
