@@ -85,6 +85,7 @@ FORWARDER = (
     'unset RB_PORT RB_HEX RB_SOCAT; exec "$@"'
 )
 HOST_USR = "/.rollbus/host/usr"
+OWNER_FILE = "owner.pid"
 DISK_FULL_MARGIN = 64 << 10  # a tmpfs workspace with less free space than this after a command is full
 TOOLCHAIN_SKIP = {"proc", "dev", "sys", "tmp", "run", "home", "workspace", ".rollbus"}
 CLONE_NEWNS = 0x00020000
@@ -491,6 +492,7 @@ def make_scratch(root: Path, sandbox_id: str) -> Path:
         root.chmod(0o711)
     path = root / sandbox_id
     path.mkdir(mode=0o711)
+    (path / OWNER_FILE).write_text(str(os.getpid()))  # for sweep_stale after a kill -9
     return path
 
 
