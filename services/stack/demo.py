@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -63,7 +64,7 @@ async def demo(settings: DemoSettings) -> dict[str, int]:
             keeper.cancel()
             await asyncio.gather(watcher, keeper, return_exceptions=True)
     summary = progress.summary(train_steps=progress.policy_updates, tokens_trained=tokens_trained(settings))
-    show(progress, summary, stack)
+    show(settings, progress, summary, stack)
     if settings.json_summary is not None:
         settings.json_summary.write_text(json.dumps(summary, indent=2) + "\n")
     return summary
@@ -127,7 +128,7 @@ def tokens_trained(settings: DemoSettings) -> int | None:
     return sum(int(row.get("tokens_trained", 0)) for row in rows)
 
 
-def show(progress: Progress, summary: dict[str, int], stack: Stack) -> None:
+def show(settings: DemoSettings, progress: Progress, summary: dict[str, int], stack: Stack) -> None:
     table = Table(title="rollouts")
     for column in ("rollout", "attempt", "reward", "solved", "failure", "flags"):
         table.add_column(column, overflow="fold")
@@ -143,6 +144,28 @@ def show(progress: Progress, summary: dict[str, int], stack: Stack) -> None:
     for key, value in summary.items():
         console.print(Text(f"{key:20} {value}"))
     console.print(Text(f"logs: {stack.log_dir}"))
+    if progress.rewards:
+        embedded = settings.state_dir / "up" if settings.embedded_broker else None
+        first = sorted(progress.rewards)[0]
+        console.file.flush()
+        print(replay_hint(first, stack.bootstrap, embedded, stack.namespace), flush=True)  # whole lines
+
+
+def replay_hint(rollout_id: str, bootstrap: str, embedded_state: Path | None, namespace: str = "") -> str:
+    """The commands that replay a rollout after the demo, true for the broker it used: its own embedded one
+    (stopped by now: start it again from its state dir, which records its port) or the cluster given."""
+    replay = f"rollbus replay turns --key {shlex.quote(rollout_id)} --format table"
+    if namespace:
+        replay += f" --namespace {shlex.quote(namespace)}"
+    if embedded_state is None:
+        return f"replay it yourself: {replay} --bootstrap-servers {shlex.quote(bootstrap)}"
+    state = shlex.quote(str(embedded_state))
+    return (
+        f"replay it yourself (the demo's broker stopped with it):\n"
+        f"  rollbus broker start --state-dir {state}\n"
+        f"  {replay} --state-dir {state}\n"
+        f"  rollbus broker stop --state-dir {state}"
+    )
 
 
 add_arguments = DemoSettings.add_arguments
