@@ -420,8 +420,10 @@ class CanonicalHistory:
 class RerenderHistory:
     """``--history-mode rerender``: a full render every turn, stitched later by ``merge_turns``.
 
-    Same interface as :class:`CanonicalHistory`; restarts are found by ``merge_turns_all``, so
-    ``frozen`` stays empty and every turn belongs to one ``rerender`` chain.
+    Same interface as :class:`CanonicalHistory`; restarts within a chain are found by
+    ``merge_turns_all``, so ``frozen`` holds only chains ended by :meth:`freeze` (a finished sub-agent),
+    and the next request after one starts chain ``<name>.1``. A request continues the chain when its
+    messages are the last prompt's, then the assistant message we sent, then new user/tool messages.
     """
 
     history_mode = "rerender"
@@ -436,15 +438,36 @@ class RerenderHistory:
     ):
         self.renderer = TemplateRenderer(tokenizer, chat_template_kwargs)
         self.stop_token_ids = set(stop_token_ids or _default_stop_ids(tokenizer, self.renderer))
-        self.chain_id = chain_name
+        self.chain_name = chain_name
         self.turns: list[Turn] = []
         self.sent: list[AssistantMessage] = []
         self.frozen: list[FrozenChain] = []
+        self._chain_number = 0
+        self._commits = 0
+        self._last: tuple[list[Message], list[dict] | None] | None = None  # the last plan's request
+
+    @property
+    def chain_id(self) -> str:
+        return self.chain_name if self._chain_number == 0 else f"{self.chain_name}.{self._chain_number}"
+
+    def continues(self, messages: Sequence[Message], tools: list[dict] | None) -> bool:
+        if not self.turns or self._last is None:
+            return False
+        last, last_tools = self._last
+        n = len(last)
+        return (
+            tools == last_tools
+            and len(messages) > n + 1
+            and list(messages[:n]) == last
+            and messages[n].get("role") == "assistant"
+            and self.sent[-1].echoed_by(normalise_assistant(messages[n]), tool_defaults(tools))
+            and all(m.get("role") in ("user", "tool") for m in messages[n + 1 :])
+        )
 
     def plan(self, messages: Sequence[Message], tools: list[dict] | None) -> PromptPlan:
         ids = self.renderer.full(list(messages), tools)
         first = not self.turns
-        epoch = (id(self), len(self.turns))
+        epoch = (id(self), self._commits)
         return PromptPlan(
             ids, first, "first" if first else None, 0, len(ids), self.chain_id, len(self.turns),
             list(messages), tools, epoch,
@@ -459,7 +482,7 @@ class RerenderHistory:
         policy_version: int,
         assistant_message: Message,
     ) -> Turn:
-        if plan._epoch != (id(self), len(self.turns)):
+        if plan._epoch != (id(self), self._commits):
             raise StalePlan(f"plan for turn {plan.turn_index} of {plan.chain_id} is stale; plan again")
         turn = Turn(
             plan.prompt_ids, list(output_ids), list(output_logprobs), finish_reason, policy_version,
@@ -467,7 +490,21 @@ class RerenderHistory:
         )
         self.turns.append(turn)
         self.sent.append(normalise_assistant(assistant_message))
+        self._last = (list(plan.messages), plan.tools)
+        self._commits += 1
         return turn
 
+    def freeze(self, kind: SegmentKind) -> FrozenChain | None:
+        """End the live chain, as :meth:`CanonicalHistory.freeze`; the next plan starts a new one."""
+        if not self.turns:
+            return None
+        chain = FrozenChain(kind, self.turns, "rerender", self.chain_id)
+        self.frozen.append(chain)
+        self.turns, self.sent, self._last = [], [], None
+        self._chain_number += 1
+        self._commits += 1
+        return chain
+
     def all_chains(self, final_kind: SegmentKind = "final") -> list[FrozenChain]:
-        return [FrozenChain(final_kind, self.turns, "rerender", self.chain_id)] if self.turns else []
+        live = [FrozenChain(final_kind, self.turns, "rerender", self.chain_id)] if self.turns else []
+        return self.frozen + live

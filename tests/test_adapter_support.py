@@ -68,10 +68,13 @@ class BusPublisher:
         self.down = False
 
     async def publish(self, topic: str, record: Mapping[str, Any], *, key: str) -> None:
+        await self.publish_bytes(topic, encode(_EVENT_OF_TOPIC[topic], record), key=key)
+
+    async def publish_bytes(self, topic: str, value: bytes, *, key: str | bytes | None) -> None:
         if self.down:
             raise KafkaConnectionError("broker unreachable (test)")
-        data = encode(_EVENT_OF_TOPIC[topic], record)
-        self.events.append((topic, key, decode(data).record))
+        key = key.decode() if isinstance(key, bytes) else key
+        self.events.append((topic, key, decode(value).record))  # type: ignore[arg-type]
 
     def of(self, topic: str, rollout_id: str) -> list[dict[str, Any]]:
         return [r for t, _, r in self.events if t == topic and r["rollout_id"] == rollout_id]

@@ -13,7 +13,6 @@ import uuid
 import httpx
 import pytest
 
-from rollbus.bus import EventTooLarge
 from rollbus.parsing import parse_output
 from rollbus.tokenizer import load_tokenizer
 from services.adapter.app import create_app
@@ -352,23 +351,21 @@ async def test_the_real_claude_code_cli_runs_a_session_with_a_subagent(engine_ur
     assert (sub[0][0], "frozen", "subagent", "main") in lifecycle
 
 
-class RefusingBus(BusPublisher):
-    """A bus that refuses records for good, as Kafka does one over its size limit."""
-
-    async def publish(self, topic, record, *, key) -> None:
-        raise EventTooLarge(f"event for {topic!r} is over the limit (test)")
-
-
-async def test_a_record_the_bus_refuses_for_good_is_an_anthropic_500(engine_url) -> None:
-    async with adapter_client(settings(engine_url), RefusingBus(), raise_app_exceptions=False) as client:
+async def test_a_record_too_large_for_the_bus_fails_its_turn_and_commits_nothing(engine_url) -> None:
+    """Checked when queued, before the turn is committed: memory and bus agree there is no such turn."""
+    publisher = BusPublisher()
+    async with adapter_client(settings(engine_url), publisher, raise_app_exceptions=False) as client:
+        client.app.state.adapter.kit.outbox.max_event_bytes = 200
+        headers = rollout()
         response = await client.post(
-            "/v1/messages", json=body("Read /repo/app.py", stream=False), headers=rollout()
+            "/v1/messages", json=body("Read /repo/app.py", stream=False), headers=headers
         )
+        session = client.app.state.adapter.sessions.get(headers["x-api-key"])
     assert response.status_code == 500
-    assert response.json()["error"] == {
-        "type": "api_error",
-        "message": "internal error: EventTooLarge: event for 'sessions' is over the limit (test)",
-    }
+    error = response.json()["error"]
+    assert error["type"] == "api_error" and "RecordTooLarge" in error["message"] and "200" in error["message"]
+    assert session.agents["main"].history.turns == []
+    assert publisher.events == []
 
 
 async def test_rerender_history_mode_renders_every_prompt_whole(engine_url) -> None:

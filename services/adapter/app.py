@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -30,6 +31,7 @@ from services.adapter.translate import to_chat
 from services.adapter.turn import TurnInput, close_chains, hand_back, run_turn
 
 AGENT_HEADER = "x-claude-code-agent-id"
+log = logging.getLogger(__name__)
 
 
 async def messages(request: Request) -> Response:
@@ -45,7 +47,7 @@ async def messages(request: Request) -> Response:
         RequestShape(request.headers.get(AGENT_HEADER), chat.system, chat.messages, chat.tools)
     )
     if agent.kind == MAIN and answers_agent_call(chat.messages):
-        await hand_back(state.kit, session.finished_subagents())
+        hand_back(state.kit, session.finished_subagents())
     state.admit()
     events = run_turn(state.kit, agent, TurnInput(chat, body.model, body.max_tokens, body.sampling()))
     try:
@@ -93,7 +95,8 @@ async def close_session(request: Request) -> Response:
     session = state.sessions.pop(rollout)
     if session is None:
         raise not_found(f"no session for rollout {rollout!r}")
-    closed = await close_chains(state.kit, session.agents.values())
+    closed = close_chains(state.kit, session.agents.values())
+    await state.kit.outbox.settled(state.kit.settings.publish_wait)
     return JSONResponse({"rollout_id": rollout, "closed": closed})
 
 
@@ -175,6 +178,9 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(warm_up, state)
+        recovered = state.kit.outbox.recover()  # what an earlier run could not deliver goes first
+        if recovered:
+            log.info("queued %d records an earlier run spilled", recovered)
         async with idle_expiry(state):
             yield
         await shutdown(state, close_http=owned_http)

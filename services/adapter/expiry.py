@@ -33,7 +33,7 @@ async def expire_idle(state: AdapterState) -> list[str]:
     for rollout_id in expired:
         state.tokens.revoke(rollout_id)
     for session in sessions:
-        chains = await close_chains(state.kit, session.agents.values(), reason="idle_timeout")
+        chains = close_chains(state.kit, session.agents.values(), reason="idle_timeout")
         log.info("rollout %s was idle: closed its chains %s", session.rollout_id, chains)
     return expired
 

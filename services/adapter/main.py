@@ -80,6 +80,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_option(
         parser,
+        "--outbox-capacity",
+        default=defaults.outbox_capacity,
+        type=int,
+        help="records waiting for the bus before new turns get 503",
+    )
+    add_option(
+        parser,
+        "--outbox-capacity-bytes",
+        default=defaults.outbox_capacity_bytes,
+        type=int,
+        help="encoded bytes waiting for the bus before new turns get 503",
+    )
+    add_option(
+        parser,
+        "--publish-wait",
+        default=defaults.publish_wait,
+        type=float,
+        help="seconds a turn waits for the bus to acknowledge it before answering (it stays queued)",
+    )
+    add_option(
+        parser,
+        "--bus-request-timeout",
+        default=defaults.bus_request_timeout,
+        type=float,
+        help="seconds the producer retries one delivery before the outbox retries it",
+    )
+    add_option(
+        parser,
         "--body-timeout",
         default=defaults.body_timeout,
         type=float,
@@ -148,6 +176,10 @@ def settings_from(args: argparse.Namespace) -> AdapterSettings:
         admin_token=args.admin_token,
         engine_api_key=args.engine_api_key or None,
         body_timeout=args.body_timeout,
+        outbox_capacity=args.outbox_capacity,
+        outbox_capacity_bytes=args.outbox_capacity_bytes,
+        publish_wait=args.publish_wait,
+        bus_request_timeout=args.bus_request_timeout,
         open_sessions=args.open_sessions,
         policy_version=args.policy_version,
         topic_namespace=args.namespace,
@@ -165,7 +197,10 @@ async def serve(args: argparse.Namespace) -> None:
     settings = settings_from(args)
     # refuse to run on missing or mismatched topics: a rollout's events must meet in one partition
     await check_topics(args.bootstrap_servers, settings.topic_namespace)
-    async with Publisher(args.bootstrap_servers, client_id="rollbus-adapter") as publisher:
+    timeout_ms = int(settings.bus_request_timeout * 1000)
+    async with Publisher(
+        args.bootstrap_servers, client_id="rollbus-adapter", request_timeout_ms=timeout_ms
+    ) as publisher:
         app = create_app(settings, publisher)
         server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info"))
         install_drain(server, app.state.adapter, settings.drain_timeout)

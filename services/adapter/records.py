@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from rollbus.turn_log import prompt_reference
@@ -44,11 +43,6 @@ def session_record(
         "parent_chain_id": agent.parent.chain_id if agent.parent is not None else None,
         "at": now_ms(),
     }
-
-
-def previous_turn(turns: Sequence[Any]) -> Any | None:
-    """The turn before the newest one of the live chain, if the chain has one."""
-    return turns[-2] if len(turns) >= 2 else None
 
 
 def now_ms() -> int:

@@ -23,10 +23,19 @@ AGENT_TOOLS = ("Agent", "Task")  # the CLI's sub-agent tool (named Task before 2
 
 
 class History(Protocol):
-    """``rollbus.canonical.CanonicalHistory`` / ``RerenderHistory`` as the adapter uses them."""
+    """``rollbus.canonical.CanonicalHistory`` / ``RerenderHistory`` as the adapter uses them: both
+    implement all of it, so nobody probes with ``getattr``."""
 
-    chain_id: str
     turns: list[Any]
+
+    @property
+    def chain_id(self) -> str: ...
+
+    def continues(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> bool:
+        """Whether the request extends the live chain (routes requests without an agent header)."""
+
+    def freeze(self, kind: Any) -> Any:
+        """End the live chain (a finished sub-agent); the next plan starts a new chain."""
 
     def plan(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Any: ...
 
@@ -153,10 +162,7 @@ class Session:
 
 
 def _continues(agent: Agent, shape: RequestShape) -> bool:
-    continues = getattr(agent.history, "continues", None)
-    if continues is None:  # rerender histories cannot tell; fall back to the system prompt
-        return shape.system == agent.system
-    return bool(continues(shape.messages, shape.tools))
+    return agent.history.continues(shape.messages, shape.tools)
 
 
 def answers_agent_call(messages: list[dict[str, Any]]) -> bool:

@@ -29,7 +29,10 @@ class AdapterSettings:
     ping_interval: float = 10.0  # seconds without bytes before a ping; the CLI gives up after 180 s
     engine_timeout: float = 1800.0
     engine_api_key: str | None = field(default=None, repr=False)  # the engine's --api-key, if it has one
-    outbox_capacity: int = 1000
+    outbox_capacity: int = 1000  # records waiting for the bus before new turns get 503
+    outbox_capacity_bytes: int = 256 * 1024 * 1024  # the same bound, in encoded bytes
+    publish_wait: float = 30.0  # seconds a turn waits for the bus's ack before answering anyway (queued)
+    bus_request_timeout: float = 30.0  # the producer's own delivery timeout; it retries within it
     retry_after: float = 2.0  # seconds suggested to clients refused under overload or drain
     drain_timeout: float = 60.0
     session_idle_timeout: float = 3600.0  # seconds without a request before a session closes; 0: never
@@ -41,10 +44,17 @@ class AdapterSettings:
     def __post_init__(self) -> None:
         if self.history_mode not in HISTORY_MODES:
             raise ValueError(f"history_mode must be one of {HISTORY_MODES}, not {self.history_mode!r}")
-        for name in ("context_length", "max_new_tokens", "max_concurrency", "body_limit", "outbox_capacity"):
+        for name in (
+            "context_length",
+            "max_new_tokens",
+            "max_concurrency",
+            "body_limit",
+            "outbox_capacity",
+            "outbox_capacity_bytes",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, not {getattr(self, name)}")
-        for name in ("ping_interval", "body_timeout"):
+        for name in ("ping_interval", "body_timeout", "bus_request_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, not {getattr(self, name)}")
         if not self.signing_key:
@@ -53,6 +63,8 @@ class AdapterSettings:
             raise ValueError(
                 f"signing_key must be at least {MIN_SIGNING_KEY_BYTES} bytes, not {len(self.signing_key)}"
             )
+        if self.publish_wait < 0:
+            raise ValueError(f"publish_wait must be 0 or positive, not {self.publish_wait}")
         if self.session_idle_timeout < 0:
             raise ValueError(
                 f"session_idle_timeout must be 0 (never) or positive, not {self.session_idle_timeout}"

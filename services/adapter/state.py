@@ -88,7 +88,13 @@ def build_state(
         timeout=httpx.Timeout(settings.engine_timeout, connect=10.0),
         limits=httpx.Limits(max_connections=settings.max_concurrency + 8),
     )
-    outbox = Outbox(publisher, capacity=settings.outbox_capacity, namespace=settings.topic_namespace)
+    outbox = Outbox(
+        publisher,
+        capacity=settings.outbox_capacity,
+        capacity_bytes=settings.outbox_capacity_bytes,
+        namespace=settings.topic_namespace,
+        state_dir=settings.state_dir,
+    )
     kit = TurnKit(
         settings,
         SGLangClient(settings.sglang_url, http, settings.engine_api_key),
@@ -122,7 +128,7 @@ async def shutdown(state: AdapterState, *, close_http: bool) -> None:
     if not await state.drain(settings.drain_timeout):
         log.error("%d turns still running after %.0f s of drain", state.active, settings.drain_timeout)
     await state.kit.outbox.flush(settings.drain_timeout)
-    spilled = state.kit.outbox.spill(settings.state_dir / "adapter-unpublished.jsonl")
+    spilled = state.kit.outbox.spill()
     if spilled:
         log.error("%d records never reached the bus; kept in %s", spilled, settings.state_dir)
     if close_http:
