@@ -241,7 +241,13 @@ class EventConsumer:
     async def __aenter__(self) -> EventConsumer:
         if self._owns_publisher:
             await self.publisher.__aenter__()
-        await self._consumer.start()
+        try:
+            await self._consumer.start()
+        except BaseException:  # no __aexit__ will come: the producer started above must not linger
+            await self._consumer.stop()
+            if self._owns_publisher:
+                await self.publisher.__aexit__(None, None, None)
+            raise
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -156,6 +156,10 @@ class StalledEngine:
     def release(self) -> None:
         self._released.set()
 
+    def hold(self) -> None:
+        """Stall the next ``/generate`` calls again."""
+        self._released.clear()
+
     async def __aenter__(self) -> StalledEngine:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         port = self._server.sockets[0].getsockname()[1]

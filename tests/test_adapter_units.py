@@ -21,7 +21,7 @@ from services.adapter.response import TurnRef, signed_turn, stop_reason, thinkin
 from services.adapter.sessions import (
     MAIN,
     SIDE,
-    SUBAGENT,
+    UNATTRIBUTED,
     RequestShape,
     Sessions,
     SessionTokens,
@@ -168,7 +168,7 @@ def test_routing_main_subagent_and_side() -> None:
     main = session.route(RequestShape(None, "sys", [{"role": "user", "content": "a"}], tools))
     assert (main.kind, main.chain_id) == (MAIN, "main")
     by_header = session.route(RequestShape("ab12", "other", [{"role": "user", "content": "b"}], tools))
-    assert (by_header.kind, by_header.chain_id, by_header.parent) == (SUBAGENT, "agent-ab12", main)
+    assert (by_header.kind, by_header.chain_id, by_header.parent) == (UNATTRIBUTED, "agent-ab12", main)
     side = session.route(RequestShape(None, "title please", [{"role": "user", "content": "c"}], []))
     assert side.kind == SIDE and side.chain_id == "side-0" and "side-0" not in session.agents
     assert session.route(RequestShape(None, "sys", [{"role": "user", "content": "d"}], tools)) is main
@@ -203,11 +203,12 @@ async def test_sessions_expire_after_no_request_and_no_turn_in_flight() -> None:
 
 def test_tokens_never_used_are_found_and_revoked_tokens_stop_working() -> None:
     clock = HandClock()
-    tokens = SessionTokens(clock=clock)
+    tokens = SessionTokens(b"k" * 32, clock=clock)
     used, unused = tokens.issue("r-used"), tokens.issue("r-unused")
     clock.now += 10
     assert tokens.unused(clock.now - 20, in_use=set()) == []
     assert tokens.unused(clock.now, in_use={"r-used"}) == ["r-unused"]
+    clock.now += 1
     tokens.revoke("r-unused")
     assert tokens.rollout_for(unused) is None and tokens.rollout_for(used) == "r-used"
     assert tokens.unused(clock.now, in_use={"r-used"}) == []

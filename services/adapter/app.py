@@ -37,12 +37,13 @@ log = logging.getLogger(__name__)
 async def messages(request: Request) -> Response:
     state: AdapterState = request.app.state.adapter
     state.refuse_if_draining()
-    rollout = edge.rollout_id(request, state.tokens)
+    edge.grant(request, state.tokens)
     body = anthropic.parse_messages_request(
         await edge.read_body(request, state.kit.settings.body_limit, state.kit.settings.body_timeout)
     )
     chat = to_chat(body.system, body.messages, body.tools)
-    session = state.sessions.get(rollout)
+    granted = edge.grant(request, state.tokens)  # again: the rollout may have closed during the upload
+    session = state.sessions.get(granted.rollout_id, granted.attempt_id)
     agent = session.route(
         RequestShape(request.headers.get(AGENT_HEADER), chat.system, chat.messages, chat.tools)
     )
@@ -80,10 +81,13 @@ async def open_session(request: Request) -> Response:
     state: AdapterState = request.app.state.adapter
     _check_admin(request, state.kit.settings)
     data = anthropic.decode_json(await edge.read_body(request, 64 * 1024, state.kit.settings.body_timeout))
-    rollout = data.get("rollout_id")
+    rollout, attempt = data.get("rollout_id"), data.get("attempt_id", "")
     if not isinstance(rollout, str) or not rollout:
         raise invalid_request("rollout_id: a non-empty string is required")
-    return JSONResponse({"rollout_id": rollout, "token": state.tokens.issue(rollout)})
+    if not isinstance(attempt, str):
+        raise invalid_request("attempt_id: a string is required if given")
+    token = state.tokens.issue(rollout, attempt)
+    return JSONResponse({"rollout_id": rollout, "attempt_id": attempt, "token": token})
 
 
 async def close_session(request: Request) -> Response:

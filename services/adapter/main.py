@@ -108,6 +108,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_option(
         parser,
+        "--max-chains-per-rollout",
+        default=defaults.max_chains_per_rollout,
+        type=int,
+        help="chains one rollout may open (main, sub-agents, side calls, rewrites); more get 400",
+    )
+    add_option(
+        parser,
+        "--token-ttl",
+        default=defaults.token_ttl,
+        type=float,
+        help="seconds a session token stays valid",
+    )
+    add_option(
+        parser,
         "--body-timeout",
         default=defaults.body_timeout,
         type=float,
@@ -176,6 +190,8 @@ def settings_from(args: argparse.Namespace) -> AdapterSettings:
         admin_token=args.admin_token,
         engine_api_key=args.engine_api_key or None,
         body_timeout=args.body_timeout,
+        max_chains_per_rollout=args.max_chains_per_rollout,
+        token_ttl=args.token_ttl,
         outbox_capacity=args.outbox_capacity,
         outbox_capacity_bytes=args.outbox_capacity_bytes,
         publish_wait=args.publish_wait,

@@ -27,6 +27,7 @@ def turn_record(
         "policy_version": int(turn.policy_version),
         "request_id": request_id,
         "timings": timings,
+        "attempt_id": agent.attempt_id,
     }
 
 
@@ -42,6 +43,9 @@ def session_record(
         "turn_count": turn_count,
         "parent_chain_id": agent.parent.chain_id if agent.parent is not None else None,
         "at": now_ms(),
+        "attempt_id": agent.attempt_id,
+        "agent_id": agent.agent_id,
+        "parent_tool_use_id": agent.parent_tool_use_id,
     }
 
 

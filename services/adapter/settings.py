@@ -35,6 +35,8 @@ class AdapterSettings:
     bus_request_timeout: float = 30.0  # the producer's own delivery timeout; it retries within it
     retry_after: float = 2.0  # seconds suggested to clients refused under overload or drain
     drain_timeout: float = 60.0
+    max_chains_per_rollout: int = 64  # chains one rollout may open (agents, sub-agents, side calls, rewrites)
+    token_ttl: float = 7 * 24 * 3600.0  # seconds a session token stays valid
     session_idle_timeout: float = 3600.0  # seconds without a request before a session closes; 0: never
     state_dir: Path = Path(".rollbus")
     # HMAC key of thinking signatures: random per process unless given, so a restarted adapter (or
@@ -51,10 +53,11 @@ class AdapterSettings:
             "body_limit",
             "outbox_capacity",
             "outbox_capacity_bytes",
+            "max_chains_per_rollout",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, not {getattr(self, name)}")
-        for name in ("ping_interval", "body_timeout", "bus_request_timeout"):
+        for name in ("ping_interval", "body_timeout", "bus_request_timeout", "token_ttl"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, not {getattr(self, name)}")
         if not self.signing_key:

@@ -22,7 +22,7 @@ from typing import Any
 from rollbus.trajectory import Turn
 from services.adapter import records, response
 from services.adapter.anthropic import Message
-from services.adapter.errors import invalid_request, prompt_too_long, upstream_failed
+from services.adapter.errors import invalid_request, prompt_too_long, unauthenticated, upstream_failed
 from services.adapter.metrics import AdapterMetrics
 from services.adapter.publisher import Outbox
 from services.adapter.sessions import SIDE, Agent
@@ -122,6 +122,9 @@ async def prepare(kit: TurnKit, agent: Agent, turn: TurnInput) -> Prepared:
     context = kit.settings.context_length
     if prompt_len >= context:
         raise prompt_too_long(prompt_len, context)
+    session, cap = agent.session, kit.settings.max_chains_per_rollout
+    if plan.new_chain and session is not None and session.chains_opened >= cap:
+        raise invalid_request(f"this rollout has opened {session.chains_opened} chains, the most allowed")
     max_new = min(kit.settings.max_new_tokens, turn.max_tokens, context - prompt_len)
     return Prepared(plan, f"msg_{uuid.uuid4().hex}", max_new)
 
@@ -192,11 +195,15 @@ async def finish(
     if agent.kind == SIDE:  # a side call is one turn: its chain ends with it
         side_end = records.session_record(agent, plan.chain_id, "frozen", turn_count=1, reason="side")
         outbound.append(("sessions", side_end))
+    if agent.closed:  # closed while generating: the bus already has its `closed` events
+        raise unauthenticated("the session was closed while this turn was generating")
     # queue, then commit, with no await between: a record that cannot be queued leaves history as it was
     delivered = kit.outbox.enqueue((topic, record, agent.rollout_id) for topic, record in outbound)
     agent.history.commit(
         plan, generation.output_ids, generation.output_logprobs, generation.finish_type, version, sent
     )
+    if plan.new_chain and agent.session is not None:
+        agent.session.chains_opened += 1
     kit.metrics.backlog.set(len(kit.outbox.backlog))
     await asyncio.wait({delivered}, timeout=settings.publish_wait)  # never cancels the delivery
     stop = response.stop_reason(generation.finish_type, blocks, generation.matched)
