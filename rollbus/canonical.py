@@ -233,6 +233,7 @@ class PromptPlan:
     _epoch: tuple[int, int] = field(repr=False, default=(0, 0))
     _new_messages: list[Message] = field(repr=False, default_factory=list)
     _echoes: dict[int, Message] = field(repr=False, default_factory=dict)
+    _adopt: list[Message] | None = field(repr=False, default=None)  # a resumed chain's context, once known
 
 
 @dataclass
@@ -285,6 +286,7 @@ class CanonicalHistory:
         self._tools: list[dict] | None = None
         self._defaults: ToolDefaults = {}  # schema defaults of self._tools, for matching echoes
         self._opening = 0  # index of the chain's first non-system message
+        self._ours: Any = None  # resumed from the bus: recognises our last turn's echo (messages unknown)
 
     @property
     def chain_id(self) -> str:
@@ -302,8 +304,31 @@ class CanonicalHistory:
         """Whether this request extends the live chain: lets an adapter route sub-agent requests."""
         return bool(self.turns) and self._match(messages, tools).reason is None
 
+    def resume(self, turns: Sequence[Turn], chain_number: int, is_ours: Any) -> None:
+        """Continue a live chain known only from the bus (an adapter restart): its turns, not its messages.
+
+        The next request is taken to continue it if its last assistant message is the echo of the
+        chain's last turn (``is_ours(message)``: its tool_use ids or thinking signature name that turn)
+        and only user/tool messages follow; the messages before it become the chain's context, as sent.
+        """
+        last = turns[-1]
+        self.turns, self.sent, self._chain_number = list(turns), [None] * len(turns), chain_number  # type: ignore[list-item]
+        self._stream = list(last.prompt_ids) + list(last.output_ids)
+        self._stream += self.renderer.closing_ids(last.output_ids, self.stop_token_ids)
+        self._context, self._echoes, self._ours, self._commits = [], {}, is_ours, self._commits + 1
+
+    def _match_resumed(self, messages: list[Message], tools: list[dict] | None) -> _Match:
+        at = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
+        if at is None or not self._ours(messages[at]):
+            return _Match(reason="unmatched_assistant")
+        if at + 1 == len(messages):
+            return _Match(reason="no_new_messages")
+        return _Match(new_from=at + 1)
+
     def plan(self, messages: Sequence[Message], tools: list[dict] | None) -> PromptPlan:
         messages = list(messages)
+        if self._ours is not None and self.turns:
+            return self._plan_resumed(messages, tools)
         match = self._match(messages, tools) if self.turns else _Match(reason="first")
         epoch = (id(self), self._commits)
         if match.reason is None:
@@ -321,7 +346,28 @@ class CanonicalHistory:
         chain_id = self._chain_id(self._chain_number + (1 if self.turns else 0))
         return PromptPlan(ids, True, match.reason, 0, len(ids), chain_id, 0, messages, tools, epoch)
 
+    def _plan_resumed(self, messages: list[Message], tools: list[dict] | None) -> PromptPlan:
+        """The first plan of a resumed chain: a suffix after our echoed turn, or a new chain."""
+        match = self._match_resumed(messages, tools)
+        epoch = (id(self), self._commits)
+        if match.reason is None:
+            new = messages[match.new_from :]
+            try:
+                suffix = self.renderer.suffix(new, tools)
+            except WindowCheckFailed:
+                match = _Match(reason="window_check_failed")
+            else:
+                return PromptPlan(
+                    self._stream + suffix, False, None, len(self._stream), len(suffix), self.chain_id,
+                    len(self.turns), messages, tools, epoch, new, {}, messages[: match.new_from],
+                )  # fmt: skip
+        ids = self.renderer.full(messages, tools)
+        chain_id = self._chain_id(self._chain_number + 1)
+        return PromptPlan(ids, True, match.reason, 0, len(ids), chain_id, 0, messages, tools, epoch)
+
     def _match(self, messages: Sequence[Message], tools: list[dict] | None) -> _Match:
+        if self._ours is not None:
+            return self._match_resumed(list(messages), tools)
         if tools != self._tools:
             return _Match(reason="tools_changed")
         echoes: dict[int, Message] = {}
@@ -375,6 +421,12 @@ class CanonicalHistory:
             raise StalePlan(f"plan for turn {plan.turn_index} of {plan.chain_id} is stale; plan again")
         if plan.new_chain:
             self._restart(plan)
+        elif plan._adopt is not None:  # a resumed chain learns its context from the request continuing it
+            self._context = [dict(m) for m in plan._adopt] + [dict(m) for m in plan._new_messages]
+            self._tools = json.loads(json.dumps(plan.tools)) if plan.tools is not None else None
+            self._defaults = tool_defaults(self._tools)
+            self._opening = next((i for i, m in enumerate(plan._adopt) if m.get("role") != "system"), 0)
+            self._ours = None
         else:
             self._context.extend(dict(m) for m in plan._new_messages)
             self._echoes.update((turn, dict(message)) for turn, message in plan._echoes.items())
@@ -391,6 +443,7 @@ class CanonicalHistory:
         return turn
 
     def _restart(self, plan: PromptPlan) -> None:
+        self._ours = None
         if self.turns:
             self.frozen.append(FrozenChain("wipe", self.turns, "canonical", self.chain_id))
             self._chain_number += 1
@@ -406,7 +459,7 @@ class CanonicalHistory:
             return None
         chain = FrozenChain(kind, self.turns, "canonical", self.chain_id)
         self.turns, self.sent, self._echoes, self._context, self._stream = [], [], {}, [], []
-        self._tools = None
+        self._tools, self._ours = None, None
         self._chain_number += 1
         self._commits += 1
         return chain
@@ -493,6 +546,11 @@ class RerenderHistory:
         self._last = (list(plan.messages), plan.tools)
         self._commits += 1
         return turn
+
+    def resume(self, turns: Sequence[Turn], chain_number: int, is_ours: Any = None) -> None:
+        """Continue a live chain known only from the bus: every turn is a full render anyway."""
+        self.turns, self.sent = list(turns), [None] * len(turns)  # type: ignore[list-item]
+        self._chain_number, self._last, self._commits = chain_number, None, self._commits + 1
 
     def freeze(self, kind: SegmentKind) -> FrozenChain | None:
         """End the live chain, as :meth:`CanonicalHistory.freeze`; the next plan starts a new one."""

@@ -257,10 +257,10 @@ def settings(sglang_url: str, **overrides: Any) -> AdapterSettings:
 
 @contextlib.asynccontextmanager
 async def adapter_client(
-    settings: AdapterSettings, publisher: Any, *, raise_app_exceptions: bool = True
+    settings: AdapterSettings, publisher: Any, *, raise_app_exceptions: bool = True, app: Any = None
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The adapter app in process (lifespan included), reached through httpx's ASGI transport."""
-    app = create_app(settings, publisher)
+    app = app or create_app(settings, publisher)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=raise_app_exceptions)
         async with httpx.AsyncClient(transport=transport, base_url="http://adapter", timeout=60) as client:

@@ -264,3 +264,49 @@ def test_demo_solves_the_example_with_nothing_masked(tmp_path: Path) -> None:
     assert "tests exit 0: solved" in out
     trained = re.search(r"loss mask (\d+) of (\d+) sampled tokens trained \(mask 1\), 0 masked", out)
     assert trained and trained.group(1) == trained.group(2) and int(trained.group(1)) > 0
+
+
+# --- an injected chain: the agent's own Bash tool calls the adapter with the session token ----------------
+
+CURL = (
+    'curl -s -X POST "$ANTHROPIC_BASE_URL/v1/messages" -H "authorization: Bearer $ANTHROPIC_AUTH_TOKEN" '
+    '-H "content-type: application/json" {header}-d \'{{"model": "m", "max_tokens": 64, '
+    '"system": "You are a helpful sub-agent.", '
+    '"tools": [{{"name": "Read", "input_schema": {{"type": "object"}}}}], "messages": [{{"role": "user", '
+    '"content": "Read /workspace/calc.py and report what sum_to returns."}}]}}\''
+)
+
+
+def bash_call(command: str) -> str:
+    return (
+        "Call the adapter myself.\n</think>\n\n<tool_call>\n<function=Bash>\n<parameter=command>\n"
+        f"{command}\n</parameter>\n<parameter=description>\ncall the API\n</parameter>\n"
+        "</function>\n</tool_call>"
+    )
+
+
+async def test_a_chain_opened_by_curl_with_the_token_is_never_trainable(rig: Rig, tmp_path: Path) -> None:
+    """The policy's best forgery: the Agent call's own prompt, with and without the sub-agent header, sent
+    from Bash before the main agent dispatched anything. Both chains are recorded as unattributed; the real
+    Agent dispatch that follows is still a trainable sub-agent."""
+    import json
+
+    base = json.loads((SCRIPTS / "subagent_fix.json").read_text())
+    forged = [
+        bash_call(CURL.format(header='-H "x-claude-code-agent-id: forged" ')),
+        bash_call(CURL.format(header="")),
+    ]
+    script = tmp_path / "curl_inject.json"
+    script.write_text(json.dumps({**base, "turns": forged + base["turns"]}))
+    rig.use_script(script)
+    rollout = await play(rig, tmp_path, FIX)
+
+    assert rollout.completed.exit_code == 0, rollout.completed.stderr
+    kinds = {t["chain_id"]: t["chain_kind"] for t in rollout.turns}
+    assert kinds["agent-forged"] == "unattributed"
+    assert sorted(kinds.values()).count("unattributed") == 2, kinds
+    assert list(kinds.values()).count("subagent") == 1, kinds
+    injected = [s for s in rollout.sessions if s["chain_kind"] == "unattributed" and s["kind"] == "opened"]
+    assert all(s["parent_tool_use_id"] is None for s in injected)
+    real = [s for s in rollout.sessions if s["chain_kind"] == "subagent" and s["kind"] == "opened"]
+    assert real[0]["parent_tool_use_id"] and real[0]["agent_id"]

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -24,6 +25,7 @@ from services.adapter.expiry import idle_expiry
 from services.adapter.metrics import CountRequests
 from services.adapter.publisher import Publisher
 from services.adapter.replies import ClientGone, TurnStream, collect
+from services.adapter.restore import Records, load, restore
 from services.adapter.sessions import MAIN, RequestShape, answers_agent_call
 from services.adapter.settings import AdapterSettings
 from services.adapter.state import AdapterState, build_state, shutdown, warm_up
@@ -163,6 +165,16 @@ ROUTES: list[tuple[str, Callable[[Request], Any], list[str]]] = [
 ]
 
 
+async def rebuild(state: AdapterState, records: Records) -> None:
+    """Open rollouts from the bus (after the spilled records reached it, so it is complete)."""
+    settings = state.kit.settings
+    await state.kit.outbox.flush(settings.drain_timeout)
+    started = time.perf_counter()
+    bus = await load(records, settings.topic_namespace)
+    count = restore(state, bus)
+    log.info("rebuilt %d open rollouts from the bus in %.2f s", count, time.perf_counter() - started)
+
+
 def create_app(
     settings: AdapterSettings,
     publisher: Publisher,
@@ -170,11 +182,13 @@ def create_app(
     tokenizer: Any = None,
     http: httpx.AsyncClient | None = None,
     parse: Callable[..., Any] | None = None,
+    records: Records | None = None,
 ) -> FastAPI:
     """The adapter app; without ``tokenizer``/``parse`` the real ones are loaded.
 
     ``publisher`` is ``rollbus.bus.Publisher`` (started by the caller) or any :class:`Publisher`; an
-    ``http`` client passed in stays the caller's to close.
+    ``http`` client passed in stays the caller's to close. With ``records`` (a reader of the bus, see
+    :mod:`services.adapter.restore`) the open rollouts are rebuilt from the bus at start.
     """
     state = build_state(settings, publisher, tokenizer=tokenizer, http=http, parse=parse)
     owned_http = http is None
@@ -185,6 +199,8 @@ def create_app(
         recovered = state.kit.outbox.recover()  # what an earlier run could not deliver goes first
         if recovered:
             log.info("queued %d records an earlier run spilled", recovered)
+        if records is not None:
+            await rebuild(state, records)
         async with idle_expiry(state):
             yield
         await shutdown(state, close_http=owned_http)

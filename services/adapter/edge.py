@@ -54,7 +54,7 @@ def grant(request: Request, tokens: SessionTokens) -> Grant:
         raise unauthenticated("missing session token: send x-api-key or Authorization: Bearer")
     granted = tokens.verify(token)
     if granted is None:
-        raise unauthenticated("unknown or closed session token")
+        raise unauthenticated("unknown session token (or its rollout was closed)")
     return granted
 
 

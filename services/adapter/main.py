@@ -122,6 +122,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_option(
         parser,
+        "--restore-sessions",
+        default=defaults.restore_sessions,
+        type=parse_bool,
+        nargs="?",
+        const=True,
+        help="rebuild open rollouts from the bus at start, so their agents carry on across a restart",
+    )
+    add_option(
+        parser,
         "--body-timeout",
         default=defaults.body_timeout,
         type=float,
@@ -192,6 +201,7 @@ def settings_from(args: argparse.Namespace) -> AdapterSettings:
         body_timeout=args.body_timeout,
         max_chains_per_rollout=args.max_chains_per_rollout,
         token_ttl=args.token_ttl,
+        restore_sessions=args.restore_sessions,
         outbox_capacity=args.outbox_capacity,
         outbox_capacity_bytes=args.outbox_capacity_bytes,
         publish_wait=args.publish_wait,
@@ -209,15 +219,17 @@ def settings_from(args: argparse.Namespace) -> AdapterSettings:
 async def serve(args: argparse.Namespace) -> None:
     from rollbus.bus import Publisher
     from services.adapter.app import create_app
+    from services.adapter.restore import bus_records
 
     settings = settings_from(args)
     # refuse to run on missing or mismatched topics: a rollout's events must meet in one partition
     await check_topics(args.bootstrap_servers, settings.topic_namespace)
     timeout_ms = int(settings.bus_request_timeout * 1000)
+    records = await bus_records(args.bootstrap_servers) if settings.restore_sessions else None
     async with Publisher(
         args.bootstrap_servers, client_id="rollbus-adapter", request_timeout_ms=timeout_ms
     ) as publisher:
-        app = create_app(settings, publisher)
+        app = create_app(settings, publisher, records=records)
         server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info"))
         install_drain(server, app.state.adapter, settings.drain_timeout)
         await server.serve()

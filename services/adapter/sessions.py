@@ -47,6 +47,9 @@ class History(Protocol):
     def freeze(self, kind: Any) -> Any:
         """End the live chain (a finished sub-agent); the next plan starts a new chain."""
 
+    def resume(self, turns: list[Any], chain_number: int, is_ours: Any) -> None:
+        """Continue a live chain rebuilt from the bus (:mod:`services.adapter.restore`)."""
+
     def plan(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Any: ...
 
     def commit(
@@ -217,7 +220,9 @@ class Session:
             return self._get_or_new(f"agent-{shape.agent_id}", shape)
         main = self.agents.get(MAIN)
         if main is None or not main.history.turns or _continues(main, shape):
-            return self.agents.get(MAIN) or self._new(MAIN, MAIN, shape, keep=True)
+            main = self.agents.get(MAIN) or self._new(MAIN, MAIN, shape, keep=True)
+            main.system = main.system or shape.system  # a main agent restored from the bus learns it here
+            return main
         for agent in self.agents.values():
             if agent.kind in (SUBAGENT, UNATTRIBUTED) and agent.history.turns and _continues(agent, shape):
                 return agent

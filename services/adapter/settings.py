@@ -36,6 +36,7 @@ class AdapterSettings:
     retry_after: float = 2.0  # seconds suggested to clients refused under overload or drain
     drain_timeout: float = 60.0
     max_chains_per_rollout: int = 64  # chains one rollout may open (agents, sub-agents, side calls, rewrites)
+    restore_sessions: bool = True  # rebuild open rollouts from the bus at start (main.py; tests pass records)
     token_ttl: float = 7 * 24 * 3600.0  # seconds a session token stays valid
     session_idle_timeout: float = 3600.0  # seconds without a request before a session closes; 0: never
     state_dir: Path = Path(".rollbus")
