@@ -34,7 +34,8 @@ Usage (one :class:`CanonicalHistory` per agent thread: the main agent, each sub-
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,6 +145,53 @@ def normalise_assistant(message: Message) -> AssistantMessage:
         reasoning=(message.get("reasoning_content") or "").strip(),
         tool_calls=tuple(calls),
     )
+
+
+# ---------------------------------------------------------------- compact token storage
+
+
+class TokenSlice(Sequence[int]):
+    """``buffer[start:stop]`` without a copy: a turn's prompt and output as references into its chain.
+
+    A canonical chain is one append-only token stream (each prompt extends the previous prompt, output
+    and closing tokens), so the chain holds its tokens once, at 4 bytes each, and every turn is two
+    slices of it. Reads (indexing, slicing, iteration, ``==`` with a list) behave like a list; slicing
+    returns a list.
+    """
+
+    __slots__ = ("buffer", "start", "stop")
+
+    def __init__(self, buffer: array, start: int, stop: int) -> None:
+        self.buffer, self.start, self.stop = buffer, start, stop
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self.buffer[self.start : self.stop][index].tolist()
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("token index out of range")
+        return self.buffer[self.start + index]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.buffer[self.start : self.stop])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TokenSlice | list | tuple | array):
+            return len(self) == len(other) and list(self) == list(other)
+        return NotImplemented
+
+    def __add__(self, other: Sequence[int]) -> list[int]:
+        return [*self, *other]
+
+    def __radd__(self, other: Sequence[int]) -> list[int]:
+        return [*other, *self]
+
+    def __repr__(self) -> str:
+        return f"TokenSlice({len(self)} tokens)"
 
 
 # ---------------------------------------------------------------- rendering
@@ -270,7 +318,10 @@ class CanonicalHistory:
         stop_token_ids: Sequence[int] | None = None,
         chain_name: str = "main",
         chat_template_kwargs: dict[str, Any] | None = None,
+        keep_frozen: bool = True,
     ):
+        """``keep_frozen=False``: chains a rewrite ended are not kept (an adapter has them on the bus)."""
+        self.keep_frozen = keep_frozen
         self.renderer = TemplateRenderer(tokenizer, chat_template_kwargs)
         stops = _default_stop_ids(tokenizer, self.renderer) if stop_token_ids is None else stop_token_ids
         self.stop_token_ids = set(stops)
@@ -280,7 +331,7 @@ class CanonicalHistory:
         self.frozen: list[FrozenChain] = []
         self._chain_number = 0  # of the live chain, or of the next one when none is live
         self._commits = 0
-        self._stream: list[int] = []
+        self._stream: array = array("i")  # the live chain's tokens, once; its turns slice it
         self._context: list[Message | int] = []  # the chain's messages; an int is the index of our turn
         self._echoes: dict[int, Message] = {}  # last raw echo of each of our turns (fast equality path)
         self._tools: list[dict] | None = None
@@ -298,7 +349,7 @@ class CanonicalHistory:
     @property
     def stream(self) -> list[int]:
         """The live chain's exact tokens: last prompt + last output + closing template tokens."""
-        return list(self._stream)
+        return self._stream.tolist()
 
     def continues(self, messages: Sequence[Message], tools: list[dict] | None) -> bool:
         """Whether this request extends the live chain: lets an adapter route sub-agent requests."""
@@ -313,8 +364,8 @@ class CanonicalHistory:
         """
         last = turns[-1]
         self.turns, self.sent, self._chain_number = list(turns), [None] * len(turns), chain_number  # type: ignore[list-item]
-        self._stream = list(last.prompt_ids) + list(last.output_ids)
-        self._stream += self.renderer.closing_ids(last.output_ids, self.stop_token_ids)
+        self._stream = array("i", [*last.prompt_ids, *last.output_ids])
+        self._stream.extend(self.renderer.closing_ids(last.output_ids, self.stop_token_ids))
         self._context, self._echoes, self._ours, self._commits = [], {}, is_ours, self._commits + 1
 
     def _match_resumed(self, messages: list[Message], tools: list[dict] | None) -> _Match:
@@ -339,7 +390,7 @@ class CanonicalHistory:
                 match = _Match(reason="window_check_failed")
             else:
                 return PromptPlan(
-                    self._stream + suffix, False, None, len(self._stream), len(suffix), self.chain_id,
+                    [*self._stream, *suffix], False, None, len(self._stream), len(suffix), self.chain_id,
                     len(self.turns), messages, tools, epoch, new, match.echoes,
                 )
         ids = self.renderer.full(messages, tools)
@@ -358,7 +409,7 @@ class CanonicalHistory:
                 match = _Match(reason="window_check_failed")
             else:
                 return PromptPlan(
-                    self._stream + suffix, False, None, len(self._stream), len(suffix), self.chain_id,
+                    [*self._stream, *suffix], False, None, len(self._stream), len(suffix), self.chain_id,
                     len(self.turns), messages, tools, epoch, new, {}, messages[: match.new_from],
                 )  # fmt: skip
         ids = self.renderer.full(messages, tools)
@@ -430,12 +481,21 @@ class CanonicalHistory:
         else:
             self._context.extend(dict(m) for m in plan._new_messages)
             self._echoes.update((turn, dict(message)) for turn, message in plan._echoes.items())
+        if plan.new_chain or plan._adopt is not None:  # a chain's own buffer; frozen turns keep theirs
+            self._stream = array("i")
+        stream = self._stream
+        if plan.new_chain or plan._adopt is not None:
+            stream.extend(plan.prompt_ids)
+        else:
+            stream.extend(plan.prompt_ids[len(stream) :])
+        start = len(stream)
+        stream.extend(output_ids)
         turn = Turn(
-            plan.prompt_ids, list(output_ids), list(output_logprobs), finish_reason, policy_version,
+            TokenSlice(stream, 0, start), TokenSlice(stream, start, len(stream)),  # type: ignore[arg-type]
+            array("d", output_logprobs), finish_reason, policy_version,  # type: ignore[arg-type]
             chain_id=self.chain_id, turn_index=len(self.turns),
-        )
-        closing = self.renderer.closing_ids(output_ids, self.stop_token_ids)
-        self._stream = turn.prompt_ids + turn.output_ids + closing
+        )  # fmt: skip
+        stream.extend(self.renderer.closing_ids(output_ids, self.stop_token_ids))
         self._context.append(len(self.turns))
         self.turns.append(turn)
         self.sent.append(normalise_assistant(assistant_message))
@@ -445,7 +505,8 @@ class CanonicalHistory:
     def _restart(self, plan: PromptPlan) -> None:
         self._ours = None
         if self.turns:
-            self.frozen.append(FrozenChain("wipe", self.turns, "canonical", self.chain_id))
+            if self.keep_frozen:
+                self.frozen.append(FrozenChain("wipe", self.turns, "canonical", self.chain_id))
             self._chain_number += 1
         self.turns, self.sent, self._echoes = [], [], {}
         self._context = [dict(m) for m in plan.messages]
@@ -458,7 +519,7 @@ class CanonicalHistory:
         if not self.turns:
             return None
         chain = FrozenChain(kind, self.turns, "canonical", self.chain_id)
-        self.turns, self.sent, self._echoes, self._context, self._stream = [], [], {}, [], []
+        self.turns, self.sent, self._echoes, self._context, self._stream = [], [], {}, [], array("i")
         self._tools, self._ours = None, None
         self._chain_number += 1
         self._commits += 1
@@ -488,7 +549,9 @@ class RerenderHistory:
         stop_token_ids: Sequence[int] | None = None,
         chain_name: str = "main",
         chat_template_kwargs: dict[str, Any] | None = None,
+        keep_frozen: bool = True,
     ):
+        self.keep_frozen = keep_frozen
         self.renderer = TemplateRenderer(tokenizer, chat_template_kwargs)
         self.stop_token_ids = set(stop_token_ids or _default_stop_ids(tokenizer, self.renderer))
         self.chain_name = chain_name
@@ -557,7 +620,8 @@ class RerenderHistory:
         if not self.turns:
             return None
         chain = FrozenChain(kind, self.turns, "rerender", self.chain_id)
-        self.frozen.append(chain)
+        if self.keep_frozen:
+            self.frozen.append(chain)
         self.turns, self.sent, self._last = [], [], None
         self._chain_number += 1
         self._commits += 1

@@ -106,7 +106,7 @@ def build_state(
     )
 
     def new_history(name: str) -> Any:
-        return history_class(tokenizer, stop_token_ids=stops, chain_name=name)
+        return history_class(tokenizer, stop_token_ids=stops, chain_name=name, keep_frozen=False)
 
     tokens = SessionTokens(settings.signing_key, open_sessions=settings.open_sessions, ttl=settings.token_ttl)
     return AdapterState(kit, tokens, Sessions(new_history), TemplateRenderer(tokenizer))
