@@ -1,4 +1,5 @@
 # The README's two commands: `make demo` and `make test`. Each bootstraps a fresh machine by itself.
+# $(VENV_FILE) names this clone's venv (scripts/clone_venv.sh): the shared heavy venv plus this clone's code.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 VENV_FILE := .rollbus/venv-path
@@ -9,10 +10,13 @@ help:
 	@echo "make demo   - run the end-to-end slice on embedded defaults (broker, engine, adapter, Claude Code)"
 	@echo "make test   - bootstrap, lint and run the whole test suite against a real Kafka broker"
 	@echo "make bench  - run the benchmarks in bench/"
+	@echo "make lint   - ruff over the code"
+	@echo "make broker-start / broker-stop - the embedded Kafka broker of .rollbus (any free port if 9092 is taken)"
+	@echo "make clean  - remove .rollbus (broker data, the clone's venv layer)"
 
 bootstrap:
 	@mkdir -p .rollbus
-	@scripts/bootstrap.sh | tail -n 1 > $(VENV_FILE)
+	@set -o pipefail; scripts/bootstrap.sh | tail -n 1 > $(VENV_FILE)
 
 demo: bootstrap
 	@"$$(cat $(VENV_FILE))/bin/python" -m rollbus demo
@@ -27,6 +31,12 @@ lint: bootstrap
 
 bench: bootstrap
 	@v="$$(cat $(VENV_FILE))"; for b in bench/*.py; do echo "== $$b"; "$$v/bin/python" "$$b" || exit 1; done
+
+broker-start: bootstrap
+	@"$$(cat $(VENV_FILE))/bin/rollbus" broker start
+
+broker-stop: bootstrap
+	@"$$(cat $(VENV_FILE))/bin/rollbus" broker stop
 
 clean:
 	rm -rf .rollbus

@@ -34,8 +34,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from rollbus.config import DEFAULT_STATE_DIR, add_option
 from rollbus.kafka.runtime import BrokerError, adopt_archive, class_data_sharing, fetch, render
+from rollbus.polling import WaitTimeout, wait_until
 
 DEFAULT_PORT = 9092
 # Small heap and serial GC: one node with a few topics needs little, and the machine has 2 cores.
@@ -70,11 +73,13 @@ def pid_alive(pid: int, config: Path) -> bool:
     """True if ``pid`` is a live (not zombie) Kafka JVM started with ``config``: a pid file can
     outlive its process, and the pid be reused by another."""
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        cmdline = process.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
-    return state != "Z" and b"kafka.Kafka" in cmdline and str(config).encode() in cmdline
+    return "kafka.Kafka" in cmdline and str(config) in cmdline
 
 
 class EmbeddedBroker:
@@ -220,11 +225,10 @@ class EmbeddedBroker:
             adopt_archive(self.record().get("pending_archive"), complete=False)
 
     def _wait_exit(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while self.is_running():
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
+        try:
+            wait_until(lambda: not self.is_running(), timeout=timeout, interval=0.05, what="broker exit")
+        except WaitTimeout:
+            return False
         return True
 
 
@@ -239,14 +243,18 @@ def cluster_id() -> str:
 
 def wait_until_ready(broker: EmbeddedBroker, timeout: float) -> None:
     """Poll until a metadata request lists the broker; fail fast, with the log, if the JVM died."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def ready() -> bool:
         if not broker.is_running():
             raise BrokerError(f"the broker exited during start-up; last log lines:\n{log_tail(broker)}")
-        if port_is_open(broker.port) and answers_metadata(broker.bootstrap_servers):
-            return
-        time.sleep(0.1)
-    raise BrokerError(f"the broker did not answer within {timeout:.0f}s; last log lines:\n{log_tail(broker)}")
+        return port_is_open(broker.port) and answers_metadata(broker.bootstrap_servers)
+
+    try:
+        wait_until(ready, timeout=timeout, interval=0.1, what="broker start-up")
+    except WaitTimeout:
+        raise BrokerError(
+            f"the broker did not answer within {timeout:.0f}s; last log lines:\n{log_tail(broker)}"
+        ) from None
 
 
 def answers_metadata(bootstrap_servers: str, timeout: float = 5.0) -> bool:
@@ -288,11 +296,11 @@ def log_tail(broker: EmbeddedBroker, lines: int = 20) -> str:
 
 
 def rss_bytes(pid: int) -> int:
-    """Resident memory of ``pid`` (from /proc), for status and the start-up benchmark."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
+    """Resident memory of ``pid``, for status and the start-up benchmark (0 if it is gone)."""
+    try:
+        return psutil.Process(pid).memory_info().rss
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return 0
 
 
 # --- CLI ---------------------------------------------------------------------------------------
@@ -300,7 +308,14 @@ def rss_bytes(pid: int) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=("start", "stop", "status", "fetch"))
-    add_option(parser, "--port", default=DEFAULT_PORT, type=int, help="broker port on 127.0.0.1")
+    add_option(
+        parser,
+        "--port",
+        default=None,
+        type=int,
+        help=f"broker port on 127.0.0.1 (unset: the port of the last start, else {DEFAULT_PORT}; "
+        "a free one if that is taken)",
+    )
     add_option(
         parser, "--state-dir", default=DEFAULT_STATE_DIR, type=Path, help="local state directory", shared=True
     )
@@ -319,11 +334,13 @@ def run_action(args: argparse.Namespace) -> int:
     if args.action == "fetch":
         print(f"kafka jars in {fetch()}")
         return 0
-    broker = EmbeddedBroker(args.state_dir, port=args.port)
+    broker = EmbeddedBroker(args.state_dir, port=args.port or DEFAULT_PORT)
     if args.action == "start":
         if broker.is_running():
-            print(f"broker already running (pid {broker.pid()}) from {broker.home}")
+            port = broker.record().get("port", broker.port)
+            print(f"broker already running on 127.0.0.1:{port} (pid {broker.pid()}) from {broker.home}")
             return 0
+        broker.port = start_port(broker, args.port)
         took = broker.start(timeout=args.timeout)
         print(f"broker ready on {broker.bootstrap_servers} in {took:.1f}s (pid {broker.pid()})")
     elif args.action == "stop":
@@ -333,6 +350,20 @@ def run_action(args: argparse.Namespace) -> int:
     else:
         return print_status(broker)
     return 0
+
+
+def start_port(broker: EmbeddedBroker, requested: int | None) -> int:
+    """The port to start on: the one asked for; else the last start's (so clients that found it keep
+    finding it), else the default; a free one, said on stderr, if that is taken. Commands on the same
+    state dir find the broker wherever it listens through ``broker.json``."""
+    if requested is not None:
+        return requested
+    port = int(broker.record().get("port") or DEFAULT_PORT)
+    if port_is_open(port):
+        chosen = free_port()
+        print(f"port {port} is taken; starting on 127.0.0.1:{chosen} instead", file=sys.stderr)
+        return chosen
+    return port
 
 
 def print_status(broker: EmbeddedBroker) -> int:

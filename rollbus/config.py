@@ -13,6 +13,7 @@ The scope comes from the parser's ``prog`` (``rollbus <service>``), which :mod:`
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -74,8 +75,9 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
     add_option(
         parser,
         "--bootstrap-servers",
-        default=DEFAULT_BOOTSTRAP,
-        help="Kafka bootstrap servers (any Kafka-compatible cluster)",
+        default=None,
+        help="Kafka bootstrap servers (any Kafka-compatible cluster); unset: the embedded broker of "
+        f"--state-dir wherever `rollbus broker start` put it, else {DEFAULT_BOOTSTRAP}",
         shared=True,
     )
     add_option(
@@ -83,8 +85,35 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def broker_record_path(state_dir: Path | str) -> Path:
+    """Where ``rollbus broker start`` records the embedded broker's pid and port (:mod:`rollbus.broker`)."""
+    return Path(state_dir) / "kafka" / "broker.json"
+
+
+def recorded_bootstrap(state_dir: Path | str) -> str | None:
+    """``127.0.0.1:<port>`` of the embedded broker last started from ``state_dir``, or None if none was."""
+    try:
+        port = int(json.loads(broker_record_path(state_dir).read_text())["port"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return f"127.0.0.1:{port}"
+
+
+def default_bootstrap(state_dir: Path | str | None = None) -> str:
+    """Where the bus is when no flag says: ``ROLLBUS_BOOTSTRAP_SERVERS``, else the embedded broker of the
+    state dir wherever ``rollbus broker start`` put it, else ``127.0.0.1:9092``."""
+    if os.environ.get("ROLLBUS_BOOTSTRAP_SERVERS"):
+        return os.environ["ROLLBUS_BOOTSTRAP_SERVERS"]
+    where = state_dir if state_dir is not None else state_dir_default()
+    return recorded_bootstrap(where) or DEFAULT_BOOTSTRAP
+
+
+def state_dir_default() -> Path:
+    return Path(os.environ.get("ROLLBUS_STATE_DIR") or DEFAULT_STATE_DIR)
+
+
 def bootstrap_servers() -> str:
-    return os.environ.get("ROLLBUS_BOOTSTRAP_SERVERS", DEFAULT_BOOTSTRAP)
+    return default_bootstrap()
 
 
 def state_dir() -> Path:

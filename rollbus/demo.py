@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import tempfile
 import time
 import uuid
@@ -115,7 +116,7 @@ async def demo(args: argparse.Namespace, bootstrap: str, state: Path) -> int:
             await publish_outcome(publisher, episode)
     records = await replay_turns(bootstrap, episode.rollout_id)
     segments = segments_of(records, episode.rollout_id, 1.0 if episode.solved else 0.0)
-    print_summary(episode, records, segments, bootstrap)
+    print_summary(episode, records, segments, bootstrap, None if args.bootstrap_servers else state)
     return 0 if episode.solved and segments else 1
 
 
@@ -203,7 +204,11 @@ def segments_of(records: list[dict[str, Any]], rollout_id: str, reward: float) -
 
 
 def print_summary(
-    episode: Episode, records: list[dict[str, Any]], segments: list[Segment], bootstrap: str
+    episode: Episode,
+    records: list[dict[str, Any]],
+    segments: list[Segment],
+    bootstrap: str,
+    embedded_state: Path | None,
 ) -> None:
     turns = Table(title=f"turns of rollout {episode.rollout_id}, replayed from the bus")
     columns = ("chain", "kind", "turn", "prompt tokens", "sent (new suffix)", "sampled", "finish", "policy")
@@ -233,8 +238,20 @@ def print_summary(
             str(len(s.response_ids)), str(sum(s.loss_mask)), f"{s.reward:.3f}",
         )  # fmt: skip
     console.print(table)
-    console.print(
-        f"replay it yourself: rollbus replay turns --key {episode.rollout_id} --format table "
-        f"--bootstrap-servers {bootstrap}  (the demo's broker stops when it ends; start it with "
-        f"`rollbus broker start --state-dir .rollbus/demo --port {bootstrap.rsplit(':', 1)[1]}`)"
+    console.print(replay_hint(episode.rollout_id, bootstrap, embedded_state), markup=False)
+
+
+def replay_hint(rollout_id: str, bootstrap: str, embedded_state: Path | None) -> str:
+    """The commands that replay this rollout after the demo, true for the broker it used: its own
+    embedded one (stopped by now: start it again from its state dir, which records its port) or the
+    cluster given with --bootstrap-servers."""
+    replay = f"rollbus replay turns --key {shlex.quote(rollout_id)} --format table"
+    if embedded_state is None:
+        return f"replay it yourself: {replay} --bootstrap-servers {shlex.quote(bootstrap)}"
+    state = shlex.quote(str(embedded_state))
+    return (
+        f"replay it yourself (the demo's broker stopped with it):\n"
+        f"  rollbus broker start --state-dir {state}\n"
+        f"  {replay} --state-dir {state}\n"
+        f"  rollbus broker stop --state-dir {state}"
     )

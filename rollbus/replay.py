@@ -14,19 +14,30 @@ import asyncio
 import base64
 import json
 import sys
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaError
 from aiokafka.partitioner import murmur2
 
 from rollbus.codec import CodecError, Decoded, decode
-from rollbus.config import DEFAULT_BOOTSTRAP, add_option
-from rollbus.topics import describe
+from rollbus.config import add_common_options, add_option
+from rollbus.reach import (
+    DEFAULT_CONNECT_TIMEOUT,
+    BrokerUnreachable,
+    quiet_kafka_logs,
+    reachable,
+    require_broker,
+)
+from rollbus.tables import TableWriter, cells, header
+from rollbus.topics import TopicsError, describe, event_type_for
 
 SUMMARY_EDGE = 3  # numbers shown from the start of a summarised array (plus the last one)
+PROBE_EVERY = 2.0  # idle seconds between checks that the broker is still there
 
 
 @dataclass(frozen=True)
@@ -109,20 +120,33 @@ def parse_since(text: str) -> int:
 
 
 async def read(
-    bootstrap_servers: str, plan: ReadPlan
+    bootstrap_servers: str,
+    plan: ReadPlan,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    on_status: Callable[[str], None] | None = None,
 ) -> AsyncIterator[tuple[ConsumerRecord, Decoded | CodecError]]:
-    """Yield ``plan``'s messages with their decoding (or the decode error), in per-partition order."""
+    """Yield ``plan``'s messages with their decoding (or the decode error), in per-partition order.
+
+    :class:`BrokerUnreachable` if no broker answers within ``connect_timeout`` seconds, at the start or
+    (replay) when it goes away mid-read; a follower instead tells ``on_status`` once that it lost the
+    broker and once that it is back, and keeps waiting."""
+    await require_broker(bootstrap_servers, connect_timeout)
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
         isolation_level="read_committed", client_id="rollbus-replay",
     )  # fmt: skip
-    await consumer.start()
     try:
+        await consumer.start()
         partitions = await _assign(consumer, bootstrap_servers, plan)
         end = None if plan.follow else await consumer.end_offsets(partitions)
+        watch = BrokerWatch(bootstrap_servers, connect_timeout, plan.follow, on_status)
         count = 0
         while end is None or await _behind(consumer, end):
             batch = await consumer.getmany(timeout_ms=500)
+            if not batch:
+                await watch.idle()
+                continue
+            await watch.alive()
             for message in (m for messages in batch.values() for m in messages):
                 if plan.key is not None and message.key != plan.key:
                     continue
@@ -137,6 +161,44 @@ async def read(
                     return
     finally:
         await consumer.stop()
+
+
+@dataclass
+class BrokerWatch:
+    """Notices, while a read is idle, that the broker went away (aiokafka itself only retries, silently
+    now): probes every ``PROBE_EVERY`` idle seconds; a reader gives up after ``timeout`` seconds
+    without the broker, a follower reports the loss once and the return once."""
+
+    bootstrap_servers: str
+    timeout: float
+    follow: bool
+    on_status: Callable[[str], None] | None
+    lost_at: float | None = None
+    probed_at: float = field(default_factory=time.monotonic)
+
+    async def idle(self) -> None:
+        if time.monotonic() - self.probed_at < PROBE_EVERY:
+            return
+        self.probed_at = time.monotonic()
+        if await reachable(self.bootstrap_servers, min(self.timeout, PROBE_EVERY)):
+            await self.alive()
+            return
+        if self.lost_at is None:
+            self.lost_at = time.monotonic()
+            if self.follow:
+                self._say(f"lost the broker at {self.bootstrap_servers}; retrying quietly until it is back")
+        elif not self.follow and time.monotonic() - self.lost_at >= self.timeout:
+            raise BrokerUnreachable(self.bootstrap_servers, self.timeout)
+
+    async def alive(self) -> None:
+        if self.lost_at is not None:
+            self.lost_at = None
+            if self.follow:
+                self._say(f"the broker at {self.bootstrap_servers} is back; following again")
+
+    def _say(self, line: str) -> None:
+        if self.on_status is not None:
+            self.on_status(line)
 
 
 def _decode(value: bytes | None) -> Decoded | CodecError:
@@ -188,31 +250,20 @@ async def _behind(consumer: AIOKafkaConsumer, end: dict[TopicPartition, int]) ->
 # --- printing and CLI --------------------------------------------------------------------------
 
 
-def record_summary(record: dict[str, Any], width: int = 100) -> str:
-    """``rollout_id=r-1 turn_index=1 prompt_ids=[3 ids: …]`` cut to ``width``, for the table."""
-    text = " ".join(f"{name}={value}" for name, value in record.items() if name != "schema_version")
-    return text if len(text) <= width else text[: width - 1] + "…"
+def table_row(message: ConsumerRecord, decoded: Decoded | CodecError, event_type: str | None) -> list[str]:
+    """The table row of one message on a topic holding ``event_type``."""
+    key = message.key.decode(errors="replace") if message.key is not None else None
+    place = (message.partition, message.offset, message.timestamp)
+    if isinstance(decoded, CodecError):
+        return cells(event_type, place, key, None, None, str(decoded))
+    return cells(event_type, place, key, decoded.event_type, decoded.record)
 
 
-COLUMNS = (("p", 2), ("offset", 7), ("time (UTC)", 12), ("key", 12), ("type", 14), ("event", None))
-
-
-def table_of(rows: list[dict[str, Any]], header: bool = True) -> Any:
-    """A rich table, one line per event; fixed widths so rows printed one by one (tail) line up."""
-    from rich.table import Table
-
-    table = Table(box=None, pad_edge=False, show_header=header, expand=True)
-    for name, width in COLUMNS:
-        table.add_column(
-            name, width=width, no_wrap=True, overflow="ellipsis", ratio=1 if width is None else None
-        )
-    for row in rows:
-        event = row.get("event")
-        kind = f"{event['type']} v{event['schema_version']}" if event else "[red]undecodable[/red]"
-        what = record_summary(event["record"], width=400) if event else row["error"]
-        time_of_day = row["timestamp"][11:23]
-        table.add_row(str(row["partition"]), str(row["offset"]), time_of_day, row["key"] or "", kind, what)
-    return table
+def topic_event_type(topic: str) -> str | None:
+    try:
+        return event_type_for(topic)
+    except TopicsError:
+        return None
 
 
 def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
@@ -225,9 +276,11 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, help="stop after this many events")
     parser.add_argument("--format", choices=("json", "table"), default="json", help="output format")
     parser.add_argument("--full", action="store_true", help="print token arrays and bytes in full")
+    add_common_options(parser)
     add_option(
-        parser, "--bootstrap-servers", default=DEFAULT_BOOTSTRAP, help="Kafka bootstrap servers", shared=True
-    )
+        parser, "--connect-timeout", default=DEFAULT_CONNECT_TIMEOUT, type=float,
+        help="seconds to wait for an unreachable broker before giving up (replay) or saying so (tail)",
+    )  # fmt: skip
 
 
 add_tail_arguments = add_replay_arguments
@@ -249,32 +302,56 @@ def plan_from(args: argparse.Namespace) -> ReadPlan:
     )  # fmt: skip
 
 
-async def print_events(bootstrap_servers: str, plan: ReadPlan, output: str, full: bool) -> int:
-    """Print ``plan``'s events as JSON lines or a table (at the end for replay, row by row for tail)."""
-    from rich.console import Console
+def where(plan: ReadPlan) -> str:
+    """``turns from the beginning with key r-1``: what was read, in words, for messages on stderr."""
+    start = {
+        "beginning": "from the beginning",
+        "end": "from the end",
+        "offset": f"from offset {plan.offset}",
+        "since": f"since {datetime.fromtimestamp(plan.since_ms / 1000, UTC).isoformat()}",
+    }[plan.start]
+    key = f" with key {plan.key.decode(errors='replace')}" if plan.key is not None else ""
+    return f"{plan.topic} {start}{key}"
 
-    console = Console(highlight=False)
-    rows: list[dict[str, Any]] = []
-    async for message, decoded in read(bootstrap_servers, plan):
-        row = event_row(message, decoded, full)
+
+async def print_events(
+    bootstrap_servers: str, plan: ReadPlan, output: str, full: bool, connect_timeout: float
+) -> int:
+    """Print ``plan``'s events as JSON lines or a table (aligned at the end for replay, row by row for
+    tail). Everything that is not an event (waiting, nothing found, broker lost) goes to stderr."""
+    if plan.follow:
+        say(f"following {where(plan)} on {bootstrap_servers}, Ctrl-C to stop")
+    event_type = topic_event_type(plan.topic)
+    table = TableWriter(sys.stdout, header(event_type), stream=plan.follow)
+    count = 0
+    async for message, decoded in read(bootstrap_servers, plan, connect_timeout, on_status=say):
+        count += 1
         if output == "json":
-            print(json.dumps(row, ensure_ascii=False), flush=True)
-        elif plan.follow:  # a table can't stream: one headerless row at a time after the first
-            console.print(table_of([row], header=not rows))
-            console.file.flush()
-            rows = rows or [row]
+            print(json.dumps(event_row(message, decoded, full), ensure_ascii=False), flush=True)
         else:
-            rows.append(row)
-    if rows and not plan.follow:
-        console.print(table_of(rows))
+            table.add(table_row(message, decoded, event_type))
+    table.close()
+    if count == 0 and not plan.follow:
+        say(f"no events in {where(plan)}")
     return 0
 
 
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
+    quiet_kafka_logs()
+    plan = plan_from(args)
     try:
-        return asyncio.run(print_events(args.bootstrap_servers, plan_from(args), args.format, args.full))
-    except LookupError as error:
-        print(f"error: {error}", file=sys.stderr)
+        return asyncio.run(
+            print_events(args.bootstrap_servers, plan, args.format, args.full, args.connect_timeout)
+        )
+    except (LookupError, BrokerUnreachable) as error:
+        say(f"error: {error}")
+        return 1
+    except KafkaError as error:
+        say(f"error: the broker at {args.bootstrap_servers} failed while reading {plan.topic}: {error!r}")
         return 1
     except KeyboardInterrupt:
         return 130

@@ -6,14 +6,17 @@ in a log file, so a failure shows the service's own words.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+import psutil
+
+from rollbus.polling import WaitTimeout, wait_until
 
 
 class ServiceFailed(RuntimeError):
@@ -36,30 +39,44 @@ class ServiceProcess:
                 [sys.executable, "-m", "rollbus", self.name, *self.args],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=os.environ.copy(),
             )  # fmt: skip
-        while time.monotonic() - started < timeout:
-            if self.proc.poll() is not None:
-                raise ServiceFailed(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if httpx.get(self.health_url, timeout=2.0).status_code == 200:
-                    return time.monotonic() - started
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise ServiceFailed(
-            f"{self.name} did not answer {self.health_url} in {timeout:.0f}s:\n{self.log_tail()}"
-        )
+        try:
+            wait_until(self._healthy, timeout=timeout, interval=0.2, what=f"{self.name} health")
+        except WaitTimeout:
+            self.stop()
+            raise ServiceFailed(
+                f"{self.name} did not answer {self.health_url} in {timeout:.0f}s:\n{self.log_tail()}"
+            ) from None
+        return time.monotonic() - started
+
+    def _healthy(self) -> bool:
+        """True once the health URL answers 200; :class:`ServiceFailed` at once if the process exited."""
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise ServiceFailed(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+        try:
+            return httpx.get(self.health_url, timeout=2.0).status_code == 200
+        except httpx.TransportError:
+            return False
 
     def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM (the adapter drains on it), then SIGKILL if it lingers."""
+        """SIGTERM to the service and every process it started (the adapter drains on it), then SIGKILL
+        to whatever lingers after ``timeout``."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        os.killpg(self.proc.pid, signal.SIGTERM)
         try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+            family = [psutil.Process(self.proc.pid)]
+            family += family[0].children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        for process in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.terminate()
+        _, alive = psutil.wait_procs(family, timeout=timeout)
+        for process in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        psutil.wait_procs(alive, timeout=10)
+        self.proc.wait()
 
     def log_tail(self, lines: int = 30) -> str:
         if not self.log_path.exists():

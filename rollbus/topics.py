@@ -22,9 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
 
-from rollbus.config import DEFAULT_BOOTSTRAP, add_option
+from rollbus.config import add_common_options, add_option
 from rollbus.events import EVENTS
+from rollbus.polling import WaitTimeout, wait_until_async
+from rollbus.reach import DEFAULT_CONNECT_TIMEOUT, BrokerUnreachable, quiet_kafka_logs, require_broker
 
 DEFAULT_PARTITIONS = 6  # enough for a few parallel segmenters/graders on one node; cheap on disk
 MAX_EVENT_BYTES = 8 * 2**20  # turns carry whole prompts as token ids
@@ -153,11 +156,18 @@ async def create_topics(
 async def wait_visible(bootstrap_servers: str, names: list[str], timeout: float = 30.0) -> None:
     """Wait until new topics show in metadata: the controller acknowledges a creation before every
     broker's metadata cache has it, and a service started right after must find its topics."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while names and len(await describe(bootstrap_servers, names)) < len(names):
-        if asyncio.get_running_loop().time() > deadline:
-            raise TopicsError(f"created topics did not appear in metadata within {timeout:.0f}s: {names}")
-        await asyncio.sleep(0.1)
+    if not names:
+        return
+
+    async def visible() -> bool:
+        return len(await describe(bootstrap_servers, names)) == len(names)
+
+    try:
+        await wait_until_async(visible, timeout=timeout, interval=0.1, what="new topics in metadata")
+    except WaitTimeout:
+        raise TopicsError(
+            f"created topics did not appear in metadata within {timeout:.0f}s: {names}"
+        ) from None
 
 
 TOPIC_ALREADY_EXISTS = 36  # Kafka error code: another process created it first, which is fine
@@ -210,9 +220,9 @@ async def check_topics(bootstrap_servers: str, namespace: str = "") -> dict[str,
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=("create", "check", "list"))
-    add_option(
-        parser, "--bootstrap-servers", default=DEFAULT_BOOTSTRAP, help="Kafka bootstrap servers", shared=True
-    )
+    add_common_options(parser)
+    add_option(parser, "--connect-timeout", default=DEFAULT_CONNECT_TIMEOUT, type=float,
+               help="seconds to wait for an unreachable broker before giving up")  # fmt: skip
     add_option(parser, "--partitions", default=DEFAULT_PARTITIONS, type=int,
                help="partition count shared by all rollout-keyed topics")  # fmt: skip
     add_option(
@@ -222,14 +232,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    quiet_kafka_logs()
     try:
         return asyncio.run(_run(args))
-    except TopicsError as error:
+    except (TopicsError, BrokerUnreachable) as error:
         print(f"error: {error}", file=sys.stderr)
+        return 1
+    except KafkaError as error:
+        print(f"error: the broker at {args.bootstrap_servers} failed: {error!r}", file=sys.stderr)
         return 1
 
 
 async def _run(args: argparse.Namespace) -> int:
+    await require_broker(args.bootstrap_servers, args.connect_timeout)
     if args.action == "create":
         created = await create_topics(
             args.bootstrap_servers, args.partitions, args.namespace, args.replication_factor

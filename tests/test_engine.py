@@ -339,7 +339,16 @@ def test_update_weights_from_disk_changes_logprobs_and_version(tokenizer, tmp_pa
         ({"input_ids": [1, 10**7]}, "out-of-vocabulary token id 10000000"),
         ({"input_ids": [1, -3]}, "out-of-vocabulary token id -3"),
         ({"input_ids": [[1, 2]]}, "batched requests are not supported"),
-        ({"input_ids": [1, "2"]}, "must be an integer token id"),
+        ({"input_ids": [1, "2"]}, "input_ids.1 must be an integer, got '2'"),
+        ({"input_ids": [1, True]}, "input_ids.1 must be an integer, got True"),
+        ({"input_ids": [1, 2.0]}, "input_ids.1 must be an integer"),
+        ({"input_ids": "1 2"}, "input_ids must be a list"),
+        ({"input_ids": [1], "rid": 7}, "rid must be a string, got 7"),
+        ({"input_ids": [1], "stream": "yes"}, "stream must be a boolean"),
+        ({"input_ids": [1], "logprob_start_len": 0}, "logprob_start_len is not supported"),
+        ({"input_ids": [1], "sampling_params": {"top_k": 1.5}}, "sampling_params.top_k must be an integer"),
+        ({"input_ids": [1], "sampling_params": {"temperature": "hot"}}, "temperature must be a number"),
+        ({"input_ids": [1], "sampling_params": {"stop_token_ids": [1, -1]}}, "out-of-vocabulary token id -1"),
         ({"input_ids": [1], "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens must be at least 0"),
         ({"input_ids": [1], "sampling_params": {"temperature": -0.5}}, "temperature must be a non-negative"),
         ({"input_ids": [1], "sampling_params": {"top_p": 0}}, "top_p must be in (0, 1]"),
@@ -376,6 +385,24 @@ def test_info_endpoints(sampled, tokenizer):
     server = client.get("/get_server_info").json()
     assert server["counters"]["requests"] == engine.counters.requests
     assert "rollbus_engine_requests_total" in client.get("/metrics").text
+
+
+def test_metrics_are_prometheus_text_with_types_and_the_engines_counts(sampled, tokenizer):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    engine, client = sampled
+    post_generate(client, chat_prompt(tokenizer, "count me"), max_new_tokens=2)
+    response = client.get("/metrics")
+    assert response.headers["content-type"].startswith("text/plain; version=")
+    assert "# TYPE rollbus_engine_requests_total counter" in response.text
+    assert "# TYPE rollbus_engine_prefix_cache_entries gauge" in response.text
+    families = {family.name: family for family in text_string_to_metric_families(response.text)}
+    assert families["rollbus_engine_requests"].type == "counter"
+    totals = {s.name: s.value for f in families.values() for s in f.samples}
+    assert totals["rollbus_engine_requests_total"] == engine.counters.requests >= 1
+    assert totals["rollbus_engine_generated_tokens_total"] == engine.counters.generated_tokens
+    weights = families["rollbus_engine_weights_info"].samples[0].labels
+    assert weights["weight_version"] == str(engine.weight_version)
 
 
 def test_incomplete_scripted_turns_end_by_length_without_a_stop_token(tokenizer, special):

@@ -109,7 +109,7 @@ async def test_bwrap_writes_outside_the_workspace_do_not_reach_the_host(
     assert "Read-only file system" in done.stderr
     assert list(outside.iterdir()) == [] and not host_tmp.exists()
     assert not Path("/usr/rollbus-escape").exists()
-    assert (bwrap_box.layout.workdir / "inside").read_text() == "ok\n"
+    assert (bwrap_box.host_workdir / "inside").read_text() == "ok\n"
 
 
 async def test_bwrap_network_none_cannot_reach_a_host_loopback_port(tmp_path: Path) -> None:

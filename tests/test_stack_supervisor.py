@@ -105,3 +105,19 @@ async def test_interrupted_during_start_up_leaves_no_orphans(tmp_path):
     with pytest.raises(asyncio.CancelledError):
         await starting
     assert not any(alive(pid) for pid in pids)
+
+
+async def test_an_on_failure_service_that_exits_cleanly_is_done_not_restarted(tmp_path):
+    argv = [PY, "-c", "import time; time.sleep(0.3)"]
+    finite = ServiceSpec("trainer", argv, settle=0.1, restart="on-failure")
+    stack = Supervisor([finite], tmp_path, backoff_initial=0.01)
+    await stack.start()
+    watcher = asyncio.create_task(stack.watch(poll=0.02))
+    for _ in range(100):
+        if stack["trainer"].done:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.2)
+    assert stack["trainer"].done and stack["trainer"].restarts == 0
+    await stack.stop()
+    await watcher

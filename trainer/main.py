@@ -1,17 +1,50 @@
-"""Trainer: consumes the `segments` topic as a stream and publishes new weight versions to `policy`."""
+"""``rollbus trainer``: consume ``segments``, train the policy, publish each new version to ``policy``.
+
+Single process: ``rollbus trainer --group-size 4 --rollout-batch-size 2``. Data-parallel on one or more
+machines: ``torchrun --nproc-per-node 2 -m trainer ...`` (gloo on CPU, NCCL on GPUs): rank 0 consumes and
+commits, every rank trains a share of each batch.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
+import os
+import signal
 
-from rollbus.config import add_common_options, add_option
-from services._stub import not_built_yet
+import torch
+import torch.distributed as dist
+import transformers
 
+from trainer.learner import Learner, follow
+from trainer.service import Trainer
+from trainer.settings import TrainerSettings
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_common_options(parser)
-    add_option(parser, "--batch-rollouts", default=8, type=int, help="rollouts per optimiser step")
+add_arguments = TrainerSettings.add_arguments
 
 
 def run(args: argparse.Namespace) -> int:
-    return not_built_yet("trainer", "the segments consumer and the training step")
+    settings = TrainerSettings.from_args(args)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    transformers.utils.logging.disable_progress_bar()
+    torch.set_num_threads(settings.threads or os.cpu_count() or 1)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    try:
+        learner = Learner.resume(settings)
+        if dist.is_initialized() and dist.get_rank() != 0:
+            return follow(learner)
+        return asyncio.run(serve(Trainer(learner)))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+async def serve(trainer: Trainer) -> int:
+    """Run until ``--steps`` are done or SIGINT/SIGTERM; a stop loses nothing uncommitted."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return await trainer.run(stop)

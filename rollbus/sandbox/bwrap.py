@@ -1,42 +1,64 @@
 """Bubblewrap backend: each command runs in fresh Linux namespaces over a minimal, mostly read-only root.
 
-Layout inside: ``/usr`` and the ``/lib*``, ``/bin`` links read-only from the host; a few ``/etc`` files
-(plus our own ``passwd``/``group`` naming the agent user); fresh ``/proc``, ``/dev`` and ``/tmp``; the
-repository read-write at ``/workspace``; a host-backed writable HOME at ``/home/agent``; extra read-only binds
-(the CLI binary); the root itself read-only. The agent runs as uid 1000 in a user namespace, mapped to the
-calling user outside (so, run as root, host-root-owned files look agent-owned inside: only read-only ones are
-mounted).
+Layout inside: ``/usr`` and the ``/lib*``, ``/bin`` links read-only from the host (or a toolchain root
+filesystem, read-only as ``/``); a few ``/etc`` files plus our own ``passwd``/``group``; fresh ``/proc``,
+``/dev`` and a size-capped ``/tmp``; the repository read-write at ``/workspace``; a writable HOME at
+``/home/agent``; extra read-only binds (the CLI binary); everything else read-only.
 
-Network: ``"none"`` gives a private network namespace with only its own loopback, so nothing on the host (or
-beyond) is reachable. ``"loopback"`` (``--share-net``) *shares the host network namespace*: the agent can
-reach every host port and any route the host has, not just the adapter. Future work: a private namespace
-with only the adapter's socket forwarded in.
-
-Timeouts SIGKILL the namespace's init process (found through ``--info-fd``), so the kernel kills every
-process in the PID namespace, even those that started their own session; ``run`` returns once they are all
-gone (they held its output pipes), so nothing the agent started outlives the call.
+Threat model: the agent is the attacker.
+- Identity: run by root, the launcher drops to a per-sandbox unprivileged host uid before exec'ing bwrap, so
+  the agent's uid 1000 maps to that uid, never to host root: files it creates are owned by it. Sources that
+  uid could not reach (root-only parents) are bind-mounted to a traversable staging dir in a private mount
+  namespace of the launcher, never on the host. bwrap adds ``no_new_privs``, drops every capability, mounts
+  binds and tmpfs ``nosuid,nodev`` (setuid bits do nothing) and ``--disable-userns`` forbids nested user
+  namespaces.
+- Network: every sandbox has its own network namespace. ``"none"``: loopback only, nothing else.
+  ``"adapter"``: loopback plus the adapter's unix socket at ``/run/adapter.sock`` and a ``socat`` forwarder
+  on the loopback port ``ANTHROPIC_BASE_URL`` names (started before the command, gone with it).
+  ``"loopback"`` shares the host network namespace and is for debugging only.
+- Limits (:mod:`rollbus.sandbox.limits`): the launcher joins the sandbox's cgroup; a hit is named.
+- Timeouts SIGKILL the namespace's init (found through ``--info-fd``), which takes every process in the PID
+  namespace with it; ``run`` returns once they are all gone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
+import inspect
 import json
 import os
+import resource
+import secrets
 import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from rollbus.sandbox.base import Completed, Network, read_host_file, write_host_file
+from rollbus.sandbox.base import (
+    Completed,
+    FailureKind,
+    Network,
+    SandboxBase,
+    SandboxError,
+    read_host_file,
+    write_host_file,
+)
+from rollbus.sandbox.limits import Cgroups, Limits, enforcement, failure_from_counters, rlimits
 from rollbus.sandbox.process import run_process
 
 WORKSPACE = "/workspace"
 HOME = "/home/agent"
+ADAPTER_SOCKET = "/run/adapter.sock"
 AGENT_UID = 1000
+HOST_UID_BASE = 1_000_000  # per-sandbox host uids are drawn from [base, base + span)
+HOST_UID_SPAN = 1_000_000
+SCRATCH_ROOT = Path(os.environ.get("ROLLBUS_SANDBOX_ROOT", "/tmp/rollbus-sandboxes"))
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_FILES = (
     "/etc/hosts",
@@ -49,6 +71,18 @@ ETC_FILES = (
     "/etc/ca-certificates",
     "/etc/localtime",
 )
+# Start the forwarder, wait (at most ~10 s) until it listens, then become the command.
+FORWARDER = (
+    "$RB_SOCAT TCP-LISTEN:$RB_PORT,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:" + ADAPTER_SOCKET + " &\n"
+    'n=0; while ! grep -q "0100007F:$RB_HEX 00000000:0000 0A" /proc/net/tcp; do\n'
+    "  n=$((n+1)); [ $n -gt 2000 ] && { echo 'rollbus: adapter forwarder did not start' >&2; exit 125; }\n"
+    "  sleep 0.005; done\n"
+    'unset RB_PORT RB_HEX RB_SOCAT; exec "$@"'
+)
+HOST_USR = "/.rollbus/host/usr"
+TOOLCHAIN_SKIP = {"proc", "dev", "sys", "tmp", "run", "home", "workspace", ".rollbus"}
+CLONE_NEWNS = 0x00020000
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 1 << 14, 1 << 18
 
 
 class SandboxUnavailable(RuntimeError):
@@ -65,10 +99,27 @@ class BwrapLayout:
     network: Network = "none"
     ro_binds: Mapping[str, str] = field(default_factory=dict)  # host path -> inside path
     uid: int | None = AGENT_UID  # None: no uid switch (for hosts without user namespaces)
+    adapter_socket: Path | None = None  # host side of /run/adapter.sock ("adapter" network)
+    forward_port: int | None = None  # loopback port of the forwarder inside
+    tmp_bytes: int | None = None
+    disable_userns: bool = True
+    toolchain: Path | None = None  # a root filesystem mounted read-only as /; None: the host's /usr
+    inside_workdir: str = WORKSPACE
+    host_loader: tuple[str, ...] = ()  # how to run the host's socat over a foreign toolchain
 
 
-def system_mounts() -> list[str]:
-    """Mirror the host's system directories: symlinks stay symlinks (merged /usr), directories bind ro."""
+def system_mounts(
+    toolchain: Path | None = None, host_usr: bool = False, staged_toolchain: Path | None = None
+) -> list[str]:
+    """The read-only system: a toolchain rootfs's top-level dirs, or the host's system dirs and /etc files.
+
+    Over a toolchain, ``host_usr`` adds the host's ``/usr`` at ``/.rollbus/host/usr`` (read-only) so the
+    forwarder can run the host's ``socat`` through the host's loader.
+    """
+    if toolchain is not None:
+        return toolchain_mounts(toolchain, staged_toolchain) + (
+            ["--ro-bind", "/usr", HOST_USR] if host_usr else []
+        )
     args: list[str] = []
     for path in SYSTEM_DIRS:
         if os.path.islink(path):
@@ -78,6 +129,34 @@ def system_mounts() -> list[str]:
     for path in ETC_FILES:
         args += ["--ro-bind-try", path, path]
     return args
+
+
+def toolchain_mounts(rootfs: Path, staged: Path | None = None) -> list[str]:
+    """Each top-level entry of ``rootfs`` read-only (symlinks as symlinks) but what the sandbox provides.
+
+    ``staged`` is where the launcher binds ``rootfs`` (the listing is read from the real one).
+    """
+    args: list[str] = []
+    for entry in sorted(rootfs.iterdir()):
+        if entry.name in TOOLCHAIN_SKIP:
+            continue
+        if entry.is_symlink():
+            args += ["--symlink", os.readlink(entry), f"/{entry.name}"]
+        elif entry.is_dir():
+            args += ["--ro-bind", str((staged or rootfs) / entry.name), f"/{entry.name}"]
+    return args
+
+
+def host_socat() -> tuple[str, ...]:
+    """The host's socat, run by the host's dynamic loader from ``/.rollbus/host/usr``."""
+    loader = Path(os.path.realpath("/lib64/ld-linux-x86-64.so.2"))
+    socat = Path(os.path.realpath(shutil.which("socat") or "/usr/bin/socat"))
+    libdirs = ["/usr/lib/x86_64-linux-gnu", "/usr/lib"]
+
+    def inside(path: Path | str) -> str:
+        return HOST_USR + str(path).removeprefix("/usr")
+
+    return (inside(loader), "--library-path", ":".join(inside(d) for d in libdirs), inside(socat))
 
 
 def bwrap_argv(
@@ -96,18 +175,28 @@ def bwrap_argv(
     if layout.network == "loopback":
         argv.append("--share-net")
     if layout.uid is not None:
-        argv += ["--uid", str(layout.uid), "--gid", str(layout.uid)]
+        argv += ["--unshare-user", "--uid", str(layout.uid), "--gid", str(layout.uid)]
+        if layout.disable_userns:
+            argv.append("--disable-userns")
+    tmp = ["--size", str(layout.tmp_bytes), "--tmpfs", "/tmp"] if layout.tmp_bytes else ["--tmpfs", "/tmp"]
     mounts = [
         ("--ro-bind", str(layout.etc / "passwd"), "/etc/passwd"),
         ("--ro-bind", str(layout.etc / "group"), "/etc/group"),
         ("--proc", "/proc"),
         ("--dev", "/dev"),
-        ("--tmpfs", "/tmp"),
-        ("--bind", str(layout.workdir), WORKSPACE),
+        tuple(tmp),
+        ("--bind", str(layout.workdir), layout.inside_workdir),
         ("--bind", str(layout.home), HOME),
         *(("--ro-bind", host, inside) for host, inside in layout.ro_binds.items()),
-        ("--remount-ro", "/"),  # last: everything above keeps its own flags
     ]
+    if layout.network == "adapter":
+        assert layout.adapter_socket is not None and layout.forward_port is not None
+        mounts.append(("--ro-bind", str(layout.adapter_socket), ADAPTER_SOCKET))
+        argv += ["--setenv", "RB_PORT", str(layout.forward_port)]
+        argv += ["--setenv", "RB_HEX", f"{layout.forward_port:04X}"]
+        argv += ["--setenv", "RB_SOCAT", " ".join(layout.host_loader) or "socat"]
+        cmd = ["/bin/sh", "-c", FORWARDER, "sh", *cmd]
+    mounts.append(("--remount-ro", "/"))  # last: everything above keeps its own flags
     argv += [*system, *(arg for mount in mounts for arg in mount), "--chdir", cwd]
     if info_fd is not None:
         argv += ["--info-fd", str(info_fd)]
@@ -121,13 +210,64 @@ def write_identity(etc: Path, uid: int | None) -> None:
     passwd = f"root:x:0:0:root:/root:/bin/bash\nagent:x:{agent}:{agent}:agent:{HOME}:/bin/bash\n"
     (etc / "passwd").write_text(passwd)
     (etc / "group").write_text(f"root:x:0:\nagent:x:{agent}:\n")
+    for name in ("passwd", "group"):
+        (etc / name).chmod(0o644)
 
 
-class BwrapSandbox:
-    """A bubblewrap sandbox around one prepared repository (see the module docstring for what is shared)."""
+def chown_tree(root: Path, uid: int) -> None:
+    """Hand a tree to the sandbox's host uid (symlinks themselves, never their targets)."""
+    os.chown(root, uid, uid, follow_symlinks=False)
+    for parent, dirs, files in os.walk(root):
+        for name in (*dirs, *files):
+            os.chown(os.path.join(parent, name), uid, uid, follow_symlinks=False)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def make_launcher(
+    host_uid: int | None,
+    binds: Sequence[tuple[str, str]],
+    procs_files: Sequence[str],
+    limits: Sequence[tuple[int, int]],
+) -> Callable[[], None]:
+    """The child-side setup before bwrap: join cgroups, set rlimits, stage binds, drop to ``host_uid``.
+
+    Runs between fork and exec, so it only calls precomputed syscalls. The binds live in a private mount
+    namespace of the launcher: the host's mount table never changes.
+    """
+    libc = _libc()
+    encoded = [(src.encode(), dst.encode()) for src, dst in binds]
+
+    def launch() -> None:
+        pid = str(os.getpid())
+        for path in procs_files:
+            with open(path, "w") as f:
+                f.write(pid)
+        for which, value in limits:  # CPU: SIGXCPU at the soft limit (named), SIGKILL a second later
+            resource.setrlimit(which, (value, value + 1 if which == resource.RLIMIT_CPU else value))
+        if encoded:
+            if libc.unshare(CLONE_NEWNS) != 0 or libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+                raise OSError(ctypes.get_errno(), "private mount namespace")
+            for src, dst in encoded:
+                if libc.mount(src, dst, None, MS_BIND | MS_REC, None) != 0:
+                    raise OSError(ctypes.get_errno(), f"bind {src!r}")
+        if host_uid is not None:
+            os.setgroups([])
+            os.setresgid(host_uid, host_uid, host_uid)
+            os.setresuid(host_uid, host_uid, host_uid)
+
+    return launch
+
+
+class BwrapSandbox(SandboxBase):
+    """A bubblewrap sandbox around one prepared repository (see the module docstring for what holds)."""
 
     workdir = WORKSPACE
     home = HOME
+    proxy: Any = None  # the AdapterProxy serving this sandbox's socket, when it has one
 
     def __init__(
         self,
@@ -137,53 +277,200 @@ class BwrapSandbox:
         ro_binds: Mapping[str | os.PathLike[str], str] | None = None,
         uid: int | None = AGENT_UID,
         bwrap: str = "bwrap",
+        limits: Limits | None = None,
+        adapter_socket: Path | None = None,
+        forward_port: int | None = None,
+        host_uid: int | None = None,
+        sandbox_id: str | None = None,
+        toolchain: Path | None = None,
+        scratch_root: Path = SCRATCH_ROOT,
+        inside_workdir: str = WORKSPACE,
     ) -> None:
         found = shutil.which(bwrap)
         if found is None:
             raise SandboxUnavailable(f"{bwrap!r} not found (apt-get install bubblewrap)")
+        if network == "adapter" and (adapter_socket is None or forward_port is None):
+            raise ValueError("network='adapter' needs adapter_socket and forward_port")
         self._bwrap = found
-        self._state = Path(tempfile.mkdtemp(prefix="rollbus-bwrap-"))
+        self.workdir = inside_workdir
+        self._on_close: list[Callable[[], Awaitable[None] | None]] = []
+        self.sandbox_id = sandbox_id or secrets.token_hex(8)
+        self.limits = limits or Limits()
+        root = os.geteuid() == 0
+        self.host_uid = (host_uid or HOST_UID_BASE + secrets.randbelow(HOST_UID_SPAN)) if root else None
+        if root:
+            require_traversable(scratch_root)
+        self._state = make_scratch(scratch_root, self.sandbox_id)
         (self._state / "home").mkdir()
         write_identity(self._state / "etc", uid)
-        binds = {str(Path(host).resolve()): inside for host, inside in (ro_binds or {}).items()}
+        workdir = Path(workdir).resolve()
+        if self.host_uid is not None:
+            chown_tree(workdir, self.host_uid)
+            os.chown(self._state / "home", self.host_uid, self.host_uid)
+        sources = {
+            "workdir": workdir,
+            "home": self._state / "home",
+            "etc": self._state / "etc",
+            **{f"ro{i}": Path(host).resolve() for i, host in enumerate(ro_binds or {})},
+        }
+        if adapter_socket is not None:
+            sources["adapter"] = Path(adapter_socket)
+        if toolchain is not None:
+            sources["toolchain"] = Path(toolchain).resolve()
+        staged = self._stage(sources) if root else sources
         self.layout = BwrapLayout(
-            workdir=Path(workdir).resolve(),
-            home=self._state / "home",
-            etc=self._state / "etc",
+            workdir=staged["workdir"],
+            home=staged["home"],
+            etc=staged["etc"],
             network=network,
-            ro_binds=binds,
+            ro_binds={str(staged[f"ro{i}"]): inside for i, inside in enumerate((ro_binds or {}).values())},
             uid=uid,
+            adapter_socket=staged.get("adapter"),
+            forward_port=forward_port,
+            tmp_bytes=self.limits.tmp_bytes,
+            disable_userns=uid is not None and bwrap_supports("--disable-userns", found),
+            toolchain=toolchain,
+            inside_workdir=inside_workdir,
+            host_loader=host_socat() if toolchain is not None else (),
         )
-        self._mounts = {WORKSPACE: self.layout.workdir, HOME: self.layout.home}
-        self._system = system_mounts()
+        self._host_workdir = workdir
+        self._mounts = {inside_workdir: workdir, HOME: self._state / "home"}
+        self._system = system_mounts(toolchain, network == "adapter", staged.get("toolchain"))
+        self.cgroups = Cgroups.create(f"rollbus-{self.sandbox_id}", self.limits)
+        self.enforced = enforcement(self.limits, self.cgroups, "checked after each command (du)")
+        self.enforced["nested_userns"] = (
+            "bwrap --disable-userns" if self.layout.disable_userns else "NOT blocked"
+        )
+        self.enforced["identity"] = (
+            f"host uid {self.host_uid}" if self.host_uid else f"caller uid {os.getuid()}"
+        )
+
+    def _stage(self, sources: Mapping[str, Path]) -> dict[str, Path]:
+        """Mountpoints in the traversable scratch dir; the launcher binds each source there."""
+        mnt = self._state / "mnt"
+        mnt.mkdir(mode=0o711)
+        staged, self._binds = {}, []
+        for name, src in sources.items():
+            point = mnt / name
+            if src.is_dir():
+                point.mkdir(mode=0o755)
+            else:
+                point.touch(mode=0o644)
+            staged[name] = point
+            self._binds.append((str(src), str(point)))
+        return staged
+
+    @property
+    def host_workdir(self) -> Path:
+        return self._host_workdir
 
     async def run(
         self, cmd: Sequence[str], env: Mapping[str, str], cwd: str | None = None, timeout: float = 600.0
     ) -> Completed:
         info_r, info_w = os.pipe()
         os.set_blocking(info_r, False)
-        argv = bwrap_argv(self.layout, cmd, cwd=cwd or WORKSPACE, system=self._system, info_fd=info_w)
+        argv = bwrap_argv(self.layout, cmd, cwd=cwd or self.workdir, system=self._system, info_fd=info_w)
+        launcher = make_launcher(
+            self.host_uid,
+            getattr(self, "_binds", []),
+            self.cgroups.procs_files() if self.cgroups else [],
+            rlimits(self.limits, self.cgroups),
+        )
+        before = self.cgroups.counters() if self.cgroups else {}
         try:
-            return await run_process(
+            done = await run_process(
                 [self._bwrap, *argv],
                 env=env,
                 cwd=None,
                 timeout=timeout,
                 kill=lambda _proc: _kill_namespace(info_r),
                 pass_fds=(info_w,),
+                output_limit=self.limits.output_bytes,
+                preexec_fn=launcher,
             )
+        except subprocess.SubprocessError as exc:  # the launcher failed (cgroup, mount, uid)
+            raise SandboxError(f"cannot start the sandbox: {exc}") from exc
         finally:
             os.close(info_r)
             os.close(info_w)
+        after = self.cgroups.counters() if self.cgroups else {}
+        return _with_failure(done, self._classify(done, before, after))
+
+    def _classify(self, done: Completed, before: dict[str, int], after: dict[str, int]) -> FailureKind | None:
+        if done.timed_out:
+            return "timeout"
+        if kind := failure_from_counters(before, after):
+            return kind
+        if self.limits.cpu_time_s is not None and done.exit_code in (128 + signal.SIGXCPU, -signal.SIGXCPU):
+            return "cpu_limit"
+        if self.limits.disk_bytes is not None and disk_usage(self._mounts.values()) > self.limits.disk_bytes:
+            return "disk_full"
+        if self.limits.tmp_bytes is not None and "No space left on device" in done.stderr:
+            return "disk_full"  # the private /tmp is gone with the command: its message is all that is left
+        return done.failure_kind
 
     async def write_file(self, path: str, data: bytes | str) -> None:
-        write_host_file(self._mounts, path, data)
+        write_host_file(self._mounts, path, data, owner=self.host_uid)
 
     async def read_file(self, path: str) -> bytes:
         return read_host_file(self._mounts, path)
 
+    def on_close(self, callback: Callable[[], Awaitable[None] | None]) -> None:
+        """Run ``callback`` at close (after the sandbox's processes are gone), last registered first."""
+        self._on_close.append(callback)
+
     async def close(self) -> None:
+        while self._on_close:
+            with contextlib.suppress(Exception):
+                result = self._on_close.pop()()
+                if inspect.isawaitable(result):
+                    await result
+        if self.cgroups is not None:
+            self.cgroups.destroy()
+            self.cgroups = None
         shutil.rmtree(self._state, ignore_errors=True)
+
+
+def _with_failure(done: Completed, kind: FailureKind | None) -> Completed:
+    if kind == done.failure_kind:
+        return done
+    return Completed(
+        done.exit_code, done.stdout, done.stderr, done.wall_time_s, done.timed_out, kind, done.output_dropped
+    )
+
+
+def make_scratch(root: Path, sandbox_id: str) -> Path:
+    """The sandbox's private host directory, under a root every sandbox uid may traverse but not list."""
+    root.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:
+        root.chmod(0o711)
+    path = root / sandbox_id
+    path.mkdir(mode=0o711)
+    return path
+
+
+def require_traversable(path: Path) -> None:
+    """The sandbox uids must reach their staging dirs: every existing ancestor needs the others' x bit."""
+    for parent in [path, *path.parents]:
+        if parent.exists() and not parent.stat().st_mode & 0o001:
+            raise SandboxUnavailable(
+                f"sandbox scratch root {path}: {parent} is not traversable (chmod o+x it)"
+            )
+
+
+def disk_usage(paths: Sequence[Path] | object) -> int:
+    """Bytes in the given trees (allocated blocks, hard links once)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for top in paths:  # type: ignore[attr-defined]
+        for parent, _dirs, files in os.walk(top):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    st = os.lstat(os.path.join(parent, name))
+                    if (st.st_dev, st.st_ino) not in seen:
+                        seen.add((st.st_dev, st.st_ino))
+                        total += st.st_blocks * 512
+    return total
 
 
 def _kill_namespace(info_fd: int) -> None:
@@ -199,6 +486,13 @@ def _kill_namespace(info_fd: int) -> None:
 
 
 @functools.cache
+def bwrap_supports(flag: str, bwrap: str = "bwrap") -> bool:
+    """Whether this bwrap knows ``flag`` (``--disable-userns`` came in 0.8)."""
+    done = subprocess.run([bwrap, "--help"], capture_output=True, text=True, check=False)
+    return flag in done.stdout + done.stderr
+
+
+@functools.cache
 def bwrap_usable(bwrap: str = "bwrap", uid: int | None = AGENT_UID) -> bool:
     """Whether bwrap can build this backend's sandbox here (namespaces allowed, flags supported)."""
     found = shutil.which(bwrap)
@@ -208,7 +502,9 @@ def bwrap_usable(bwrap: str = "bwrap", uid: int | None = AGENT_UID) -> bool:
         state = Path(tmp)
         (state / "home").mkdir()
         write_identity(state / "etc", uid)
-        layout = BwrapLayout(workdir=state / "home", home=state / "home", etc=state / "etc", uid=uid)
+        layout = BwrapLayout(
+            workdir=state / "home", home=state / "home", etc=state / "etc", uid=uid, disable_userns=False
+        )
         argv = bwrap_argv(layout, ["true"], cwd=WORKSPACE, system=system_mounts())
         done = subprocess.run([found, *argv], capture_output=True, timeout=30, check=False)
     return done.returncode == 0

@@ -4,6 +4,9 @@
 exited: after a timeout kill that means the whole tree is gone, not just signalled. Only a process that
 escaped the process group (its own session, outside any namespace) can hold them open; it is waited for
 for at most ``KILL_GRACE_S``.
+
+Output is bounded: past ``output_limit`` bytes a stream keeps its first and last halves and counts what it
+dropped in between (an agent printing forever costs the host nothing but CPU).
 """
 
 from __future__ import annotations
@@ -23,6 +26,34 @@ READER_GRACE_S = 1.0
 CHUNK = 1 << 16
 
 Killer = Callable[[asyncio.subprocess.Process], None]
+DEFAULT_OUTPUT_LIMIT = 8 << 20
+
+
+class BoundedOutput:
+    """The head and tail of a stream, at most ``limit`` bytes in all, and how much fell in between."""
+
+    def __init__(self, limit: int) -> None:
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+        self._half = max(limit // 2, 1)
+
+    def add(self, chunk: bytes) -> None:
+        room = self._half - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if not chunk:
+            return
+        self.tail += chunk
+        excess = len(self.tail) - self._half
+        if excess > 0:
+            del self.tail[:excess]
+            self.dropped += excess
+
+    def text(self) -> str:
+        marker = f"\n[... {self.dropped} bytes dropped ...]\n".encode() if self.dropped else b""
+        return bytes(self.head + marker + self.tail).decode("utf-8", errors="replace")
 
 
 def kill_process_group(proc: asyncio.subprocess.Process) -> None:
@@ -39,8 +70,13 @@ async def run_process(
     timeout: float,
     kill: Killer = kill_process_group,
     pass_fds: Sequence[int] = (),
+    output_limit: int = DEFAULT_OUTPUT_LIMIT,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> Completed:
-    """Run ``argv`` in a new session; on timeout ``kill`` it (and its group) and report what it printed."""
+    """Run ``argv`` in a new session; on timeout ``kill`` it (and its group) and report what it printed.
+
+    ``preexec_fn`` runs in the child before exec (joining cgroups, dropping to the sandbox uid).
+    """
     start = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
         *argv,
@@ -51,9 +87,10 @@ async def run_process(
         cwd=cwd,
         start_new_session=True,
         pass_fds=tuple(pass_fds),
+        preexec_fn=preexec_fn,
     )
     assert proc.stdout is not None and proc.stderr is not None
-    out, err = bytearray(), bytearray()
+    out, err = BoundedOutput(output_limit), BoundedOutput(output_limit)
     readers = [
         asyncio.ensure_future(_collect(proc.stdout, out)),
         asyncio.ensure_future(_collect(proc.stderr, err)),
@@ -73,19 +110,22 @@ async def run_process(
         raise
     finally:
         await _stop(readers)
+    dropped = out.dropped + err.dropped
     return Completed(
         exit_code=proc.returncode if proc.returncode is not None else -signal.SIGKILL,
-        stdout=out.decode("utf-8", errors="replace"),
-        stderr=err.decode("utf-8", errors="replace"),
+        stdout=out.text(),
+        stderr=err.text(),
         wall_time_s=time.monotonic() - start,
         timed_out=timed_out,
+        failure_kind="timeout" if timed_out else "output_truncated" if dropped else None,
+        output_dropped=dropped,
     )
 
 
-async def _collect(stream: asyncio.StreamReader, sink: bytearray) -> None:
-    """Append everything read to ``sink`` as it arrives, so a cancelled read keeps what came before."""
+async def _collect(stream: asyncio.StreamReader, sink: BoundedOutput) -> None:
+    """Add everything read to ``sink`` as it arrives, so a cancelled read keeps what came before."""
     while chunk := await stream.read(CHUNK):
-        sink += chunk
+        sink.add(chunk)
 
 
 async def _stop(readers: list[asyncio.Future[None]]) -> None:

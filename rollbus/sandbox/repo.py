@@ -39,6 +39,11 @@ def prepare_repo(src_dir: Path, dest: Path) -> Path:
         _git(["init", "-q"], cwd=dest)
         _git(["add", "-A"], cwd=dest)
         _git([*GIT_IDENTITY, "commit", "-q", "--allow-empty", "-m", BASELINE_MESSAGE], cwd=dest)
+    return record_baseline(dest)
+
+
+def record_baseline(dest: Path) -> Path:
+    """Record ``dest``'s files as the trusted baseline (beside it, see :func:`baseline_gitdir`)."""
     _trusted_git(dest, ["init", "-q"])
     _trusted_git(dest, ["add", "-A"])
     _trusted_git(dest, [*GIT_IDENTITY, "commit", "-q", "--allow-empty", "-m", BASELINE_MESSAGE])
@@ -92,4 +97,8 @@ def _git_env() -> dict[str, str]:
         "GIT_CONFIG_GLOBAL": "/dev/null",
         "GIT_TERMINAL_PROMPT": "0",
         "GIT_PAGER": "cat",
+        # Sandbox workspaces belong to the sandbox's host uid; host-side git (as root) must still read them.
+        "GIT_CONFIG_COUNT": "1",
+        "GIT_CONFIG_KEY_0": "safe.directory",
+        "GIT_CONFIG_VALUE_0": "*",
     }

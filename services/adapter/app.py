@@ -19,7 +19,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from services.adapter import anthropic, edge
+from services.adapter import anthropic, edge, openai
 from services.adapter.errors import ApiError, forbidden, invalid_request, not_found, unauthenticated
 from services.adapter.expiry import idle_expiry
 from services.adapter.metrics import CountRequests
@@ -160,6 +160,7 @@ ROUTES: list[tuple[str, Callable[[Request], Any], list[str]]] = [
     ("/metrics", metrics, ["GET"]),
     ("/v1/messages", messages, ["POST"]),
     ("/v1/messages/count_tokens", count_tokens, ["POST"]),
+    ("/v1/chat/completions", openai.chat_completions, ["POST"]),
     ("/admin/sessions", open_session, ["POST"]),
     ("/admin/sessions/{rollout_id}/close", close_session, ["POST"]),
 ]

@@ -230,6 +230,14 @@ class Session:
             return main  # the main agent with a rewritten history (compaction): its history starts a chain
         return self._get_or_new(f"agent-{shape.fingerprint()}", shape)
 
+    def main_agent(self, system: str) -> Agent:
+        """The rollout's main agent whatever the request looks like: one conversation per session token
+        (the OpenAI route, :mod:`services.adapter.openai`)."""
+        main = self.agents.get(MAIN)
+        if main is None:
+            main = self._new(MAIN, MAIN, RequestShape(None, system, [], []), keep=True)
+        return main
+
     def _get_or_new(self, name: str, shape: RequestShape) -> Agent:
         """The named sub-agent, or a new one: ``subagent`` if it answers an Agent call, else unattributed."""
         known = self.agents.get(name)

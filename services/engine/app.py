@@ -3,7 +3,7 @@
 Routes and bodies mirror ``sglang/srt/entrypoints/http_server.py``: ``/generate`` (non-streaming, and
 streaming as SGLang's cumulative ``data: {...}`` server-sent events ending in ``data: [DONE]``),
 ``/abort_request``, ``/health``, ``/get_model_info`` / ``/model_info``, ``/get_server_info`` /
-``/server_info``, ``/update_weights_from_disk``, ``/flush_cache``, plus ``/metrics`` (Prometheus text).
+``/server_info``, ``/update_weights_from_disk``, ``/flush_cache``, plus ``/metrics`` (prometheus-client).
 Bad input is a 400 with ``{"error": {"message": ...}}``, as SGLang's ``_create_error_response``.
 
 With ``--api-key`` every route but ``/health`` wants ``Authorization: Bearer <key>`` (401 otherwise), as
@@ -20,7 +20,7 @@ import asyncio
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -28,6 +28,9 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from services.engine.engine import Engine, TokenCallback
 from services.engine.policies import ChainRoute
@@ -160,9 +163,41 @@ async def server_info(http: Request) -> JSONResponse:
     )
 
 
-async def metrics(http: Request) -> PlainTextResponse:
-    counters = vars(served(http).engine.counters).items()
-    return PlainTextResponse("".join(f"rollbus_engine_{name}_total {value}\n" for name, value in counters))
+COUNTER_HELP = {
+    "requests": "Generate requests admitted",
+    "aborted": "Requests aborted (by /abort_request or a client gone mid-stream)",
+    "prompt_tokens": "Prompt tokens received",
+    "cached_tokens": "Prompt tokens served from the prefix cache",
+    "generated_tokens": "Tokens sampled",
+}
+
+
+class EngineCollector(Collector):
+    """Reads the engine's counters and cache at scrape time, so the engine stays free of prometheus."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        for name, value in vars(self.engine.counters).items():
+            yield CounterMetricFamily(f"rollbus_engine_{name}", COUNTER_HELP.get(name, name), value=value)
+        cache = self.engine.prefix_cache
+        yield GaugeMetricFamily(
+            "rollbus_engine_prefix_cache_entries", "KV cache entries held", value=len(cache)
+        )
+        yield GaugeMetricFamily(
+            "rollbus_engine_prefix_cache_tokens", "Tokens held in the KV cache", value=cache.cached_tokens()
+        )
+        info = InfoMetricFamily("rollbus_engine_weights", "The weights being served")
+        info.add_metric(
+            [], {"weight_version": str(self.engine.weight_version), "model_path": self.engine.model_path}
+        )
+        yield info
+
+
+async def metrics(http: Request) -> Response:
+    registry = http.app.state.metrics_registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
 async def update_weights_from_disk(http: Request) -> JSONResponse:
@@ -241,6 +276,8 @@ def create_app(
 
     app = FastAPI(title="rollbus engine", lifespan=lifespan)
     app.state.served = Served(engine, worker, tokenizer_path, served_model_name)
+    app.state.metrics_registry = CollectorRegistry()  # per app: several engines may live in one process
+    app.state.metrics_registry.register(EngineCollector(engine))
     app.add_exception_handler(BadRequest, bad_request)
     if api_key:
         require_key(app, api_key)

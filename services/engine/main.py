@@ -18,7 +18,14 @@ from rollbus.config import add_option, parse_bool
 from rollbus.tokenizer import DEFAULT_TOKENIZER, SpecialIds, load_tokenizer, tokenizer_dir
 from services.engine.engine import Engine
 from services.engine.model import ModelSpec, load_model, random_model
-from services.engine.policies import Policy, SamplePolicy, ScriptedPolicy, load_script
+from services.engine.policies import (
+    Policy,
+    SamplePolicy,
+    Script,
+    ScriptedPolicy,
+    load_script,
+    load_script_dir,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_option(parser, "--port", default=30000, type=int, help="port to listen on (SGLang's default)")
     add_option(parser, "--policy", default="sample", choices=["sample", "scripted"],
                help="sample from the weights, or replay --script with real logprobs")
-    add_option(parser, "--script", default=None, help='scripted policy: JSON file {"turns": [...]}')
+    add_option(parser, "--script", default=None,
+               help='scripted policy: JSON file {"turns": [...]}, or a directory of NAME.json replayed to '
+               "rollouts whose id starts with NAME-")
     add_option(parser, "--tokenizer", default=DEFAULT_TOKENIZER, help="built-in tokenizer name or directory")
     add_option(parser, "--model-path", default=None, help="save_pretrained checkpoint dir (else random)")
     add_option(parser, "--seed", default=0, type=int, help="seed of the random weights and of sampling")
@@ -68,6 +77,9 @@ def build_policy(args: argparse.Namespace) -> Policy:
         return SamplePolicy()
     if not args.script:
         raise SystemExit("--policy scripted needs --script FILE")
+    if Path(args.script).is_dir():  # one script per task; rollouts of no task get default.json or nothing
+        scripts = load_script_dir(args.script)
+        return ScriptedPolicy(scripts.get("default", Script(turns=())), by_prefix=scripts)
     return ScriptedPolicy(load_script(args.script))
 
 

@@ -136,6 +136,14 @@ class SamplePolicy:
         return None
 
 
+def load_script_dir(path: str | Path) -> dict[str, Script]:
+    """Every ``NAME.json`` of a directory, by name (a dataset's scripts, one per task)."""
+    scripts = {p.stem: load_script(p) for p in sorted(Path(path).glob("*.json"))}
+    if not scripts:
+        raise ValueError(f"no *.json scripts in {path}")
+    return scripts
+
+
 MAX_CURSORS = 10_000  # chains whose place in the script is remembered (least recently used go first)
 
 
@@ -143,6 +151,8 @@ MAX_CURSORS = 10_000  # chains whose place in the script is remembered (least re
 class ScriptedPolicy:
     """Replays a :class:`Script`: one cursor per rollout's main agent, one per sub-agent chain.
 
+    With ``by_prefix`` (``--script DIR``), a rollout whose id starts with ``NAME-`` replays ``NAME.json``
+    (``rollbus submit`` starts rollout ids with the row's instance id), any other rollout ``script``.
     At most ``max_cursors`` cursors are kept (an engine serves rollouts for days); the least recently
     used chain is forgotten first, and would start its script again.
     """
@@ -151,15 +161,21 @@ class ScriptedPolicy:
     name: str = "scripted"
     max_cursors: int = MAX_CURSORS
     cursors: OrderedDict[tuple[str, str, str], int] = field(default_factory=OrderedDict)
+    by_prefix: dict[str, Script] = field(default_factory=dict)
+
+    def script_for(self, rollout_id: str) -> Script:
+        names = [n for n in self.by_prefix if rollout_id.startswith(n + "-")]
+        return self.by_prefix[max(names, key=len)] if names else self.script
 
     def scripted_turn(self, route: ChainRoute) -> ScriptedTurn:
+        script = self.script_for(route.rollout_id)
         if route.kind == "side":
-            return ScriptedTurn(self.script.side_text)
-        turns = self.script.turns if route.kind == "main" else self.script.subagent_turns
+            return ScriptedTurn(script.side_text)
+        turns = script.turns if route.kind == "main" else script.subagent_turns
         chain = "main" if route.kind == "main" else route.chain_id
         key = (route.rollout_id, chain, route.kind)
         cursor = self.cursors.pop(key, 0)
         self.cursors[key] = cursor + 1
         while len(self.cursors) > self.max_cursors:
             self.cursors.popitem(last=False)
-        return turns[cursor] if cursor < len(turns) else ScriptedTurn(self.script.final_text)
+        return turns[cursor] if cursor < len(turns) else ScriptedTurn(script.final_text)

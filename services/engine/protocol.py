@@ -2,8 +2,9 @@
 
 Field names mirror ``sglang.srt.managers.io_struct.GenerateReqInput`` and the tokenizer manager's
 ``meta_info`` so the adapter cannot tell this engine from a real SGLang server. Only the subset the
-adapter uses is accepted; anything malformed raises :class:`BadRequest` (served as HTTP 400 with
-SGLang's ``{"error": {"message": ...}}`` body), never a 500.
+adapter uses is accepted; bodies are validated with pydantic (strict types, as the adapter validates
+its own requests) and anything malformed raises :class:`BadRequest` with one sentence naming the field
+(served as HTTP 400 with SGLang's ``{"error": {"message": ...}}`` body), never a 500.
 
 Stop-token convention (checked in ``schedule_batch.Req.output_ids_through_stop``, "Stop position is
 included", and ``DetokenizerManager.trim_matched_stop``): a matched stop token IS the last entry of
@@ -18,6 +19,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
 
 from services.engine.sampling import SAMPLING_EPS, TOP_K_ALL, Sampling
 
@@ -62,123 +65,197 @@ class Generation:
     weight_version: str
 
 
-def _number(params: dict[str, Any], name: str, default: float) -> float:
-    value = params.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise BadRequest(f"sampling_params.{name} must be a number, got {value!r}.")
-    return float(value)
-
-
-def _integer(params: dict[str, Any], name: str, default: int | None) -> int | None:
-    value = params.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest(f"sampling_params.{name} must be an integer, got {value!r}.")
-    return value
-
-
-def _flag(params: dict[str, Any], name: str, default: bool) -> bool:
-    value = params.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise BadRequest(f"{name} must be a boolean, got {value!r}.")
-    return value
-
-
-def _token_ids(value: Any, name: str, vocab_size: int) -> list[int]:
-    if not isinstance(value, list):
-        raise BadRequest(f"{name} must be a list of token ids, got {type(value).__name__}.")
-    for position, token in enumerate(value):
-        if isinstance(token, list):
-            raise BadRequest(f"{name}: batched requests are not supported; send one prompt per call.")
-        if isinstance(token, bool) or not isinstance(token, int):
-            raise BadRequest(f"{name}[{position}] must be an integer token id, got {token!r}.")
-        if not 0 <= token < vocab_size:
-            raise BadRequest(
-                f"{name}[{position}] is out-of-vocabulary token id {token}; valid range is [0, {vocab_size})."
-            )
-    return list(value)
-
-
+_STRICT = ConfigDict(strict=True, extra="ignore", frozen=True)
 UNSUPPORTED_SAMPLING = ("stop", "stop_regex", "json_schema", "regex", "ebnf", "structural_tag", "logit_bias")
 
 
-def parse_sampling(raw: Any, vocab_size: int) -> SamplingParams:
-    """Validate ``sampling_params`` with SGLang's rules and messages (``SamplingParams.verify``).
+def _without_nulls(data: Any) -> Any:
+    """SGLang treats an explicit ``null`` as "the default": drop them before validation."""
+    return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+
+def _check_token_ids(ids: list[int], name: str, info: ValidationInfo) -> list[int]:
+    vocab_size = (info.context or {}).get("vocab_size")
+    for position, token in enumerate(ids):
+        if vocab_size is not None and not 0 <= token < vocab_size:
+            raise ValueError(
+                f"{name}[{position}] is out-of-vocabulary token id {token}; valid range is [0, {vocab_size})."
+            )
+    return ids
+
+
+class SamplingBody(BaseModel):
+    """``sampling_params`` on the wire, with SGLang's ranges (``SamplingParams.verify``) and messages.
 
     Options this engine cannot honour (stop strings, grammars, ``n > 1``) are refused rather than
-    silently ignored; unknown keys are ignored, as they change nothing here.
-    """
-    params = {} if raw is None else raw
-    if not isinstance(params, dict):
+    silently ignored; unknown keys are ignored, as they change nothing here."""
+
+    model_config = _STRICT
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    max_new_tokens: int = 128
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    sampling_seed: int | None = None
+    n: int = 1
+    stop: Any = None
+    stop_regex: Any = None
+    json_schema: Any = None
+    regex: Any = None
+    ebnf: Any = None
+    structural_tag: Any = None
+    logit_bias: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls(cls, data: Any) -> Any:
+        return _without_nulls(data)
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _in_vocab(cls, ids: list[int], info: ValidationInfo) -> list[int]:
+        return _check_token_ids(ids, "sampling_params.stop_token_ids", info)
+
+    @model_validator(mode="after")
+    def _ranges(self) -> SamplingBody:
+        unsupported = [name for name in UNSUPPORTED_SAMPLING if getattr(self, name)]
+        if self.n != 1:
+            unsupported.append("n")
+        if unsupported:
+            names = ", ".join(unsupported)
+            raise ValueError(
+                f"sampling_params {names} not supported by this engine (stop with stop_token_ids)."
+            )
+        if not math.isfinite(self.temperature) or self.temperature < 0.0:
+            raise ValueError(f"temperature must be a non-negative finite number, got {self.temperature}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
+        if self.top_k != -1 and self.top_k < 1:
+            raise ValueError(f"top_k must be -1 (disable) or at least 1, got {self.top_k}.")
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be at least 0, got {self.max_new_tokens}.")
+        return self
+
+    def params(self) -> SamplingParams:
+        temperature, top_k = self.temperature, self.top_k
+        if temperature < SAMPLING_EPS:
+            temperature, top_k = 1.0, 1
+        return SamplingParams(
+            sampling=Sampling(temperature, self.top_p, TOP_K_ALL if top_k == -1 else top_k, self.min_p),
+            max_new_tokens=self.max_new_tokens,
+            stop_token_ids=frozenset(self.stop_token_ids),
+            ignore_eos=self.ignore_eos,
+            skip_special_tokens=self.skip_special_tokens,
+            no_stop_trim=self.no_stop_trim,
+            sampling_seed=self.sampling_seed,
+        )
+
+
+class GenerateBody(BaseModel):
+    """A ``/generate`` body: one prompt as token ids (this engine is token-in only)."""
+
+    model_config = _STRICT
+    input_ids: list[int]
+    sampling_params: SamplingBody = SamplingBody()
+    rid: str | None = None
+    return_logprob: bool = False
+    stream: bool = False
+    logprob_start_len: int = -1
+    text: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shape(cls, data: Any) -> Any:
+        data = _without_nulls(data)
+        if isinstance(data, dict) and "input_ids" not in data:
+            hint = " (this engine is token-in only: render and tokenize the prompt, send input_ids)"
+            raise ValueError("input_ids is required" + (hint if "text" in data else "") + ".")
+        if isinstance(data, dict) and isinstance(data["input_ids"], list):
+            if any(isinstance(token, list) for token in data["input_ids"]):
+                raise ValueError("input_ids: batched requests are not supported; send one prompt per call.")
+        return data
+
+    @field_validator("input_ids")
+    @classmethod
+    def _prompt(cls, ids: list[int], info: ValidationInfo) -> list[int]:
+        if not ids:
+            raise ValueError("input_ids must not be empty.")
+        context_length = (info.context or {}).get("context_length")
+        if context_length is not None and len(ids) >= context_length:
+            raise ValueError(
+                f"The input ({len(ids)} tokens) is longer than the model's context length "
+                f"({context_length} tokens)."
+            )
+        return _check_token_ids(ids, "input_ids", info)
+
+    @field_validator("logprob_start_len")
+    @classmethod
+    def _output_logprobs_only(cls, start: int) -> int:
+        if start != -1:
+            raise ValueError("logprob_start_len is not supported: this engine returns output logprobs only.")
+        return start
+
+
+_PHRASES = {
+    "int_type": "must be an integer",
+    "int_from_float": "must be an integer",
+    "float_type": "must be a number",
+    "bool_type": "must be a boolean",
+    "string_type": "must be a string",
+    "list_type": "must be a list",
+    "model_type": "must be an object",
+    "model_attributes_type": "must be an object",
+    "dict_type": "must be an object",
+    "missing": "is required",
+}
+
+
+def describe(error: ValidationError) -> str:
+    """The first problem of a validation error as one sentence: ``sampling_params.top_k must be an
+    integer, got 1.5.``, or the validator's own message."""
+    item = error.errors(include_url=False)[0]
+    if item["type"] == "value_error":
+        return str(item["ctx"]["error"])
+    where = ".".join(str(part) for part in item["loc"]) or "the request body"
+    phrase = _PHRASES.get(item["type"], item["msg"])
+    return f"{where} {phrase}, got {item['input']!r}."
+
+
+def _validate(model: type[BaseModel], data: Any, context: dict[str, int]) -> Any:
+    if model is GenerateBody and not isinstance(data, dict):
+        raise BadRequest("the request body must be a JSON object.")
+    try:
+        return model.model_validate(data, context=context)
+    except ValidationError as error:
+        raise BadRequest(describe(error)) from None
+    except RecursionError:
+        raise BadRequest("the request body is nested too deeply.") from None
+
+
+def parse_sampling(raw: Any, vocab_size: int) -> SamplingParams:
+    """Validate ``sampling_params`` with SGLang's rules and messages."""
+    if raw is not None and not isinstance(raw, dict):
         raise BadRequest(f"sampling_params must be an object, got {type(raw).__name__}.")
-    unsupported = [name for name in UNSUPPORTED_SAMPLING if params.get(name)]
-    if params.get("n", 1) not in (1, None):
-        unsupported.append("n")
-    if unsupported:
-        names = ", ".join(unsupported)
-        raise BadRequest(f"sampling_params {names} not supported by this engine (stop with stop_token_ids).")
-    temperature = _number(params, "temperature", 1.0)
-    top_p = _number(params, "top_p", 1.0)
-    top_k = _integer(params, "top_k", -1)
-    min_p = _number(params, "min_p", 0.0)
-    max_new_tokens = _integer(params, "max_new_tokens", 128)
-    if not math.isfinite(temperature) or temperature < 0.0:
-        raise BadRequest(f"temperature must be a non-negative finite number, got {temperature}.")
-    if not 0.0 < top_p <= 1.0:
-        raise BadRequest(f"top_p must be in (0, 1], got {top_p}.")
-    if not 0.0 <= min_p <= 1.0:
-        raise BadRequest(f"min_p must be in [0, 1], got {min_p}.")
-    if top_k != -1 and top_k < 1:
-        raise BadRequest(f"top_k must be -1 (disable) or at least 1, got {top_k}.")
-    if max_new_tokens is not None and max_new_tokens < 0:
-        raise BadRequest(f"max_new_tokens must be at least 0, got {max_new_tokens}.")
-    if temperature < SAMPLING_EPS:
-        temperature, top_k = 1.0, 1
-    stop_ids = params.get("stop_token_ids") or []
-    seed = _integer(params, "sampling_seed", None)
-    return SamplingParams(
-        sampling=Sampling(temperature, top_p, TOP_K_ALL if top_k == -1 else top_k, min_p),
-        max_new_tokens=max_new_tokens,
-        stop_token_ids=frozenset(_token_ids(stop_ids, "sampling_params.stop_token_ids", vocab_size)),
-        ignore_eos=_flag(params, "ignore_eos", False),
-        skip_special_tokens=_flag(params, "skip_special_tokens", True),
-        no_stop_trim=_flag(params, "no_stop_trim", False),
-        sampling_seed=seed,
-    )
+    return _validate(SamplingBody, raw or {}, {"vocab_size": vocab_size}).params()
 
 
 def parse_generate(body: Any, vocab_size: int, context_length: int) -> GenerateRequest:
     """Validate a ``/generate`` JSON body into a :class:`GenerateRequest`."""
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object.")
-    if body.get("input_ids") is None:
-        hint = " (this engine is token-in only: render and tokenize the prompt, send input_ids)"
-        raise BadRequest("input_ids is required" + (hint if body.get("text") is not None else "") + ".")
-    input_ids = _token_ids(body["input_ids"], "input_ids", vocab_size)
-    if not input_ids:
-        raise BadRequest("input_ids must not be empty.")
-    if len(input_ids) >= context_length:
-        raise BadRequest(
-            f"The input ({len(input_ids)} tokens) is longer than the model's context length "
-            f"({context_length} tokens)."
-        )
-    if body.get("logprob_start_len") not in (None, -1):
-        raise BadRequest("logprob_start_len is not supported: this engine returns output logprobs only.")
-    params = parse_sampling(body.get("sampling_params"), vocab_size)
-    rid = body.get("rid") or uuid.uuid4().hex
-    if not isinstance(rid, str):
-        raise BadRequest(f"rid must be a string, got {rid!r}.")
+    request: GenerateBody = _validate(
+        GenerateBody, body, {"vocab_size": vocab_size, "context_length": context_length}
+    )
     return GenerateRequest(
-        rid=rid,
-        input_ids=input_ids,
-        params=params,
-        return_logprob=_flag(body, "return_logprob", False),
-        stream=_flag(body, "stream", False),
+        rid=request.rid or uuid.uuid4().hex,
+        input_ids=list(request.input_ids),
+        params=request.sampling_params.params(),
+        return_logprob=request.return_logprob,
+        stream=request.stream,
     )
 
 

@@ -1,20 +1,96 @@
-"""Grader: consumes `diffs`, applies each patch in a clean sandbox, runs the tests, publishes `rewards`."""
+"""Grader: consumes `diffs`, grades each patch in fresh network-less sandboxes, publishes `rewards`.
+
+One member of the ``group_id`` consumer group grades one diff at a time (add graders to scale: partitions are
+shared among them). A diff is committed only after its reward is on the bus (at-least-once: a grader killed
+mid-grade leaves the diff to the next member, which publishes the same grade again; rewards carry rollout and
+attempt ids, so readers keep one). Undecodable diffs, diffs without a rollout id and diffs that crash the
+grader itself go to ``dead-letters`` with the error, and consumption goes on; everything a patch or a row can
+do wrong is a reward of 0 with a failure kind, never a dead letter.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import logging
+import signal
 
-from rollbus.config import add_common_options, add_option
-from services._stub import not_built_yet
+from rollbus.bus import Event, EventConsumer, PermanentError, Publisher
+from rollbus.sandbox import bwrap_usable
+from rollbus.topics import TopicsError, check_topics, topic_name
+from services.grader.core import grade_diff, reward_record
+from services.grader.settings import GraderSettings
 
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_common_options(parser)
-    add_option(
-        parser, "--sandbox", default="bwrap", choices=["bwrap", "local", "e2b"], help="sandbox backend"
-    )
-    add_option(parser, "--timeout", default=900.0, type=float, help="seconds allowed for one evaluation")
+log = logging.getLogger("rollbus.grader")
+add_arguments = GraderSettings.add_arguments
+POLL_MARGIN_S = 120.0  # beyond one batch's grading, before the group would evict this member
 
 
 def run(args: argparse.Namespace) -> int:
-    return not_built_yet("grader", "the clean-sandbox evaluation")
+    settings = GraderSettings.from_args(args)  # a bad flag or variable: one line, exit 2 (rollbus.cli)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not bwrap_usable():
+        raise SystemExit(
+            "rollbus grader: bubblewrap cannot create sandboxes here (apt-get install bubblewrap)"
+        )
+    try:
+        asyncio.run(serve(settings, stop_on_signals=True))
+    except TopicsError as exc:
+        raise SystemExit(f"rollbus grader: {exc}") from exc
+    return 0
+
+
+class DiffGrader:
+    """The consumer's handler: one diff in, one reward out."""
+
+    def __init__(self, settings: GraderSettings, publisher: Publisher) -> None:
+        self.settings = settings
+        self.publisher = publisher
+        self.rewards = topic_name("rewards", settings.namespace)
+        self.config = settings.grade_config()
+
+    async def __call__(self, event: Event) -> None:
+        diff = event.record
+        if not diff.get("rollout_id"):
+            raise PermanentError("diff without a rollout_id: no reward can be keyed to it")
+        try:
+            result = await grade_diff(
+                diff,
+                self.settings.data_dir,
+                self.config,
+                grade_failed_rollouts=self.settings.grade_failed_rollouts,
+            )
+        except Exception as exc:  # a grader bug: keep the diff for replay rather than stop the group
+            log.exception("grading rollout %s crashed", diff["rollout_id"])
+            raise PermanentError(f"grader crashed: {type(exc).__name__}: {exc}") from exc
+        await self.publisher.publish(self.rewards, reward_record(diff, result))
+        log.info(
+            "rollout %s attempt %s: reward %.1f failure %s flags %s",
+            diff["rollout_id"], diff.get("attempt_id") or "-", result.reward, result.failure_kind,
+            ",".join(result.flags) or "-",
+        )  # fmt: skip
+
+
+async def serve(
+    settings: GraderSettings, stop: asyncio.Event | None = None, *, stop_on_signals: bool = False
+) -> None:
+    """Consume ``diffs`` until ``stop`` is set (or SIGTERM/SIGINT with ``stop_on_signals``)."""
+    await check_topics(settings.bootstrap_servers, settings.namespace)
+    stop = stop or asyncio.Event()
+    if stop_on_signals:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    poll_interval_ms = int((settings.grade_timeout * settings.max_batch + POLL_MARGIN_S) * 1000)
+    async with Publisher(settings.bootstrap_servers, client_id="rollbus-grader") as publisher:
+        handler = DiffGrader(settings, publisher)
+        consumer = EventConsumer(
+            settings.bootstrap_servers, [topic_name("diffs", settings.namespace)], group_id=settings.group_id,
+            handler=handler, service="grader", publisher=publisher, max_batch=settings.max_batch,
+            max_poll_interval_ms=poll_interval_ms,
+        )  # fmt: skip
+        async with consumer:
+            log.info("grading diffs as group %s (bwrap sandboxes, no network)", settings.group_id)
+            with contextlib.suppress(asyncio.CancelledError):
+                await consumer.run(stop)

@@ -1,23 +1,57 @@
-"""Sandbox runner: consumes `tasks`, runs the agent in a fresh sandbox per sample, publishes `diffs`."""
+"""``rollbus sandbox-runner``: consumes `tasks`, runs the agent in a sandbox per attempt, publishes `diffs`.
+
+Library use (``rollbus demo``, tests): :func:`run_one` runs one task to its diff event without Kafka;
+:class:`~services.sandbox_runner.service.SandboxRunner` is the service loop.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import Any
 
-from rollbus.config import add_common_options, add_option
-from services._stub import not_built_yet
+from rollbus.sandbox import bwrap_usable
+from services.sandbox_runner.outcome import diff_event
+from services.sandbox_runner.rollout import AdapterSessions, RunnerKit, run_task
+from services.sandbox_runner.service import SandboxRunner
+from services.sandbox_runner.settings import RunnerSettings
+
+log = logging.getLogger("rollbus.sandbox_runner")
+add_arguments = RunnerSettings.add_arguments
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_common_options(parser)
-    add_option(parser, "--adapter-url", default="http://127.0.0.1:8080", help="adapter the agent talks to")
-    add_option(
-        parser, "--sandbox", default="bwrap", choices=["bwrap", "local", "e2b"], help="sandbox backend"
-    )
-    add_option(parser, "--concurrency", default=2, type=int, help="samples run at once")
+async def run_one(settings: RunnerSettings, task: dict[str, Any]) -> dict[str, Any]:
+    """Run ``task`` (a `tasks` record) once as a new attempt; its `diffs` record (not published)."""
+    sessions = AdapterSessions(settings.adapter_url, settings.admin(), settings.close_timeout)
+    try:
+        outcome = await run_task(RunnerKit(settings, sessions), task)
+    finally:
+        await sessions.aclose()
+    return diff_event(task, outcome)
 
 
 def run(args: argparse.Namespace) -> int:
-    return not_built_yet(
-        "sandbox-runner", "the task consumer; the sandbox and CLI launcher exist in rollbus.sandbox"
-    )
+    settings = RunnerSettings.from_args(args)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    if settings.backend == "bwrap" and not bwrap_usable():
+        print(
+            "rollbus sandbox-runner: bwrap cannot build sandboxes here (use --backend local)", file=sys.stderr
+        )
+        return 2
+    return asyncio.run(_serve(settings))
+
+
+async def _serve(settings: RunnerSettings) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    runner = SandboxRunner(settings)
+    log.info("consuming %s as group %s: %d rollouts at once, %d booting, budget %.0fs, %s, adapter %s",
+             runner.tasks_topic, settings.group_id, settings.concurrency, settings.boot_concurrency,
+             settings.agent_timeout, settings.backend, settings.adapter_url)  # fmt: skip
+    await runner.run(stop)
+    return 0

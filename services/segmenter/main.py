@@ -1,19 +1,50 @@
-"""Segmenter: a Faust app joining `turns`, `sessions`, `diffs`, `rewards` per rollout into `segments`."""
+"""``rollbus segmenter``: check the topics, then run the Faust worker in this process.
+
+The worker starts here, through the project's own entry point (``faust.Worker(app)
+.execute_from_commandline()``), never through Faust's ``faust`` command: its click pin is overridden by the
+project, so only this path is tested.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import sys
 
-from rollbus.config import add_common_options, add_option
-from services._stub import not_built_yet
+from rollbus.topics import TopicsError, check_topics, describe, spec_for
+from services.segmenter.app import build_app, internal_topics
+from services.segmenter.settings import SegmenterSettings
+
+add_arguments = SegmenterSettings.add_arguments
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_common_options(parser)
-    add_option(
-        parser, "--loss-scope", default="all_turns", choices=["all_turns", "last_turn"], help="loss scope"
-    )
+async def preflight(settings: SegmenterSettings) -> int:
+    """The inputs' common partition count; TopicsError if topics are missing or counts differ anywhere,
+    including the app's own changelog and tick topics (a table on other partitions joins nothing)."""
+    counts = await check_topics(settings.bootstrap_servers, settings.namespace)
+    partitions = next(n for name, n in counts.items() if spec_for(name).rollout_keyed)
+    existing = await describe(settings.bootstrap_servers, internal_topics(settings.namespace))
+    wrong = {name: n for name, n in existing.items() if n != partitions}
+    if wrong:
+        listing = ", ".join(f"{name}={n}" for name, n in sorted(wrong.items()))
+        raise TopicsError(
+            f"the segmenter's internal topics need the inputs' {partitions} partitions, found {listing}; "
+            "delete them (state is rebuilt from the raw topics) or recreate the inputs"
+        )
+    return partitions
 
 
 def run(args: argparse.Namespace) -> int:
-    return not_built_yet("segmenter", "the Faust join; the pure segmentation lives in rollbus.trajectory")
+    settings = SegmenterSettings.from_args(args)  # a bad value: rollbus.cli prints one line, exit 2
+    try:
+        partitions = asyncio.run(preflight(settings))
+    except TopicsError as error:
+        print(f"rollbus segmenter: {error}", file=sys.stderr)
+        return 1
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    import faust
+
+    app = build_app(settings, partitions)
+    worker = faust.Worker(app, loglevel=settings.log_level, quiet=True)
+    worker.execute_from_commandline()  # returns only by SystemExit
+    return 0

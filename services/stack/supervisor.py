@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import httpx
 import psutil
@@ -39,6 +40,7 @@ class ServiceSpec:
     health_url: str | None = None  # ready when it answers 200; None: ready once alive for `settle` seconds
     settle: float = 1.0
     env: dict[str, str] = field(default_factory=dict)
+    restart: Literal["always", "on-failure"] = "always"  # on-failure: a clean exit (0) means done
 
     @classmethod
     def rollbus(cls, name: str, args: Sequence[str], **kwargs: object) -> ServiceSpec:
@@ -58,6 +60,11 @@ class Child:
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def done(self) -> bool:
+        """Finished for good: an on-failure service that exited cleanly."""
+        return self.spec.restart == "on-failure" and self.proc is not None and self.proc.poll() == 0
 
     def launch(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -172,6 +179,8 @@ class Supervisor:
         """Until stopped: restart any child that exited, after its backoff; give up past ``max_restarts``."""
         while not self._stopping.is_set():
             for child in self.children:
+                if child.done:
+                    continue
                 if child.running or self._stopping.is_set():
                     if child.running and time.monotonic() - child.started_at > self.stable_after:
                         child.backoff = 0.0  # it stayed up: the next crash restarts quickly again

@@ -1,0 +1,1 @@
+from finder.search import find

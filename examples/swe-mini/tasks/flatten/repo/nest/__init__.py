@@ -1,0 +1,1 @@
+from nest.flat import flatten

@@ -1,0 +1,1 @@
+from dates.leap import days_in_month, is_leap

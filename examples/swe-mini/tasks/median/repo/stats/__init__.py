@@ -1,0 +1,1 @@
+from stats.center import median

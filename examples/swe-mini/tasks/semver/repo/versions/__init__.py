@@ -1,0 +1,1 @@
+from versions.compare import compare, parse

@@ -1,0 +1,1 @@
+from textkit.slug import slugify

@@ -1,0 +1,212 @@
+"""A dataset row's grader, read once into plain data: swepro, eval_cmd or f2p_script (exactly one).
+
+Rows come in slime's shape (``metadata`` with ``swepro`` / ``eval_cmd`` / ``remote_env_info.f2p_script``, each
+also accepted under ``remote_env_info``) and in SWE-bench Pro's (``selected_test_files_to_run`` and test lists
+as strings holding Python list literals). rollbus adds ``eval_files`` (workdir-relative destination -> host
+path of an eval-only file, copied in after the patch). Host paths that are relative resolve against the
+dataset file's directory (``base_dir``). A row that cannot be graded raises :class:`BadRow`.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+
+class BadRow(ValueError):
+    """The row's grading fields are missing, contradictory or malformed; the message says which."""
+
+
+@dataclass(frozen=True)
+class Swepro:
+    run_script: Path
+    parser_script: Path
+    selected_test_files: tuple[str, ...]
+    fail_to_pass: tuple[str, ...]
+    pass_to_pass: tuple[str, ...]
+    restore_cmd: str  # the last line of before_repo_set_cmd: run after the patch
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys([*self.fail_to_pass, *self.pass_to_pass]))
+
+
+@dataclass(frozen=True)
+class EvalCmd:
+    cmd: str
+
+
+@dataclass(frozen=True)
+class F2PScript:
+    script: str
+
+
+Grader = Swepro | EvalCmd | F2PScript
+
+
+@dataclass(frozen=True)
+class GradingSpec:
+    """Everything the grader needs from a row."""
+
+    instance_id: str
+    image: Path
+    workdir: str
+    grader: Grader
+    eval_files: Mapping[str, Path] = field(default_factory=dict)
+    pre_commands: tuple[str, ...] = ()
+
+    def test_files(self) -> set[str]:
+        """The row's test files: a patch touching any of them is flagged."""
+        files = set(self.eval_files)
+        grader = self.grader
+        if isinstance(grader, Swepro):
+            files.update(f.split(" | ")[0] for f in grader.selected_test_files)
+            files.update(t.split("::")[0] for t in grader.required)
+        else:
+            text = grader.cmd if isinstance(grader, EvalCmd) else grader.script
+            files.update(m.lstrip("./") for m in re.findall(r"[\w./-]+\.py\b", text))
+        return {str(PurePosixPath(f)) for f in files if f}
+
+
+def parse_row(row: Mapping[str, Any], base_dir: Path) -> GradingSpec:
+    """The :class:`GradingSpec` of a full row (``metadata`` may be a JSON string, as on the bus)."""
+    metadata = row.get("metadata")
+    if isinstance(metadata, str):
+        try:
+            metadata = json.loads(metadata)
+        except json.JSONDecodeError as exc:
+            raise BadRow(f"metadata is not JSON: {exc}") from None
+    if not isinstance(metadata, Mapping):
+        raise BadRow("row has no metadata object")
+    return parse_metadata(metadata, base_dir)
+
+
+def parse_metadata(metadata: Mapping[str, Any], base_dir: Path) -> GradingSpec:
+    env = metadata.get("remote_env_info") or {}
+    if not isinstance(env, Mapping):
+        raise BadRow("remote_env_info is not an object")
+
+    def get(key: str) -> Any:
+        value = metadata.get(key)
+        return env.get(key) if value in (None, "") else value
+
+    image, workdir = get("image"), get("workdir")
+    if not isinstance(image, str) or not image:
+        raise BadRow("metadata has no image")
+    if not isinstance(workdir, str) or not workdir.startswith("/"):
+        raise BadRow(f"metadata.workdir must be an absolute path, got {workdir!r}")
+    found = [key for key in ("swepro", "eval_cmd", "f2p_script") if get(key) not in (None, "", {})]
+    if not found:
+        raise BadRow("no grader (swepro, eval_cmd or remote_env_info.f2p_script)")
+    if len(found) > 1:
+        raise BadRow(f"more than one grader: {', '.join(found)}")
+    return GradingSpec(
+        instance_id=str(get("instance_id") or ""),
+        image=resolve(base_dir, image),
+        workdir=workdir,
+        grader=parse_grader(found[0], get(found[0]), base_dir),
+        eval_files=parse_eval_files(get("eval_files"), base_dir),
+        pre_commands=tuple(string_list(get("pre_commands"), "pre_commands")),
+    )
+
+
+def parse_grader(kind: str, value: Any, base_dir: Path) -> Grader:
+    if kind == "eval_cmd":
+        if not isinstance(value, str):
+            raise BadRow("eval_cmd must be a string")
+        return EvalCmd(value)
+    if kind == "f2p_script":
+        if not isinstance(value, str):
+            raise BadRow("f2p_script must be a string")
+        return F2PScript(value)
+    if not isinstance(value, Mapping):
+        raise BadRow("swepro must be an object")
+    return parse_swepro(value, base_dir)
+
+
+def parse_swepro(value: Mapping[str, Any], base_dir: Path) -> Swepro:
+    for key in ("run_script_path", "parser_script_path", "before_repo_set_cmd"):
+        if not isinstance(value.get(key), str) or not value[key].strip():
+            raise BadRow(f"swepro.{key} is missing")
+    selected = value.get("selected_test_files")
+    if selected in (None, "", []):
+        selected = value.get("selected_test_files_to_run")
+    lines = [line for line in value["before_repo_set_cmd"].strip().splitlines() if line.strip()]
+    return Swepro(
+        run_script=resolve(base_dir, value["run_script_path"]),
+        parser_script=resolve(base_dir, value["parser_script_path"]),
+        selected_test_files=tuple(string_list(selected, "swepro.selected_test_files")),
+        fail_to_pass=tuple(string_list(value.get("fail_to_pass"), "swepro.fail_to_pass")),
+        pass_to_pass=tuple(string_list(value.get("pass_to_pass"), "swepro.pass_to_pass")),
+        restore_cmd=lines[-1],
+    )
+
+
+def string_list(value: Any, where: str) -> list[str]:
+    """A list of strings, given as a list or as a string holding a Python/JSON list literal."""
+    if value in (None, ""):
+        return []
+    if isinstance(value, str):
+        value = list_literal(value, where)
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise BadRow(f"{where} must be a list of strings")
+    return list(value)
+
+
+def list_literal(text: str, where: str) -> Any:
+    """A JSON array or a Python list literal (SWE-bench Pro writes the latter)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    try:
+        return ast.literal_eval(text.strip())
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        raise BadRow(f"{where} is a string but not a list literal: {text[:80]!r}") from None
+
+
+def parse_eval_files(value: Any, base_dir: Path) -> dict[str, Path]:
+    if value in (None, "", {}):
+        return {}
+    if not isinstance(value, Mapping):
+        raise BadRow("eval_files must map workdir-relative destinations to host paths")
+    out = {}
+    for dest, src in value.items():
+        pure = PurePosixPath(str(dest))
+        if pure.is_absolute() or ".." in pure.parts or not isinstance(src, str):
+            raise BadRow(f"eval_files entry {dest!r} must be a relative destination inside the workdir")
+        out[str(pure)] = resolve(base_dir, src)
+    return out
+
+
+def resolve(base_dir: Path, path: str) -> Path:
+    return (Path(base_dir) / path).resolve()
+
+
+PATH_KEYS = ("image",)
+SWEPRO_PATH_KEYS = ("run_script_path", "parser_script_path")
+
+
+def absolute_paths(metadata: Mapping[str, Any], base_dir: Path) -> dict[str, Any]:
+    """``metadata`` with every host path made absolute against ``base_dir`` (what ``rollbus submit`` does
+    before a row leaves the dataset file's directory): image, swepro scripts, eval_files sources."""
+    out = json.loads(json.dumps(metadata))
+    for holder in (out, out.get("remote_env_info") or {}):
+        if isinstance(holder.get("image"), str) and holder["image"]:
+            holder["image"] = str(resolve(base_dir, holder["image"]))
+        swepro = holder.get("swepro")
+        if isinstance(swepro, dict):
+            for key in SWEPRO_PATH_KEYS:
+                if isinstance(swepro.get(key), str):
+                    swepro[key] = str(resolve(base_dir, swepro[key]))
+        files = holder.get("eval_files")
+        if isinstance(files, dict):
+            holder["eval_files"] = {
+                k: str(resolve(base_dir, v)) if isinstance(v, str) else v for k, v in files.items()
+            }
+    return out

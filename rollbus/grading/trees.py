@@ -1,0 +1,138 @@
+"""Host-side work on the grading copy of a repository: what changed, stale bytecode, eval-only files.
+
+Everything here walks with ``lstat`` and never follows a symlink, because the tree has just been rewritten by
+a hostile patch: a planted link must not make the host read, write or delete outside the copy. Changes are
+measured against the pristine image by comparing entries (type, mode, size, content), not by asking git,
+whose configuration the patch may have rewritten.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from rollbus.grading.flags import Change
+
+
+@dataclass(frozen=True)
+class Entry:
+    kind: str  # "file", "link", "dir", "other"
+    mode: int
+    size: int
+    mtime_ns: int
+
+
+def snapshot(root: Path) -> dict[str, Entry]:
+    """Every entry under ``root`` (relative POSIX path -> :class:`Entry`), symlinks not followed."""
+    entries: dict[str, Entry] = {}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in [*dirnames, *filenames]:
+            full = os.path.join(dirpath, name)
+            info = os.lstat(full)
+            rel = os.path.relpath(full, root).replace(os.sep, "/")
+            entries[rel] = Entry(
+                _kind(info.st_mode), stat.S_IMODE(info.st_mode), info.st_size, info.st_mtime_ns
+            )
+    return entries
+
+
+GIT_BOOKKEEPING = (".git/index", ".git/objects/")  # what ``git apply --3way`` itself writes
+
+
+def changes(before_root: Path, before: dict[str, Entry], after_root: Path) -> dict[str, Change]:
+    """Paths added, modified or deleted between the pristine tree and the patched one (directories: only
+    when they appear or vanish). The index and new objects that ``git apply --3way`` writes are not changes;
+    anything else under ``.git`` is."""
+    after = {k: v for k, v in snapshot(after_root).items() if not _bookkeeping(k, before)}
+    before = {k: v for k, v in before.items() if k != GIT_BOOKKEEPING[0]}
+    out: dict[str, Change] = {}
+    for rel in before.keys() - after.keys():
+        out[rel] = "deleted"
+    for rel in after.keys() - before.keys():
+        out[rel] = "added"
+    for rel in before.keys() & after.keys():
+        old, new = before[rel], after[rel]
+        if old.kind != new.kind or old.mode != new.mode:
+            out[rel] = "modified"
+        elif new.kind in ("dir", "other") or old == new:
+            continue
+        elif old.size != new.size or _content(before_root / rel, new.kind) != _content(
+            after_root / rel, new.kind
+        ):
+            out[rel] = "modified"
+    return out
+
+
+def _bookkeeping(rel: str, before: dict[str, Entry]) -> bool:
+    return rel == GIT_BOOKKEEPING[0] or (rel.startswith(GIT_BOOKKEEPING[1]) and rel not in before)
+
+
+def package_dirs(root: Path) -> set[str]:
+    """Directories (relative) that hold an ``__init__.py``, i.e. are packages, not ``sys.path`` roots."""
+    found = set()
+    for dirpath, _dirs, filenames in os.walk(root, followlinks=False):
+        if "__init__.py" in filenames and dirpath != str(root):
+            found.add(os.path.relpath(dirpath, root).replace(os.sep, "/"))
+    return found
+
+
+def remove_bytecode(root: Path) -> int:
+    """Delete each ``__pycache__`` dir and ``.pyc``/``.pyo`` file (or link so named); returns how many."""
+    removed = 0
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in list(dirnames):
+            full = Path(dirpath, name)
+            if name == "__pycache__":
+                _remove(full)
+                dirnames.remove(name)
+                removed += 1
+        for name in filenames:
+            if name.endswith((".pyc", ".pyo")):
+                _remove(Path(dirpath, name))
+                removed += 1
+    return removed
+
+
+def place_file(root: Path, rel: str, data: bytes) -> None:
+    """Write ``data`` at ``root/rel``, replacing whatever the patch put on that path or its parents (a link,
+    a file where a directory belongs), so eval-only files land exactly where the row says."""
+    parts = Path(rel).parts
+    if Path(rel).is_absolute() or ".." in parts or not parts:
+        raise ValueError(f"eval file destination must stay inside the repository: {rel!r}")
+    current = root
+    for part in parts[:-1]:
+        current = current / part
+        if current.is_symlink() or (current.exists() and not current.is_dir()):
+            _remove(current)
+        current.mkdir(exist_ok=True)
+    target = current / parts[-1]
+    if target.is_symlink() or target.exists():
+        _remove(target)
+    target.write_bytes(data)
+
+
+def copy_tree(src: Path, dest: Path) -> None:
+    """A full copy of an image (its ``.git`` included), links kept as links, times kept."""
+    shutil.copytree(src, dest, symlinks=True)
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path)
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "link"
+    if stat.S_ISREG(mode):
+        return "file"
+    return "dir" if stat.S_ISDIR(mode) else "other"
+
+
+def _content(path: Path, kind: str) -> bytes:
+    return os.readlink(path).encode() if kind == "link" else path.read_bytes()

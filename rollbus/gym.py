@@ -1,0 +1,366 @@
+"""Gym environments for multi-turn RL as in ms-swift: ``Env`` (async reset/step/close), ``ContextManager``.
+
+An episode is: create the env from the row's ``env_config``, ``reset``, then loop { the context manager
+rewrites the history, one model call, ``step`` with a copy of the conversation, append the observation }
+until ``done`` or ``max_turns``. :func:`run_episode` is that loop as a plain async function; the gym runner
+service gives it a model call through the adapter, so every turn is token-recorded like the coding agent's.
+
+Where we differ from ms-swift on purpose:
+
+* ``close()`` runs exactly once on every exit path (done, max turns, length stop, model error, env exception,
+  timeout, cancellation), not only on ``done`` (ms-swift issue 9745 leaks environments);
+* every ``info`` dict (reset first, then one per step) is kept in :class:`Episode` and goes to the bus;
+* a context-manager rewrite is not hidden: the adapter's canonical history sees the prompt no longer extends
+  the chain's tokens, freezes the chain (a ``wipe`` segment, its ``frozen`` session event naming the
+  reason) and starts a new one.
+
+Selection: a row's ``env_config.name`` / ``ctx_config.name`` picks the class from :data:`envs` /
+:data:`context_managers` (the other keys go to the constructor as the config dict), falling back to the
+runner's ``--gym-env`` / ``--context-manager``. ``--external-plugins PATH.py`` imports a user module that
+registers more with :func:`register_env` / :func:`register_context_manager`.
+
+Extensions over ms-swift's signature, both optional: ``Env.tools`` (OpenAI function tools offered on every
+model call) and a ``step`` observation given as a list of chat messages (``tool`` results), not a string.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import importlib.util
+import json
+import logging
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+log = logging.getLogger(__name__)
+
+Message = dict[str, Any]
+Observation = str | list[Message]
+StopReason = Literal["done", "max_turns", "length", "model_error", "env_error", "timeout", "cancelled"]
+# Stops that are the episode's own end; the others are failures (their name is the reward's failure_kind).
+CLEAN_STOPS = ("done", "max_turns", "length")
+BAD_ENV_CONFIG = "bad_env_config"
+
+
+class GymConfigError(ValueError):
+    """A row's env_config / ctx_config cannot make an env: unknown name, not an object, refused arguments."""
+
+    failure_kind = BAD_ENV_CONFIG
+
+
+@dataclass
+class RolloutRequest:
+    """What ``reset`` gets (ms-swift's ``RolloutInferRequest``): the row's opening messages and the row."""
+
+    messages: list[Message]
+    data_dict: dict[str, Any] = field(default_factory=dict)
+    rollout_id: str = ""
+
+
+class Env(ABC):
+    """One episode's environment; made fresh per attempt from the row's ``env_config``."""
+
+    tools: list[dict[str, Any]] = []  # OpenAI function tools offered to the model (optional extension)
+
+    def __init__(self, env_config: dict[str, Any]) -> None:
+        self.env_config = env_config
+
+    @abstractmethod
+    async def reset(self, request: RolloutRequest) -> tuple[str, dict[str, Any], str]:
+        """``(observation, info, system_message)``: the first user message, its info, the system prompt."""
+
+    @abstractmethod
+    async def step(self, messages: list[Message]) -> tuple[Observation, float, bool, dict[str, Any]]:
+        """``(next_observation, reward, done, info)``; ``messages``: a copy ending with the model's reply."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the env holds (sandboxes, files); called exactly once per env."""
+
+
+class ContextManager(ABC):
+    """Rewrites the history before every model call (truncation, summaries); the default keeps it."""
+
+    def __init__(self, ctx_config: dict[str, Any]) -> None:
+        self.ctx_config = ctx_config
+
+    @abstractmethod
+    def manage_context(self, history: list[Message], trajectory_id: str) -> list[Message]: ...
+
+
+envs: dict[str, type[Env]] = {}
+context_managers: dict[str, type[ContextManager]] = {}
+T = TypeVar("T")
+
+
+def register_env(name: str) -> Callable[[type[Env]], type[Env]]:
+    """Class decorator: ``@register_env("maze")`` makes rows with ``env_config.name == "maze"`` use it."""
+    return _registrar(envs, name, Env)
+
+
+def register_context_manager(name: str) -> Callable[[type[ContextManager]], type[ContextManager]]:
+    return _registrar(context_managers, name, ContextManager)
+
+
+def _registrar(registry: dict[str, Any], name: str, base: type) -> Callable[[T], T]:
+    def register(cls: T) -> T:
+        if not (isinstance(cls, type) and issubclass(cls, base)):
+            raise TypeError(f"{cls!r} is not a subclass of {base.__name__}")
+        registry[name] = cls
+        return cls
+
+    return register
+
+
+def load_builtins() -> None:
+    """Register the built-in envs and context managers (imported on demand: sympy is not free)."""
+    import rollbus.gym_envs  # noqa: F401
+
+
+def load_plugins(paths: Sequence[str | Path]) -> None:
+    """Import each ``PATH.py`` as a module so its ``register_*`` decorators run; a bad path fails loudly."""
+    for raw in paths:
+        path = Path(raw).expanduser().resolve()
+        if path.suffix != ".py" or not path.is_file():
+            raise GymConfigError(f"--external-plugins: {raw!r} is not a Python file")
+        name = f"rollbus_gym_plugin_{path.stem}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+
+
+# ---------------------------------------------------------------- selection
+
+
+def parse_config(raw: str | dict[str, Any] | None, what: str) -> dict[str, Any] | None:
+    """A task's env_config / ctx_config (a JSON string on the bus) as a dict; None when absent."""
+    if raw is None or raw == "":
+        return None
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise GymConfigError(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise GymConfigError(f"{what} must be a JSON object, not {type(raw).__name__}")
+    return raw
+
+
+def select(
+    config: dict[str, Any] | None, registry: dict[str, type[T]], fallback: str | None, what: str
+) -> tuple[type[T], dict[str, Any]] | None:
+    """The class named by ``config["name"]`` (else ``fallback``) and the config without its name."""
+    config = dict(config or {})
+    name = config.pop("name", None) or fallback
+    if name is None:
+        return None
+    if not isinstance(name, str):
+        raise GymConfigError(f"{what}.name must be a string, not {type(name).__name__}")
+    cls = registry.get(name)
+    if cls is None:
+        known = ", ".join(sorted(registry)) or "none"
+        raise GymConfigError(f"{what}.name {name!r} is not registered; registered: {known}")
+    return cls, config
+
+
+def make_env(env_config: dict[str, Any] | None, default: str | None = None) -> Env:
+    chosen = select(env_config, envs, default, "env_config")
+    if chosen is None:
+        known = ", ".join(sorted(envs)) or "none"
+        raise GymConfigError(f"env_config has no name and no --gym-env default; registered: {known}")
+    cls, kwargs = chosen
+    return _construct(cls, kwargs, "env_config")
+
+
+def make_context_manager(
+    ctx_config: dict[str, Any] | None, default: str | None = None
+) -> ContextManager | None:
+    chosen = select(ctx_config, context_managers, default, "ctx_config")
+    return None if chosen is None else _construct(chosen[0], chosen[1], "ctx_config")
+
+
+def _construct(cls: type[T], config: dict[str, Any], what: str) -> T:
+    try:
+        return cls(config)  # type: ignore[call-arg]
+    except (TypeError, ValueError, KeyError) as exc:
+        raise GymConfigError(f"{what} for {cls.__name__}: {exc}") from exc
+
+
+# ---------------------------------------------------------------- the episode
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The model's answer to one call: the assistant message (OpenAI shape) and why it ended."""
+
+    message: Message
+    finish_reason: str  # stop | tool_calls | length
+
+
+class ModelError(RuntimeError):
+    """The model call failed (adapter or engine error, network); nothing of that turn was recorded."""
+
+
+class ContextFull(ModelError):
+    """The prompt no longer fits the model's context: the episode ends like a length stop."""
+
+
+ModelCall = Callable[[list[Message], list[dict[str, Any]]], Awaitable[Reply]]
+
+
+@dataclass
+class Episode:
+    """What an episode produced; ``infos`` holds reset's info then one per step."""
+
+    messages: list[Message] = field(default_factory=list)
+    step_rewards: list[float] = field(default_factory=list)
+    infos: list[dict[str, Any]] = field(default_factory=list)
+    stop: StopReason = "done"
+    error: str | None = None
+    turns: int = 0
+    closed: int = 0  # times close() ran: 1 once an env existed
+
+    @property
+    def reward(self) -> float:
+        return float(sum(self.step_rewards))
+
+    @property
+    def failure_kind(self) -> str | None:
+        return None if self.stop in CLEAN_STOPS else self.stop
+
+
+async def run_episode(
+    env: Env,
+    request: RolloutRequest,
+    model: ModelCall,
+    *,
+    max_turns: int,
+    context_manager: ContextManager | None = None,
+    trajectory_id: str = "",
+    timeout: float | None = None,
+    episode: Episode | None = None,
+) -> Episode:
+    """Run one episode and close ``env`` exactly once, however it ends; cancellation still propagates.
+
+    Pass ``episode`` to see partial progress if the caller cancels this coroutine.
+    """
+    episode = episode if episode is not None else Episode()
+    try:
+        async with asyncio.timeout(timeout):
+            await _loop(env, request, model, max_turns, context_manager, trajectory_id, episode)
+    except TimeoutError:
+        episode.stop, episode.error = "timeout", f"episode took longer than {timeout} s"
+    except ContextFull as exc:
+        episode.stop, episode.error = "length", str(exc)
+    except ModelError as exc:
+        episode.stop, episode.error = "model_error", str(exc)
+    except asyncio.CancelledError:
+        episode.stop, episode.error = "cancelled", "the episode was cancelled"
+        raise
+    except _EnvFailed as exc:
+        episode.stop, episode.error = "env_error", str(exc)
+    finally:
+        await close_env(env, episode)
+    return episode
+
+
+class _EnvFailed(Exception):
+    """The env's own code raised (reset, step, or the context manager)."""
+
+
+async def _loop(
+    env: Env,
+    request: RolloutRequest,
+    model: ModelCall,
+    max_turns: int,
+    context_manager: ContextManager | None,
+    trajectory_id: str,
+    episode: Episode,
+) -> None:
+    observation, info, system = await _env_call(env.reset(request), "reset")
+    episode.infos.append(_plain(info))
+    episode.messages = _opening(system, observation, request.messages)
+    while True:
+        if context_manager is not None:
+            episode.messages = _managed(context_manager, episode.messages, trajectory_id)
+        reply = await model(copy.deepcopy(episode.messages), list(env.tools))
+        episode.turns += 1
+        episode.messages.append(dict(reply.message))
+        if reply.finish_reason == "length":
+            episode.stop = "length"
+            return
+        observation, reward, done, info = await _env_call(env.step(copy.deepcopy(episode.messages)), "step")
+        episode.step_rewards.append(float(reward))
+        episode.infos.append(_plain(info))
+        if done:
+            episode.stop = "done"
+            return
+        if episode.turns >= max_turns:
+            episode.stop = "max_turns"
+            return
+        episode.messages.extend(_observation_messages(observation))
+
+
+async def _env_call(call: Awaitable[T], what: str) -> T:
+    try:
+        return await call
+    except Exception as exc:  # CancelledError (a BaseException) passes through
+        raise _EnvFailed(f"env {what} raised {type(exc).__name__}: {exc}") from exc
+
+
+def _managed(manager: ContextManager, messages: list[Message], trajectory_id: str) -> list[Message]:
+    try:
+        managed = manager.manage_context(copy.deepcopy(messages), trajectory_id)
+    except Exception as exc:
+        raise _EnvFailed(f"context manager raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(managed, list) or not all(isinstance(m, dict) for m in managed):
+        raise _EnvFailed("context manager must return a list of message dicts")
+    return managed
+
+
+def _opening(system: str, observation: str, row_messages: list[Message]) -> list[Message]:
+    """System message (if any), then the reset observation as the user turn, else the row's own messages."""
+    messages: list[Message] = [{"role": "system", "content": system}] if system else []
+    if observation:
+        messages.append({"role": "user", "content": observation})
+    else:
+        messages.extend(copy.deepcopy(m) for m in row_messages if not (system and m.get("role") == "system"))
+    return messages
+
+
+def _observation_messages(observation: Observation) -> list[Message]:
+    if isinstance(observation, str):
+        return [{"role": "user", "content": observation}]
+    return [dict(m) for m in observation]
+
+
+def _plain(info: Any) -> dict[str, Any]:
+    """An info dict as JSON will carry it (unknown values become strings), so the bus can hold it."""
+    if not isinstance(info, dict):
+        info = {"info": info}
+    return json.loads(json.dumps(info, default=str))
+
+
+async def close_env(env: Env, episode: Episode) -> None:
+    """``env.close()`` unless ``episode`` says it ran: to completion even if the caller is being cancelled;
+    its errors are logged and kept in the infos, never raised."""
+    if episode.closed:
+        return
+    episode.closed += 1
+    closing = asyncio.ensure_future(env.close())
+    try:
+        await asyncio.shield(closing)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await closing
+        raise
+    except Exception as exc:
+        log.warning("env close failed: %s: %s", type(exc).__name__, exc)
+        episode.infos.append({"close_error": f"{type(exc).__name__}: {exc}"})

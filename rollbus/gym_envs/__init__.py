@@ -1,0 +1,17 @@
+"""The built-in gym environments (all offline, small, seeded) and context managers; importing registers them.
+
+| name | what |
+| --- | --- |
+| ``math`` | a seeded arithmetic/algebra word problem, exact rational check, one retry hint |
+| ``frozen_lake`` | the grid world as text; reward 1 on the goal, done on a hole |
+| ``python_tool`` | a computation question; the model may run Python in a network-less sandbox first |
+| ``window`` (context manager) | keep the opening and the last ``keep`` messages |
+"""
+
+from rollbus.gym_envs.answers import extract_answer, parse_rational
+from rollbus.gym_envs.context import WindowContext
+from rollbus.gym_envs.frozen_lake import FrozenLakeEnv
+from rollbus.gym_envs.math_env import MathEnv
+from rollbus.gym_envs.python_tool import PythonToolEnv
+
+__all__ = ["FrozenLakeEnv", "MathEnv", "PythonToolEnv", "WindowContext", "extract_answer", "parse_rational"]

@@ -1,0 +1,176 @@
+"""Host side of the agent's only way out: a per-sandbox unix socket that proxies HTTP to the adapter.
+
+The agent sandbox has its own network namespace with nothing but loopback; a forwarder inside (``socat``)
+listens on the loopback port ``ANTHROPIC_BASE_URL`` names and connects to this socket, bind-mounted at
+``/run/adapter.sock``. The proxy opens one TCP connection to the adapter per client connection and stamps
+every request with ``X-Rollbus-Sandbox: <sandbox id>`` (a copy the client sent is removed first), so the
+adapter side knows which rollout is calling whatever token the request carries. Only HTTP/1.1 requests
+pass: a head that does not parse, or is larger than ``MAX_HEAD``, gets a 400 and the connection closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from pathlib import Path
+from urllib.parse import urlsplit
+
+SANDBOX_HEADER = b"x-rollbus-sandbox"
+MAX_HEAD = 64 << 10
+CHUNK = 1 << 16
+BAD_REQUEST = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+
+
+class BadRequest(ValueError):
+    """The client's bytes are not an HTTP/1.1 request we forward."""
+
+
+def stamp_head(head: bytes, sandbox_id: str) -> tuple[bytes, int | None, bool]:
+    """Rewrite a request head: drop any client copy of our header, add ours.
+
+    Returns the new head, the Content-Length (None if absent) and whether the body is chunked.
+    """
+    lines = head.split(b"\r\n")
+    request_line, headers = lines[0], [h for h in lines[1:] if h]
+    if len(request_line.split(b" ")) != 3 or not request_line.endswith((b"HTTP/1.1", b"HTTP/1.0")):
+        raise BadRequest(f"not an HTTP request line: {request_line[:80]!r}")
+    kept, length, chunked = [], None, False
+    for header in headers:
+        name, sep, value = header.partition(b":")
+        if not sep or not name or name != name.strip():
+            raise BadRequest(f"malformed header: {header[:80]!r}")
+        key = name.lower()
+        if key == SANDBOX_HEADER:
+            continue
+        if key == b"content-length":
+            if length is not None or not value.strip().isdigit():
+                raise BadRequest("bad or repeated content-length")
+            length = int(value.strip())
+        if key == b"transfer-encoding":
+            chunked = value.strip().lower() == b"chunked"
+            if not chunked:
+                raise BadRequest("unsupported transfer-encoding")
+        kept.append(header)
+    if chunked and length is not None:
+        raise BadRequest("both content-length and chunked")
+    stamped = [request_line, *kept, SANDBOX_HEADER + b": " + sandbox_id.encode(), b"", b""]
+    return b"\r\n".join(stamped), length, chunked
+
+
+async def _copy_exact(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+    while n > 0:
+        chunk = await reader.read(min(n, CHUNK))
+        if not chunk:
+            raise BadRequest("body ended early")
+        writer.write(chunk)
+        n -= len(chunk)
+        await writer.drain()
+
+
+async def _copy_chunked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    while True:
+        size_line = await reader.readuntil(b"\r\n")
+        writer.write(size_line)
+        try:
+            size = int(size_line.split(b";")[0].strip(), 16)
+        except ValueError as exc:
+            raise BadRequest("bad chunk size") from exc
+        if size == 0:
+            while (trailer := await reader.readuntil(b"\r\n")) != b"\r\n":
+                writer.write(trailer)
+            writer.write(b"\r\n")
+            await writer.drain()
+            return
+        await _copy_exact(reader, writer, size + 2)
+
+
+class AdapterProxy:
+    """One sandbox's unix socket, proxying to the adapter at ``adapter_url`` (``http://host:port``)."""
+
+    def __init__(
+        self, socket_path: Path, adapter_url: str, sandbox_id: str, owner: int | None = None
+    ) -> None:
+        parts = urlsplit(adapter_url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"adapter URL must be http://host:port, got {adapter_url!r}")
+        self.socket_path = Path(socket_path)
+        self.sandbox_id = sandbox_id
+        self._target = (parts.hostname, parts.port or 80)
+        self._owner = owner
+        self._server: asyncio.AbstractServer | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.requests = 0
+
+    async def start(self) -> AdapterProxy:
+        self._server = await asyncio.start_unix_server(self._serve, path=str(self.socket_path))
+        os.chmod(self.socket_path, 0o600)
+        if self._owner is not None:
+            os.chown(self.socket_path, self._owner, self._owner)
+        return self
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        upstream_w: asyncio.StreamWriter | None = None
+        try:
+            upstream_r, upstream_w = await asyncio.open_connection(*self._target)
+            back = asyncio.ensure_future(_pump(upstream_r, client_w))
+            try:
+                await self._requests(client_r, upstream_w)
+                await back
+            finally:
+                back.cancel()
+        except (BadRequest, asyncio.LimitOverrunError, asyncio.IncompleteReadError):
+            with contextlib.suppress(ConnectionError):
+                client_w.write(BAD_REQUEST)
+                await client_w.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            for writer in (client_w, upstream_w):
+                if writer is not None:
+                    writer.close()
+            self._tasks.discard(task)
+
+    async def _requests(self, client_r: asyncio.StreamReader, upstream_w: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await client_r.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError as exc:
+                if exc.partial:
+                    raise BadRequest("request head ended early") from exc
+                upstream_w.write_eof()
+                return
+            if len(head) > MAX_HEAD:
+                raise BadRequest("request head too large")
+            stamped, length, chunked = stamp_head(head[:-4] + b"\r\n", self.sandbox_id)
+            self.requests += 1
+            upstream_w.write(stamped)
+            if chunked:
+                await _copy_chunked(client_r, upstream_w)
+            elif length:
+                await _copy_exact(client_r, upstream_w, length)
+            await upstream_w.drain()
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(ConnectionError):
+        while chunk := await reader.read(CHUNK):
+            writer.write(chunk)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()

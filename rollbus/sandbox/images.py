@@ -1,0 +1,125 @@
+"""Images: where a sandbox's repository and toolchain come from, and the agent's history-free copy.
+
+``metadata.image`` is a repository directory or a tarball of one (the repository is the archive's root, or
+its single top-level directory); a relative path resolves against the dataset file's directory. A toolchain
+is a root filesystem directory or tarball (``docker export`` of a SWE-style image, an ``mmdebstrap`` tree).
+Tarballs are unpacked once into a cache keyed by path, size and mtime, with tarfile's ``data`` filter (no
+absolute paths, no ``..``, no devices, no setuid bits).
+
+Threat model: the agent must not see the future. Images often hold the fix commit (SWE-bench Pro checks the
+target tests out of it at grading time), so the agent's workspace is a *new* repository whose only commit is
+the image's working tree: no later commits, tags, refs, reflogs, stash or packed objects, not even the old
+object ids. The grader gets the image as it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+from rollbus.sandbox.base import SandboxError
+from rollbus.sandbox.repo import GIT_IDENTITY, _git_env
+
+BASE_MESSAGE = "base"
+
+
+def resolve_image(image: str | os.PathLike[str], dataset: Path | None = None) -> Path:
+    """An image path as given in a row, made absolute against the dataset file's directory."""
+    path = Path(image)
+    if not path.is_absolute() and dataset is not None:
+        path = Path(dataset).resolve().parent / path
+    if not path.exists():
+        raise SandboxError(f"image {str(image)!r} not found (looked at {path})", "image_error")
+    return path
+
+
+def unpack(image: Path, cache: Path, *, repository: bool) -> Path:
+    """The directory behind ``image``: itself, or its tarball unpacked (once) into ``cache``."""
+    if image.is_dir():
+        return image
+    if not tarfile.is_tarfile(image):
+        raise SandboxError(f"image {image} is neither a directory nor a tarball", "image_error")
+    st = image.stat()
+    key = hashlib.sha256(f"{image.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:20]
+    target = cache / key
+    if not target.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=cache))
+        try:
+            with tarfile.open(image) as tar:
+                tar.extractall(scratch, filter="data")
+        except (tarfile.TarError, OSError) as exc:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise SandboxError(f"cannot unpack image {image}: {exc}", "image_error") from exc
+        try:
+            os.rename(scratch, target)  # atomic: a concurrent unpack of the same image just loses the race
+        except OSError:
+            shutil.rmtree(scratch, ignore_errors=True)
+    if not repository:
+        return target
+    entries = list(target.iterdir())
+    return entries[0] if len(entries) == 1 and entries[0].is_dir() else target
+
+
+def copy_tree(src: Path, dest: Path, *, skip_git: bool) -> None:
+    """Copy ``src`` to ``dest`` (reflinks where the filesystem has them, else a plain copy).
+
+    Hard links would be faster but are unsafe for a writable workspace: an in-place write would reach the
+    image every later sandbox starts from.
+    """
+    dest.mkdir(parents=True)
+    entries = [e for e in os.listdir(src) if not (skip_git and e == ".git")]
+    if entries:
+        cmd = ["cp", "-a", "--reflink=auto", *(str(src / e) for e in entries), str(dest)]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise SandboxError(f"cannot copy image {src}: {done.stderr.strip()}", "image_error")
+
+
+def agent_workspace(src: Path, dest: Path) -> Path:
+    """The agent's copy of ``src``: its files, and a fresh repository holding them as the only commit.
+
+    Files the image's repository tracked are committed (even if ignored); everything else stays as it was
+    (untracked or ignored). Without a repository in the image, everything not ignored is committed.
+    """
+    copy_tree(src, dest, skip_git=True)
+    tracked = _tracked_files(src) if (src / ".git").exists() else None
+    _git(["init", "-q", "--template=", "-b", "main"], dest)
+    if tracked is None:
+        _git(["add", "-A"], dest)
+    elif tracked:
+        _git(["add", "-f", "--pathspec-from-file=-", "--pathspec-file-nul"], dest, stdin=tracked)
+    _git([*GIT_IDENTITY, "commit", "-q", "--allow-empty", "--no-verify", "-m", BASE_MESSAGE], dest)
+    shutil.rmtree(dest / ".git" / "logs", ignore_errors=True)  # no reflog, not even of the base commit
+    return dest
+
+
+def grader_workspace(src: Path, dest: Path) -> Path:
+    """The grader's copy: the image as it is, history and all."""
+    copy_tree(src, dest, skip_git=False)
+    return dest
+
+
+def _tracked_files(src: Path) -> bytes:
+    return _git(["--git-dir", str(src / ".git"), "--work-tree", str(src), "ls-files", "-z"], src).encode()
+
+
+def _git(args: list[str], cwd: Path, stdin: bytes | None = None) -> str:
+    done = subprocess.run(
+        ["git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", *args],
+        cwd=cwd,
+        env=_git_env(),
+        input=stdin,
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SandboxError(
+            f"git {' '.join(args)} failed: {done.stderr.decode(errors='replace').strip()}", "image_error"
+        )
+    return done.stdout.decode(errors="replace")

@@ -1,0 +1,538 @@
+"""A rollout's events -> its reward/K segments: the segmenter's state machine (pure, no I/O).
+
+The segmenter, ``rollbus rebuild segments`` and the tests all drive this module, so a live run and a
+replay of the raw topics cut the same segments. One :class:`RolloutState` per rollout id collects
+*facts* from the four co-partitioned topics (turns, sessions, diffs, rewards) in whatever order they
+interleave:
+
+* a fact has an identity (a turn's is (attempt, chain, turn index)); a second fact with the same identity
+  and digest is a writer's retry, dropped and counted; one with another digest is a conflict, and the
+  rollout is dead-lettered with the reason;
+* turn bodies are kept apart, as the bytes that were published (the prompt-reference encoding): the state
+  holds only digests and counts, so it grows with turns, not tokens, and no prompt is ever resolved;
+* the rollout is complete when the rewarded attempt was closed (a ``closed`` session event) and every main
+  and sub-agent chain of that attempt ended (``frozen``/``closed``) with all the turns its end event
+  counts. Then its segments are cut in the order the chains froze, the live main chain last (``final``);
+  other attempts, side chains and unattributed chains never train;
+* a rollout that never completes is aborted by a clock fact (:func:`expire`), emitting nothing.
+
+Terminal states (emitted, aborted, dead) keep their digests for a while (tombstones), so a redelivered
+event is recognised as a duplicate after a crash, and a new turn or reward for a finished rollout is
+dead-lettered instead of silently starting a second life.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from rollbus.codec import CodecError, decode
+from rollbus.trajectory import ChainBroken, ChainTokens, FrozenChain, LossScope, Segment, fan_out
+from rollbus.turn_log import (
+    ConflictingTurn,
+    TurnKey,
+    UnresolvedTurn,
+    chain_tokens,
+    describe,
+    resolve_turns,
+    turn_digest,
+    turn_key,
+)
+
+FactKind = Literal["turn", "session", "diff", "reward"]
+Status = Literal["open", "emitted", "aborted", "dead"]
+TRAINABLE = ("main", "subagent")
+FACT_KINDS: dict[str, FactKind] = {
+    "turns": "turn",
+    "sessions": "session",
+    "diffs": "diff",
+    "rewards": "reward",
+}
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One decoded event of a rollout and when the broker stored it (milliseconds)."""
+
+    kind: FactKind
+    record: Mapping[str, Any]
+    at: int
+
+
+@dataclass
+class ChainFacts:
+    """What the rollout's events say about one chain of one attempt."""
+
+    kind: str  # main | subagent | side | unattributed
+    turns: dict[str, str] = field(default_factory=dict)  # str(turn index) -> turn digest
+    end: str | None = None  # frozen | closed: no turn will extend it
+    turn_count: int | None = None  # turns it had when it ended
+    end_seq: int | None = None  # position of its end among the rollout's session events
+    closed_seq: int | None = None  # position of a ``closed`` event for it
+
+
+@dataclass
+class RolloutState:
+    """Everything the segmenter keeps for one rollout, small and JSON-able (the table's value)."""
+
+    rollout_id: str
+    partition: int = -1
+    status: Status = "open"
+    reason: str | None = None
+    last_at: int = 0
+    seq: int = 0
+    attempts: dict[str, dict[str, ChainFacts]] = field(default_factory=dict)
+    closed: list[str] = field(default_factory=list)  # attempts with a ``closed`` session event
+    sessions: dict[str, str] = field(default_factory=dict)  # session identity -> digest
+    diffs: dict[str, list[Any]] = field(default_factory=dict)  # attempt -> [digest, group_id, group_size]
+    reward: dict[str, Any] | None = None
+    duplicates: int = 0
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> RolloutState:
+        raw = json.loads(data)
+        attempts = raw.pop("attempts")
+        return cls(
+            attempts={a: {c: ChainFacts(**f) for c, f in cs.items()} for a, cs in attempts.items()}, **raw
+        )
+
+    @property
+    def open(self) -> bool:
+        return self.status == "open"
+
+    def body_keys(self) -> list[TurnKey]:
+        """Identities of every trainable turn body kept for this rollout (all attempts)."""
+        return [
+            (attempt, chain_id, int(index))
+            for attempt, chains in self.attempts.items()
+            for chain_id, chain in chains.items()
+            if chain.kind in TRAINABLE
+            for index in chain.turns
+        ]
+
+
+@dataclass
+class Step:
+    """What one fact did (``new|duplicate|late|rejected``), a turn body to keep, why to dead-letter it."""
+
+    verdict: str
+    store: TurnKey | None = None
+    dead_letter: str | None = None
+
+
+class Conflict(ValueError):
+    """Events of one rollout contradict each other; the rollout cannot be trusted to train."""
+
+
+def _digest(record: Mapping[str, Any], leave_out: tuple[str, ...] = ("schema_version",)) -> str:
+    kept = {k: v for k, v in record.items() if k not in leave_out}
+    return hashlib.blake2b(json.dumps(kept, sort_keys=True, default=str).encode(), digest_size=12).hexdigest()
+
+
+def apply(state: RolloutState, fact: Fact) -> Step:
+    """Merge ``fact`` into ``state`` (in place). A conflict turns the state ``dead`` and names the reason."""
+    state.last_at = max(state.last_at, fact.at)
+    try:
+        if fact.kind == "turn":
+            step = _turn(state, fact.record)
+        elif fact.kind == "session":
+            step = _session(state, fact.record)
+        elif fact.kind == "diff":
+            step = _diff(state, fact.record)
+        else:
+            step = _reward(state, fact.record)
+    except (Conflict, ConflictingTurn) as conflict:
+        kill(state, str(conflict))
+        return Step("rejected", dead_letter=f"rollout {state.rollout_id} dead-lettered: {conflict}")
+    if step.verdict == "duplicate":
+        state.duplicates += 1
+    return step
+
+
+def kill(state: RolloutState, reason: str) -> None:
+    state.status, state.reason = "dead", reason
+
+
+def _finished(state: RolloutState, what: str) -> str:
+    return (
+        f"{what} for rollout {state.rollout_id}, which is already {state.status} ({state.reason or 'done'})"
+    )
+
+
+def _chain(state: RolloutState, attempt: str, chain_id: str, kind: str) -> ChainFacts:
+    chain = state.attempts.setdefault(attempt, {}).setdefault(chain_id, ChainFacts(kind))
+    if chain.kind != kind:
+        raise Conflict(f"chain {chain_id} is {chain.kind} in one event and {kind} in another")
+    return chain
+
+
+def _turn(state: RolloutState, record: Mapping[str, Any]) -> Step:
+    key, digest = turn_key(record), turn_digest(record)
+    attempt, chain_id, index = key
+    known = state.attempts.get(attempt, {}).get(chain_id)
+    seen = known.turns.get(str(index)) if known is not None else None
+    if seen == digest:
+        return Step("duplicate")
+    if not state.open:
+        return _late_turn(state, record, key, digest)
+    if seen is not None:
+        raise ConflictingTurn(f"turn {describe(key)} was sent twice with different content")
+    chain = _chain(state, attempt, chain_id, record["chain_kind"])
+    if chain.turn_count is not None and index >= chain.turn_count:
+        raise Conflict(f"turn {describe(key)} came after its chain ended with {chain.turn_count} turns")
+    chain.turns[str(index)] = digest
+    return Step("new", store=key if chain.kind in TRAINABLE else None)
+
+
+def _late_turn(state: RolloutState, record: Mapping[str, Any], key: TurnKey, digest: str) -> Step:
+    """A turn after the rollout finished: dead-lettered if it could have changed the segments (a trainable
+    chain of the rewarded attempt), else only counted (another attempt's or a side turn that lagged)."""
+    attempt, chain_id, index = key
+    rewarded = state.reward is not None and state.reward["attempt_id"] == attempt
+    if rewarded and record["chain_kind"] in TRAINABLE or state.status == "dead":
+        return Step("late", dead_letter=_finished(state, f"turn {describe(key)}"))
+    chain = state.attempts.setdefault(attempt, {}).setdefault(chain_id, ChainFacts(record["chain_kind"]))
+    chain.turns[str(index)] = digest  # so a redelivery of it is a duplicate
+    return Step("late")
+
+
+def _session(state: RolloutState, record: Mapping[str, Any]) -> Step:
+    attempt, chain_id, kind = record.get("attempt_id", ""), record["chain_id"], record["kind"]
+    identity, digest = f"{attempt}\x1f{chain_id}\x1f{kind}", _digest(record, ("schema_version", "at"))
+    seen = state.sessions.get(identity)
+    if seen == digest:
+        return Step("duplicate")
+    if not state.open:
+        state.sessions[identity] = digest
+        return Step("late")
+    if seen is not None:
+        raise Conflict(f"session event {kind} of chain {chain_id} was sent twice with different content")
+    state.sessions[identity] = digest
+    chain = _chain(state, attempt, chain_id, record["chain_kind"])
+    if kind == "opened":
+        return Step("new")
+    count = record["turn_count"]
+    if chain.turn_count is not None and chain.turn_count != count:
+        raise Conflict(f"chain {chain_id} ended with {chain.turn_count} turns, then with {count}")
+    beyond = [int(i) for i in chain.turns if int(i) >= count]
+    if beyond:
+        raise Conflict(f"chain {chain_id} ended with {count} turns but turn {min(beyond)} exists")
+    state.seq += 1
+    if chain.end is None:
+        chain.end, chain.turn_count, chain.end_seq = kind, count, state.seq
+    if kind == "closed":
+        chain.closed_seq = state.seq
+        if attempt not in state.closed:
+            state.closed.append(attempt)
+    return Step("new")
+
+
+def _diff(state: RolloutState, record: Mapping[str, Any]) -> Step:
+    attempt, digest = record.get("attempt_id", ""), _digest(record)
+    seen = state.diffs.get(attempt)
+    if seen is not None:
+        return Step("duplicate" if seen[0] == digest else "late")
+    state.diffs[attempt] = [digest, record.get("group_id", ""), record.get("group_size", 1)]
+    return Step("new")
+
+
+def _reward(state: RolloutState, record: Mapping[str, Any]) -> Step:
+    digest = _digest(record)
+    if state.reward is not None and state.reward["digest"] == digest:
+        return Step("duplicate")
+    if not state.open:
+        return Step("late", dead_letter=_finished(state, "reward"))
+    if state.reward is not None:
+        first = state.reward["attempt_id"]
+        reason = f"rollout {state.rollout_id} already has a reward (attempt {first!r}); this one is ignored"
+        return Step("rejected", dead_letter=reason)
+    state.reward = {
+        "digest": digest, "attempt_id": record.get("attempt_id", ""), "reward": float(record["reward"]),
+        "group_id": record.get("group_id", ""), "group_size": record.get("group_size", 1), "at": record["at"],
+    }  # fmt: skip
+    return Step("new")
+
+
+# --- completion -----------------------------------------------------------------------------------
+
+
+def missing(state: RolloutState) -> list[str]:
+    """What the rollout still waits for before it can be segmented; empty when it is complete."""
+    if state.reward is None:
+        return ["no reward"]
+    attempt = state.reward["attempt_id"]
+    gaps = [] if attempt in state.closed else [f"attempt {attempt!r} never closed"]
+    for chain_id, chain in state.attempts.get(attempt, {}).items():
+        if chain.kind not in TRAINABLE:
+            continue
+        if chain.end is None:
+            gaps.append(f"chain {chain_id} never ended ({len(chain.turns)} turns seen)")
+            continue
+        absent = [i for i in range(chain.turn_count or 0) if str(i) not in chain.turns]
+        if absent:
+            gaps.append(f"chain {chain_id} lacks turn(s) {', '.join(map(str, absent[:5]))}")
+    return gaps
+
+
+def complete(state: RolloutState) -> bool:
+    return state.open and not missing(state)
+
+
+def freeze_order(state: RolloutState) -> list[tuple[str, str]]:
+    """``(chain id, segment kind)`` of the rewarded attempt's trainable chains in the order they froze.
+
+    The ``sessions`` events give the order; the main chain closed last is the ``final`` tail, every other
+    main chain was cut by a history rewrite (``wipe``), sub-agent chains are ``subagent``.
+    """
+    attempt = state.reward["attempt_id"] if state.reward else ""
+    chains = {
+        c: f for c, f in state.attempts.get(attempt, {}).items() if f.kind in TRAINABLE and f.turn_count
+    }
+    closed_mains = [c for c, f in chains.items() if f.kind == "main" and f.closed_seq is not None]
+    final = max(closed_mains, key=lambda c: chains[c].closed_seq) if closed_mains else None
+    order = sorted((c for c in chains if c != final), key=lambda c: chains[c].end_seq)
+    kinds = [(c, "subagent" if chains[c].kind == "subagent" else "wipe") for c in order]
+    return kinds + ([(final, "final")] if final is not None else [])
+
+
+class _Stitched(FrozenChain):
+    """A frozen chain whose token sequences were already stitched from the reference encoding."""
+
+    def __init__(self, kind: str, chain_id: str, sequences: list[ChainTokens]) -> None:
+        super().__init__(kind, [], chain_id=chain_id)  # type: ignore[arg-type]
+        self._sequences = sequences
+
+    def sequences(self) -> list[ChainTokens]:
+        return self._sequences
+
+
+def segment_id(rollout_id: str, attempt_id: str, index: int) -> str:
+    """Deterministic: a replay, a restart or a second worker cuts the same ids, so consumers deduplicate."""
+    return f"{rollout_id}/{attempt_id}/{index}"
+
+
+def cut(
+    state: RolloutState,
+    body: Callable[[TurnKey], Mapping[str, Any]],
+    *,
+    loss_scope: LossScope = "all_turns",
+    history_mode: str = "canonical",
+) -> list[dict[str, Any]]:
+    """The complete rollout's ``segment`` records. Raises UnresolvedTurn/ChainBroken on a bad chain."""
+    reward = state.reward
+    assert reward is not None, "cut() needs a rewarded rollout"
+    attempt = reward["attempt_id"]
+    chains = []
+    for chain_id, kind in freeze_order(state):
+        count = state.attempts[attempt][chain_id].turn_count or 0
+        records = [body((attempt, chain_id, i)) for i in range(count)]
+        if history_mode == "rerender":
+            rerendered = FrozenChain(kind, resolve_turns(records), "rerender", chain_id)  # type: ignore[arg-type]
+            sequences = rerendered.sequences()
+        else:
+            tokens = chain_tokens(records)
+            sequences = [tokens] if any(tokens.loss_mask) else []
+        chains.append(_Stitched(kind, chain_id, sequences))
+    segments = fan_out(chains, state.rollout_id, reward["reward"], loss_scope=loss_scope)
+    return [segment_record(s, state, attempt) for s in segments]
+
+
+def group_of(state: RolloutState, attempt: str) -> str:
+    """The reward's group, else the diff's, else the rollout alone (a group of one has no advantage)."""
+    reward = state.reward or {}
+    diff = state.diffs.get(attempt)
+    return reward.get("group_id") or (diff[1] if diff else "") or state.rollout_id
+
+
+def segment_record(segment: Segment, state: RolloutState, attempt: str) -> dict[str, Any]:
+    """The Avro ``segment`` record; ``created_at`` is the reward's time, so a replay is byte-identical."""
+    return {
+        "segment_id": segment_id(state.rollout_id, attempt, segment.index),
+        "rollout_id": state.rollout_id,
+        "group_id": group_of(state, attempt),
+        "index": segment.index,
+        "num_segments": segment.num_segments,
+        "kind": segment.kind,
+        "prompt_ids": segment.prompt_ids,
+        "response_ids": segment.response_ids,
+        "loss_mask": bytes(segment.loss_mask),
+        "rollout_logprobs": segment.rollout_logprobs,
+        "reward": segment.reward,
+        "trajectory_reward": segment.trajectory_reward,
+        "policy_versions": segment.policy_versions,
+        "created_at": int(state.reward["at"]) if state.reward else 0,
+        "attempt_id": attempt,
+        "chain_id": segment.chain_id or "",
+    }
+
+
+def expire(state: RolloutState, now: int, timeout_ms: int, forget_after_ms: int) -> str | None:
+    """A clock fact: ``"abort"`` an open rollout idle for ``timeout_ms`` (reason set), ``"forget"`` a
+    finished one (its tombstone) after ``forget_after_ms``; None if nothing is due."""
+    idle = now - state.last_at
+    if state.open and idle >= timeout_ms:
+        state.status = "aborted"
+        gaps = "; ".join(missing(state) or ["incomplete"])
+        state.reason = f"timed out after {idle / 1000:.0f}s idle: {gaps}"
+        return "abort"
+    if not state.open and idle >= forget_after_ms:
+        return "forget"
+    return None
+
+
+# --- the driver: states and bodies in any mutable mappings (dicts, Faust tables) --------------------
+
+
+@dataclass
+class Options:
+    """What cutting and expiring need; services fill it from their settings."""
+
+    loss_scope: LossScope = "all_turns"
+    history_mode: str = "canonical"
+    timeout_ms: int = 3_600_000
+    forget_after_ms: int = 86_400_000
+
+
+@dataclass
+class Outcome:
+    """What handling one event produced. ``segments`` must be acknowledged before :meth:`Segmenter.settle`."""
+
+    rollout_id: str
+    verdict: str
+    segments: list[dict[str, Any]] = field(default_factory=list)
+    dead_letter: str | None = None
+    finished: Status | None = None  # the state to settle into once outputs are out
+
+
+Decoder = Callable[[bytes], Mapping[str, Any]]
+
+
+def body_key(rollout_id: str, key: TurnKey) -> str:
+    attempt, chain, index = key
+    return f"{rollout_id}\x1f{attempt}\x1f{chain}\x1f{index}"
+
+
+class Segmenter:
+    """The state machine over storage: ``states`` (rollout id -> state bytes) and ``bodies`` (turn -> bytes).
+
+    Every write assigns a whole value (Faust tables only log assignments). ``handle`` never marks a rollout
+    emitted: the caller publishes the outcome's segments, waits for the acks, then calls ``settle``, so a
+    crash in between re-cuts the same segments from intact state instead of losing them.
+    """
+
+    def __init__(
+        self,
+        states: MutableMapping[str, bytes],
+        bodies: MutableMapping[str, bytes],
+        decode_body: Decoder,
+        options: Options | None = None,
+    ) -> None:
+        self.states, self.bodies, self.decode_body = states, bodies, decode_body
+        self.options = options or Options()
+        self.counts: dict[str, int] = {}
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.counts[name] = self.counts.get(name, 0) + n
+
+    def load(self, rollout_id: str, partition: int = -1) -> RolloutState:
+        raw = self.states.get(rollout_id)
+        return RolloutState.from_bytes(raw) if raw is not None else RolloutState(rollout_id, partition)
+
+    def handle(self, fact: Fact, raw: bytes, partition: int = -1) -> Outcome:
+        """Merge one event (``raw`` is its message bytes, kept as the turn body) and cut if complete."""
+        rollout_id = fact.record["rollout_id"]
+        state = self.load(rollout_id, partition)
+        was_open = state.open
+        step = apply(state, fact)
+        self.count(step.verdict)
+        if step.store is not None:
+            self.bodies[body_key(rollout_id, step.store)] = raw
+        outcome = Outcome(rollout_id, step.verdict, dead_letter=step.dead_letter)
+        if complete(state):
+            self._cut(state, outcome)
+        if was_open and state.status == "dead":
+            outcome.finished = "dead"
+            self.count("dead")
+        self.states[rollout_id] = state.to_bytes()
+        if outcome.finished == "dead":
+            self._drop_bodies(state)
+        return outcome
+
+    def _cut(self, state: RolloutState, outcome: Outcome) -> None:
+        def body(key: TurnKey) -> Mapping[str, Any]:
+            return self.decode_body(self.bodies[body_key(state.rollout_id, key)])
+
+        try:
+            outcome.segments = cut(
+                state, body, loss_scope=self.options.loss_scope, history_mode=self.options.history_mode
+            )
+        except (UnresolvedTurn, ChainBroken, ValueError, KeyError) as error:
+            kill(state, f"cannot cut segments: {type(error).__name__}: {error}")
+            outcome.dead_letter = f"rollout {state.rollout_id} dead-lettered: {state.reason}"
+            outcome.finished = "dead"
+            return
+        outcome.finished = "emitted"
+
+    def settle(self, outcome: Outcome) -> None:
+        """After the outcome's segments are acknowledged: the rollout's tombstone, its bodies deleted."""
+        if outcome.finished != "emitted":
+            return
+        state = self.load(outcome.rollout_id)
+        if not state.open:
+            return
+        state.status, state.reason = "emitted", f"{len(outcome.segments)} segment(s)"
+        self.states[outcome.rollout_id] = state.to_bytes()
+        self._drop_bodies(state)
+        self.count("emitted")
+        self.count("segments", len(outcome.segments))
+
+    def tick(self, now: int, partition: int | None = None) -> list[RolloutState]:
+        """Abort rollouts idle past the timeout (returned, for counting) and forget old tombstones."""
+        aborted = []
+        for rollout_id, raw in list(self.states.items()):
+            state = RolloutState.from_bytes(raw)
+            if partition is not None and state.partition not in (partition, -1):
+                continue
+            verdict = expire(state, now, self.options.timeout_ms, self.options.forget_after_ms)
+            if verdict == "abort":
+                self._drop_bodies(state)
+                self.states[rollout_id] = state.to_bytes()
+                self.count("aborted")
+                aborted.append(state)
+            elif verdict == "forget":
+                del self.states[rollout_id]
+        return aborted
+
+    def _drop_bodies(self, state: RolloutState) -> None:
+        for key in state.body_keys():
+            self.bodies.pop(body_key(state.rollout_id, key), None)
+
+
+# --- from the wire ----------------------------------------------------------------------------------
+
+
+class WrongKey(CodecError):
+    """An event whose Kafka key is not its rollout id: it sits on another rollout's partition."""
+
+
+def decode_fact(topic: str, value: bytes | None, key: bytes | None, timestamp_ms: int) -> Fact:
+    """The fact in one message of ``turns``/``sessions``/``diffs``/``rewards``; CodecError if poison."""
+    from rollbus.topics import MAX_EVENT_BYTES, spec_for, split_name
+
+    data = value or b""
+    if len(data) > MAX_EVENT_BYTES:
+        raise CodecError(f"message of {len(data)} bytes is over the limit of {MAX_EVENT_BYTES}")
+    decoded = decode(data)
+    expected = spec_for(topic).event_type
+    if decoded.event_type != expected:
+        raise CodecError(f"{decoded.event_type} event on {topic!r}, which carries {expected} events")
+    rollout_id = decoded.record["rollout_id"]
+    if key != rollout_id.encode():
+        raise WrongKey(f"message key {key!r} is not its rollout id {rollout_id!r}")
+    return Fact(FACT_KINDS[split_name(topic)[1]], decoded.record, timestamp_ms)

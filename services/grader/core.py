@@ -1,0 +1,59 @@
+"""From a ``diff`` event to its ``reward`` record: the one path the service and ``rollbus grade`` share."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rollbus.grading import BadRow, GradeConfig, GradeResult, failed, grade, parse_row
+from rollbus.grading import verdict as v
+
+
+async def grade_row(row: Mapping[str, Any], patch: str, base_dir: Path, config: GradeConfig) -> GradeResult:
+    """Grade ``patch`` against ``row`` (relative paths resolve against ``base_dir``); a bad row is a grade."""
+    try:
+        spec = parse_row(row, base_dir)
+    except BadRow as exc:
+        return failed(v.BAD_ROW, str(exc))
+    return await grade(spec, patch, config)
+
+
+async def grade_diff(
+    diff: Mapping[str, Any], base_dir: Path, config: GradeConfig, *, grade_failed_rollouts: bool = False
+) -> GradeResult:
+    """The grade of one ``diff`` event (its ``task_metadata`` is the row's metadata, copied by the runner)."""
+    if diff.get("patch_truncated"):
+        return failed(v.PATCH_TRUNCATED, "the runner cut the patch at its size cap")
+    rollout_failure = diff.get("failure_kind") or (diff.get("error") and "error")
+    if rollout_failure and not grade_failed_rollouts:
+        result = failed(
+            v.ROLLOUT_FAILED, f"the rollout ended with {rollout_failure}: {diff.get('error') or ''}"
+        )
+        return GradeResult(
+            **{**result.__dict__, "details": {**result.details, "rollout_failure": rollout_failure}}
+        )
+    row = {"metadata": diff.get("task_metadata") or "{}", "label": diff.get("label")}
+    return await grade_row(row, diff.get("patch") or "", base_dir, config)
+
+
+def reward_record(diff: Mapping[str, Any], result: GradeResult) -> dict[str, Any]:
+    """The ``reward`` event for ``diff`` graded as ``result`` (schema v2)."""
+    return {
+        "rollout_id": diff["rollout_id"],
+        "attempt_id": diff.get("attempt_id") or "",
+        "group_id": diff.get("group_id") or "",
+        "group_size": diff.get("group_size") or 1,
+        "reward": result.reward,
+        "solved": result.solved,
+        "applied_cleanly": result.applied_cleanly,
+        "failure_kind": result.failure_kind,
+        "flags": list(result.flags),
+        "tests": [{"name": t.name, "status": t.status} for t in result.tests],
+        "details": json.dumps(dict(result.details), default=str),
+        "step_rewards": [],
+        "infos": "[]",
+        "at": int(time.time() * 1000),
+    }

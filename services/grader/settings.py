@@ -1,0 +1,53 @@
+"""Settings of the grader: how one grade runs (shared with ``rollbus grade``) and how the service consumes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rollbus.grading import GradeConfig
+from rollbus.settings import BusSettings, Field, Settings
+
+
+class GradingOptions(Settings):
+    """How one patch is graded; ``rollbus grade`` reads the same flags and ``ROLLBUS_GRADER_*`` variables as
+    the service, so a grade reproduced by hand is the grade the service gave."""
+
+    model_config = Settings.scoped("grader")
+
+    grade_timeout: float = Field(600.0, gt=0, description="seconds one grade may take, all steps included")
+    max_patch_bytes: int = Field(2**20, gt=0, description="patches larger than this fail as patch_too_large")
+    zero_flagged: bool = Field(
+        True, description="score 0 when a patch touches grading machinery (the flags are reported either way)"
+    )
+    log_excerpt_bytes: int = Field(
+        8192, ge=0, description="bytes of test output kept in the reward's details"
+    )
+    data_dir: Path = Field(
+        Path("."), description="directory that relative host paths in task metadata resolve against"
+    )
+    scratch_dir: Path | None = Field(
+        None, description="where grading copies of images are made (unset: TMPDIR)"
+    )
+
+    def grade_config(self) -> GradeConfig:
+        return GradeConfig(
+            timeout_s=self.grade_timeout,
+            max_patch_bytes=self.max_patch_bytes,
+            zero_flagged=self.zero_flagged,
+            log_excerpt_bytes=self.log_excerpt_bytes,
+            scratch_dir=self.scratch_dir,
+        )
+
+
+class GraderSettings(GradingOptions, BusSettings):
+    """Settings of `rollbus grader` (flags --x-y, variables ROLLBUS_GRADER_X_Y)."""
+
+    model_config = BusSettings.scoped("grader")
+
+    group_id: str = Field("rollbus-grader", min_length=1, description="consumer group (add graders to scale)")
+    grade_failed_rollouts: bool = Field(
+        False,
+        description="grade the patch of a rollout the runner reported as failed (default: reward 0, "
+        "failure kind rollout_failed)",
+    )
+    max_batch: int = Field(1, ge=1, description="diffs fetched per poll (they are graded one after another)")

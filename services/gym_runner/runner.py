@@ -1,0 +1,179 @@
+"""One gym task -> attempts -> one ``reward`` record (and the turns the adapter recorded on the way).
+
+Per attempt: make the env from the row (a bad ``env_config`` fails the task at once as ``bad_env_config``,
+never retried), open an adapter session, run the episode (:func:`rollbus.gym.run_episode` closes the env on
+every path), close the session (also on every path). ``model_error`` and ``timeout`` are retried with a new
+attempt id while attempts remain; the other ends are final. The reward record says how it ended:
+
+* ``reward`` = sum of ``step_rewards`` (ms-swift's trajectory reward), ``infos`` = reset's info then each
+  step's, ``failure_kind`` = None for done / max_turns / length, else ``bad_env_config``, ``adapter_error``,
+  ``model_error``, ``env_error`` or ``timeout``;
+* ``details``: ``{"kind": "gym", "env", "stop", "error", "turns", "attempts", "loss_scope", "messages"}``;
+  ``loss_scope`` (``all_turns`` | ``last_turn``) is how the segmenter/trainer learns which turns to train.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rollbus.gym import (
+    BAD_ENV_CONFIG,
+    Episode,
+    GymConfigError,
+    RolloutRequest,
+    close_env,
+    make_context_manager,
+    make_env,
+    parse_config,
+    run_episode,
+)
+from services.gym_runner.adapter_client import AdapterClient, AdapterError
+from services.gym_runner.settings import GymRunnerSettings
+
+log = logging.getLogger(__name__)
+RETRIED = ("model_error", "timeout", "adapter_error")
+MAX_DETAILS_CHARS = 1_000_000  # the conversation is dropped from details above this (the turns have it)
+Publish = Callable[[str, dict[str, Any]], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class GymRow:
+    """A task as ms-swift's dataset row: ``messages``, ``env_config``, ``ctx_config`` plus the rest."""
+
+    env_config: dict[str, Any] | None
+    ctx_config: dict[str, Any] | None
+    request: RolloutRequest
+
+    @classmethod
+    def from_task(cls, task: dict[str, Any]) -> GymRow:
+        env_config = parse_config(task.get("env_config"), "env_config")
+        ctx_config = parse_config(task.get("ctx_config"), "ctx_config")
+        messages = _messages(task)
+        data = {k: v for k, v in task.items() if k not in ("env_config", "ctx_config", "messages")}
+        data.update(env_config=env_config, ctx_config=ctx_config, messages=messages)
+        return cls(env_config, ctx_config, RolloutRequest(messages, data, task["rollout_id"]))
+
+
+def _messages(task: dict[str, Any]) -> list[dict[str, Any]]:
+    raw = task.get("messages")
+    if raw is None:
+        return [{"role": "user", "content": task.get("prompt", "")}]
+    try:
+        messages = json.loads(raw) if isinstance(raw, str) else raw
+    except json.JSONDecodeError as exc:
+        raise GymConfigError(f"messages is not valid JSON: {exc}") from None
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise GymConfigError("messages must be a JSON list of message objects")
+    return messages
+
+
+@dataclass
+class Outcome:
+    episode: Episode
+    attempt_id: str
+    attempts: int
+    failure_kind: str | None
+    env_name: str | None
+
+
+class GymRunner:
+    def __init__(self, settings: GymRunnerSettings, adapter: AdapterClient, publish: Publish) -> None:
+        self.settings, self.adapter, self.publish = settings, adapter, publish
+
+    async def run_task(self, task: dict[str, Any]) -> dict[str, Any]:
+        """Run the task's attempts and publish its reward; returns the reward record."""
+        outcome = await self.attempts(task)
+        record = reward_record(task, outcome, self.settings.loss_scope)
+        await self.publish("rewards", record)
+        return record
+
+    async def attempts(self, task: dict[str, Any]) -> Outcome:
+        rollout = task["rollout_id"]
+        outcome = None
+        for attempt in range(1, self.settings.attempts + 1):
+            attempt_id = f"{rollout}.a{attempt}.{uuid.uuid4().hex[:6]}"
+            outcome = await self.attempt(task, attempt_id, attempt)
+            if outcome.failure_kind not in RETRIED:
+                break
+            log.warning("%s attempt %d failed (%s): %s", rollout, attempt, outcome.failure_kind,
+                        outcome.episode.error)  # fmt: skip
+        assert outcome is not None
+        return outcome
+
+    async def attempt(self, task: dict[str, Any], attempt_id: str, number: int) -> Outcome:
+        settings = self.settings
+        try:
+            row = GymRow.from_task(task)
+            env = make_env(row.env_config, settings.gym_env)
+            manager = make_context_manager(row.ctx_config, settings.context_manager)
+        except GymConfigError as exc:
+            return Outcome(Episode(stop="done", error=str(exc)), attempt_id, number, BAD_ENV_CONFIG, None)
+        name = (row.env_config or {}).get("name") or settings.gym_env
+        rollout = task["rollout_id"]
+        episode = Episode()
+        try:
+            token = await self.adapter.open(rollout, attempt_id)
+        except BaseException as exc:
+            await close_env(env, episode)  # it was made: its close is owed even if nothing ran
+            if not isinstance(exc, AdapterError):
+                raise
+            episode.stop, episode.error = "done", str(exc)
+            return Outcome(episode, attempt_id, number, "adapter_error", name)
+        try:
+            episode = await run_episode(
+                env, row.request, self.adapter.model_call(token), max_turns=settings.max_turns,
+                context_manager=manager, trajectory_id=rollout, timeout=settings.episode_timeout,
+                episode=episode,
+            )  # fmt: skip
+        finally:
+            await asyncio.shield(self._close_session(rollout))
+        return Outcome(episode, attempt_id, number, episode.failure_kind, name)
+
+    async def _close_session(self, rollout: str) -> None:
+        try:
+            await self.adapter.close(rollout)
+        except AdapterError as exc:
+            log.warning("%s: %s (the adapter's idle expiry will close it)", rollout, exc)
+
+
+def reward_record(task: dict[str, Any], outcome: Outcome, loss_scope: str) -> dict[str, Any]:
+    episode = outcome.episode
+    details: dict[str, Any] = {
+        "kind": "gym",
+        "env": outcome.env_name,
+        "stop": episode.stop if outcome.failure_kind != BAD_ENV_CONFIG else None,
+        "error": episode.error,
+        "turns": episode.turns,
+        "attempts": outcome.attempts,
+        "loss_scope": loss_scope,
+        "messages": episode.messages,
+    }
+    text = json.dumps(details, default=str)
+    if len(text) > MAX_DETAILS_CHARS:
+        details.update(messages=None, messages_omitted=True)
+        text = json.dumps(details, default=str)
+    said = [info["solved"] for info in episode.infos[1:] if "solved" in info]
+    solved = any(s is True for s in said) if said else (episode.stop == "done" and episode.reward > 0)
+    return {
+        "rollout_id": task["rollout_id"],
+        "reward": episode.reward,
+        "solved": solved,
+        "applied_cleanly": outcome.failure_kind is None,
+        "details": text,
+        "failure_kind": outcome.failure_kind,
+        "at": int(time.time() * 1000),
+        "attempt_id": outcome.attempt_id,
+        "group_id": task.get("group_id", ""),
+        "group_size": int(task.get("group_size", 1)),
+        "flags": [],
+        "tests": [],
+        "step_rewards": [float(r) for r in episode.step_rewards],
+        "infos": json.dumps(episode.infos, default=str),
+    }

@@ -1,0 +1,128 @@
+"""How an attempt ended, as plain data: its failure kind, its patch (trimmed and capped), its diff event.
+
+Pure functions over plain values, so every failure path is tested without a sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rollbus.sandbox import Completed
+
+# Failure kinds a runner names on `diffs` (the grader scores them 0; operators count them).
+BAD_TASK = "bad_task"  # the task's metadata is not a JSON object: it can never run
+BOOT_FAILED = "boot_failed"  # the sandbox (or its image) could not be built, after retries
+INSTALL_FAILED = "install_failed"  # the agent (the Claude Code binary) could not be made available
+SESSION_FAILED = "session_failed"  # the adapter refused or did not answer the sessions API
+TIMEOUT = "timeout"  # the agent ran past its wall-clock budget and was killed
+AGENT_CRASHED = "agent_crashed"  # the CLI exited non-zero (or was killed by a signal) on its own
+MAX_TURNS = "max_turns"  # the CLI stopped at --max-turns
+PATCH_TOO_LARGE = "patch_too_large"  # the patch exceeded the cap and was cut
+RUNNER_ERROR = "runner_error"  # a bug or host failure in the runner itself (the error says which)
+
+_DIFF_HEADER = re.compile(r"^diff --git a/(.*?) b/(.*)$")
+
+
+def classify(completed: Completed) -> str | None:
+    """The failure kind of a finished agent run, or None when it ended normally.
+
+    A limit the sandbox enforced wins (backends that report one set ``Completed.failure_kind``, e.g.
+    ``memory_limit``); then the budget; then the CLI's own account of the run; then its exit status.
+    """
+    reported = getattr(completed, "failure_kind", None)
+    if reported:
+        return str(reported)
+    if completed.timed_out:
+        return TIMEOUT
+    result = final_result(completed.stdout)
+    if result is not None and result.get("subtype") == "error_max_turns":
+        return MAX_TURNS
+    if completed.exit_code != 0:
+        return AGENT_CRASHED
+    return None
+
+
+def final_result(stdout: str) -> dict[str, Any] | None:
+    """The CLI's closing stream-json ``result`` event, if it printed one."""
+    for line in reversed(stdout.strip().splitlines()):
+        if not line.startswith("{"):
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(event, dict) and event.get("type") == "result":
+            return event
+    return None
+
+
+def agent_turns(stdout: str) -> int:
+    result = final_result(stdout)
+    turns = result.get("num_turns", 0) if result else 0
+    return turns if isinstance(turns, int) and turns >= 0 else 0
+
+
+def drop_paths(patch: str, excluded: list[str]) -> str:
+    """``patch`` without the file sections of ``excluded`` paths (a path or a directory prefix)."""
+    if not excluded or not patch:
+        return patch
+    sections = re.split(r"(?m)^(?=diff --git )", patch)
+    kept = []
+    for section in sections:
+        match = _DIFF_HEADER.match(section.split("\n", 1)[0])
+        if match and any(_under(p, e) for p in match.groups() for e in excluded):
+            continue
+        kept.append(section)
+    return "".join(kept)
+
+
+def _under(path: str, excluded: str) -> bool:
+    return path == excluded or path.startswith(excluded + "/")
+
+
+def cap_patch(patch: str, max_bytes: int) -> tuple[str, bool]:
+    """At most ``max_bytes`` of UTF-8, cut at a line end; True if anything was cut."""
+    data = patch.encode()
+    if len(data) <= max_bytes:
+        return patch, False
+    cut = data[:max_bytes]
+    end = cut.rfind(b"\n")
+    return cut[: end + 1 if end >= 0 else 0].decode(errors="ignore"), True
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one attempt produced, before it becomes a diff event."""
+
+    attempt_id: str
+    patch: str = ""
+    exit_status: int = -1
+    wall_time_s: float = 0.0
+    turns: int = 0
+    failure_kind: str | None = None
+    error: str | None = None
+    patch_truncated: bool = False
+
+
+def diff_event(task: dict[str, Any], outcome: Outcome, now_ms: int | None = None) -> dict[str, Any]:
+    """The v2 ``diffs`` record of ``outcome`` (the task's group, metadata and label copied for the grader)."""
+    return {
+        "rollout_id": task["rollout_id"],
+        "attempt_id": outcome.attempt_id,
+        "patch": outcome.patch,
+        "exit_status": outcome.exit_status,
+        "wall_time_s": outcome.wall_time_s,
+        "turns": outcome.turns,
+        "error": outcome.error,
+        "failure_kind": outcome.failure_kind,
+        "patch_truncated": outcome.patch_truncated,
+        "group_id": task.get("group_id", ""),
+        "group_size": task.get("group_size", 1),
+        "task_metadata": task.get("metadata", "{}"),
+        "label": task.get("label"),
+        "at": int(time.time() * 1000) if now_ms is None else now_ms,
+    }

@@ -1,0 +1,229 @@
+"""One attempt at one task: boot a sandbox, run the real Claude Code CLI against the adapter, take its patch.
+
+Every way an attempt can end becomes an :class:`~services.sandbox_runner.outcome.Outcome` with a failure kind
+(never an exception), so every attempt ends with a `diffs` event. The sandbox is killed and the adapter
+session closed on every path, cancellation included (a runner shutting down abandons its attempts; their
+tasks stay uncommitted and are re-run as new attempts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from rollbus import claude_cli
+from rollbus.sandbox import BwrapSandbox, Completed, LocalSubprocessSandbox, Sandbox, git_diff
+from services.sandbox_runner import outcome as kinds
+from services.sandbox_runner.outcome import Outcome, agent_turns, cap_patch, classify, drop_paths
+from services.sandbox_runner.settings import RunnerSettings
+from services.sandbox_runner.workspace import ImageError, materialize
+
+log = logging.getLogger("rollbus.sandbox_runner")
+SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}  # no __pycache__ from the agent's test runs in its patch
+PROBE_TIMEOUT_S = 60.0
+ADAPTER_TRIES = 3
+
+
+class AttemptFailed(Exception):
+    """An attempt ended early; ``kind`` names why (one of the kinds in :mod:`outcome`)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class AdapterSessions:
+    """The adapter's admin sessions API: one session (and token) per attempt, closed when it ends."""
+
+    def __init__(self, url: str, admin_token: str, timeout: float) -> None:
+        headers = {"authorization": f"Bearer {admin_token}"} if admin_token else {}
+        self._http = httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout)
+
+    async def open(self, rollout_id: str, attempt_id: str) -> str:
+        """A token for a new attempt. What an earlier attempt left open (its runner died mid-rollout) is
+        closed first, so its chains end and the new attempt starts a conversation of its own."""
+        await self.close(rollout_id, None)
+        body = {"rollout_id": rollout_id, "attempt_id": attempt_id}
+        answer = await self._post("/admin/sessions", body)
+        if answer.status_code != 200 or not isinstance(answer.json().get("token"), str):
+            raise AttemptFailed(kinds.SESSION_FAILED, f"adapter refused a session: {answer.status_code} "
+                                f"{answer.text[:300]}")  # fmt: skip
+        return str(answer.json()["token"])
+
+    async def close(self, rollout_id: str, attempt_id: str | None) -> None:
+        """Close the attempt's session (every session of the rollout with ``attempt_id=None``); 404 (no
+        request ever reached it) is fine."""
+        body = {"attempt_id": attempt_id} if attempt_id else {}
+        try:
+            answer = await self._post(f"/admin/sessions/{rollout_id}/close", body)
+        except AttemptFailed as exc:
+            log.warning("closing the session of %s/%s: %s", rollout_id, attempt_id, exc)
+            return
+        if answer.status_code not in (200, 404):
+            log.warning("closing the session of %s/%s: %s %s", rollout_id, attempt_id, answer.status_code,
+                        answer.text[:300])  # fmt: skip
+
+    async def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        for attempt in range(ADAPTER_TRIES):
+            try:
+                return await self._http.post(path, json=body)
+            except httpx.TransportError as exc:  # the adapter restarting: try again shortly
+                if attempt == ADAPTER_TRIES - 1:
+                    raise AttemptFailed(kinds.SESSION_FAILED, f"adapter unreachable: {exc!r}") from exc
+                await asyncio.sleep(0.5 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+@dataclass
+class RunnerKit:
+    """What every attempt of one runner shares."""
+
+    settings: RunnerSettings
+    sessions: AdapterSessions
+    boot_gate: asyncio.Semaphore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.boot_gate = asyncio.Semaphore(self.settings.boot_concurrency)
+
+
+def new_attempt_id() -> str:
+    return f"att-{uuid.uuid4().hex[:12]}"
+
+
+def task_prompt(task: dict[str, Any], metadata: dict[str, Any], template: str) -> str:
+    """The agent's prompt: the row's problem statement (else its prompt) in the configured template."""
+    statement = metadata.get("problem_statement")
+    if not isinstance(statement, str) or not statement.strip():
+        statement = task.get("prompt") or ""
+    return template.replace("{prompt}", statement)
+
+
+def parse_metadata(task: dict[str, Any]) -> dict[str, Any]:
+    try:
+        metadata = json.loads(task.get("metadata") or "{}")
+    except json.JSONDecodeError as exc:
+        raise AttemptFailed(kinds.BAD_TASK, f"metadata is not JSON: {exc}") from exc
+    if not isinstance(metadata, dict):
+        raise AttemptFailed(kinds.BAD_TASK, "metadata is not a JSON object")
+    return metadata
+
+
+async def run_task(kit: RunnerKit, task: dict[str, Any], attempt_id: str | None = None) -> Outcome:
+    """Run ``task`` once, as a new attempt; always returns its outcome (a failure kind instead of raising)."""
+    attempt_id = attempt_id or new_attempt_id()
+    started = time.monotonic()
+    root = kit.settings.scratch()
+    root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f"{task['rollout_id'][:40]}-{attempt_id}-", dir=root))
+    try:
+        return await _attempt(kit, task, attempt_id, scratch)
+    except AttemptFailed as exc:
+        log.info("rollout %s attempt %s: %s: %s", task["rollout_id"], attempt_id, exc.kind, exc)
+        return Outcome(attempt_id, failure_kind=exc.kind, error=str(exc)[:4000],
+                       wall_time_s=time.monotonic() - started)  # fmt: skip
+    except Exception as exc:  # a runner bug or a host failure: still an outcome, never a lost rollout
+        log.exception("rollout %s attempt %s failed in the runner", task["rollout_id"], attempt_id)
+        error = f"{type(exc).__name__}: {exc}"[:4000]
+        return Outcome(attempt_id, failure_kind=kinds.RUNNER_ERROR, error=error,
+                       wall_time_s=time.monotonic() - started)  # fmt: skip
+    finally:
+        await asyncio.to_thread(shutil.rmtree, scratch, True)
+
+
+async def _attempt(kit: RunnerKit, task: dict[str, Any], attempt_id: str, scratch: Path) -> Outcome:
+    settings, rollout_id = kit.settings, task["rollout_id"]
+    metadata = parse_metadata(task)
+    binary = agent_binary()
+    sandbox, workdir = await boot(kit, metadata, scratch, binary)
+    try:
+        token = await kit.sessions.open(rollout_id, attempt_id)
+        try:
+            completed = await run_agent(settings, sandbox, task, metadata, token, binary)
+        finally:  # the sandbox is dead here (run returns once its processes are gone): no more requests
+            await kit.sessions.close(rollout_id, attempt_id)
+    finally:
+        await sandbox.close()
+    patch = drop_paths(await asyncio.to_thread(git_diff, workdir), settings.excluded())
+    patch, truncated = cap_patch(patch, settings.patch_max_bytes)
+    failure = classify(completed) or (kinds.PATCH_TOO_LARGE if truncated else None)
+    error = completed.stderr.strip()[-2000:] or None if failure else None
+    turns = agent_turns(completed.stdout)
+    return Outcome(
+        attempt_id, patch, completed.exit_code, completed.wall_time_s, turns, failure, error, truncated
+    )
+
+
+def agent_binary() -> Path:
+    """The cached Claude Code binary (installed by bootstrap; never fetched mid-rollout)."""
+    try:
+        binary = claude_cli.binary_path()
+    except claude_cli.CliNotInstalled as exc:
+        raise AttemptFailed(kinds.INSTALL_FAILED, str(exc)) from exc
+    if not os.access(binary, os.X_OK):
+        raise AttemptFailed(kinds.INSTALL_FAILED, f"{binary} is not an executable file")
+    return binary
+
+
+def new_sandbox(settings: RunnerSettings, workdir: Path, binary: Path) -> Sandbox:
+    if settings.backend == "local":
+        return LocalSubprocessSandbox(workdir)
+    return BwrapSandbox(workdir, network="loopback", ro_binds={binary: claude_cli.SANDBOX_BINARY})
+
+
+async def boot(kit: RunnerKit, metadata: dict[str, Any], scratch: Path, binary: Path) -> tuple[Sandbox, Path]:
+    """The agent's sandbox over a fresh copy of the image, probed; retried under the boot cap."""
+    settings = kit.settings
+    async with kit.boot_gate:
+        failure: Exception | None = None
+        for attempt in range(settings.boot_attempts):
+            if attempt:
+                await asyncio.sleep(settings.boot_backoff * 2 ** (attempt - 1))
+            sandbox: Sandbox | None = None
+            try:
+                workdir = await asyncio.to_thread(materialize, metadata, scratch / f"boot-{attempt}")
+                sandbox = new_sandbox(settings, workdir, binary)
+                probe = await sandbox.run(["true"], {"PATH": "/usr/bin:/bin"}, timeout=PROBE_TIMEOUT_S)
+                if probe.exit_code != 0 or probe.timed_out:
+                    raise RuntimeError(f"probe exited {probe.exit_code}: {probe.stderr.strip()[-500:]}")
+                return sandbox, workdir
+            except Exception as exc:  # a failed boot is killed and retried, whatever failed
+                failure = exc
+                if sandbox is not None:
+                    with contextlib.suppress(Exception):
+                        await sandbox.close()
+                if isinstance(exc, ImageError):
+                    break  # a missing or unreadable image will not appear on retry
+    raise AttemptFailed(kinds.BOOT_FAILED, f"{type(failure).__name__}: {failure}")
+
+
+async def run_agent(
+    settings: RunnerSettings, sandbox: Sandbox, task: dict[str, Any], metadata: dict[str, Any], token: str,
+    binary: Path,
+) -> Completed:  # fmt: skip
+    """The CLI, headless, with the attempt's token, under the wall-clock budget."""
+    inside = claude_cli.SANDBOX_BINARY if settings.backend == "bwrap" else binary
+    cmd = claude_cli.build_command(
+        task_prompt(task, metadata, settings.prompt_template), model=settings.model,
+        max_turns=settings.max_turns, binary=inside, disallowed_tools=settings.denied_tools(),
+        extra_args=settings.extra_cli_args(),
+    )  # fmt: skip
+    env = claude_cli.build_env(
+        settings.adapter_url, token, model=settings.model, home=sandbox.home,
+        max_output_tokens=settings.max_output_tokens, extra=SANDBOX_ENV,
+    )  # fmt: skip
+    return await sandbox.run(cmd, env, timeout=settings.agent_timeout)

@@ -1,0 +1,92 @@
+"""Settings of ``rollbus sandbox-runner`` (flags ``--x-y``, variables ``ROLLBUS_SANDBOX_RUNNER_X_Y``)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+
+from rollbus import claude_cli
+from rollbus.settings import BusSettings
+
+DEFAULT_PROMPT_TEMPLATE = "{prompt}"
+
+
+class RunnerSettings(BusSettings):
+    """Settings of ``rollbus sandbox-runner``: where the adapter is, how rollouts run, what they may use."""
+
+    model_config = BusSettings.scoped("sandbox-runner")
+
+    adapter_url: str = Field("http://127.0.0.1:8080", description="adapter the agent talks to", min_length=1)
+    admin_token: SecretStr | None = Field(None, description="the adapter's admin token (sessions API)")
+    backend: Literal["bwrap", "local"] = Field("bwrap", description="sandbox backend of the agent")
+    group_id: str = Field("rollbus-sandbox-runner", description="consumer group on `tasks`", min_length=1)
+    concurrency: int = Field(2, ge=1, description="rollouts run at once by this runner")
+    boot_concurrency: int = Field(4, ge=1, description="sandboxes booting at once")
+    boot_attempts: int = Field(3, ge=1, description="tries to boot a sandbox before the attempt fails")
+    boot_backoff: float = Field(0.5, ge=0, description="seconds before the first boot retry (doubles)")
+    agent_timeout: float = Field(1800.0, gt=0, description="wall-clock budget of one agent run, seconds")
+    model: str = Field("rollbus-engine", min_length=1, description="model name the CLI asks for")
+    max_turns: int = Field(50, ge=1, description="agent turns allowed per rollout")
+    max_output_tokens: int = Field(claude_cli.DEFAULT_MAX_OUTPUT_TOKENS, ge=1, description="CLI output cap")
+    prompt_template: str = Field(
+        DEFAULT_PROMPT_TEMPLATE,
+        description="the agent's prompt; {prompt} is the row's problem_statement (else its prompt)",
+    )
+    cli_args: str = Field("", description="extra Claude Code arguments (shell words)")
+    disallowed_tools: str = Field("WebFetch,WebSearch", description="tools the CLI denies (comma-separated)")
+    agents_file: Path | None = Field(None, description="JSON file of sub-agent definitions (--agents)")
+    patch_max_bytes: int = Field(2 * 2**20, ge=1024, le=6 * 2**20, description="patch size cap (bytes)")
+    exclude_paths: str = Field(
+        ".claude,.rollbus", description="workspace paths left out of the patch (comma-separated)"
+    )
+    scratch_dir: Path | None = Field(None, description="where workspaces live (default STATE_DIR/runner)")
+    poll_ms: int = Field(500, ge=10, description="consumer poll timeout, milliseconds")
+    session_timeout_ms: int = Field(10_000, ge=1000, description="Kafka group session timeout, milliseconds")
+    close_timeout: float = Field(30.0, gt=0, description="seconds to wait for the adapter's sessions API")
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _has_prompt(cls, value: str) -> str:
+        if "{prompt}" not in value:
+            raise ValueError("the template must contain {prompt}")
+        return value
+
+    @field_validator("cli_args")
+    @classmethod
+    def _shell_words(cls, value: str) -> str:
+        shlex.split(value)  # unbalanced quotes fail here, not in the first rollout
+        return value
+
+    @field_validator("agents_file")
+    @classmethod
+    def _agents_json(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            try:
+                data = json.loads(value.read_text())
+            except OSError as exc:
+                raise ValueError(f"cannot read it: {exc.strerror}") from None
+            if not isinstance(data, dict):
+                raise ValueError("the agents file must hold a JSON object {name: {description, prompt}}")
+        return value
+
+    def extra_cli_args(self) -> list[str]:
+        args = shlex.split(self.cli_args)
+        if self.agents_file is not None:
+            args += ["--agents", json.dumps(json.loads(self.agents_file.read_text()))]
+        return args
+
+    def denied_tools(self) -> list[str]:
+        return [t.strip() for t in self.disallowed_tools.split(",") if t.strip()]
+
+    def excluded(self) -> list[str]:
+        return [p.strip().strip("/") for p in self.exclude_paths.split(",") if p.strip().strip("/")]
+
+    def scratch(self) -> Path:
+        return (self.scratch_dir or self.state_dir / "runner").resolve()
+
+    def admin(self) -> str:
+        return self.admin_token.get_secret_value() if self.admin_token else ""

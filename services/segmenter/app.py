@@ -1,0 +1,179 @@
+"""The segmenter as a Faust app: one agent over the four co-partitioned topics, state in two tables.
+
+Why it is shaped like this (Faust facts it respects):
+
+* ``Stream.join`` is not implemented, so one agent (concurrency 1, the only writer of the tables) reads
+  ``turns``, ``sessions``, ``diffs``, ``rewards`` and an internal ``segmenter-ticks`` topic, and drives
+  :class:`rollbus.segmentation.Segmenter`, the same state machine ``rollbus rebuild segments`` and the
+  tests use. ``rollouts`` (rollout id -> small JSON state) is the state machine; ``turn-bodies`` holds each
+  trainable turn once, as the bytes published (the prompt-reference encoding), so changelog bytes grow
+  with tokens, not with their square. Values are always assigned whole (Faust only logs assignments);
+  bodies are deleted once the rollout's segments are out.
+* Faust writes a table change to the changelog partition of the event being processed; every input has
+  the same partition count and murmur2 keys by rollout id, so a rollout's state, bodies and events share
+  one partition number everywhere, and a rebalanced or restarted worker recovers exactly its rollouts.
+  ``rollbus segmenter`` refuses to start when counts differ (see ``main.preflight``).
+* ``processing_guarantee="at_least_once"``, never Faust's ``exactly_once``: segments are sent and their
+  acks awaited *before* the rollout is marked emitted, segment ids are deterministic, and consumers
+  deduplicate by id. A crash anywhere re-cuts identical segments or none.
+* Timers cannot write tables, so the leader's timer publishes one tick per partition to
+  ``segmenter-ticks``; the agent handles a tick like any event of that partition and aborts rollouts idle
+  past the timeout there. Ticks are kept, so a rebuild replays the same aborts.
+* Poison bytes (undecodable, wrong type, wrong key, oversized) go to ``dead-letters`` with the original
+  bytes and the reason, and processing continues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+import faust
+
+from rollbus.bus import dead_letter
+from rollbus.codec import CodecError, decode, encode
+from rollbus.segmentation import Outcome, Segmenter, decode_fact
+from rollbus.topics import DEAD_LETTER_MAX_BYTES, MAX_EVENT_BYTES, dead_letters_for, topic_name
+from services.segmenter.settings import SegmenterSettings
+
+log = logging.getLogger("rollbus.segmenter")
+SERVICE = "segmenter"
+INPUTS = ("turns", "sessions", "diffs", "rewards")
+TICKS = "segmenter-ticks"
+TABLES = ("rollouts", "turn-bodies")
+
+
+def app_id(namespace: str) -> str:
+    """The consumer group and the prefix of the changelog topics: one per namespace."""
+    return topic_name("rollbus-segmenter", namespace)
+
+
+def internal_topics(namespace: str) -> list[str]:
+    """Topics the app creates itself, which must share the inputs' partition count."""
+    return [topic_name(TICKS, namespace)] + [f"{app_id(namespace)}-{t}-changelog" for t in TABLES]
+
+
+def broker_urls(bootstrap_servers: str) -> list[str]:
+    return [f"kafka://{host.strip()}" for host in bootstrap_servers.split(",") if host.strip()]
+
+
+def build_app(settings: SegmenterSettings, partitions: int) -> faust.App:
+    """The Faust app with its tables, agent and tick timer; ``partitions`` is the inputs' common count."""
+    ns = settings.namespace
+    datadir = settings.state_dir / "segmenter" / (ns or "default")
+    datadir.parent.mkdir(parents=True, exist_ok=True)
+    app = faust.App(
+        app_id(ns),
+        broker=broker_urls(settings.bootstrap_servers),
+        store=settings.store,
+        processing_guarantee="at_least_once",
+        topic_partitions=partitions,
+        topic_replication_factor=1,
+        topic_allow_declare=True,
+        web_enabled=False,
+        datadir=str(datadir),
+        broker_commit_interval=settings.commit_interval,
+        consumer_auto_offset_reset="earliest",
+        producer_max_request_size=DEAD_LETTER_MAX_BYTES + 64 * 1024,
+        consumer_max_fetch_size=MAX_EVENT_BYTES * 2,
+        table_cleanup_interval=3600.0,
+    )
+    big = {"max.message.bytes": str(MAX_EVENT_BYTES + 64 * 1024)}
+    states = app.Table(
+        "rollouts", key_type=str, value_type=bytes, partitions=partitions, extra_topic_configs=big
+    )
+    bodies = app.Table(
+        "turn-bodies", key_type=str, value_type=bytes, partitions=partitions, extra_topic_configs=big
+    )
+    for table in (states, bodies):  # values are our own bytes (JSON state, Avro turns): no Faust codec
+        table.key_serializer = table.value_serializer = "raw"
+    raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
+    inputs = app.topic(*(topic_name(t, ns) for t in INPUTS), **raw)
+    ticks = app.topic(topic_name(TICKS, ns), partitions=partitions, internal=True, **raw)
+    segments = app.topic(topic_name("segments", ns), **raw)
+    letters = app.topic(dead_letters_for(topic_name("segments", ns)), **raw)
+    segmenter = Segmenter(states, bodies, lambda data: decode(data).record, settings.options())
+    worker = SegmenterAgent(segmenter, segments, letters, topic_name(TICKS, ns))
+
+    @app.agent(app.topic(*(topic_name(t, ns) for t in (*INPUTS, TICKS)), **raw), concurrency=1)
+    async def segment(stream: Any) -> None:
+        async for event in stream.events():
+            await worker.handle(event.message)
+
+    @app.timer(settings.tick_interval, on_leader=True)
+    async def tick() -> None:
+        now = json.dumps({"now": int(time.time() * 1000)}).encode()
+        for partition in range(partitions):
+            await ticks.send(key=b"tick", value=now, partition=partition)
+
+    app.segmenter = segmenter  # type: ignore[attr-defined]
+    del inputs
+    return app
+
+
+class SegmenterAgent:
+    """What the agent does with one message: tick, poison, or fact; outputs acked before settling."""
+
+    def __init__(self, segmenter: Segmenter, segments: Any, letters: Any, ticks_topic: str) -> None:
+        self.segmenter, self.segments, self.letters, self.ticks_topic = (
+            segmenter,
+            segments,
+            letters,
+            ticks_topic,
+        )
+        self._last_report = 0.0
+
+    async def handle(self, message: Any) -> None:
+        if message.topic == self.ticks_topic:
+            self.tick(message)
+            return
+        timestamp = int(message.timestamp * 1000)
+        try:
+            fact = decode_fact(message.topic, message.value, message.key, timestamp)
+        except CodecError as poison:
+            self.segmenter.count("poison")
+            await self.dead_letter(message, poison)
+            return
+        outcome = self.segmenter.handle(fact, bytes(message.value), message.partition)
+        if outcome.dead_letter:
+            await self.dead_letter(message, Rejected(outcome.dead_letter))
+        await self.publish(outcome)
+        self.segmenter.settle(outcome)
+
+    async def publish(self, outcome: Outcome) -> None:
+        """Send the segments and wait for every ack: only then may the rollout be marked emitted."""
+        if not outcome.segments:
+            return
+        key = outcome.rollout_id.encode()
+        sent = [
+            await self.segments.send(key=key, value=encode("segment", s), force=True)
+            for s in outcome.segments
+        ]
+        await asyncio.gather(*sent)
+        log.info("rollout %s: %d segment(s) out", outcome.rollout_id, len(outcome.segments))
+
+    async def dead_letter(self, message: Any, error: Exception) -> None:
+        record = dead_letter(message, error, SERVICE)
+        await (await self.letters.send(key=message.key, value=encode("dead_letter", record), force=True))
+        log.warning("dead letter from %s[%d]@%d: %s", message.topic, message.partition, message.offset, error)
+
+    def tick(self, message: Any) -> None:
+        try:
+            now = int(json.loads(message.value)["now"])
+        except (ValueError, KeyError, TypeError):
+            log.warning(
+                "ignoring a malformed tick at %s[%d]@%d", message.topic, message.partition, message.offset
+            )
+            return
+        for state in self.segmenter.tick(now, message.partition):
+            log.warning("rollout %s aborted, nothing trainable: %s", state.rollout_id, state.reason)
+        if time.monotonic() - self._last_report > 5:
+            self._last_report = time.monotonic()
+            log.info("counts %s", json.dumps(self.segmenter.counts, sort_keys=True))
+
+
+class Rejected(Exception):
+    """A well-formed event the state machine refused (conflict, late, second reward): the reason says why."""

@@ -1,0 +1,43 @@
+"""The one settings class of ``rollbus segmenter`` (flags ``--x-y``, variables ``ROLLBUS_SEGMENTER_X_Y``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from rollbus.segmentation import Options
+from rollbus.settings import BusSettings
+
+
+class SegmenterSettings(BusSettings):
+    """Settings of `rollbus segmenter` and `rollbus rebuild segments` (one declaration for both)."""
+
+    model_config = BusSettings.scoped("segmenter")
+
+    loss_scope: Literal["all_turns", "last_turn"] = Field(
+        "all_turns", description="which sampled outputs of a segment train"
+    )
+    history_mode: Literal["canonical", "rerender"] = Field(
+        "canonical", description="how the adapter recorded histories (must match its --history-mode)"
+    )
+    rollout_timeout: float = Field(
+        3600.0,
+        gt=0,
+        description="seconds a rollout may stay incomplete after its last event before it aborts",
+    )
+    forget_after: float = Field(
+        86400.0, gt=0, description="seconds a finished rollout's tombstone is kept to recognise late events"
+    )
+    tick_interval: float = Field(10.0, gt=0, description="seconds between timeout sweeps")
+    store: str = Field("memory://", description="Faust table store: memory:// or rocksdb:// (rocksdict)")
+    commit_interval: float = Field(1.0, gt=0, description="seconds between offset commits (at_least_once)")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="worker log level")
+
+    def options(self) -> Options:
+        return Options(
+            loss_scope=self.loss_scope,
+            history_mode=self.history_mode,
+            timeout_ms=int(self.rollout_timeout * 1000),
+            forget_after_ms=int(self.forget_after * 1000),
+        )

@@ -1,0 +1,136 @@
+"""What a running stack has done, folded from the bus: the demo's live view and its JSON summary.
+
+:class:`Progress` is a plain fold over decoded events (no I/O), so what the demo reports is exactly what the
+topics say; :func:`watch` feeds it from the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+
+from rollbus.codec import CodecError, decode
+from rollbus.topics import topic_name
+
+WATCHED = ("tasks", "turns", "diffs", "rewards", "segments", "policy")
+
+
+@dataclass
+class Progress:
+    submitted: set[str] = field(default_factory=set)
+    running: set[str] = field(default_factory=set)  # rollouts with turns but no diff yet
+    diffs: dict[str, dict[str, Any]] = field(default_factory=dict)  # latest diff per rollout
+    rewards: dict[str, dict[str, Any]] = field(default_factory=dict)  # latest reward per rollout
+    segment_ids: set[str] = field(default_factory=set)
+    duplicates_dropped: int = 0
+    tokens_in_segments: int = 0
+    policy_version: int = 0
+    policy_updates: int = 0
+    turns: int = 0
+    turn_policy_versions: list[int] = field(default_factory=list)  # version of each turn, in bus order
+    undecodable: int = 0
+
+    def add(self, event_type: str, record: dict[str, Any]) -> None:
+        fold: Callable[[dict[str, Any]], None] | None = getattr(self, f"_on_{event_type}", None)
+        if fold is not None:
+            fold(record)
+
+    def _on_task(self, record: dict[str, Any]) -> None:
+        self.submitted.add(record["rollout_id"])
+
+    def _on_turn(self, record: dict[str, Any]) -> None:
+        self.turns += 1
+        self.turn_policy_versions.append(int(record["policy_version"]))
+        if record["rollout_id"] not in self.diffs:
+            self.running.add(record["rollout_id"])
+
+    def _on_diff(self, record: dict[str, Any]) -> None:
+        self.diffs[record["rollout_id"]] = record
+        self.running.discard(record["rollout_id"])
+
+    def _on_reward(self, record: dict[str, Any]) -> None:
+        self.rewards[record["rollout_id"]] = record
+
+    def _on_segment(self, record: dict[str, Any]) -> None:
+        if record["segment_id"] in self.segment_ids:
+            self.duplicates_dropped += 1
+            return
+        self.segment_ids.add(record["segment_id"])
+        self.tokens_in_segments += sum(record["loss_mask"])
+
+    def _on_policy(self, record: dict[str, Any]) -> None:
+        if int(record["version"]) > 0:  # version 0 is the initial policy, published before any step
+            self.policy_updates += 1
+        self.policy_version = max(self.policy_version, int(record["version"]))
+
+    @property
+    def finished(self) -> int:
+        """Rollouts graded (or failed before grading: every failure still ends in a reward)."""
+        return len(self.rewards)
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for r in self.rewards.values() if r.get("failure_kind") and not r["solved"])
+
+    @property
+    def solved(self) -> int:
+        return sum(1 for r in self.rewards.values() if r["solved"])
+
+    def summary(self, *, train_steps: int, tokens_trained: int | None = None) -> dict[str, int]:
+        return {
+            "rollouts_submitted": len(self.submitted),
+            "rollouts_finished": self.finished,
+            "rollouts_failed": self.failed,
+            "solved": self.solved,
+            "segments": len(self.segment_ids),
+            "train_steps": train_steps,
+            "policy_version": self.policy_version,
+            "tokens_trained": self.tokens_in_segments if tokens_trained is None else tokens_trained,
+            "duplicates_dropped": self.duplicates_dropped,
+        }
+
+    def line(self) -> str:
+        served = max(self.turn_policy_versions, default=0)
+        return (
+            f"rollouts {len(self.submitted)} submitted, {len(self.running)} running, "
+            f"{self.finished} finished ({self.solved} solved, {self.failed} failed) | "
+            f"segments {len(self.segment_ids)} | "
+            f"policy v{self.policy_version} ({self.policy_updates} updates), turns served by v{served}"
+        )
+
+
+def fold(events: Iterable[tuple[str, dict[str, Any]]]) -> Progress:
+    progress = Progress()
+    for event_type, record in events:
+        progress.add(event_type, record)
+    return progress
+
+
+async def watch(
+    bootstrap: str, namespace: str, progress: Progress, stop: asyncio.Event, poll_ms: int = 500
+) -> None:
+    """Fold every watched topic from its beginning into ``progress`` until ``stop`` is set."""
+    topics = [topic_name(base, namespace) for base in WATCHED]
+    # no group: every partition of every topic is ours, read from its beginning
+    consumer = AIOKafkaConsumer(
+        *topics, bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )  # fmt: skip
+    await consumer.start()
+    try:
+        while not stop.is_set():
+            batches = await consumer.getmany(timeout_ms=poll_ms)
+            for messages in batches.values():
+                for message in messages:
+                    try:
+                        decoded = decode(message.value)
+                    except CodecError:
+                        progress.undecodable += 1
+                        continue
+                    progress.add(decoded.event_type, decoded.record)
+    finally:
+        await consumer.stop()

@@ -1,0 +1,109 @@
+"""The grader service over the real broker: diffs in, the expected rewards out, poison dead-lettered."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from rollbus.bus import Publisher
+from rollbus.codec import decode
+from rollbus.grading import absolute_paths
+from services.grader.main import serve
+from services.grader.settings import GraderSettings
+from tests.integration.test_bus import read_raw
+from tests.test_grading_swe_mini import CHEATS, SWE_MINI, load_build
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture(scope="module")
+def rows() -> dict[str, dict[str, Any]]:
+    return {row["metadata"]["image"].split("/")[-1]: row for row in load_build().build()}
+
+
+def diff(
+    rollout_id: str, row: dict[str, Any] | None, patch: str, *, absolute: bool = True, **extra: Any
+) -> dict:
+    metadata = "{}"
+    if row is not None:
+        meta = absolute_paths(row["metadata"], SWE_MINI) if absolute else row["metadata"]
+        metadata = json.dumps(meta)
+    return {
+        "rollout_id": rollout_id, "patch": patch, "exit_status": 0, "wall_time_s": 1.0, "turns": 3,
+        "error": None, "at": int(time.time() * 1000), "attempt_id": f"{rollout_id}-a1",
+        "group_id": "g1", "group_size": 4, "task_metadata": metadata, "label": None, **extra,
+    }  # fmt: skip
+
+
+async def wait_for(bootstrap: str, topic: str, count: int, timeout: float = 120) -> list:
+    deadline = time.monotonic() + timeout
+    while True:
+        messages = await read_raw(bootstrap, topic)
+        if len(messages) >= count or time.monotonic() > deadline:
+            return messages
+        await asyncio.sleep(0.5)
+
+
+async def test_grader_publishes_rewards_and_dead_letters_poison(
+    kafka_bootstrap: str, topics: dict[str, str], rows: dict[str, dict[str, Any]]
+) -> None:
+    diffs = [
+        diff("r-lru-fixed", rows["lru"], rows["lru"]["label"]),  # swepro
+        diff("r-slug-fixed", rows["slugify"], rows["slugify"]["label"], absolute=False),  # via data_dir
+        diff("r-roman-empty", rows["roman"], ""),
+        diff("r-conftest", rows["lru"], (CHEATS / "conftest_passes_everything.patch").read_text()),
+        diff(
+            "r-crashed",
+            rows["median"],
+            rows["median"]["label"],
+            failure_kind="agent_crashed",
+            error="exit 137",
+        ),
+        diff("r-truncated", rows["median"], rows["median"]["label"][:50], patch_truncated=True),
+        diff("r-bad-row", None, rows["median"]["label"]),
+    ]
+    async with Publisher(kafka_bootstrap) as bus:
+        for record in diffs:
+            await bus.publish(topics["diffs"], record)
+        await bus.publish(topics["diffs"], diff("", rows["lru"], ""), key=b"no-rollout-id")
+        await bus.publish_bytes(topics["diffs"], b"\x00\x01not a diff", key=b"poison")
+
+    namespace = topics["diffs"].rsplit(".", 1)[0]
+    settings = GraderSettings.load({
+        "bootstrap_servers": kafka_bootstrap, "namespace": namespace, "data_dir": SWE_MINI,
+        "group_id": f"grader-{uuid.uuid4().hex[:8]}",
+    })  # fmt: skip
+    stop = asyncio.Event()
+    service = asyncio.create_task(serve(settings, stop))
+    try:
+        rewards = await wait_for(kafka_bootstrap, topics["rewards"], len(diffs))
+        letters = await wait_for(kafka_bootstrap, topics["dead-letters"], 2)
+    finally:
+        stop.set()
+        await asyncio.wait_for(service, 30)
+
+    by_id = {r["rollout_id"]: r for r in (decode(m.value).record for m in rewards)}
+    assert len(rewards) == len(diffs) == len(by_id)
+    expected = {
+        "r-lru-fixed": (1.0, None), "r-slug-fixed": (1.0, None), "r-roman-empty": (0.0, "tests_failed"),
+        "r-conftest": (0.0, "flagged"), "r-crashed": (0.0, "rollout_failed"),
+        "r-truncated": (0.0, "patch_truncated"), "r-bad-row": (0.0, "bad_row"),
+    }  # fmt: skip
+    assert {k: (r["reward"], r["failure_kind"]) for k, r in by_id.items()} == expected
+    fixed = by_id["r-lru-fixed"]
+    assert fixed["solved"] and fixed["applied_cleanly"]
+    assert (fixed["attempt_id"], fixed["group_id"], fixed["group_size"]) == ("r-lru-fixed-a1", "g1", 4)
+    assert {"name": "tests/test_lru.py::test_get_refreshes_recency", "status": "PASSED"} in fixed["tests"]
+    assert "touches_conftest" in by_id["r-conftest"]["flags"]
+    assert json.loads(by_id["r-crashed"]["details"])["rollout_failure"] == "agent_crashed"
+    assert "no image" in json.loads(by_id["r-bad-row"]["details"])["note"]
+
+    dead = {m.key: decode(m.value).record for m in letters}
+    assert set(dead) == {b"no-rollout-id", b"poison"}
+    assert dead[b"poison"]["value"] == b"\x00\x01not a diff" and dead[b"poison"]["service"] == "grader"
+    assert "without a rollout_id" in dead[b"no-rollout-id"]["error"]

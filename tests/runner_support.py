@@ -1,0 +1,141 @@
+"""Pieces the sandbox runner's end-to-end tests share: a dataset of rows over example repositories, the
+per-task scripts directory the engine replays, runner processes, and waiting for `diffs` on the bus."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from rollbus.replay import ReadPlan, read
+from rollbus.topics import topic_name
+from tests.e2e_support import EXAMPLES, Rig
+
+RUNNER_SCRIPTS = EXAMPLES / "scripts" / "runner"
+FIXED_LINE = "+    return sum(range(1, n + 1))"
+CALC_PROBLEM = "The tests in /workspace fail. Fix the bug."
+
+
+def calc_row(instance_id: str, *, image: str = "buggy_repo", label: str | None = None) -> dict[str, Any]:
+    """A row over ``examples/buggy_repo`` (the image relative to the dataset file, as users write it)."""
+    metadata = {"image": image, "workdir": "/workspace", "instance_id": instance_id,
+                "problem_statement": CALC_PROBLEM, "eval_cmd": "python3 -m unittest -q"}  # fmt: skip
+    return {"prompt": "", "label": label, "metadata": metadata}
+
+
+def write_dataset(path: Path, rows: Iterable[dict[str, Any] | str]) -> Path:
+    """JSONL rows (a str is written as the raw line, for malformed rows)."""
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def scripts_dir(dest: Path, scripts: Mapping[str, Path]) -> Path:
+    """A ``--script DIR`` for the engine: instance id -> the script its rollouts replay."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for instance_id, script in scripts.items():
+        shutil.copyfile(script, dest / f"{instance_id}.json")
+    return dest
+
+
+def submit(bootstrap: str, namespace: str, dataset: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rollbus", "submit", str(dataset), "--bootstrap-servers", bootstrap,
+         "--namespace", namespace, *args],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+class RunnerProcess:
+    """``rollbus sandbox-runner`` as a child process in a session of its own (so kill -9 is real)."""
+
+    def __init__(self, rig: Rig, namespace: str, work: Path, *args: str, name: str = "runner") -> None:
+        self.work = work
+        self.log_path = work / f"{name}.log"
+        self.argv = [
+            sys.executable, "-m", "rollbus", "sandbox-runner", "--bootstrap-servers", rig.bootstrap,
+            "--namespace", namespace, "--adapter-url", rig.url, "--admin-token", rig.admin_token,
+            "--scratch-dir", str(work / "scratch"), "--session-timeout-ms", "6000", *args,
+        ]  # fmt: skip
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> RunnerProcess:
+        self.work.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True, env=os.environ.copy())  # fmt: skip
+        return self
+
+    def kill9(self) -> None:
+        """SIGKILL the runner process alone (not its group): what a crashed host or OOM killer does."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+async def wait_for(
+    bootstrap: str, namespace: str, topic: str, rollout_ids: set[str], timeout: float, *, count: int = 1
+) -> dict[str, list[dict[str, Any]]]:
+    """Events of ``rollout_ids`` on ``topic`` until each has ``count`` of them (TimeoutError otherwise)."""
+    found: dict[str, list[dict[str, Any]]] = {r: [] for r in rollout_ids}
+
+    async def follow() -> None:
+        async for _, decoded in read(bootstrap, ReadPlan(topic_name(topic, namespace), follow=True)):
+            if isinstance(decoded, Exception):
+                raise decoded
+            rollout = decoded.record.get("rollout_id")
+            if rollout in found:
+                found[rollout].append(decoded.record)
+            if all(len(v) >= count for v in found.values()):
+                return
+
+    await asyncio.wait_for(follow(), timeout)
+    return found
+
+
+async def all_events(bootstrap: str, namespace: str, topic: str) -> list[dict[str, Any]]:
+    records = []
+    async for _, decoded in read(bootstrap, ReadPlan(topic_name(topic, namespace))):
+        assert not isinstance(decoded, Exception), decoded
+        records.append(decoded.record)
+    return records
+
+
+async def group_lag(bootstrap: str, namespace: str, group_id: str) -> int:
+    """Tasks the group has not committed past (0: every task's offset is committed)."""
+    topic = topic_name("tasks", namespace)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        if not partitions:
+            await consumer._client.force_metadata_update()
+            partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        ends = await consumer.end_offsets(partitions)
+        lag = 0
+        for tp in partitions:
+            committed = await consumer.committed(tp)
+            lag += ends[tp] - (committed or 0)
+        return lag
+    finally:
+        await consumer.stop()

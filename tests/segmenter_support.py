@@ -1,0 +1,132 @@
+"""Running the real segmenter (``python -m rollbus segmenter``, a Faust worker) against the test broker."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+
+from rollbus.bus import Publisher
+from rollbus.codec import decode
+from rollbus.topics import split_name
+
+Event = tuple[str, dict[str, Any]]
+
+
+class SegmenterProcess:
+    """One ``rollbus segmenter`` worker in its own process group, logging to a file."""
+
+    def __init__(
+        self, bootstrap: str, namespace: str, state_dir: Path, *extra: str, name: str = "w1"
+    ) -> None:
+        self.log_path = state_dir / f"segmenter-{name}.log"
+        self.args = [
+            sys.executable, "-m", "rollbus", "segmenter", "--bootstrap-servers", bootstrap,
+            "--namespace", namespace, "--state-dir", str(state_dir / name), "--tick-interval", "1",
+            "--commit-interval", "0.2", *extra,
+        ]  # fmt: skip
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> SegmenterProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                self.args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=os.environ.copy()
+            )
+        return self
+
+    def kill(self) -> None:
+        """``kill -9``: no shutdown, no commit, no flush."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def __enter__(self) -> SegmenterProcess:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def namespace_of(topics: dict[str, str]) -> str:
+    return split_name(topics["turns"])[0]
+
+
+async def publish(bootstrap: str, topics: dict[str, str], events: Iterable[Event]) -> None:
+    async with Publisher(bootstrap, client_id="segmenter-test") as publisher:
+        for topic, record in events:
+            await publisher.publish(topics[topic], record)
+
+
+async def read_all(
+    bootstrap: str, topic: str, *, until: int | None = None, timeout: float = 60.0, worker: Any = None
+) -> list[Any]:
+    """Decoded records of ``topic`` from the beginning: once ``until`` arrived (then a little more, so that
+    duplicates show), or, with ``until`` None, what is there now. Fails fast if ``worker`` died."""
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    records: list[Any] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if worker is not None and worker.proc.poll() is not None:
+                raise AssertionError(
+                    f"the segmenter exited with {worker.proc.returncode}:\n{worker.log()[-3000:]}"
+                )
+            batch = await consumer.getmany(timeout_ms=300)
+            for messages in batch.values():
+                records += [decode(m.value).record for m in messages]
+            if until is None and not batch:
+                break
+            if until is not None and len(records) >= until:
+                await asyncio.sleep(0.5)  # let strays (duplicates) arrive too
+                batch = await consumer.getmany(timeout_ms=300)
+                records += [decode(m.value).record for ms in batch.values() for m in ms]
+                break
+    finally:
+        await consumer.stop()
+    return records
+
+
+async def wait_for(predicate: Any, timeout: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await predicate():
+            return
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def unique_segments(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """What a consumer deduplicating by segment id keeps (and a check that duplicates are identical)."""
+    kept: dict[str, dict[str, Any]] = {}
+    for record in records:
+        first = kept.setdefault(record["segment_id"], record)
+        assert first == record, f"segment {record['segment_id']} was emitted twice with different content"
+    return kept

@@ -1,0 +1,263 @@
+"""Gym rows end to end over the real broker: tasks -> gym runner -> adapter (OpenAI route) -> rollbus engine
+(scripted, examples/scripts/gym/math_lake.json) -> turns, sessions, rewards on the bus.
+
+All parts are real: Kafka (conftest), the engine process, the adapter app on a port, the runner's ``serve``
+loop in this event loop (so a test can stop it like SIGTERM does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from rollbus import gym
+from rollbus.bus import Publisher
+from rollbus.export import ExportSettings, export_completions
+from rollbus.replay import ReadPlan, read
+from rollbus.trajectory import fan_out
+from rollbus.turn_log import frozen_chains, resolve_turns
+from services.adapter.app import create_app
+from services.gym_runner.main import serve
+from services.gym_runner.settings import GymRunnerSettings
+from tests.e2e_support import SCRIPTS
+from tests.test_adapter_support import engine_process, served, settings
+
+pytestmark = pytest.mark.kafka
+SCRIPT = json.loads((SCRIPTS / "gym" / "math_lake.json").read_text())
+HOLEY = ["SFFF", "FFFF", "FHFF", "FFFG"]
+
+
+@pytest.fixture(scope="module")
+def engine_url(tmp_path_factory):
+    with engine_process(SCRIPT, tmp_path_factory.mktemp("engine")) as url:
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def stack(bootstrap: str, namespace: str, engine_url: str, **runner: Any):
+    """The adapter (publishing to ``namespace``) and a runner (unless ``in_process=False``); yields the
+    runner's stop event, a publisher and the adapter's URL."""
+    async with Publisher(bootstrap) as publisher:
+        adapter_settings = settings(
+            engine_url, admin_token="adm", open_sessions=False, topic_namespace=namespace
+        )
+        app = create_app(adapter_settings, publisher)
+        async with app.router.lifespan_context(app), served(app) as (url, _):
+            config = {"bootstrap_servers": bootstrap, "namespace": namespace, "adapter_url": url,
+                      "admin_token": "adm", "max_tokens": 64, "concurrency": 3, **runner}  # fmt: skip
+            config.pop("in_process", None)
+            stop = asyncio.Event()
+            if runner.get("in_process", True):
+                task = asyncio.create_task(serve(GymRunnerSettings.load(config), stop))
+            else:
+                task = asyncio.create_task(stop.wait())
+            try:
+                yield stop, publisher, url
+            finally:
+                stop.set()
+                await task
+
+
+def task(rollout_id: str, env_config: dict | None, **extra: Any) -> dict[str, Any]:
+    return {
+        "rollout_id": rollout_id, "group_id": extra.pop("group_id", "g-" + rollout_id), "sample_index": 0,
+        "group_size": extra.pop("group_size", 1), "prompt": "", "label": None, "metadata": "{}",
+        "submitted_at": int(time.time() * 1000),
+        "env_config": json.dumps(env_config) if env_config is not None else None,
+        "ctx_config": json.dumps(extra.pop("ctx_config")) if "ctx_config" in extra else None,
+        "messages": json.dumps([{"role": "user", "content": "play"}]),
+    }  # fmt: skip
+
+
+async def events(bootstrap: str, topic: str) -> list[dict[str, Any]]:
+    found = []
+    async for _, decoded in read(bootstrap, ReadPlan(topic, "beginning")):
+        assert not isinstance(decoded, Exception), decoded
+        found.append(decoded.record)
+    return found
+
+
+async def rewards_for(bootstrap: str, topic: str, rollouts: set[str], deadline: float = 240.0) -> dict:
+    """Poll ``rewards`` until every rollout has one (the deadline only guards against a hang)."""
+    end = time.monotonic() + deadline
+    while True:
+        got = {r["rollout_id"]: r for r in await events(bootstrap, topic) if r["rollout_id"] in rollouts}
+        if set(got) == rollouts or time.monotonic() > end:
+            return got
+        await asyncio.sleep(0.5)
+
+
+async def test_gym_rows_get_the_rewards_their_scripted_episodes_earn(
+    kafka_bootstrap, topics, engine_url, tmp_path
+):
+    namespace = topics["tasks"].rsplit(".", 1)[0]
+    ids = {name: f"{name}-{uuid.uuid4().hex[:6]}" for name in
+           ("first", "retry", "wrong", "lake", "hole", "bad", "coding")}  # fmt: skip
+    rows = [
+        task(ids["first"], {"name": "math", "seed": 2}, group_id="g-math", group_size=3),
+        task(ids["retry"], {"name": "math", "seed": 11}, group_id="g-math", group_size=3),
+        task(ids["wrong"], {"name": "math", "seed": 4}, group_id="g-math", group_size=3),
+        task(ids["lake"], {"name": "frozen_lake"}, ctx_config={"name": "window", "keep": 2}),
+        task(ids["hole"], {"name": "frozen_lake", "map": HOLEY}),
+        task(ids["bad"], {"name": "chess", "depth": 3}),
+        task(ids["coding"], None),
+    ]
+    async with stack(kafka_bootstrap, namespace, engine_url) as (_, publisher, _url):
+        for row in rows:
+            await publisher.publish(topics["tasks"], row)
+        wanted = set(ids.values()) - {ids["coding"]}
+        rewards = await rewards_for(kafka_bootstrap, topics["rewards"], wanted)
+    assert set(rewards) == wanted  # and nothing for the coding task (checked below, all rewards read)
+    expect = {  # rollout -> (reward, step_rewards, failure_kind, solved)
+        "first": (1.0, [1.0], None, True),
+        "retry": (0.5, [0.0, 0.5], None, True),
+        "wrong": (0.0, [0.0, 0.0], None, False),
+        "lake": (1.0, [0.0] * 5 + [1.0], None, True),
+        "hole": (0.0, [0.0] * 3, None, False),
+        "bad": (0.0, [], "bad_env_config", False),
+    }
+    for name, (reward, steps, failure, solved) in expect.items():
+        record = rewards[ids[name]]
+        got = (record["reward"], record["step_rewards"], record["failure_kind"], record["solved"])
+        assert got == (reward, steps, failure, solved), (name, record["details"])
+        infos = json.loads(record["infos"])
+        assert len(infos) == (1 + len(steps) if failure is None else 0), name
+        assert json.loads(record["details"])["loss_scope"] == "all_turns"
+    assert rewards[ids["first"]]["group_id"] == "g-math" and rewards[ids["first"]]["group_size"] == 3
+    bad = json.loads(rewards[ids["bad"]]["details"])
+    assert "'chess' is not registered; registered: frozen_lake, math, python_tool" in bad["error"]
+    retry_infos = json.loads(rewards[ids["retry"]]["infos"])
+    assert retry_infos[0]["question"] == "Solve for x: 9x + 2 = 20" and retry_infos[1]["given"] == "24"
+    all_rewards = await events(kafka_bootstrap, topics["rewards"])
+    assert ids["coding"] not in {r["rollout_id"] for r in all_rewards}
+
+    turns = await events(kafka_bootstrap, topics["turns"])
+    sessions = await events(kafka_bootstrap, topics["sessions"])
+    await check_lake_wipes(ids["lake"], rewards[ids["lake"]], turns, sessions)
+    math_turns = [t for t in turns if t["rollout_id"] == ids["retry"]]
+    assert [(t["chain_id"], t["turn_index"], t["prompt_ref_turn"]) for t in math_turns] == [
+        ("main", 0, None), ("main", 1, 0)  # the retry extends the chain token for token
+    ]  # fmt: skip
+    closed = [s for s in sessions if s["rollout_id"] == ids["retry"] and s["kind"] == "closed"]
+    assert [s["chain_id"] for s in closed] == ["main"]  # the runner closed the session
+
+    out = tmp_path / "completions.jsonl"
+    config = {"bootstrap_servers": kafka_bootstrap, "namespace": namespace, "out": str(out), "failed": "skip"}
+    assert await export_completions(ExportSettings.load(config)) == (5, 0)
+    lines = {line["rollout_id"]: line for line in map(json.loads, out.read_text().splitlines())}
+    retry = lines[ids["retry"]]
+    assert retry["env_config"] == {"name": "math", "seed": 11} and retry["step_rewards"] == [0.0, 0.5]
+    assert [m["role"] for m in retry["messages"]] == ["system", "user", "assistant", "user", "assistant"]
+    assert retry["messages"][-1]["content"] == "<move>down</move> <answer>2</answer>"
+    assert len(retry["trajectory_infos"]) == 3 and retry["reward"] == 0.5
+    assert lines[ids["lake"]]["ctx_config"] == {"name": "window", "keep": 2}
+
+
+async def check_lake_wipes(rollout: str, reward: dict, turns: list[dict], sessions: list[dict]) -> None:
+    """The window context manager rewrote the history before turns 3..6: each rewrite froze the chain."""
+    mine = [t for t in turns if t["rollout_id"] == rollout]
+    chains = [t["chain_id"] for t in mine]
+    assert chains == ["main", "main", "main.1", "main.2", "main.3", "main.4"]
+    frozen = [
+        (s["chain_id"], s["reason"]) for s in sessions if s["rollout_id"] == rollout and s["kind"] == "frozen"
+    ]
+    assert [c for c, _ in frozen] == ["main", "main.1", "main.2", "main.3"] and all(r for _, r in frozen)
+    kinds = {t["chain_id"]: t["chain_kind"] for t in mine}
+    scope = json.loads(reward["details"])["loss_scope"]
+    segments = fan_out(frozen_chains(resolve_turns(mine), kinds), rollout, reward["reward"], loss_scope=scope)
+    assert [s.kind for s in segments] == ["wipe"] * 4 + ["final"]
+    assert sum(s.reward for s in segments) == pytest.approx(1.0)
+    assert all(sum(s.loss_mask) > 0 for s in segments)
+
+
+# ---------------------------------------------------------------- failures, timeouts, shutdown
+
+STARTED: list[asyncio.Event] = []
+CLOSED: list[str] = []
+
+
+@gym.register_env("stuck-test")
+class Stuck(gym.Env):
+    """Answers reset, then never finishes a step: the runner must time it out or cancel it."""
+
+    async def reset(self, request):
+        return "wait", {"rollout": request.rollout_id}, ""
+
+    async def step(self, messages):
+        for event in STARTED:
+            event.set()
+        await asyncio.Event().wait()
+
+    async def close(self):
+        CLOSED.append(self.env_config["tag"])
+
+
+async def test_timeouts_are_retried_then_fail_and_every_env_is_closed(kafka_bootstrap, topics, engine_url):
+    namespace = topics["tasks"].rsplit(".", 1)[0]
+    rollout, tag = f"slow-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
+    runner = {"episode_timeout": 1.0, "attempts": 2}
+    async with stack(kafka_bootstrap, namespace, engine_url, **runner) as (_, publisher, _url):
+        await publisher.publish(topics["tasks"], task(rollout, {"name": "stuck-test", "tag": tag}))
+        reward = (await rewards_for(kafka_bootstrap, topics["rewards"], {rollout}))[rollout]
+    assert reward["failure_kind"] == "timeout" and json.loads(reward["details"])["attempts"] == 2
+    assert CLOSED.count(tag) == 2  # one env per attempt, each closed once
+    assert reward["attempt_id"].startswith(f"{rollout}.a2.")
+
+
+async def test_shutdown_cancels_closes_and_hands_the_task_back(kafka_bootstrap, topics, engine_url):
+    namespace = topics["tasks"].rsplit(".", 1)[0]
+    rollout, tag = f"stop-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
+    stepping = asyncio.Event()
+    STARTED.append(stepping)
+    try:
+        async with stack(kafka_bootstrap, namespace, engine_url, drain_timeout=0.1) as (
+            stop,
+            publisher,
+            _url,
+        ):
+            await publisher.publish(topics["tasks"], task(rollout, {"name": "stuck-test", "tag": tag}))
+            await asyncio.wait_for(stepping.wait(), 120)
+            stop.set()  # what SIGTERM does
+    finally:
+        STARTED.remove(stepping)
+    assert CLOSED.count(tag) == 1
+    handed_back = [t for t in await events(kafka_bootstrap, topics["tasks"]) if t["rollout_id"] == rollout]
+    assert len(handed_back) == 2 and handed_back[1]["env_config"] == handed_back[0]["env_config"]
+    assert rollout not in {r["rollout_id"] for r in await events(kafka_bootstrap, topics["rewards"])}
+    sessions = [s for s in await events(kafka_bootstrap, topics["sessions"]) if s["rollout_id"] == rollout]
+    assert [s["kind"] for s in sessions] == ["opened", "closed"]  # the adapter session was closed too
+
+
+async def test_the_rollbus_gym_runner_command_runs_episodes_and_stops_on_sigterm(
+    kafka_bootstrap, topics, engine_url, tmp_path
+):
+    """The real command line: flags, variables, the consumer, and a clean exit 0 on SIGTERM."""
+    namespace = topics["tasks"].rsplit(".", 1)[0]
+    rollout = f"cli-{uuid.uuid4().hex[:6]}"
+    async with stack(kafka_bootstrap, namespace, engine_url, in_process=False) as (_, publisher, url):
+        env = {**os.environ, "ROLLBUS_GYM_RUNNER_ADMIN_TOKEN": "adm", "ROLLBUS_NAMESPACE": namespace}
+        log = (tmp_path / "gym-runner.log").open("wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rollbus", "gym-runner", "--bootstrap-servers", kafka_bootstrap,
+             "--adapter-url", url, "--max-tokens", "64", "--loss-scope", "last_turn"],
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+        try:
+            await publisher.publish(topics["tasks"], task(rollout, {"name": "math", "seed": 2}))
+            reward = (await rewards_for(kafka_bootstrap, topics["rewards"], {rollout}))[rollout]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code = await asyncio.to_thread(proc.wait, 60)
+            log.close()
+    assert code == 0, (tmp_path / "gym-runner.log").read_text()
+    assert reward["reward"] == 1.0 and json.loads(reward["details"])["loss_scope"] == "last_turn"

@@ -1,0 +1,114 @@
+"""The gym runner's task -> reward path without the broker: the real adapter app (OpenAI route) and engine
+for the python_tool env's tool round trip, a closed port for an unreachable adapter, and the reward record."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from rollbus import gym
+from rollbus.broker import free_port
+from rollbus.gym import Episode
+from services.adapter.app import create_app
+from services.gym_runner.adapter_client import AdapterClient
+from services.gym_runner.runner import MAX_DETAILS_CHARS, GymRunner, Outcome, reward_record
+from services.gym_runner.settings import GymRunnerSettings
+from tests.e2e_support import SCRIPTS
+from tests.test_adapter_support import BusPublisher, engine_process, served, settings
+
+gym.load_builtins()
+CLOSES: list[str] = []
+
+
+@gym.register_env("counted-test")
+class Counted(gym.Env):
+    async def reset(self, request):
+        return "hi", {}, ""
+
+    async def step(self, messages):
+        return "", 1.0, True, {}
+
+    async def close(self):
+        CLOSES.append(self.env_config["tag"])
+
+
+def task(rollout: str, env_config: Any, **extra: Any) -> dict[str, Any]:
+    raw = env_config if isinstance(env_config, str) else json.dumps(env_config)
+    return {"rollout_id": rollout, "group_id": "g", "group_size": 2, "prompt": "", "messages": None,
+            "env_config": raw, **extra}  # fmt: skip
+
+
+class Collected:
+    def __init__(self) -> None:
+        self.records: list[tuple[str, dict]] = []
+
+    async def __call__(self, topic: str, record: dict) -> None:
+        self.records.append((topic, record))
+
+
+def runner_for(url: str, **overrides: Any) -> tuple[GymRunner, Collected, httpx.AsyncClient]:
+    config = GymRunnerSettings.load(
+        {"adapter_url": url, "admin_token": "adm", "max_tokens": 128, **overrides}
+    )
+    http = httpx.AsyncClient(base_url=url, timeout=60)
+    adapter = AdapterClient(
+        http, admin_token="adm", model="m", max_tokens=128, temperature=1.0, busy_retries=0
+    )
+    published = Collected()
+    return GymRunner(config, adapter, published), published, http
+
+
+async def test_python_tool_episode_through_the_adapter_and_a_real_sandbox(tmp_path) -> None:
+    script = json.loads((SCRIPTS / "gym" / "python_tool.json").read_text())
+    publisher = BusPublisher()
+    with engine_process(script, tmp_path) as engine_url:
+        app = create_app(settings(engine_url, admin_token="adm", open_sessions=False), publisher)
+        async with app.router.lifespan_context(app), served(app) as (url, _):
+            runner, published, http = runner_for(url, loss_scope="last_turn")
+            async with http:
+                solved = await runner.run_task(task("py-solved", {"name": "python_tool", "seed": 2}))
+                missed = await runner.run_task(task("py-missed", {"name": "python_tool", "seed": 1}))
+    assert (solved["reward"], solved["step_rewards"], solved["solved"]) == (1.0, [0.0, 1.0], True)
+    assert (missed["reward"], missed["failure_kind"]) == (0.0, None)
+    details = json.loads(solved["details"])
+    assert details["loss_scope"] == "last_turn" and details["turns"] == 2
+    tool = details["messages"][3]
+    assert tool["role"] == "tool" and tool["content"] == "5525\n"
+    infos = json.loads(solved["infos"])
+    assert infos[1]["exit_codes"] == [0] and infos[2]["given"] == "5525"
+    turns = publisher.of("turns", "py-solved")
+    assert [(t["chain_id"], t["prompt_ref_turn"]) for t in turns] == [("main", None), ("main", 0)]
+    assert [topic for topic, _ in published.records] == ["rewards", "rewards"]
+
+
+async def test_bad_env_config_fails_at_once_without_the_adapter() -> None:
+    runner, published, http = runner_for(f"http://127.0.0.1:{free_port()}", attempts=3)
+    async with http:
+        record = await runner.run_task(task("bad-1", "[1, 2]"))
+        other = await runner.run_task(task("bad-2", {"name": "math", "seed": "seven"}))
+    assert record["failure_kind"] == other["failure_kind"] == "bad_env_config"
+    assert "must be a JSON object" in json.loads(record["details"])["error"]
+    assert "seed must be an integer" in json.loads(other["details"])["error"]
+    assert json.loads(record["details"])["attempts"] == 1 and record["reward"] == 0.0
+
+
+async def test_an_unreachable_adapter_is_retried_then_fails_and_each_env_is_closed() -> None:
+    runner, _, http = runner_for(f"http://127.0.0.1:{free_port()}", attempts=2)
+    async with http:
+        record = await runner.run_task(task("down-1", {"name": "counted-test", "tag": "down-1"}))
+    assert (
+        record["failure_kind"] == "adapter_error"
+        and "opening a session" in json.loads(record["details"])["error"]
+    )
+    assert CLOSES.count("down-1") == 2 and record["attempt_id"].startswith("down-1.a2.")
+
+
+def test_reward_record_drops_a_huge_conversation_and_falls_back_to_reward_for_solved() -> None:
+    episode = Episode(messages=[{"role": "user", "content": "x" * (MAX_DETAILS_CHARS + 1)}],
+                      step_rewards=[0.0, 2.0], infos=[{}, {}, {"note": 1}])  # fmt: skip
+    record = reward_record(task("r", {"name": "x"}), Outcome(episode, "r.a1", 1, None, "x"), "all_turns")
+    details = json.loads(record["details"])
+    assert details["messages"] is None and details["messages_omitted"] is True
+    assert record["solved"] is True and record["reward"] == 2.0 and record["group_size"] == 2

@@ -1,0 +1,128 @@
+"""Each limit of a local sandbox holds, and a hit comes back as its named failure kind (real cgroups here).
+
+The cgroup v2 writer is also checked against a directory laid out like a v2 hierarchy, since this host has
+v1 controllers: what the kernel does with those files on a real v2 host stays unexercised here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from rollbus.sandbox import BwrapSandbox, Limits, SandboxSpec, bwrap_usable, create_local
+from rollbus.sandbox.limits import Cgroups, enforcement, failure_from_counters, rlimits
+from rollbus.sandbox.process import BoundedOutput
+
+EXAMPLE_REPO = Path(__file__).resolve().parents[1] / "examples" / "buggy_repo"
+ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+MIB = 1 << 20
+needs_bwrap = pytest.mark.skipif(not bwrap_usable(), reason="bubblewrap cannot create namespaces here")
+
+
+async def run_limited(limits: Limits, script: str, timeout: float = 60) -> tuple[BwrapSandbox, object]:
+    async with await create_local(SandboxSpec(image=EXAMPLE_REPO, limits=limits)) as box:
+        done = await box.run(["sh", "-c", script], ENV, timeout=timeout)
+    return box, done
+
+
+@needs_bwrap
+async def test_memory_limit_kills_and_is_named() -> None:
+    box, done = await run_limited(Limits(memory_bytes=64 * MIB), "python3 -c 'x = bytearray(400 << 20)'")
+    assert done.failure_kind == "memory_limit" and done.exit_code != 0
+    assert box.enforced["memory"] == "cgroup v1"
+
+
+@needs_bwrap
+async def test_a_fork_bomb_hits_the_pids_limit() -> None:
+    _, done = await run_limited(Limits(pids=16), "for i in $(seq 64); do sleep 2 & done; wait")
+    assert done.failure_kind == "pids_limit"
+    assert "fork" in done.stderr.lower() or "resource temporarily unavailable" in done.stderr.lower()
+
+
+@needs_bwrap
+async def test_wall_clock_timeout_is_named() -> None:
+    _, done = await run_limited(Limits(), "sleep 60", timeout=1)
+    assert done.timed_out and done.failure_kind == "timeout"
+
+
+@needs_bwrap
+async def test_cpu_time_limit_is_named() -> None:
+    _, done = await run_limited(Limits(cpu_time_s=1), "python3 -c 'while True: pass'")
+    assert done.failure_kind == "cpu_limit", done
+
+
+@needs_bwrap
+async def test_tmp_is_size_capped() -> None:
+    _, done = await run_limited(Limits(tmp_bytes=1 * MIB), "dd if=/dev/zero of=/tmp/big bs=1M count=8")
+    assert done.exit_code != 0 and done.failure_kind == "disk_full"
+
+
+@needs_bwrap
+async def test_workspace_over_its_disk_cap_is_named() -> None:
+    _, done = await run_limited(
+        Limits(disk_bytes=1 * MIB), "dd if=/dev/zero of=big bs=1M count=3 2>/dev/null"
+    )
+    assert done.exit_code == 0 and done.failure_kind == "disk_full"
+
+
+@needs_bwrap
+async def test_output_keeps_head_and_tail_and_counts_what_it_dropped() -> None:
+    script = "echo FIRST; head -c 1000000 /dev/zero | tr '\\0' a; echo; echo LAST"
+    _, done = await run_limited(Limits(output_bytes=64 << 10), script)
+    assert done.failure_kind == "output_truncated" and done.exit_code == 0
+    assert done.stdout.startswith("FIRST\n") and done.stdout.endswith("LAST\n")
+    assert done.output_dropped == len("FIRST\n") + 1_000_000 + len("\nLAST\n") - (64 << 10)
+    assert f"[... {done.output_dropped} bytes dropped ...]" in done.stdout
+
+
+@needs_bwrap
+async def test_cgroups_are_removed_at_close() -> None:
+    box = await create_local(SandboxSpec(image=EXAMPLE_REPO))
+    assert box.cgroups is not None
+    dirs = list(box.cgroups.dirs.values())
+    assert all(d.is_dir() for d in dirs)
+    await box.close()
+    assert not any(d.exists() for d in dirs)
+
+
+def test_bounded_output_is_exact_at_every_split() -> None:
+    data = bytes(range(256)) * 40
+    for limit in (1, 2, 10, 255, 1000, 20_000):
+        for step in (1, 7, 100, 4096):
+            sink = BoundedOutput(limit)
+            for i in range(0, len(data), step):
+                sink.add(data[i : i + step])
+            half = max(limit // 2, 1)
+            kept = len(data) if len(data) <= 2 * half else 2 * half
+            assert bytes(sink.head) == data[:half]
+            assert len(sink.head) + len(sink.tail) == kept and sink.dropped == len(data) - kept
+            assert bytes(sink.tail) == data[len(data) - len(sink.tail) :]
+
+
+def test_cgroup_v2_files_are_written_and_counters_read(tmp_path: Path) -> None:
+    (tmp_path / "cgroup.controllers").write_text("cpu memory pids io\n")
+    group = Cgroups.create("rollbus-x", Limits(memory_bytes=MIB, pids=7, cpus=1.5), root=tmp_path)
+    assert group is not None and group.version == 2
+    path = tmp_path / "rollbus-x"
+    assert (path / "memory.max").read_text() == str(MIB) and (path / "pids.max").read_text() == "7"
+    assert (path / "cpu.max").read_text() == "150000 100000"
+    assert group.procs_files() == [str(path / "cgroup.procs")]
+    (path / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    (path / "pids.events").write_text("max 0\n")
+    assert failure_from_counters({"oom_kill": 0, "pids_max": 0}, group.counters()) == "memory_limit"
+    group.destroy()
+
+
+def test_without_cgroups_rlimits_stand_in(tmp_path: Path) -> None:
+    limits = Limits(memory_bytes=MIB, pids=5, cpu_time_s=3)
+    assert Cgroups.create("x", limits, root=tmp_path / "none") is None
+    assert {which for which, _ in rlimits(limits, None)} == {
+        __import__("resource").RLIMIT_AS,
+        __import__("resource").RLIMIT_NPROC,
+        __import__("resource").RLIMIT_CPU,
+    }
+    report = enforcement(limits, None, "du")
+    assert report["memory"].startswith("rlimit") and report["pids"].startswith("rlimit")
+    assert os.getuid() == 0 or report  # the report exists whoever runs it

@@ -1,0 +1,249 @@
+"""The segmenter's state machine: any interleaving of a rollout's events, with duplicates, cuts the same
+segments (those fan_out cuts from the writer's own chains); conflicts, late events and timeouts are named."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollbus.codec import decode, encode
+from rollbus.events import spec
+from rollbus.segmentation import FACT_KINDS, Fact, Options, RolloutState, Segmenter, segment_id
+from rollbus.trajectory import fan_out
+from rollbus.turn_log import ConflictingTurn, TurnResolver, chain_tokens, resolve_turns
+from tests.synthetic_rollouts import Event, RolloutWriter, simple_rollout
+
+TOPIC_EVENT = {e.topic: e.event_type for e in (spec("turn"), spec("session"), spec("diff"), spec("reward"))}
+
+
+def run(events: list[Event], segmenter: Segmenter | None = None) -> tuple[Segmenter, list[dict], list[str]]:
+    """Feed events (at = position) through a dict-backed segmenter; segments and dead-letter reasons."""
+    segmenter = segmenter or Segmenter({}, {}, lambda raw: decode(raw).record)
+    segments, dead = [], []
+    for at, (topic, record) in enumerate(events):
+        raw = encode(TOPIC_EVENT[topic], record)
+        outcome = segmenter.handle(Fact(FACT_KINDS[topic], decode(raw).record, at), raw)
+        segments += outcome.segments
+        dead += [outcome.dead_letter] if outcome.dead_letter else []
+        segmenter.settle(outcome)
+    return segmenter, segments, dead
+
+
+def expected(writer: RolloutWriter, reward: float) -> list[dict[str, Any]]:
+    cut = fan_out(writer.expected_chains(), writer.rollout_id, reward)
+    return [
+        {"segment_id": segment_id(writer.rollout_id, writer.attempt_id, s.index), "kind": s.kind,
+         "chain_id": s.chain_id, "prompt_ids": s.prompt_ids, "response_ids": s.response_ids,
+         "loss_mask": bytes(s.loss_mask), "reward": s.reward, "trajectory_reward": reward,
+         "policy_versions": s.policy_versions, "num_segments": s.num_segments}
+        for s in cut
+    ]  # fmt: skip
+
+
+def comparable(segments: list[dict]) -> list[dict]:
+    keys = ("segment_id", "kind", "chain_id", "prompt_ids", "response_ids", "loss_mask", "reward",
+            "trajectory_reward", "policy_versions", "num_segments")  # fmt: skip
+    return [{k: s[k] for k in keys} for s in segments]
+
+
+def test_a_rollout_is_cut_like_fan_out_of_its_chains() -> None:
+    writer = simple_rollout("r1")
+    segmenter, segments, dead = run(writer.events)
+    assert dead == []
+    assert comparable(segments) == expected(writer, 1.0)
+    assert [s["kind"] for s in segments] == ["subagent", "wipe", "final"]
+    assert {s["group_id"] for s in segments} == {"g1"} and sum(
+        s["reward"] for s in segments
+    ) == pytest.approx(1)
+    assert segmenter.bodies == {}  # bodies deleted once the segments are out
+    assert RolloutState.from_bytes(segmenter.states["r1"]).status == "emitted"
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[RolloutWriter, list[Event], float]:
+    """One or two attempts of a rollout with random agent behaviour; the last attempt is rewarded."""
+    events: list[Event] = []
+    attempts = draw(st.integers(1, 2))
+    for number in range(attempts):
+        w = RolloutWriter("r", attempt_id=f"a{number}")
+        w.turn(
+            "main", "main", draw(st.lists(st.integers(0, 9), min_size=1, max_size=5)), draw(st.integers(0, 4))
+        )
+        chain = "main"
+        for op in draw(
+            st.lists(st.sampled_from(["main", "sub", "sub_live", "compact", "side", "curl"]), max_size=7)
+        ):
+            if op == "main":
+                w.turn(chain, "main", draw(st.lists(st.integers(0, 9), max_size=3)), draw(st.integers(0, 4)))
+            elif op in ("sub", "sub_live") and f"agent-{len(w.frozen)}" not in w.live:
+                name = f"agent-{len(w.frozen)}"
+                for _ in range(draw(st.integers(1, 3))):
+                    w.turn(name, "subagent", [7], draw(st.integers(1, 3)))
+                if op == "sub":
+                    w.freeze(name, "subagent")
+            elif op == "compact":
+                w.freeze(chain, "compaction")
+                chain = f"main.{len(w.frozen)}"
+                w.turn(chain, "main", [1, 2], draw(st.integers(1, 3)), fresh=True)
+            elif op == "side":
+                w.turn(f"side-{len(w.events)}", "side", [9], 2)
+            else:
+                w.turn(f"curl-{len(w.events)}", "unattributed", [5], 1)
+        w.close()
+        w.diff()
+        events += w.events
+    reward = draw(st.sampled_from([0.0, 1.0, 0.5]))
+    w.reward(reward)
+    events.append(w.events[-1])
+    return w, events, reward
+
+
+def interleave(rng: random.Random, events: list[Event], duplicates: int) -> list[Event]:
+    """A random merge of the per-topic streams (each keeps its order, as a Kafka partition does), then
+    copies of random events placed anywhere after their original."""
+    streams: dict[str, list[Event]] = {}
+    for event in events:
+        streams.setdefault(event[0], []).append(event)
+    merged: list[Event] = []
+    while streams:
+        topic = rng.choice(sorted(streams))
+        merged.append(streams[topic].pop(0))
+        if not streams[topic]:
+            del streams[topic]
+    for _ in range(duplicates):
+        at = rng.randrange(len(merged))
+        merged.insert(rng.randint(at + 1, len(merged)), merged[at])
+    return merged
+
+
+@settings(max_examples=60, deadline=None)
+@given(scenario=scenarios(), seed=st.integers(0, 2**32), duplicates=st.integers(0, 6))
+def test_any_interleaving_with_duplicates_cuts_the_same_segments(
+    scenario, seed: int, duplicates: int
+) -> None:
+    writer, events, reward = scenario
+    segmenter, segments, dead = run(interleave(random.Random(seed), events, duplicates))
+    assert dead == []
+    assert comparable(segments) == expected(writer, reward)  # only the rewarded (last) attempt trains
+    assert {s["attempt_id"] for s in segments} <= {writer.attempt_id}
+    assert segmenter.counts.get("duplicate", 0) == duplicates
+    assert segmenter.bodies == {}
+
+
+def test_nothing_is_cut_before_the_attempt_closed_and_every_counted_turn_arrived() -> None:
+    writer = simple_rollout("r2")
+    turns = [e for e in writer.events if e[0] == "turns"]
+    others = [e for e in writer.events if e[0] != "turns"]
+    segmenter, segments, _ = run(others + turns[:-1])
+    assert segments == []
+    state = RolloutState.from_bytes(segmenter.states["r2"])
+    assert state.status == "open"
+    _, segments, _ = run(turns[-1:], segmenter)
+    assert comparable(segments) == expected(writer, 1.0)
+
+
+def test_a_conflicting_duplicate_dead_letters_the_rollout_and_keeps_no_body() -> None:
+    writer = simple_rollout("r3")
+    forged = dict(writer.events[1][1], output_ids=[1, 2, 3, 4, 5], output_logprobs=[0.0] * 5)
+    assert writer.events[1][0] == "turns"
+    segmenter, segments, dead = run([*writer.events[:3], ("turns", forged), *writer.events[3:]])
+    assert segments == []
+    assert "dead-lettered" in dead[0] and "different content" in dead[0]
+    assert any("already dead" in reason for reason in dead[1:])  # its later turns and reward, too
+    assert RolloutState.from_bytes(segmenter.states["r3"]).status == "dead"
+    assert segmenter.bodies == {}
+
+
+def test_after_emission_a_new_turn_or_reward_is_dead_lettered_a_redelivered_one_is_a_duplicate() -> None:
+    writer = simple_rollout("r4")
+    segmenter, _, _ = run(writer.events)
+    _, again, dead = run([writer.events[1], writer.events[-1]], segmenter)  # a crash redelivers them
+    assert again == [] and dead == []
+    late = RolloutWriter("r4", attempt_id="a1")  # the emitted attempt grows a chain: the cut was wrong
+    late.turn("main.9", "main", [1], 2)
+    stale = RolloutWriter("r4", attempt_id="a0")  # an abandoned attempt lagging behind: never trains anyway
+    stale.turn("main", "main", [1], 2)
+    events = [e for e in late.events + stale.events if e[0] == "turns"] + [("rewards", late.reward(0.0))]
+    _, _, dead = run(events, segmenter)
+    assert len(dead) == 2 and all("already emitted" in reason for reason in dead)
+    assert "main.9#0" in dead[0] and segmenter.counts["late"] == 3
+
+
+def test_a_second_different_reward_is_dead_lettered_the_first_one_counts() -> None:
+    writer = simple_rollout("r5")
+    *events, (_, real) = writer.events
+    close = next(i for i, (t, r) in enumerate(events) if t == "sessions" and r["kind"] == "closed")
+    other = dict(real, reward=0.0, solved=False)
+    _, segments, dead = run([*events[:close], ("rewards", other), ("rewards", real), *events[close:]])
+    assert {s["trajectory_reward"] for s in segments} == {0.0}
+    assert len(dead) == 1 and "already has a reward" in dead[0]
+
+
+def test_only_the_rewarded_attempt_trains() -> None:
+    first, second = simple_rollout("r6", attempt="x"), simple_rollout("r6", attempt="y", reward=0.25)
+    events = [e for e in first.events if e[0] != "rewards"] + second.events
+    _, segments, dead = run(events)
+    assert dead == [] and {s["attempt_id"] for s in segments} == {"y"}
+    assert comparable(segments) == expected(second, 0.25)
+
+
+def test_an_idle_rollout_times_out_into_an_abort_with_a_reason_then_is_forgotten() -> None:
+    writer = simple_rollout("r7")
+    opts = Options(timeout_ms=1000, forget_after_ms=5000)
+    segmenter = Segmenter({}, {}, lambda raw: decode(raw).record, opts)
+    run([e for e in writer.events if e[0] == "turns"], segmenter)
+    assert segmenter.bodies and segmenter.tick(now=500) == []
+    aborted = segmenter.tick(now=2000)
+    assert [s.status for s in aborted] == ["aborted"] and "no reward" in aborted[0].reason
+    assert segmenter.bodies == {} and segmenter.counts["aborted"] == 1
+    _, segments, dead = run([writer.events[-1]], segmenter)
+    assert segments == [] and "already aborted" in dead[0]
+    segmenter.tick(now=10_000)
+    assert "r7" not in segmenter.states
+
+
+def test_an_unresolvable_prompt_reference_dead_letters_the_rollout() -> None:
+    writer = simple_rollout("r8")
+    index = next(
+        i for i, e in enumerate(writer.events) if e[0] == "turns" and e[1]["prompt_ref_turn"] is not None
+    )
+    broken = dict(writer.events[index][1], prompt_tokens=writer.events[index][1]["prompt_tokens"] + 1)
+    events = [*writer.events[:index], ("turns", broken), *writer.events[index + 1 :]]
+    segmenter, segments, dead = run(events)
+    assert segments == [] and "cannot cut segments: UnresolvedTurn" in dead[-1]
+    assert RolloutState.from_bytes(segmenter.states["r8"]).status == "dead"
+
+
+def test_chain_kind_disagreement_between_sessions_and_turns_is_a_conflict() -> None:
+    writer = simple_rollout("r9")
+    lying = [(t, dict(r, chain_kind="subagent")) if t == "sessions" and r["chain_id"] == "main" else (t, r)
+             for t, r in writer.events]  # fmt: skip
+    _, segments, dead = run(lying)
+    assert segments == [] and "chain main is subagent in one event and main in another" in dead[0]
+
+
+def test_the_resolver_drops_exact_duplicates_and_refuses_conflicts() -> None:
+    writer = simple_rollout("r10")
+    turns = [r for t, r in writer.events if t == "turns"]
+    resolver = TurnResolver()
+    resolved = [t for r in turns + turns[:2] if (t := resolver.add(r)) is not None]
+    assert resolved == resolve_turns(turns) and resolver.duplicates == 2
+    with pytest.raises(ConflictingTurn, match="different content"):
+        resolver.add(dict(turns[0], finish_reason="length"))
+
+
+@given(
+    st.lists(st.tuples(st.lists(st.integers(0, 99), max_size=4), st.integers(0, 3)), min_size=1, max_size=6)
+)
+def test_stitching_from_references_equals_resolving_then_segmenting(steps) -> None:
+    from rollbus.trajectory import segment_chain
+
+    w = RolloutWriter("r")
+    for new, output in steps:
+        w.turn("main", "main", new, output)
+    records = [r for t, r in w.events if t == "turns"]
+    assert chain_tokens(records) == segment_chain(resolve_turns(records))

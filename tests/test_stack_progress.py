@@ -1,0 +1,37 @@
+"""The demo's view of a run is a fold over the bus's events: counts follow the events, duplicates included."""
+
+from __future__ import annotations
+
+from services.stack.progress import fold
+from tests.event_samples import SAMPLES, segment, turn
+
+
+def test_a_run_folds_into_its_summary():
+    events = [
+        ("task", {**SAMPLES["task"], "rollout_id": "a"}),
+        ("task", {**SAMPLES["task"], "rollout_id": "b"}),
+        ("turn", turn(rollout_id="a", policy_version=0)),
+        ("turn", turn(rollout_id="b", policy_version=0)),
+        ("diff", {**SAMPLES["diff"], "rollout_id": "a"}),
+        ("reward", {**SAMPLES["reward"], "rollout_id": "a", "solved": True, "failure_kind": None}),
+        ("segment", {**segment(10), "segment_id": "a/x/0", "rollout_id": "a"}),
+        ("segment", {**segment(10), "segment_id": "a/x/0", "rollout_id": "a"}),  # redelivered
+        ("policy", {**SAMPLES["policy"], "version": 1}),
+        ("turn", turn(rollout_id="b", policy_version=1)),
+        ("diff", {**SAMPLES["diff"], "rollout_id": "b", "failure_kind": "timeout"}),
+        ("reward", {**SAMPLES["reward"], "rollout_id": "b", "solved": False, "failure_kind": "timeout"}),
+    ]
+    progress = fold(events)
+    summary = progress.summary(train_steps=1)
+    assert summary == {
+        "rollouts_submitted": 2, "rollouts_finished": 2, "rollouts_failed": 1, "solved": 1, "segments": 1,
+        "train_steps": 1, "policy_version": 1, "tokens_trained": 10, "duplicates_dropped": 1,
+    }  # fmt: skip
+    assert progress.running == set()
+    assert progress.turn_policy_versions == [0, 0, 1]
+    assert "turns served by v1" in progress.line()
+
+
+def test_a_rollout_with_turns_and_no_diff_is_running():
+    progress = fold([("task", SAMPLES["task"]), ("turn", turn())])
+    assert progress.running == {"r-1"} and progress.finished == 0

@@ -1,0 +1,186 @@
+"""From segment events to a training batch: validation, group completion, staleness, reducer weights.
+
+Plain data in, plain data out: a segment is its decoded ``segments`` record (a dict). A step trains whole
+groups only: every one of the group's ``group_size`` rollouts, each with all ``num_segments`` of its segments.
+The policy is the attacker here: a segment's token ids index the embedding, its lengths index each other, and
+its floats enter the loss, so anything malformed is refused with a reason before it is buffered.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import torch
+
+from trainer.advantages import group_advantages
+from trainer.loss import SegmentInput
+
+Segment = Mapping[str, Any]
+
+
+class Admission(Enum):
+    BUFFERED = "buffered"
+    DUPLICATE = "duplicate"  # a segment id already buffered
+    LATE = "late"  # its group was already trained, dropped or skipped
+    GROUP_COMPLETE = "group_complete"
+
+
+class InvalidSegment(ValueError):
+    """A segment that can never be trained; the message says why (it goes to dead-letters)."""
+
+
+def mask_of(segment: Segment) -> bytes:
+    return bytes(segment["loss_mask"])
+
+
+def validate(segment: Segment, vocab_size: int) -> None:
+    """Raise :class:`InvalidSegment` unless ``segment`` is internally consistent and fits the model."""
+    n = len(segment["response_ids"])
+    mask = mask_of(segment)
+    if len(mask) != n or len(segment["rollout_logprobs"]) != n or len(segment["policy_versions"]) != n:
+        raise InvalidSegment(f"segment {segment['segment_id']!r}: per-token arrays disagree in length")
+    if any(b not in (0, 1) for b in mask):
+        raise InvalidSegment(f"segment {segment['segment_id']!r}: loss_mask bytes must be 0 or 1")
+    if not 0 <= segment["index"] < segment["num_segments"]:
+        raise InvalidSegment(f"segment {segment['segment_id']!r}: index outside 0..num_segments-1")
+    if not segment["prompt_ids"]:
+        raise InvalidSegment(f"segment {segment['segment_id']!r}: empty prompt (nothing to predict from)")
+    ids = (*segment["prompt_ids"], *segment["response_ids"])
+    if min(ids) < 0 or max(ids) >= vocab_size:
+        raise InvalidSegment(f"segment {segment['segment_id']!r}: token id outside the vocabulary")
+    masked = [lp for lp, m in zip(segment["rollout_logprobs"], mask, strict=True) if m]
+    if not all(math.isfinite(lp) and lp <= 0 for lp in masked):
+        raise InvalidSegment(f"segment {segment['segment_id']!r}: rollout logprob not finite or above 0")
+    if not math.isfinite(segment["trajectory_reward"]):
+        raise InvalidSegment(f"segment {segment['segment_id']!r}: trajectory_reward is not finite")
+
+
+def staleness(segment: Segment, current_version: int) -> int:
+    """Versions between the policy now and the oldest policy that sampled one of its trained tokens."""
+    versions = [v for v, m in zip(segment["policy_versions"], mask_of(segment), strict=True) if m]
+    return current_version - min(versions) if versions else 0
+
+
+@dataclass
+class Group:
+    group_id: str
+    rollouts: dict[str, dict[int, Segment]] = field(default_factory=dict)
+
+    def segments(self) -> list[Segment]:
+        """Every segment, in a fixed order (rollout id, index): the batch never depends on arrival order."""
+        return [self.rollouts[r][i] for r in sorted(self.rollouts) for i in sorted(self.rollouts[r])]
+
+    def rewards(self) -> dict[str, float]:
+        return {r: float(segs[0]["trajectory_reward"]) for r, segs in self.rollouts.items()}
+
+
+class GroupBuffer:
+    """Segments of groups not yet complete; completed groups queue in completion order."""
+
+    def __init__(self, group_size: int) -> None:
+        self.group_size = group_size
+        self.pending: dict[str, Group] = {}
+        self.complete: list[Group] = []
+        self.finished: set[str] = set()  # groups trained, dropped or skipped: later segments are late
+        self._ids: set[str] = set()
+
+    def add(self, segment: Segment) -> Admission:
+        group_id, rollout_id = segment["group_id"], segment["rollout_id"]
+        if group_id in self.finished or any(g.group_id == group_id for g in self.complete):
+            return Admission.LATE
+        if segment["segment_id"] in self._ids:
+            return Admission.DUPLICATE
+        group = self.pending.setdefault(group_id, Group(group_id))
+        rollout = group.rollouts.get(rollout_id)
+        if rollout is None:
+            if len(group.rollouts) >= self.group_size:
+                raise InvalidSegment(f"group {group_id!r} already has {self.group_size} rollouts")
+            rollout = group.rollouts.setdefault(rollout_id, {})
+        self._check_fits(rollout, segment)
+        rollout[segment["index"]] = segment
+        self._ids.add(segment["segment_id"])
+        if self._is_complete(group):
+            del self.pending[group_id]
+            self.complete.append(group)
+            return Admission.GROUP_COMPLETE
+        return Admission.BUFFERED
+
+    def _check_fits(self, rollout: dict[int, Segment], segment: Segment) -> None:
+        if not rollout:
+            return
+        first = next(iter(rollout.values()))
+        for key in ("num_segments", "attempt_id", "trajectory_reward"):
+            if segment[key] != first[key]:
+                raise InvalidSegment(f"segment {segment['segment_id']!r}: {key} differs from its rollout's")
+        if segment["index"] in rollout:
+            raise InvalidSegment(f"segment {segment['segment_id']!r}: index {segment['index']} already taken")
+
+    def _is_complete(self, group: Group) -> bool:
+        return len(group.rollouts) == self.group_size and all(
+            len(r) == next(iter(r.values()))["num_segments"] for r in group.rollouts.values()
+        )
+
+    def take(self, n: int) -> list[Group]:
+        """The first ``n`` completed groups, marked finished."""
+        taken, self.complete = self.complete[:n], self.complete[n:]
+        for group in taken:
+            self.finish(group)
+        return taken
+
+    def finish(self, group: Group) -> None:
+        self.finished.add(group.group_id)
+        for segment in group.segments():
+            self._ids.discard(segment["segment_id"])
+
+    def drop_complete(self, group: Group) -> None:
+        """Remove a completed group that will not be trained (stale or without reward variance)."""
+        self.complete.remove(group)
+        self.finish(group)
+
+    def buffered(self) -> list[Segment]:
+        return [s for g in (*self.pending.values(), *self.complete) for s in g.segments()]
+
+
+def segment_inputs(groups: Sequence[Group], *, normalize_std: bool) -> list[SegmentInput]:
+    """Every trainable segment of ``groups`` with its trajectory's advantage and its reducer weight."""
+    rollouts = sum(len(g.rollouts) for g in groups)
+    inputs = []
+    for group in groups:
+        advantages = group_advantages(group.rewards(), normalize_std=normalize_std)
+        for rollout_id, segments in sorted(group.rollouts.items()):
+            mask_total = sum(sum(mask_of(s)) for s in segments.values())
+            for index in sorted(segments):
+                segment = segments[index]
+                if sum(mask_of(segment)) == 0:
+                    continue
+                inputs.append(_input(segment, advantages[rollout_id], 1.0 / (mask_total * rollouts)))
+    return inputs
+
+
+def _input(segment: Segment, advantage: float, weight: float) -> SegmentInput:
+    prompt = segment["prompt_ids"]
+    mask = torch.frombuffer(bytearray(mask_of(segment)), dtype=torch.uint8).bool()
+    masked = torch.nonzero(mask)[:, 0]
+    return SegmentInput(
+        input_ids=torch.tensor([*prompt, *segment["response_ids"]], dtype=torch.long),
+        positions=masked + len(prompt),
+        rollout_logprobs=torch.tensor(segment["rollout_logprobs"], dtype=torch.float32)[masked],
+        advantage=advantage,
+        weight=weight,
+    )
+
+
+def split_for_ranks(inputs: Sequence[SegmentInput], world_size: int) -> list[list[SegmentInput]]:
+    """Deal segments to ranks, longest first to the least-loaded rank (by tokens): deterministic."""
+    shares: list[list[SegmentInput]] = [[] for _ in range(world_size)]
+    load = [0] * world_size
+    order = sorted(range(len(inputs)), key=lambda i: (-len(inputs[i].input_ids), i))
+    for i in order:
+        rank = min(range(world_size), key=lambda r: (load[r], r))
+        shares[rank].append(inputs[i])
+        load[rank] += len(inputs[i].input_ids)
+    return shares

@@ -1,0 +1,156 @@
+"""The policy-gradient loss over segments: token log-probabilities, clipped ratios, the per-rollout reducer.
+
+Only loss-mask-1 tokens are trained, so only their log-probabilities are computed: the decoder runs once over
+the whole segment, then the LM head and the log-softmax run at the masked positions only, a chunk at a time,
+each chunk under activation checkpointing so its (chunk x vocabulary) logits are freed after the forward and
+recomputed in the backward. A 248k-token vocabulary at 20k positions would otherwise need ~20 GB.
+
+Ratios are taken against the rollout log-probabilities (the sampling policy is the old policy), clipped
+PPO-style with separate low/high epsilon; ``gspo`` replaces each token's ratio by its segment's sequence
+ratio (the geometric mean over masked tokens); ``tis_clip`` takes the ratio against the trainer's own
+log-probabilities instead and multiplies each token by the truncated importance weight
+min(pi_trainer / pi_rollout, C).
+
+The reducer: a segment's summed token loss is divided by the mask total of *all* segments of its rollout, and
+by the number of rollouts in the step, so each trajectory counts once however many segments it was cut into.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Literal
+
+import torch
+from torch.utils.checkpoint import checkpoint
+from transformers import PreTrainedModel
+
+PolicyLoss = Literal["ppo", "gspo"]
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    policy_loss: PolicyLoss = "ppo"
+    eps_clip_low: float = 0.2
+    eps_clip_high: float = 0.28
+    tis_clip: float | None = None  # None: ratios against the rollout policy, no TIS
+    logits_chunk: int = 1024  # masked positions per LM-head chunk; 0: full logits (the bench's baseline)
+
+
+@dataclass
+class SegmentInput:
+    """What the loss needs of one segment: tokens, the trained positions and their rollout log-probabilities.
+
+    ``positions`` index ``input_ids`` (prompt then response) at the loss-mask-1 tokens; each is predicted
+    from the hidden state one position earlier, so every position is at least 1.
+    """
+
+    input_ids: torch.Tensor  # (T,) long
+    positions: torch.Tensor  # (M,) long
+    rollout_logprobs: torch.Tensor  # (M,) float
+    advantage: float
+    weight: float  # 1 / (mask total of the rollout's segments x rollouts in the step)
+
+
+@dataclass
+class LossStats:
+    """Sums over trained tokens, to be divided by ``tokens`` (and all-reduced across ranks) for reporting."""
+
+    tokens: float = 0.0
+    clipped: float = 0.0
+    approx_kl: float = 0.0
+    entropy: float = 0.0
+    is_weight: float = 0.0
+
+    def add(self, other: LossStats) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def as_list(self) -> list[float]:
+        return [getattr(self, f.name) for f in fields(self)]
+
+    @classmethod
+    def from_list(cls, values: list[float]) -> LossStats:
+        return cls(*values)
+
+
+def decoder_of(model: PreTrainedModel) -> torch.nn.Module:
+    """The causal LM's trunk (``model.model`` for Qwen3): hidden states without the LM head."""
+    return getattr(model, model.base_model_prefix)
+
+
+def _logprobs_of(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target log-probabilities and (detached) entropies; half-precision logits are upcast first."""
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    logp_all = torch.log_softmax(logits, dim=-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp_all.gather(-1, targets[:, None])[:, 0], entropy.detach()
+
+
+def _chunk_logprobs(
+    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _logprobs_of(head(hidden), targets)
+
+
+def token_logprobs(
+    model: PreTrainedModel, input_ids: torch.Tensor, positions: torch.Tensor, chunk: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probability (with grad) and entropy (without) of ``input_ids[positions]`` under ``model``."""
+    targets = input_ids[positions]
+    if chunk <= 0:
+        return _logprobs_of(model(input_ids=input_ids[None]).logits[0, positions - 1], targets)
+    hidden = decoder_of(model)(input_ids=input_ids[None]).last_hidden_state[0, positions - 1]
+    head = model.get_output_embeddings()
+    parts = [
+        checkpoint(_chunk_logprobs, head, hidden[s : s + chunk], targets[s : s + chunk], use_reentrant=False)
+        for s in range(0, len(positions), chunk)
+    ]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+def segment_loss(
+    logp: torch.Tensor, rollout_logprobs: torch.Tensor, advantage: float, weight: float, config: LossConfig
+) -> tuple[torch.Tensor, LossStats]:
+    """The segment's weighted summed token loss (a scalar with grad) and its token statistics."""
+    rollout_logprobs = rollout_logprobs.to(logp.dtype)
+    if config.tis_clip is None:
+        old, is_weight = rollout_logprobs, torch.ones_like(logp)
+    else:
+        old = logp.detach()
+        is_weight = torch.exp(old - rollout_logprobs).clamp(max=config.tis_clip)
+    log_ratio = logp - old
+    if config.policy_loss == "gspo":
+        log_ratio = log_ratio.mean().expand_as(log_ratio)
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * advantage
+    clipped = ratio.clamp(1 - config.eps_clip_low, 1 + config.eps_clip_high) * advantage
+    per_token = -torch.minimum(unclipped, clipped) * is_weight
+    with torch.no_grad():
+        rollout_ratio = torch.exp(logp.detach() - rollout_logprobs)
+        stats = LossStats(
+            tokens=float(len(logp)),
+            clipped=float((clipped < unclipped).sum()),
+            approx_kl=float(((rollout_ratio - 1) - torch.log(rollout_ratio)).sum()),
+            is_weight=float(is_weight.sum()),
+        )
+    return per_token.sum() * weight, stats
+
+
+def batch_loss(
+    model: PreTrainedModel, segments: list[SegmentInput], config: LossConfig, *, backward: bool = True
+) -> tuple[float, LossStats]:
+    """Loss over ``segments`` (already weighted by the reducer); gradients accumulate segment by segment
+    when ``backward``, so only one segment's activations are alive at a time."""
+    total, stats = 0.0, LossStats()
+    for segment in segments:
+        logp, entropy = token_logprobs(model, segment.input_ids, segment.positions, config.logits_chunk)
+        loss, seg_stats = segment_loss(
+            logp, segment.rollout_logprobs, segment.advantage, segment.weight, config
+        )
+        seg_stats.entropy = float(entropy.sum())
+        if backward:
+            loss.backward()
+        total += float(loss.detach())
+        stats.add(seg_stats)
+    return total, stats

@@ -1,0 +1,237 @@
+"""Rank 0 of the trainer: consume ``segments``, step on complete groups, checkpoint, publish, commit.
+
+The order of one step is the whole durability argument:
+
+1. take the first ``rollout_batch_size`` complete groups (in the order they completed in the log);
+2. train them (every rank its share);
+3. write checkpoint ``v<N>`` atomically: weights, optimiser, and the set of finished groups;
+4. publish version N to ``policy`` and ask the engine to load it;
+5. commit, per partition, the first offset that still has an untrained segment behind it.
+
+A kill before 3 loses the step's in-memory work only: the offsets were not committed, the segments come back.
+A kill between 3 and 5 leaves a checkpoint whose finished groups make the redelivered segments *late*, so they
+are dropped, not trained twice; the restart republishes N if 4 did not happen. The version counter restarts
+at max(newest checkpoint, newest on ``policy``), so it never goes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from aiokafka import ConsumerRecord, TopicPartition
+
+from rollbus.bus import Publisher, dead_letter, decode_message
+from rollbus.codec import CodecError
+from rollbus.topics import MAX_EVENT_BYTES, dead_letters_for, topic_name
+from trainer import checkpoint
+from trainer.advantages import has_reward_variance
+from trainer.batch import (
+    Admission,
+    Group,
+    GroupBuffer,
+    InvalidSegment,
+    mask_of,
+    segment_inputs,
+    split_for_ranks,
+    staleness,
+    validate,
+)
+from trainer.feed import SegmentFeed, latest_policy_version, push_weights
+from trainer.learner import Learner, stop_followers
+from trainer.metrics import MetricsLog
+from trainer.step import StepResult
+
+log = logging.getLogger("rollbus.trainer")
+Fault = Callable[[str], None]
+
+
+class Trainer:
+    """The consuming, committing rank; see the module docstring for the order of a step."""
+
+    def __init__(self, learner: Learner, *, fault: Fault | None = None) -> None:
+        self.learner = learner
+        self.settings = learner.settings
+        self.fault = fault or (lambda phase: None)
+        self.segments_topic = topic_name("segments", self.settings.namespace)
+        self.policy_topic = topic_name("policy", self.settings.namespace)
+        self.buffer = GroupBuffer(self.settings.group_size)
+        self.buffer.finished.update(learner.state.finished_groups)
+        self.counters: Counter[str] = Counter(learner.state.counters)
+        self.position: dict[TopicPartition, int] = {}
+        self.where: dict[str, tuple[TopicPartition, int]] = {}  # buffered segment id -> its place
+        self.metrics = MetricsLog(self.settings.checkpoints())
+        logged = self.metrics.rows()
+        if learner.state.metrics and (not logged or logged[-1]["step"] < learner.state.step):
+            self.metrics.write(learner.state.metrics)  # the crash came between checkpoint and log
+        self._waiting_since = time.monotonic()
+
+    async def run(self, stop: asyncio.Event | None = None) -> int:
+        stop = stop or asyncio.Event()
+        settings = self.settings
+        try:
+            async with Publisher(settings.bootstrap_servers, client_id="trainer") as publisher:
+                self.publisher = publisher
+                await self._recover_version()
+                feed = SegmentFeed(
+                    settings.bootstrap_servers, self.segments_topic, settings.consumer_group,
+                    int(settings.max_poll_interval * 1000),
+                )  # fmt: skip
+                async with feed:
+                    await self._consume(feed, stop)
+        finally:
+            stop_followers()
+        return 0
+
+    def _done(self) -> bool:
+        return 0 < self.settings.steps <= self.learner.state.step
+
+    async def _consume(self, feed: SegmentFeed, stop: asyncio.Event) -> None:
+        while not stop.is_set() and not self._done():
+            for message in await feed.fetch(timeout_ms=500):
+                await self._admit(message)
+                if len(self.buffer.complete) >= self.settings.rollout_batch_size:
+                    await self._step(feed)
+                    if self._done():
+                        return
+
+    # ---------------------------------------------------------------- admission
+
+    async def _admit(self, message: ConsumerRecord) -> None:
+        tp = TopicPartition(message.topic, message.partition)
+        self.position[tp] = message.offset + 1
+        try:
+            segment = decode_message(message, MAX_EVENT_BYTES).record
+            validate(segment, self.learner.vocab_size)
+            admission = self.buffer.add(segment)
+        except (CodecError, InvalidSegment) as poison:
+            self.counters["dead_letters"] += 1
+            await self.publisher.publish(
+                dead_letters_for(message.topic), dead_letter(message, poison, "trainer"), key=message.key
+            )
+            return
+        if admission is Admission.DUPLICATE:
+            self.counters["duplicates_dropped"] += 1
+        elif admission is Admission.LATE:
+            self.counters["late_segments_dropped"] += 1
+        else:
+            self.where[segment["segment_id"]] = (tp, message.offset)
+            if admission is Admission.GROUP_COMPLETE:
+                self._screen(self.buffer.complete[-1])
+
+    def _screen(self, group: Group) -> None:
+        """Drop a just-completed group that is too stale, or (if so set) has no reward variance."""
+        segments = group.segments()
+        limit = self.settings.max_staleness
+        oldest = max(staleness(s, self.learner.state.version) for s in segments)
+        if limit is not None and oldest > limit:
+            self.counters["stale_groups_dropped"] += 1
+            self.counters["stale_segments_dropped"] += len(segments)
+            self._finish(group, drop=True)
+        elif not has_reward_variance(group.rewards()):
+            self.counters["zero_variance_groups"] += 1
+            if self.settings.skip_zero_variance:
+                self.counters["zero_variance_groups_skipped"] += 1
+                self._finish(group, drop=True)
+
+    def _finish(self, group: Group, *, drop: bool = False) -> None:
+        if drop:
+            self.buffer.drop_complete(group)
+        for segment in group.segments():
+            self.where.pop(segment["segment_id"], None)
+
+    def commit_offsets(self) -> dict[TopicPartition, int]:
+        """Per partition: the first offset with a buffered (untrained) segment, else all that was read."""
+        offsets = dict(self.position)
+        for tp, offset in self.where.values():
+            offsets[tp] = min(offsets[tp], offset)
+        return offsets
+
+    # ---------------------------------------------------------------- the step
+
+    async def _step(self, feed: SegmentFeed) -> None:
+        learner, settings = self.learner, self.settings
+        ready = time.monotonic()
+        groups = self.buffer.take(settings.rollout_batch_size)
+        for group in groups:
+            self._finish(group)
+        inputs = segment_inputs(groups, normalize_std=settings.normalize_std)
+        shares = split_for_ranks(inputs, learner.world_size)
+        self.fault("before_train")
+        result = await asyncio.to_thread(learner.step, shares)
+        trained = time.monotonic()
+        state = learner.state
+        state.version += 1
+        state.step += 1
+        state.finished_groups = sorted(self.buffer.finished)
+        state.counters = dict(self.counters)
+        state.metrics = self._row(groups, result)
+        state.metrics.update(
+            step=state.step, version=state.version, wait_s=ready - self._waiting_since,
+            step_s=trained - ready, **dict(self.counters),
+        )  # fmt: skip
+        path = await asyncio.to_thread(learner.save, settings.keep_checkpoints)
+        self.fault("after_checkpoint")
+        self.metrics.write(state.metrics)
+        await self._publish(str(path.resolve()), state.version)
+        self.fault("after_publish")
+        await feed.commit(self.commit_offsets())
+        self.fault("after_commit")
+        self._waiting_since = time.monotonic()
+
+    def _row(self, groups: list[Group], result: StepResult) -> dict[str, Any]:
+        segments = [s for g in groups for s in g.segments()]
+        rewards = [r for g in groups for r in g.rewards().values()]
+        stale = [staleness(s, self.learner.state.version) for s in segments]
+        response_tokens = sum(len(s["response_ids"]) for s in segments)
+        masked = sum(sum(mask_of(s)) for s in segments)
+        tokens = max(result.stats.tokens, 1.0)
+        return {
+            "reward_mean": sum(rewards) / len(rewards),
+            "solve_rate": sum(r >= self.settings.solve_threshold for r in rewards) / len(rewards),
+            "groups": len(groups), "rollouts": len(rewards), "segments": len(segments),
+            "tokens_trained": int(result.stats.tokens), "response_tokens": response_tokens,
+            "masked_fraction": masked / max(response_tokens, 1),
+            "staleness_mean": sum(stale) / len(stale),
+            "staleness_max": max(stale), "staleness_min": min(stale),
+            "loss": result.loss, "grad_norm": result.grad_norm,
+            "clip_fraction": result.stats.clipped / tokens, "approx_kl": result.stats.approx_kl / tokens,
+            "entropy": result.stats.entropy / tokens, "is_weight_mean": result.stats.is_weight / tokens,
+        }  # fmt: skip
+
+    # ---------------------------------------------------------------- versions
+
+    async def _publish(self, location: str, version: int, *, announce: bool = True) -> None:
+        if announce:
+            record = {"version": version, "location": location, "published_at": int(time.time() * 1000)}
+            await self.publisher.publish(self.policy_topic, record)
+        settings = self.settings
+        if settings.engine_url:
+            key = settings.engine_api_key.get_secret_value() if settings.engine_api_key else None
+            pushed = await push_weights(
+                settings.engine_url, location, version, api_key=key, timeout=settings.engine_timeout,
+                retries=settings.engine_retries,
+            )  # fmt: skip
+            self.counters["engine_pushes" if pushed else "engine_push_failures"] += 1
+
+    async def _recover_version(self) -> None:
+        """Never go back: continue from the newest of the checkpoint and ``policy``; republish if behind."""
+        state, settings = self.learner.state, self.settings
+        topic = self.policy_topic
+        published = await latest_policy_version(settings.bootstrap_servers, topic, MAX_EVENT_BYTES)
+        if published is not None and published > state.version:
+            log.warning(
+                "policy topic is at version %d but the newest checkpoint is %d: continuing the count from %d "
+                "with the checkpoint's weights", published, state.version, published,
+            )  # fmt: skip
+            state.version = published
+            return
+        path = checkpoint.latest(settings.checkpoints())
+        if path is None:
+            path = await asyncio.to_thread(self.learner.save, settings.keep_checkpoints)
+        behind = published is None or published < state.version
+        await self._publish(str(path.resolve()), state.version, announce=behind)

@@ -1,0 +1,89 @@
+"""Settings of ``rollbus trainer`` (flags ``--x-y``, variables ``ROLLBUS_TRAINER_X_Y``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+
+from rollbus.policy_model import ModelSpec
+from rollbus.settings import BusSettings
+from rollbus.tokenizer import DEFAULT_TOKENIZER
+from trainer.loss import LossConfig
+from trainer.step import OptimConfig
+
+
+class TrainerSettings(BusSettings):
+    """Settings of `rollbus trainer` (flags --x-y, variables ROLLBUS_TRAINER_X_Y)."""
+
+    model_config = BusSettings.scoped("trainer")
+
+    # -- what a step is
+    group_size: int = Field(8, gt=0, description="rollouts per group (all must arrive before it trains)")
+    rollout_batch_size: int = Field(8, gt=0, description="complete groups per optimiser step")
+    steps: int = Field(0, ge=0, description="stop at this many steps in total (across restarts); 0: never")
+    skip_zero_variance: bool = Field(True, description="skip groups whose rollouts all scored the same")
+    max_staleness: int | None = Field(
+        None, ge=0, description="drop groups sampled more than N policy versions ago; unset: keep all"
+    )
+    solve_threshold: float = Field(1.0, description="trajectory reward at which a rollout counts as solved")
+    # -- the loss
+    policy_loss: Literal["ppo", "gspo"] = Field(
+        "ppo", description="token-level PPO clip, or sequence-level GSPO"
+    )
+    eps_clip_low: float = Field(0.2, ge=0, lt=1, description="lower clip range of the importance ratio")
+    eps_clip_high: float = Field(0.28, ge=0, description="upper clip range of the importance ratio")
+    tis_clip: float | None = Field(
+        None, gt=0, description="truncated importance sampling against the rollout policy, capped at C"
+    )
+    normalize_std: bool = Field(True, description="divide group advantages by the group's reward std")
+    logits_chunk: int = Field(1024, ge=0, description="masked positions per LM-head chunk; 0: full logits")
+    # -- the optimiser
+    lr: float = Field(1e-5, gt=0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient norm clip")
+    # -- the model (random Qwen3 like the engine's, unless --model-path)
+    model_path: Path | None = Field(None, description="initial save_pretrained checkpoint; unset: random")
+    tokenizer: str = Field(DEFAULT_TOKENIZER, description="tokenizer (its size sizes the random model)")
+    seed: int = Field(0, description="seed of the random initial weights (the engine's --seed)")
+    hidden_size: int = Field(ModelSpec.hidden_size, gt=0, description="random model width")
+    layers: int = Field(ModelSpec.layers, gt=0, description="random model depth")
+    heads: int = Field(ModelSpec.heads, gt=0, description="attention heads")
+    kv_heads: int = Field(ModelSpec.kv_heads, gt=0, description="key/value heads")
+    head_dim: int = Field(ModelSpec.head_dim, gt=0, description="attention head size")
+    intermediate_size: int = Field(ModelSpec.intermediate_size, gt=0, description="MLP width")
+    context_length: int = Field(ModelSpec.context_length, gt=0, description="max tokens")
+    threads: int = Field(0, ge=0, description="torch CPU threads (0: all cores)")
+    # -- where things go
+    checkpoint_dir: Path | None = Field(
+        None, description="versioned checkpoints; unset: <state-dir>/trainer/<namespace or default>"
+    )
+    keep_checkpoints: int = Field(3, ge=2, description="checkpoint versions kept on disk")
+    consumer_group: str = Field("trainer", min_length=1, description="Kafka consumer group on segments")
+    max_poll_interval: float = Field(
+        900.0, gt=0, description="seconds a step may take before Kafka evicts the consumer"
+    )
+    engine_url: str = Field("", description="engine to push new weights to; empty: publish to policy only")
+    engine_api_key: SecretStr | None = Field(None, description="the engine's API key (sent as Bearer)")
+    engine_timeout: float = Field(300.0, gt=0, description="seconds the engine may take to load weights")
+    engine_retries: int = Field(3, ge=0, description="retries of a failed weight push before moving on")
+
+    def spec(self) -> ModelSpec:
+        return ModelSpec(
+            hidden_size=self.hidden_size, layers=self.layers, heads=self.heads, kv_heads=self.kv_heads,
+            head_dim=self.head_dim, intermediate_size=self.intermediate_size,
+            context_length=self.context_length,
+        )  # fmt: skip
+
+    def loss(self) -> LossConfig:
+        return LossConfig(
+            policy_loss=self.policy_loss, eps_clip_low=self.eps_clip_low, eps_clip_high=self.eps_clip_high,
+            tis_clip=self.tis_clip, logits_chunk=self.logits_chunk,
+        )  # fmt: skip
+
+    def optim(self) -> OptimConfig:
+        return OptimConfig(lr=self.lr, weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm)
+
+    def checkpoints(self) -> Path:
+        return self.checkpoint_dir or self.state_dir / "trainer" / (self.namespace or "default")
