@@ -390,7 +390,8 @@ class CanonicalHistory:
                 match = _Match(reason="window_check_failed")
             else:
                 return PromptPlan(
-                    self._stream.tolist() + suffix, False, None, len(self._stream), len(suffix), self.chain_id,
+                    self._stream.tolist() + suffix, False, None, len(self._stream), len(suffix),
+                    self.chain_id,
                     len(self.turns), messages, tools, epoch, new, match.echoes,
                 )
         ids = self.renderer.full(messages, tools)
@@ -409,7 +410,8 @@ class CanonicalHistory:
                 match = _Match(reason="window_check_failed")
             else:
                 return PromptPlan(
-                    self._stream.tolist() + suffix, False, None, len(self._stream), len(suffix), self.chain_id,
+                    self._stream.tolist() + suffix, False, None, len(self._stream), len(suffix),
+                    self.chain_id,
                     len(self.turns), messages, tools, epoch, new, {}, messages[: match.new_from],
                 )  # fmt: skip
         ids = self.renderer.full(messages, tools)
