@@ -140,6 +140,16 @@ def test_only_live_chains_of_open_rollouts_are_kept() -> None:
     assert BusLog().since_ms() is None
 
 
+def test_a_duplicated_turn_is_read_once_and_a_conflicting_one_ends_the_chain() -> None:
+    log = read_sessions([session_event("r", "main", "opened"), session_event("r", "agent-x", "opened")])
+    first, second = turn_event("r", "main", 0, [1], [2]), turn_event("r", "main", 1, [3], [4], ref=0)
+    read_turns(log, [first, second, second, turn_event("r", "main", 2, [5], [6], ref=1)])
+    assert log.chains[("r", "main")].live and log.chains[("r", "main")].turns == 3
+    other = turn_event("r", "agent-x", 0, [1], [2])
+    read_turns(log, [other, {**other, "output_ids": [9]}])
+    assert not log.chains[("r", "agent-x")].resumable  # kept, so the agent's next chain is agent-x.1
+
+
 def test_chain_names() -> None:
     assert split_chain("main") == ("main", 0)
     assert split_chain("main.12") == ("main", 12)

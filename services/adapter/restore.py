@@ -32,6 +32,8 @@ class ChainLog:
 
     opened: Mapping[str, Any]  # its `opened` session record
     live: bool = True
+    resumable: bool = True  # False: its turns on the bus conflict or start mid-chain; the next request
+    # then starts the agent's next chain rather than continue this one
     last: Turn | None = None  # its newest turn, prompt resolved
     turns: int = 0
 
@@ -78,13 +80,20 @@ def read_turns(log: BusLog, records: Iterable[Mapping[str, Any]]) -> None:
         chain = log.chains.get((record["rollout_id"], record["chain_id"]))
         if chain is None:
             continue
+        if chain.last is not None and record["turn_index"] <= chain.last.turn_index:
+            if (
+                record["turn_index"] < chain.last.turn_index
+                or list(record["output_ids"]) != chain.last.output_ids
+            ):
+                chain.live = False  # a conflicting copy: which one the client saw is unknown; start afresh
+            continue  # an exact duplicate (a spill replayed after a crash): the same turn
         prompt = list(record["prompt_ids"])
         if record["prompt_ref_turn"] is not None:
             base = chain.last
             if base is None or base.turn_index != record["prompt_ref_turn"]:
-                chain.live = False  # the chain's start is not on the bus: it cannot be continued
-                continue
-            prompt = base.prompt_ids + base.output_ids + prompt
+                chain.resumable = False  # the chain's start is not on the bus: it cannot be continued
+            else:
+                prompt = base.prompt_ids + base.output_ids + prompt
         chain.last = Turn(
             prompt, list(record["output_ids"]), [float(x) for x in record["output_logprobs"]],
             record["finish_reason"], int(record["policy_version"]),
@@ -151,7 +160,8 @@ def restore(state: Any, log: BusLog) -> int:
             session.chains_opened = log.opened_chains.get(rollout, 0)
         name, number = split_chain(chain_id)
         history = state.sessions.new_history(name)
-        history.resume(_turns(chain), number, echoes_turn(rollout, chain_id, chain.turns - 1))
+        is_ours = echoes_turn(rollout, chain_id, chain.turns - 1) if chain.resumable else _never
+        history.resume(_turns(chain), number, is_ours)
         parent = session.agents.get(MAIN) if name != MAIN else None
         agent = Agent(rollout, name, opened["chain_kind"], history, "", parent, session=session)
         agent.agent_id, agent.parent_tool_use_id = opened.get("agent_id"), opened.get("parent_tool_use_id")
@@ -162,6 +172,10 @@ def restore(state: Any, log: BusLog) -> int:
     for session in sessions.values():
         session.last_active = now
     return len(sessions)
+
+
+def _never(message: Mapping[str, Any]) -> bool:
+    return False
 
 
 def _turns(chain: ChainLog) -> list[Turn]:

@@ -226,7 +226,8 @@ class Session:
         for agent in self.agents.values():
             if agent.kind in (SUBAGENT, UNATTRIBUTED) and agent.history.turns and _continues(agent, shape):
                 return agent
-        if shape.system == main.system:
+        if shape.system == main.system or not main.system:  # unknown system: main restored from the bus
+            main.system = shape.system
             return main  # the main agent with a rewritten history (compaction): its history starts a chain
         return self._get_or_new(f"agent-{shape.fingerprint()}", shape)
 
