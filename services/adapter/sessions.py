@@ -100,7 +100,8 @@ class SessionTokens:
         self._closed: dict[str, float] = {}  # rollout id -> when it was closed
 
     def issue(self, rollout_id: str, attempt_id: str = "") -> str:
-        now = self.clock()  # a rollout opened again after a close gets tokens issued after it: valid
+        # a rollout opened again after a close gets tokens issued after it (strictly, whatever the clock)
+        now = max(self.clock(), self._closed.get(rollout_id, float("-inf")) + 1e-3)
         payload = base64.urlsafe_b64encode(json.dumps([rollout_id, attempt_id, now]).encode()).decode()
         self._issued[rollout_id] = now
         return f"{TOKEN_PREFIX}.{payload}.{self._mac(payload)}"
