@@ -85,7 +85,7 @@ def read_turns(log: BusLog, records: Iterable[Mapping[str, Any]]) -> None:
                 record["turn_index"] < chain.last.turn_index
                 or list(record["output_ids"]) != chain.last.output_ids
             ):
-                chain.live = False  # a conflicting copy: which one the client saw is unknown; start afresh
+                chain.resumable = False  # a conflicting copy: which one the client saw is unknown
             continue  # an exact duplicate (a spill replayed after a crash): the same turn
         prompt = list(record["prompt_ids"])
         if record["prompt_ref_turn"] is not None:
