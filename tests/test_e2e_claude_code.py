@@ -246,3 +246,30 @@ async def _tool_turns_grew(rig: Rig, before: float) -> bool:
 async def _failed_again(rig: Rig, before: int) -> bool:
     """At least one 500 (the first failure may instead be an error event inside a 200 stream)."""
     return await rig.answered(500) - before >= 1
+
+
+async def test_a_killed_adapter_restarts_and_the_cli_finishes_the_episode(rig: Rig, tmp_path: Path) -> None:
+    """``kill -9`` while the agent's Bash call blocks: the CLI's next request is refused until the adapter
+    is back; the new process rebuilds the rollout from the bus and continues the same chain."""
+    script = SCRIPTS / "wait_then_fix.json"
+    rig.use_script(script)
+    tool_turns = await rig.metric("rollbus_adapter_turns_total", chain_kind="main", stop_reason="tool_use")
+    rollout_id = new_rollout_id()
+    blocking = {"CLAUDE_CODE_DISABLE_BACKGROUND_TASKS": "1"}
+    episode = asyncio.create_task(play(rig, tmp_path, FIX, rollout_id=rollout_id, env=blocking))
+    try:
+        await wait_for(lambda: _tool_turns_grew(rig, tool_turns), "turn 0")
+        await asyncio.to_thread(rig.kill_adapter)
+        (tmp_path / rollout_id / ".resume").touch()  # the CLI asks for turn 1 while nothing listens
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(rig.adapter.start)
+        rollout = await episode
+    finally:
+        episode.cancel()
+
+    assert rollout.completed.exit_code == 0, rollout.completed.stderr
+    assert FIXED_LINE in (rollout.workdir / "calc.py").read_text()
+    assert [e for e in rollout.events if e.get("subtype") == "api_retry"]  # it did need its retries
+    assert [(t["chain_id"], t["turn_index"]) for t in rollout.turns] == [("main", i) for i in range(4)]
+    assert session_kinds(rollout, "main") == [("opened", "first"), ("closed", "rollout_end")]
+    assert_trains_every_sampled_token(rollout, ["final"])

@@ -74,7 +74,7 @@ class Progress:
 
     @property
     def failed(self) -> int:
-        """Rollouts whose run failed (boot, crash, limit, timeout ...), not those that merely did not solve."""
+        """Rollouts whose run failed (boot, crash, limit, timeout ...), not those that did not solve."""
         return sum(1 for d in self.diffs.values() if d.get("failure_kind"))
 
     @property
