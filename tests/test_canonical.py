@@ -452,14 +452,8 @@ def test_chain_continues_when_the_client_fills_in_schema_defaults(tok, im_end):
         "</function>\n</tool_call>"
     ) + [im_end]
     sent = tool_call("toolu_1", "Edit", {"file_path": "/w/a.py"})
-    history.commit(
-        plan,
-        output,
-        [-0.1] * len(output),
-        "stop",
-        1,
-        {"role": "assistant", "content": "", "reasoning_content": "ok", "tool_calls": [sent]},
-    )
+    history.commit(plan, output, [-0.1] * len(output), "stop", 1,
+                   {"role": "assistant", "content": "", "reasoning_content": "ok", "tool_calls": [sent]})
     echoed = tool_call("toolu_1", "Edit", {"replace_all": False, "file_path": "/w/a.py"})
     messages += [{"role": "assistant", "content": "", "tool_calls": [echoed]},
                  {"role": "tool", "tool_call_id": "toolu_1", "content": "done"}]  # fmt: skip

@@ -144,18 +144,8 @@ def _without(record: dict, field: str) -> dict:
         (turn(timings={"started_at": 1, "generation_ms": 2}), "finished_at"),
         (turn(tokens=[1]), "tokens"),
     ],
-    ids=[
-        "missing",
-        "null",
-        "str-for-int",
-        "bool-for-int",
-        "int32-overflow",
-        "float-in-ids",
-        "enum",
-        "union",
-        "nested-missing",
-        "unknown-field",
-    ],
+    ids=["missing", "null", "str-for-int", "bool-for-int", "int32-overflow", "float-in-ids", "enum",
+         "union", "nested-missing", "unknown-field"],
 )
 def test_encode_names_event_type_and_field_of_a_bad_record(record, field):
     with pytest.raises(CodecError, match=rf"^turn record .*{field}"):

@@ -45,22 +45,8 @@ def test_saved_checkpoint_is_served_with_the_scripted_policy(tmp_path: Path):
     script = tmp_path / "script.json"
     script.write_text(json.dumps({"turns": ["hello from the script"]}))
     port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "rollbus",
-        "engine",
-        "--port",
-        str(port),
-        "--threads",
-        "1",
-        "--model-path",
-        str(checkpoint),
-        "--policy",
-        "scripted",
-        "--script",
-        str(script),
-    ]
+    command = [sys.executable, "-m", "rollbus", "engine", "--port", str(port), "--threads", "1",
+               "--model-path", str(checkpoint), "--policy", "scripted", "--script", str(script)]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
@@ -68,9 +54,8 @@ def test_saved_checkpoint_is_served_with_the_scripted_policy(tmp_path: Path):
             info = client.get("/get_model_info").json()
             assert info["model_path"] == str(checkpoint) and info["policy"] == "scripted"
             tokenizer = load_tokenizer("qwen3.6")
-            prompt = tokenizer.encode(
-                "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
-            )
+            prompt = tokenizer.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+                                      add_special_tokens=False)
             body = client.post("/generate", json={"input_ids": prompt, "return_logprob": True}).json()
             assert body["text"] == "hello from the script"
             im_end = SpecialIds.from_tokenizer(tokenizer).im_end

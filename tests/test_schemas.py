@@ -66,7 +66,7 @@ def test_every_version_from_1_to_latest_is_loadable(event_type):
 def test_reference_implementation_agrees_on_the_sample(event_type):
     declared = codec.schema(event_type)
     record = {**SAMPLES[event_type], "schema_version": declared["version"]}
-    body = codec.encode(event_type, record)[HEADER.size :]
+    body = codec.encode(event_type, record)[HEADER.size:]
     assert reference_read(body, declared) == record
     assert reference_write(record, declared) == body
 
@@ -79,18 +79,15 @@ def test_reference_implementation_agrees_on_random_records(event_type, data):
     record = data.draw(records(declared))
     ours = codec.encode(event_type, record)
     theirs = reference_write(record, declared)
-    assert ours[HEADER.size :] == theirs
+    assert ours[HEADER.size:] == theirs
     assert reference_read(theirs, declared) == record
-    assert codec.decode(ours[: HEADER.size] + theirs) == Decoded(event_type, declared["version"], record)
+    assert codec.decode(ours[:HEADER.size] + theirs) == Decoded(event_type, declared["version"], record)
 
 
 @pytest.mark.parametrize(
     ("event_type", "version"),
-    [
-        (event_type, version)
-        for event_type in EVENT_TYPES
-        for version in range(1, codec.schema(event_type)["version"] + 1)
-    ],
+    [(event_type, version) for event_type in EVENT_TYPES
+     for version in range(1, codec.schema(event_type)["version"] + 1)],
 )
 @settings(max_examples=20, deadline=None)
 @given(data=st.data())
@@ -111,9 +108,7 @@ LATEST = codec.schema("turn")["version"]
 NEXT = LATEST + 1
 
 CACHED_TOKENS = {
-    "name": "cached_tokens",
-    "type": "int",
-    "default": 0,
+    "name": "cached_tokens", "type": "int", "default": 0,
     "doc": "Prompt tokens served from the engine's prefix cache.",
 }
 
@@ -137,7 +132,7 @@ def test_v1_bytes_resolve_under_a_v2_reader(v2_dir):
     expected = {**SAMPLES["turn"], "schema_version": LATEST, "cached_tokens": 0}
     assert decoded == Decoded("turn", LATEST, expected)
     v2 = Codec(v2_dir).schema("turn")
-    assert reference_read(v1_bytes[HEADER.size :], codec.schema("turn"), v2) == decoded.record
+    assert reference_read(v1_bytes[HEADER.size:], codec.schema("turn"), v2) == decoded.record
 
 
 def test_v2_bytes_round_trip_with_a_v2_reader(v2_dir):
