@@ -89,7 +89,8 @@ def build_app(settings: SegmenterSettings, partitions: int) -> faust.App:
         "turn-bodies", key_type=str, value_type=bytes, partitions=partitions, extra_topic_configs=big
     )
     for table in (states, bodies):  # values are our own bytes (JSON state, Avro turns): no Faust codec
-        table.key_serializer = table.value_serializer = "raw"
+        table.key_serializer = table.value_serializer = "raw"  # Faust derives "json" from non-model types
+        table.changelog_topic = table._new_changelog_topic()  # ...and would recover with it otherwise
     raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
     inputs = app.topic(*(topic_name(t, ns) for t in INPUTS), **raw)
     ticks = app.topic(topic_name(TICKS, ns), partitions=partitions, internal=True, **raw)
