@@ -49,7 +49,7 @@ async def stack(bootstrap: str, namespace: str, engine_url: str, **runner: Any):
     runner's stop event, a publisher and the adapter's URL."""
     async with Publisher(bootstrap) as publisher:
         adapter_settings = settings(
-            engine_url, admin_token="adm", open_sessions=False, topic_namespace=namespace
+            engine_url, admin_token="adm", open_sessions=False, namespace=namespace
         )
         app = create_app(adapter_settings, publisher)
         async with app.router.lifespan_context(app), served(app) as (url, _):
