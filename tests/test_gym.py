@@ -309,3 +309,26 @@ async def test_the_docs_example_registers_and_plays(tmp_path) -> None:
         make_env({"name": "guess", "secret": 4}), RolloutRequest([]), model, max_turns=5
     )
     assert result.step_rewards == [0.0, 1.0] and result.messages[3]["content"] == "No, higher."
+
+
+@pytest.mark.parametrize(
+    ("reset", "step", "needle"),
+    [(("obs", {}), None, "must return (observation, info, system_message)"),
+     ((1, {}, ""), None, "must be strings"),
+     (None, ("o", float("nan"), False, {}), "not finite"),
+     (None, ("o", "lots", False, {}), "must return (observation, reward, done, info)"),
+     (None, ("o", 1.0), "must return (observation, reward, done, info)"),
+     (None, (None, 1.0, False, {}), "string or a list of messages")],
+)  # fmt: skip
+async def test_an_env_returning_the_wrong_shape_is_an_env_error(reset, step, needle) -> None:
+    class Wrong(Scripted):
+        async def reset(self, request):
+            return reset if reset is not None else await super().reset(request)
+
+        async def step(self, messages):
+            return step
+
+    env = Wrong({})
+    result = await run_episode(env, RolloutRequest([]), answer(), max_turns=3)
+    assert result.failure_kind == "env_error" and needle in result.error and env.closes == 1
+    assert result.step_rewards == []
