@@ -1,7 +1,8 @@
 """Load generator -> broker -> segmenter -> consumer of ``segments``, against raw aiokafka in the same run.
 
-Run: ``python bench/pipeline.py --quick`` (a few rollouts at two rates, one worker: a smoke-sized figure)
-or ``python bench/pipeline.py [--rates 2,4,8,16] [--rollouts 200] [--workers 2]`` for the full picture.
+Run: ``python bench/pipeline.py --quick`` (a few rollouts at two rates, one worker: a smoke-sized figure),
+``python bench/pipeline.py [--rates 2,4,8,16] [--rollouts 200] [--workers 2]`` for rising rates and 1 vs 2
+workers, ``python bench/pipeline.py --soak 600 --in-flight 1000`` for the segmenter's RSS over time.
 
 Synthetic rollouts are sized like Claude Code traffic: a ~19k-token opening prompt, 50-150-token suffixes,
 50-500 sampled tokens a turn, 10-100 turns, some sub-agents and compactions. Each rollout's events are
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ from rollbus.codec import decode, encode  # noqa: E402
 from rollbus.topics import create_topics, spec_for, topic_name  # noqa: E402
 
 PARTITIONS = 6
+Event = tuple[str, dict[str, Any]]
 
 
 @dataclass
@@ -51,23 +54,35 @@ class Rollout:
 
 def synth(rng: random.Random, rollout_id: str, *, turns: tuple[int, int], opening: int) -> Rollout:
     """A rollout written like the adapter writes it (prompt references), linear in its tokens."""
-    r, now, attempt = Rollout(rollout_id), int(time.time() * 1000), "a1"
+    rollout = Rollout(rollout_id, list(rollout_events(rng, rollout_id, turns=turns, opening=opening)))
+    rollout.tokens = sum(tokens_of(topic, record) for topic, record in rollout.events)
+    return rollout
 
-    def session(chain: str, kind: str, chain_kind: str, count: int, reason: str | None = None) -> None:
-        r.events.append(("sessions", {
+
+def tokens_of(topic: str, record: dict[str, Any]) -> int:
+    return len(record["prompt_ids"]) + len(record["output_ids"]) if topic == "turns" else 0
+
+
+def rollout_events(
+    rng: random.Random, rollout_id: str, *, turns: tuple[int, int], opening: int
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The rollout's events, made one at a time (a soak keeps a thousand of these open at little cost)."""
+    now, attempt = int(time.time() * 1000), "a1"
+
+    def session(chain: str, kind: str, chain_kind: str, count: int, reason: str | None = None) -> Event:
+        return ("sessions", {
             "rollout_id": rollout_id, "chain_id": chain, "kind": kind, "chain_kind": chain_kind,
             "reason": reason,
             "turn_count": count, "parent_chain_id": None, "at": now, "attempt_id": attempt,
-        }))  # fmt: skip
+        })  # fmt: skip
 
-    def chain(name: str, kind: str, first_prompt: int, count: int) -> None:
-        session(name, "opened", kind, 0)
+    def chain(name: str, kind: str, first_prompt: int, count: int) -> Iterator[Event]:
+        yield session(name, "opened", kind, 0)
         stream = 0
         for index in range(count):
             new = first_prompt if index == 0 else rng.randint(50, 150)
             out = rng.randint(50, 500)
-            r.tokens += new + out
-            r.events.append(("turns", {
+            yield ("turns", {
                 "rollout_id": rollout_id, "chain_id": name, "chain_kind": kind, "turn_index": index,
                 "prompt_ref_turn": None if index == 0 else index - 1,
                 "prompt_ids": [rng.randrange(151_000) for _ in range(new)], "prompt_tokens": stream + new,
@@ -75,35 +90,34 @@ def synth(rng: random.Random, rollout_id: str, *, turns: tuple[int, int], openin
                 "output_logprobs": [-rng.random() for _ in range(out)], "finish_reason": "stop",
                 "policy_version": 1, "request_id": f"{name}-{index}",
                 "timings": {"started_at": now, "finished_at": now, "generation_ms": 1}, "attempt_id": attempt,
-            }))  # fmt: skip
+            })  # fmt: skip
             stream += new + out
 
     total = rng.randint(*turns)
     main_turns = total
     if rng.random() < 0.3:  # a sub-agent
         sub = max(1, total // 5)
-        chain("agent-1", "subagent", 3_000, sub)
-        session("agent-1", "frozen", "subagent", sub, "subagent")
+        yield from chain("agent-1", "subagent", 3_000, sub)
+        yield session("agent-1", "frozen", "subagent", sub, "subagent")
         main_turns -= sub
     if rng.random() < 0.2 and main_turns > 4:  # a compaction
         before = main_turns // 2
-        chain("main", "main", opening, before)
-        session("main", "frozen", "main", before, "compaction")
-        chain("main.1", "main", 5_000, main_turns - before)
-        session("main.1", "closed", "main", main_turns - before, "rollout_end")
+        yield from chain("main", "main", opening, before)
+        yield session("main", "frozen", "main", before, "compaction")
+        yield from chain("main.1", "main", 5_000, main_turns - before)
+        yield session("main.1", "closed", "main", main_turns - before, "rollout_end")
     else:
-        chain("main", "main", opening, main_turns)
-        session("main", "closed", "main", main_turns, "rollout_end")
-    r.events.append(("diffs", {
+        yield from chain("main", "main", opening, main_turns)
+        yield session("main", "closed", "main", main_turns, "rollout_end")
+    yield ("diffs", {
         "rollout_id": rollout_id, "patch": "", "exit_status": 0, "wall_time_s": 1.0, "turns": total,
         "error": None,
         "at": now, "attempt_id": attempt, "group_id": "g", "group_size": 1,
-    }))  # fmt: skip
-    r.events.append(("rewards", {
+    })  # fmt: skip
+    yield ("rewards", {
         "rollout_id": rollout_id, "reward": 1.0, "solved": True, "applied_cleanly": True, "details": "{}",
         "failure_kind": None, "at": now, "attempt_id": attempt, "group_id": "g", "group_size": 1,
-    }))  # fmt: skip
-    return r
+    })  # fmt: skip
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -254,12 +268,68 @@ async def bench(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
         )
 
 
+async def soak(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
+    """``--in-flight`` rollouts open at once, their events interleaved, for ``--soak`` seconds: the
+    segmenter's RSS sampled every 10 s should stay flat (state is bounded by rollouts in flight)."""
+    ns, rng = f"soak-{uuid.uuid4().hex[:6]}", random.Random(11)
+    await create_topics(bootstrap, PARTITIONS, ns)
+    workers = start_workers(bootstrap, ns, state, args.workers)
+    await asyncio.sleep(12)
+    consumer = AIOKafkaConsumer(topic_name("segments", ns), bootstrap_servers=bootstrap, group_id=None,
+                                auto_offset_reset="earliest",
+                                max_partition_fetch_bytes=16 * 2**20)  # fmt: skip
+    await consumer.start()
+    segments = 0
+
+    async def consume() -> None:
+        nonlocal segments
+        while True:
+            batch = await consumer.getmany(timeout_ms=500)
+            segments += sum(len(ms) for ms in batch.values())
+
+    reader = asyncio.create_task(consume())
+    open_rollouts: list[Iterator[Event]] = []
+    started = tokens = 0
+    start = next_sample = time.perf_counter()
+    print(f"{'t s':>5} {'RSS MB':>8} {'rollouts started':>17} {'segments out':>13} {'tokens/s in':>12}")
+    try:
+        async with Publisher(bootstrap, client_id="bench-soak") as publisher:
+            while time.perf_counter() - start < args.soak:
+                while len(open_rollouts) < args.in_flight:
+                    seed = rng.randrange(2**32)
+                    open_rollouts.append(rollout_events(random.Random(seed), f"s-{started}", turns=(10, 100),
+                                                        opening=19_000))  # fmt: skip
+                    started += 1
+                pick = rng.randrange(len(open_rollouts))
+                event = next(open_rollouts[pick], None)
+                if event is None:
+                    open_rollouts[pick] = open_rollouts[-1]
+                    open_rollouts.pop()
+                    continue
+                await publisher.publish(topic_name(event[0], ns), event[1])
+                tokens += tokens_of(*event)
+                if time.perf_counter() >= next_sample:
+                    elapsed = time.perf_counter() - start
+                    rss = sum(rss_mb(w.pid) for w in workers)
+                    rate = tokens / max(elapsed, 1e-9)
+                    print(f"{elapsed:>5.0f} {rss:>8.0f} {started:>17} {segments:>13} {rate:>12,.0f}")
+                    next_sample += 10
+    finally:
+        reader.cancel()
+        await consumer.stop()
+        for worker in workers:
+            worker.terminate()
+            worker.wait(30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few rollouts at two rates (a smoke figure)")
     parser.add_argument("--rates", default="1,4,16", help="offered rollouts per second, comma-separated")
     parser.add_argument("--rollouts", type=int, default=100, help="rollouts per rate")
     parser.add_argument("--workers", type=int, default=1, help="segmenter workers in one consumer group")
+    parser.add_argument("--soak", type=float, default=0, help="instead: a soak of this many seconds")
+    parser.add_argument("--in-flight", type=int, default=1000, help="rollouts open at once in the soak")
     parser.add_argument(
         "--bootstrap-servers", default="", help="use this cluster instead of an embedded broker"
     )
@@ -275,7 +345,7 @@ def main() -> None:
             broker.start(timeout=120)
             bootstrap = broker.bootstrap_servers
         try:
-            asyncio.run(bench(args, bootstrap, state))
+            asyncio.run(soak(args, bootstrap, state) if args.soak else bench(args, bootstrap, state))
         finally:
             if broker is not None:
                 broker.stop()

@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import stat
+import struct
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -324,3 +325,38 @@ async def test_another_rollouts_processes_and_token_are_invisible(adapter: Adapt
             await victim
     assert token not in spy.stdout
     assert int(spy.stdout.split()[-1]) <= 8  # its own pid namespace: a handful of its own processes only
+
+
+@pytest.mark.parametrize("guard", ["auto", "seccomp"])
+async def test_nested_user_namespaces_fail_with_either_guard(guard: str, tmp_path: Path) -> None:
+    """``--disable-userns`` here; the seccomp filter is what a bwrap without it gets (forced here)."""
+    from rollbus.sandbox import prepare_repo
+
+    box = BwrapSandbox(prepare_repo(EXAMPLE_REPO, tmp_path / "repo"), userns_guard=guard)  # type: ignore[arg-type]
+    script = (
+        "unshare -U true 2>&1; echo rc=$?; unshare -Ur id -u 2>&1; echo rc=$?;"
+        'python3 -c \'import os, threading; t = threading.Thread(target=print, args=("thread",)); t.start();'
+        ' t.join(); pid = os.fork(); os._exit(0) if pid == 0 else print("fork", os.waitpid(pid, 0)[1])\''
+    )
+    done = await box.run(["sh", "-c", script], ENV)
+    await box.close()
+    assert done.stdout.count("rc=1") == 2 and "rc=0" not in done.stdout, done.stdout
+    assert "thread\nfork 0" in done.stdout  # threads (clone3 -> clone fallback) and fork still work
+    assert box.enforced["nested_userns"] == (
+        "bwrap --disable-userns" if guard == "auto" else "seccomp filter"
+    )
+
+
+def test_the_seccomp_program_is_well_formed() -> None:
+    from rollbus.sandbox.seccomp import nested_userns_filter
+
+    assert nested_userns_filter("sparc") is None  # unknown machines get no filter, and the report says so
+    for machine in ("x86_64", "aarch64"):
+        program = nested_userns_filter(machine)
+        assert program is not None and len(program) % 8 == 0
+        count = len(program) // 8
+        for i in range(count):  # every jump lands inside the program
+            code, jt, jf, _ = struct.unpack_from("<HBBI", program, 8 * i)
+            if code & 0x07 == 0x05:
+                assert i + 1 + max(jt, jf) < count
+        assert struct.unpack_from("<HBBI", program, 8 * (count - 1))[0] == 0x06  # ends in a return

@@ -12,7 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from rollbus.sandbox import BwrapSandbox, Limits, SandboxSpec, bwrap_usable, create_local, git_diff
+from rollbus.sandbox import (
+    BwrapSandbox,
+    Limits,
+    SandboxSpec,
+    bwrap_usable,
+    create_local,
+    git_diff,
+    prepare_repo,
+)
+from rollbus.sandbox.bwrap import SCRATCH_ROOT
 from rollbus.sandbox.limits import Cgroups, enforcement, failure_from_counters, rlimits
 from rollbus.sandbox.process import BoundedOutput
 from rollbus.sandbox.spec import sweep_stale
@@ -79,16 +88,20 @@ async def test_a_home_over_the_disk_cap_is_named_after_the_command() -> None:
 
 
 @needs_bwrap
-async def test_stale_sandboxes_of_a_dead_runner_are_swept() -> None:
+async def test_stale_sandboxes_of_a_dead_runner_are_swept(tmp_path: Path) -> None:
     box = await create_local(SandboxSpec(image=EXAMPLE_REPO))
     data = box.host_workdir.parent
     cgroups = list(box.cgroups.dirs.values()) if box.cgroups else []
     dead = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True, check=True).stdout.strip()
     (data / "owner.pid").write_text(dead)  # as if the runner that made it had been killed -9
-    assert box.sandbox_id in sweep_stale()
+    legacy = BwrapSandbox(prepare_repo(EXAMPLE_REPO, tmp_path / "repo"))  # made without the factory
+    (SCRATCH_ROOT / legacy.sandbox_id / "owner.pid").write_text(dead)
+    assert {box.sandbox_id, legacy.sandbox_id} <= set(sweep_stale())
     assert not data.exists() and not os.path.ismount(data / "ws") and not any(c.exists() for c in cgroups)
-    box.cgroups = None
+    assert not (SCRATCH_ROOT / legacy.sandbox_id).exists() and (tmp_path / "repo").exists()
+    box.cgroups = legacy.cgroups = None
     await box.close()
+    await legacy.close()
 
 
 @needs_bwrap

@@ -285,3 +285,13 @@ def test_a_bad_segmenter_setting_is_one_line_and_exit_2() -> None:
     done = subprocess.run([sys.executable, "-m", "rollbus", "segmenter", "--rollout-timeout", "-1"],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 2 and "--rollout-timeout='-1'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_ids_with_separator_characters_never_share_a_body_or_session_slot() -> None:
+    from rollbus.segmentation import body_key
+
+    assert body_key("r", ("x\x1fy", "z", 0)) != body_key("r", ("x", "y\x1fz", 0))
+    first, second = simple_rollout("r\x1fa", attempt="b"), simple_rollout("r", attempt="a\x1fb")
+    segmenter, _, _ = run(first.events[:-1] + second.events[:-1])
+    _, segments, dead = run([first.events[-1], second.events[-1]], segmenter)
+    assert dead == [] and len(segments) == 6

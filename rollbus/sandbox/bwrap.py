@@ -11,7 +11,8 @@ Threat model: the agent is the attacker.
   uid could not reach (root-only parents) are bind-mounted to a traversable staging dir in a private mount
   namespace of the launcher, never on the host. bwrap adds ``no_new_privs``, drops every capability, mounts
   binds and tmpfs ``nosuid,nodev`` (setuid bits do nothing inside, and the host strips any the agent set
-  after each command) and ``--disable-userns`` forbids nested user namespaces.
+  after each command) and ``--disable-userns`` forbids nested user namespaces (a seccomp filter,
+  :mod:`rollbus.sandbox.seccomp`, where bwrap lacks the flag).
 - Network: every sandbox has its own network namespace. ``"none"``: loopback only, nothing else.
   ``"adapter"``: loopback plus the adapter's unix socket at ``/run/adapter.sock`` and a ``socat`` forwarder
   on the loopback port ``ANTHROPIC_BASE_URL`` names (started before the command, gone with it).
@@ -26,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import functools
 import inspect
 import json
@@ -40,7 +42,7 @@ import tempfile
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rollbus.sandbox.base import (
     Completed,
@@ -53,6 +55,7 @@ from rollbus.sandbox.base import (
 )
 from rollbus.sandbox.limits import Cgroups, Limits, enforcement, failure_from_counters, rlimits
 from rollbus.sandbox.process import run_process
+from rollbus.sandbox.seccomp import filter_fd, nested_userns_filter
 
 WORKSPACE = "/workspace"
 HOME = "/home/agent"
@@ -82,6 +85,7 @@ FORWARDER = (
     'unset RB_PORT RB_HEX RB_SOCAT; exec "$@"'
 )
 HOST_USR = "/.rollbus/host/usr"
+OWNER_FILE = "owner.pid"
 DISK_FULL_MARGIN = 64 << 10  # a tmpfs workspace with less free space than this after a command is full
 TOOLCHAIN_SKIP = {"proc", "dev", "sys", "tmp", "run", "home", "workspace", ".rollbus"}
 CLONE_NEWNS = 0x00020000
@@ -106,6 +110,7 @@ class BwrapLayout:
     forward_port: int | None = None  # loopback port of the forwarder inside
     tmp_bytes: int | None = None
     disable_userns: bool = True
+    seccomp_fd: int | None = None  # a filter refusing new user namespaces (bwrap without --disable-userns)
     toolchain: Path | None = None  # a root filesystem mounted read-only as /; None: the host's /usr
     inside_workdir: str = WORKSPACE
     host_loader: tuple[str, ...] = ()  # how to run the host's socat over a foreign toolchain
@@ -181,6 +186,8 @@ def bwrap_argv(
         argv += ["--unshare-user", "--uid", str(layout.uid), "--gid", str(layout.uid)]
         if layout.disable_userns:
             argv.append("--disable-userns")
+        if layout.seccomp_fd is not None:
+            argv += ["--seccomp", str(layout.seccomp_fd)]
     tmp = ["--size", str(layout.tmp_bytes), "--tmpfs", "/tmp"] if layout.tmp_bytes else ["--tmpfs", "/tmp"]
     mounts = [
         ("--ro-bind", str(layout.etc / "passwd"), "/etc/passwd"),
@@ -288,6 +295,7 @@ class BwrapSandbox(SandboxBase):
         toolchain: Path | None = None,
         scratch_root: Path = SCRATCH_ROOT,
         inside_workdir: str = WORKSPACE,
+        userns_guard: Literal["auto", "seccomp"] = "auto",
     ) -> None:
         found = shutil.which(bwrap)
         if found is None:
@@ -330,11 +338,14 @@ class BwrapSandbox(SandboxBase):
                 adapter_socket=staged.get("adapter"),
                 forward_port=forward_port,
                 tmp_bytes=self.limits.tmp_bytes,
-                disable_userns=uid is not None and bwrap_supports("--disable-userns", found),
+                disable_userns=uid is not None
+                and userns_guard == "auto"
+                and bwrap_supports("--disable-userns", found),
                 toolchain=toolchain,
                 inside_workdir=inside_workdir,
                 host_loader=host_socat() if toolchain is not None else (),
             )
+            self._seccomp = None if self.layout.disable_userns else nested_userns_filter()
             self._mounts = {inside_workdir: self._host_workdir, HOME: self._state / "home"}
             self._system = system_mounts(toolchain, network == "adapter", staged.get("toolchain"))
             self.cgroups = Cgroups.create(f"rollbus-{self.sandbox_id}", self.limits)
@@ -361,7 +372,13 @@ class BwrapSandbox(SandboxBase):
         if self._disk_mounted:
             disk = "tmpfs size (workspace), checked after each command (HOME)"
         report = enforcement(self.limits, self.cgroups, disk)
-        report["nested_userns"] = "bwrap --disable-userns" if self.layout.disable_userns else "NOT blocked"
+        report["nested_userns"] = (
+            "bwrap --disable-userns"
+            if self.layout.disable_userns
+            else "seccomp filter"
+            if self._seccomp
+            else "NOT blocked"
+        )
         report["identity"] = f"host uid {self.host_uid}" if self.host_uid else f"caller uid {os.getuid()}"
         return report
 
@@ -389,7 +406,9 @@ class BwrapSandbox(SandboxBase):
     ) -> Completed:
         info_r, info_w = os.pipe()
         os.set_blocking(info_r, False)
-        argv = bwrap_argv(self.layout, cmd, cwd=cwd or self.workdir, system=self._system, info_fd=info_w)
+        filter_in = filter_fd(self._seccomp) if self._seccomp else None
+        layout = dataclasses.replace(self.layout, seccomp_fd=filter_in)
+        argv = bwrap_argv(layout, cmd, cwd=cwd or self.workdir, system=self._system, info_fd=info_w)
         launcher = make_launcher(
             self.host_uid,
             self._binds,
@@ -404,7 +423,7 @@ class BwrapSandbox(SandboxBase):
                 cwd=None,
                 timeout=timeout,
                 kill=lambda _proc: _kill_namespace(info_r),
-                pass_fds=(info_w,),
+                pass_fds=(info_w,) if filter_in is None else (info_w, filter_in),
                 output_limit=self.limits.output_bytes,
                 preexec_fn=launcher,
             )
@@ -413,6 +432,8 @@ class BwrapSandbox(SandboxBase):
         finally:
             os.close(info_r)
             os.close(info_w)
+            if filter_in is not None:
+                os.close(filter_in)
         after = self.cgroups.counters() if self.cgroups else {}
         usage = await asyncio.to_thread(settle, self._mounts.values())
         return _with_failure(done, self._classify(done, before, after, usage))
@@ -471,6 +492,7 @@ def make_scratch(root: Path, sandbox_id: str) -> Path:
         root.chmod(0o711)
     path = root / sandbox_id
     path.mkdir(mode=0o711)
+    (path / OWNER_FILE).write_text(str(os.getpid()))  # for sweep_stale after a kill -9
     return path
 
 

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 from rollbus.sandbox.adapter_proxy import AdapterProxy
 from rollbus.sandbox.base import Network, SandboxBase, SandboxError
 from rollbus.sandbox.bwrap import (
+    OWNER_FILE,
     SCRATCH_ROOT,
     WORKSPACE,
     BwrapSandbox,
@@ -35,7 +36,6 @@ from rollbus.sandbox.limits import CGROUP_ROOT, Cgroups, Limits, enforcement
 from rollbus.sandbox.repo import record_baseline
 
 Role = Literal["agent", "grader"]
-OWNER_FILE = "owner.pid"
 MS_NOSUID, MS_NODEV, MNT_DETACH = 2, 4, 2
 
 
@@ -185,20 +185,20 @@ def sweep_stale(scratch_root: Path = SCRATCH_ROOT) -> list[str]:
 
     Each local sandbox records its owner's pid; a runner calls this at start-up. Returns the swept ids.
     """
-    swept = []
-    for owner in sorted(scratch_root.glob(f"*.data/{OWNER_FILE}")):
+    swept: list[str] = []
+    for owner in sorted(scratch_root.glob(f"*/{OWNER_FILE}")):
         with contextlib.suppress(ValueError, OSError):
             if Path(f"/proc/{int(owner.read_text())}").exists():
                 continue
-        data = owner.parent
-        sandbox_id = data.name.removesuffix(".data")
+        sandbox_id = owner.parent.name.removesuffix(".data")
+        if sandbox_id in swept:
+            continue
+        data = scratch_root / f"{sandbox_id}.data"
         if os.path.ismount(data / "ws"):
             unmount(data / "ws")
-        for cgroup in CGROUP_ROOT.glob(f"*/rollbus-{sandbox_id}"):
+        for cgroup in [*CGROUP_ROOT.glob(f"*/rollbus-{sandbox_id}"), CGROUP_ROOT / f"rollbus-{sandbox_id}"]:
             with contextlib.suppress(OSError):
                 cgroup.rmdir()
-        with contextlib.suppress(OSError):
-            (CGROUP_ROOT / f"rollbus-{sandbox_id}").rmdir()
         shutil.rmtree(scratch_root / sandbox_id, ignore_errors=True)
         shutil.rmtree(data, ignore_errors=True)
         swept.append(sandbox_id)

@@ -102,7 +102,12 @@ def build_app(settings: SegmenterSettings, partitions: int) -> faust.App:
     @app.agent(app.topic(*(topic_name(t, ns) for t in (*INPUTS, TICKS)), **raw), concurrency=1)
     async def segment(stream: Any) -> None:
         async for event in stream.events():
-            await worker.handle(event.message)
+            try:
+                await worker.handle(event.message)
+            except Exception as error:  # the bus failed us (a send, an ack): stop uncommitted, restart
+                log.exception("segmenter stops: %s", error)
+                await app.crash(error)
+                raise
 
     @app.timer(settings.tick_interval, on_leader=True)
     async def tick() -> None:
@@ -138,7 +143,13 @@ class SegmenterAgent:
             self.segmenter.count("poison")
             await self.dead_letter(message, poison)
             return
-        outcome = self.segmenter.handle(fact, bytes(message.value), message.partition)
+        try:
+            outcome = self.segmenter.handle(fact, bytes(message.value), message.partition)
+        except Exception as bug:  # an input the state machine cannot take: keep it, say why, go on
+            log.exception("cannot handle %s[%d]@%d", message.topic, message.partition, message.offset)
+            self.segmenter.count("internal_error")
+            await self.dead_letter(message, bug)
+            return
         if outcome.dead_letter:
             await self.dead_letter(message, Rejected(outcome.dead_letter))
         await self.publish(outcome)
