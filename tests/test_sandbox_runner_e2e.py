@@ -5,8 +5,7 @@ Each row's instance id picks its script (the engine's ``--script DIR``), so one 
 a fix, an agent that never edits, one that kills its own CLI, one that sleeps past its budget, and an image
 that does not exist. A second test kills a runner with ``kill -9`` mid-rollout: the task completes as a new
 attempt on the next runner, with the killed attempt's sandbox gone. Then every swe-mini task, solved by its
-script and graded 1 (graded with ``rollbus.grading``, as the grader service does), and the two scripts that
-fail on purpose, graded 0.
+script and graded 1 by the grader service, and the two scripts that fail on purpose, graded 0.
 """
 
 from __future__ import annotations
@@ -25,9 +24,7 @@ import psutil
 import pytest
 
 from rollbus.bus import Publisher
-from rollbus.grading.rows import absolute_paths, parse_metadata
-from rollbus.grading.run import grade
-from rollbus.grading.verdict import GradeResult
+from rollbus.grading.rows import absolute_paths
 from rollbus.rows import RowKeys, parse_row, tasks_for
 from rollbus.sandbox.bwrap import SCRATCH_ROOT
 from rollbus.topics import create_topics, topic_name
@@ -214,25 +211,28 @@ def swe_mini_rows() -> list[dict]:
     return rows
 
 
-async def run_and_grade(rig: Rig, tmp_path: Path, rows: list[dict]) -> dict[str, tuple[dict, GradeResult]]:
-    """Submit ``rows``, run them through a runner, grade every diff as the grader does: instance -> both."""
+async def run_and_grade(rig: Rig, tmp_path: Path, rows: list[dict]) -> dict[str, tuple[dict, dict]]:
+    """Submit ``rows``; the runner and the grader service on their topics; instance -> (diff, reward)."""
     namespace = await new_namespace(rig.bootstrap)
     dataset = write_dataset(tmp_path / "rows.jsonl", rows)
     assert submit(rig.bootstrap, namespace, dataset).returncode == 0
     tasks = await all_events(rig.bootstrap, namespace, "tasks")
     runner = RunnerProcess(rig, namespace, tmp_path / "runner", "--concurrency", "3").start()
+    grader = RunnerProcess.grader(rig.bootstrap, namespace, tmp_path / "grader").start()
     try:
-        diffs = await wait_for(rig.bootstrap, namespace, "diffs", {t["rollout_id"] for t in tasks}, 600)
+        ids = {t["rollout_id"] for t in tasks}
+        rewards = await wait_for(rig.bootstrap, namespace, "rewards", ids, 900)
     finally:
         runner.stop()
+        grader.stop()
+    diffs = await wait_for(rig.bootstrap, namespace, "diffs", ids, 30)
     graded = {}
-    for (diff,) in diffs.values():
-        metadata = json.loads(diff["task_metadata"])
-        assert diff["failure_kind"] is None, (metadata["instance_id"], diff["error"], runner.log()[-2000:])
-        graded[metadata["instance_id"]] = (
-            diff,
-            await grade(parse_metadata(metadata, SWE_MINI), diff["patch"]),
-        )
+    for rollout_id, (diff,) in diffs.items():
+        (reward,) = rewards[rollout_id]
+        instance = json.loads(diff["task_metadata"])["instance_id"]
+        assert diff["failure_kind"] is None, (instance, diff["error"], runner.log()[-2000:])
+        assert reward["attempt_id"] == diff["attempt_id"], "the reward names the attempt it graded"
+        graded[instance] = (diff, reward)
     return graded
 
 
@@ -262,5 +262,5 @@ async def test_swe_mini_scripts_that_fail_on_purpose_score_zero(
     assert "+    return sum(range(0, n))" in wrong["patch"]
     deleted, _ = graded["swe-mini__binsearch"]
     assert "deleted file mode" in deleted["patch"]
-    assert {i: r.reward for i, (_, r) in graded.items()} == {i: 0.0 for i in FAILING}
-    assert graded["swe-mini__binsearch"][1].flags, "deleting the tests is flagged, not just failed"
+    assert {i: r["reward"] for i, (_, r) in graded.items()} == {i: 0.0 for i in FAILING}
+    assert graded["swe-mini__binsearch"][1]["flags"], "deleting the tests is flagged, not just failed"
