@@ -242,13 +242,9 @@ async def test_swe_mini_every_task_solved_through_the_cli(
     rig.use_script(SWE_MINI / "scripts")
     graded = await run_and_grade(rig, tmp_path, swe_mini_rows)
     assert len(graded) == len(swe_mini_rows) == 10
-    for instance, (diff, result) in graded.items():
+    for instance, (diff, reward) in graded.items():
         assert diff["turns"] == 3, instance
-        assert (result.reward, result.solved, result.flags) == (1.0, True, ()), (
-            instance,
-            result,
-            diff["patch"],
-        )
+        assert (reward["reward"], reward["solved"], reward["flags"]) == (1.0, True, []), (instance, reward)
 
 
 async def test_swe_mini_scripts_that_fail_on_purpose_score_zero(
