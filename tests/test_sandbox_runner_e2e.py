@@ -90,14 +90,15 @@ def by_instance(diffs: dict[str, list[dict]]) -> dict[str, list[dict]]:
 async def test_rows_to_diffs_with_named_failures(rig: Rig, tmp_path: Path, data_dir: Path) -> None:
     namespace = await new_namespace(rig.bootstrap)
     dataset = write_dataset(data_dir / "tasks.jsonl", [
-        calc_row("calc-fix", label="range(1, n + 1)"), calc_row("calc-noedit"), "{not json",
-        calc_row("calc-crash"), calc_row("calc-hang"), calc_row("calc-gone", image="no_such_image"),
-        calc_row("calc-hog"),
+        calc_row("calc-noedit"), calc_row("calc-crash"), "{not json", calc_row("calc-hang"),
+        calc_row("calc-gone", image="no_such_image"), calc_row("calc-hog"),
     ])  # fmt: skip
-    submitted = submit(rig.bootstrap, namespace, dataset, "--n-samples-per-prompt", "2")
+    submitted = submit(rig.bootstrap, namespace, dataset)
     assert submitted.returncode == 1, submitted.stderr  # one row was bad, the others went out
     assert f"{dataset}:3: invalid JSON" in submitted.stderr
-    assert "submitted 12 tasks (6 rows x 2 samples)" in submitted.stdout
+    assert "submitted 5 tasks (5 rows x 1 samples)" in submitted.stdout
+    fixes = write_dataset(data_dir / "fix.jsonl", [calc_row("calc-fix", label="range(1, n + 1)")])
+    assert submit(rig.bootstrap, namespace, fixes, "--n-samples-per-prompt", "2").returncode == 0
     tasks = await all_events(rig.bootstrap, namespace, "tasks")
     gym = {**tasks[0], "rollout_id": "gym-task-0", "env_config": json.dumps({"env": "frozen_lake"})}
     async with Publisher(rig.bootstrap) as publisher:
@@ -115,10 +116,18 @@ async def test_rows_to_diffs_with_named_failures(rig: Rig, tmp_path: Path, data_
     assert "gym-task-0" not in {d["rollout_id"] for d in every}, "gym tasks belong to the gym runner"
     assert len(every) == len(tasks), "one diff per task, no duplicates"
     got = by_instance(diffs)
-    for instance, records in got.items():
-        assert len(records) == 2 and records[0]["group_id"] == records[1]["group_id"], instance
-        assert {r["group_size"] for r in records} == {2}
-        assert all(r["attempt_id"] for r in records) and records[0]["attempt_id"] != records[1]["attempt_id"]
+    expected = {
+        "calc-fix": 2,
+        "calc-noedit": 1,
+        "calc-crash": 1,
+        "calc-hang": 1,
+        "calc-gone": 1,
+        "calc-hog": 1,
+    }
+    assert {i: len(r) for i, r in got.items()} == expected
+    group = got["calc-fix"]
+    assert group[0]["group_id"] == group[1]["group_id"] and {r["group_size"] for r in group} == {2}
+    assert len({d["attempt_id"] for d in every}) == len(every) and all(d["attempt_id"] for d in every)
     for fixed in got["calc-fix"]:
         assert fixed["failure_kind"] is None and fixed["exit_status"] == 0, runner.log()[-3000:]
         assert FIXED_LINE in fixed["patch"] and fixed["turns"] == 3
