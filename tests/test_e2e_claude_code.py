@@ -9,9 +9,6 @@ see: the sampled tokens, the prompts they resolve to, the segments and their los
 from __future__ import annotations
 
 import asyncio
-import re
-import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -23,7 +20,7 @@ from rollbus.sandbox import git_diff
 from rollbus.tokenizer import load_tokenizer
 from rollbus.topics import create_topics
 from tests.conftest import TEST_PARTITIONS
-from tests.e2e_support import ROOT, SCRIPTS, Rig, Rollout, new_rollout_id, play, script_turns
+from tests.e2e_support import SCRIPTS, Rig, Rollout, new_rollout_id, play, script_turns
 
 pytestmark = pytest.mark.kafka
 
@@ -249,18 +246,3 @@ async def _tool_turns_grew(rig: Rig, before: float) -> bool:
 async def _failed_again(rig: Rig, before: int) -> bool:
     """At least one 500 (the first failure may instead be an error event inside a 200 stream)."""
     return await rig.answered(500) - before >= 1
-
-
-# --- `make demo` ------------------------------------------------------------------------------------------
-
-
-def test_demo_solves_the_example_with_nothing_masked(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "rollbus", "demo", "--state-dir", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    out = re.sub(r"\s+", " ", done.stdout)
-    assert "tests exit 0: solved" in out
-    trained = re.search(r"loss mask (\d+) of (\d+) sampled tokens trained \(mask 1\), 0 masked", out)
-    assert trained and trained.group(1) == trained.group(2) and int(trained.group(1)) > 0

@@ -30,7 +30,7 @@ import e2b
 import pytest
 from e2b import CommandExitException, CommandResult
 
-from rollbus.sandbox import E2BSandbox, SandboxError
+from rollbus.sandbox import E2BSandbox, SandboxError, SandboxSpec, create_sandbox
 from rollbus.sandbox.e2b_backend import E2BOptions, transient
 
 EXAMPLE_REPO = Path(__file__).resolve().parents[1] / "examples" / "buggy_repo"
@@ -337,3 +337,26 @@ async def test_output_is_capped_and_files_round_trip_and_close_is_idempotent(tmp
         pass
     await box.close()
     assert sdk.vms[0].kills == 1
+
+
+async def test_create_sandbox_routes_a_spec_to_e2b(tmp_path: Path) -> None:
+    (tmp_path / "w").mkdir()
+    sdk = FakeSDK()
+    spec = SandboxSpec(
+        image=Path("swe/x:1"),
+        role="grader",
+        workdir=str(tmp_path / "w"),
+        sandbox_id="sbx-s",
+        metadata={"e2b_template": "tpl"},
+    )
+    box = await create_sandbox(spec, "e2b", options=options(tmp_path), sdk=sdk)
+    [call] = sdk.creates
+    assert (call["template"], call["metadata"]["image"], call["allow_internet_access"]) == (
+        "tpl",
+        "swe/x:1",
+        False,
+    )
+    assert box.sandbox_id == "sbx-s"
+    await box.close()
+    with pytest.raises(ValueError, match="unknown sandbox backend"):
+        await create_sandbox(spec, "docker")

@@ -179,3 +179,13 @@ def test_rank_shares_partition_the_batch(lengths: list[int], world: int) -> None
     shares = split_for_ranks(inputs, world)
     assert len(shares) == world
     assert sorted(id(x) for s in shares for x in s) == sorted(id(x) for x in inputs)
+
+
+def test_an_incomplete_group_is_abandoned_by_segment_time_and_its_stragglers_are_late() -> None:
+    buffer = GroupBuffer(group_size=2)
+    buffer.add(segment("g", "a", created_at=1_000))
+    buffer.add(segment("h", "x", created_at=5_000))
+    assert buffer.expire(now_ms=5_000, timeout_ms=4_000) == []
+    (gone,) = buffer.expire(now_ms=5_001, timeout_ms=4_000)
+    assert gone.group_id == "g" and [g for g in buffer.pending] == ["h"]
+    assert buffer.add(segment("g", "b", created_at=6_000)) is Admission.LATE

@@ -237,14 +237,17 @@ def trainer_env(bootstrap: str, namespace: str, ckpt: Path) -> dict[str, str]:
 
 
 def test_two_ranks_reach_the_weights_of_one_process(kafka_bootstrap: str, tmp_path: Path) -> None:
-    namespace = asyncio.run(one_partition_namespace(kafka_bootstrap))
-    asyncio.run(publish(kafka_bootstrap, namespace, batches()))
+    """The same batch (three groups, seven segments of unequal length) in two namespaces: one process trains
+    one, ``torchrun --nproc-per-node 2`` the other; the new versions must agree to float32 rounding."""
+    spaces = [asyncio.run(one_partition_namespace(kafka_bootstrap)) for _ in range(2)]
+    for namespace in spaces:
+        asyncio.run(publish(kafka_bootstrap, namespace, batches()))
     one, two = tmp_path / "one", tmp_path / "two"
-    subprocess.run([sys.executable, "-m", "trainer"], env=trainer_env(kafka_bootstrap, namespace, one),
+    subprocess.run([sys.executable, "-m", "trainer"], env=trainer_env(kafka_bootstrap, spaces[0], one),
                    check=True, timeout=600)  # fmt: skip
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                 str(free_port()), "-m", "trainer"]  # fmt: skip
-    subprocess.run(torchrun, env=trainer_env(kafka_bootstrap, namespace, two), check=True, timeout=600)
+    subprocess.run(torchrun, env=trainer_env(kafka_bootstrap, spaces[1], two), check=True, timeout=600)
     single, ranks = weights(one / "v00000001"), weights(two / "v00000001")
     moved = weights(one / "v00000000")
     assert any(not torch.equal(single[k], moved[k]) for k in single)

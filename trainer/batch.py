@@ -69,6 +69,7 @@ def staleness(segment: Segment, current_version: int) -> int:
 class Group:
     group_id: str
     rollouts: dict[str, dict[int, Segment]] = field(default_factory=dict)
+    first_created_at: int | None = None  # event time (ms) of its earliest segment, for abandoning it
 
     def segments(self) -> list[Segment]:
         """Every segment, in a fixed order (rollout id, index): the batch never depends on arrival order."""
@@ -102,6 +103,8 @@ class GroupBuffer:
             rollout = group.rollouts.setdefault(rollout_id, {})
         self._check_fits(rollout, segment)
         rollout[segment["index"]] = segment
+        created = int(segment.get("created_at", 0))
+        group.first_created_at = min(created, group.first_created_at or created)
         self._ids.add(segment["segment_id"])
         if self._is_complete(group):
             del self.pending[group_id]
@@ -140,6 +143,16 @@ class GroupBuffer:
         """Remove a completed group that will not be trained (stale or without reward variance)."""
         self.complete.remove(group)
         self.finish(group)
+
+    def expire(self, now_ms: int, timeout_ms: int) -> list[Group]:
+        """Abandon incomplete groups whose first segment is more than ``timeout_ms`` older than ``now_ms``
+        (event time from the log, so a replay abandons the same groups); they are finished, never trained."""
+        old = [g for g in self.pending.values() if g.first_created_at is not None
+               and now_ms - g.first_created_at > timeout_ms]  # fmt: skip
+        for group in old:
+            del self.pending[group.group_id]
+            self.finish(group)
+        return old
 
     def buffered(self) -> list[Segment]:
         return [s for g in (*self.pending.values(), *self.complete) for s in g.segments()]

@@ -107,6 +107,7 @@ class Trainer:
         try:
             segment = decode_message(message, MAX_EVENT_BYTES).record
             validate(segment, self.learner.vocab_size)
+            self._abandon_incomplete(int(segment["created_at"]))
             admission = self.buffer.add(segment)
         except (CodecError, InvalidSegment) as poison:
             self.counters["dead_letters"] += 1
@@ -122,6 +123,15 @@ class Trainer:
             self.where[segment["segment_id"]] = (tp, message.offset)
             if admission is Admission.GROUP_COMPLETE:
                 self._screen(self.buffer.complete[-1])
+
+    def _abandon_incomplete(self, now_ms: int) -> None:
+        """A rollout that never produces its segments must not hold its group (and the offsets) forever."""
+        if not self.settings.group_timeout:
+            return
+        for group in self.buffer.expire(now_ms, int(self.settings.group_timeout * 1000)):
+            self.counters["incomplete_groups_dropped"] += 1
+            self.counters["incomplete_segments_dropped"] += len(group.segments())
+            self._finish(group)
 
     def _screen(self, group: Group) -> None:
         """Drop a just-completed group that is too stale, or (if so set) has no reward variance."""

@@ -27,6 +27,12 @@ class TrainerSettings(BusSettings):
     max_staleness: int | None = Field(
         None, ge=0, description="drop groups sampled more than N policy versions ago; unset: keep all"
     )
+    group_timeout: float = Field(
+        10800.0,
+        ge=0,
+        description="abandon a group still incomplete this many seconds (segment time) after "
+        "its first segment; 0: wait forever",
+    )
     solve_threshold: float = Field(1.0, description="trajectory reward at which a rollout counts as solved")
     # -- the loss
     policy_loss: Literal["ppo", "gspo"] = Field(

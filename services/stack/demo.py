@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import httpx
 from pydantic import Field
 from rich.console import Console
 from rich.table import Table
@@ -34,9 +36,9 @@ class DemoSettings(StackSettings):
     """Settings of ``rollbus demo`` (flags --x-y, variables ROLLBUS_DEMO_X_Y)."""
 
     model_config = StackSettings.scoped("demo")
-    tasks: Path = Field(EXAMPLES / "swe-mini" / "tasks.jsonl", description="dataset submitted (slime's rows)")
+    tasks: Path = Field(EXAMPLES / "swe-mini" / "demo.jsonl", description="dataset submitted (slime's rows)")
     n_samples_per_prompt: int = Field(2, ge=1, description="rollouts per task (one group)")
-    steps: int = Field(1, ge=0, description="training steps to make before stopping (0: none, roll out only)")
+    steps: int = Field(2, ge=0, description="training steps to make before stopping (0: none, roll out only)")
     json_summary: Path | None = Field(None, description="also write the summary as JSON here")
     timeout: float = Field(1800.0, gt=0, description="seconds the whole demo may take")
     idle_timeout: float = Field(
@@ -55,12 +57,14 @@ async def demo(settings: DemoSettings) -> dict[str, int]:
             await asyncio.to_thread(prepare, settings.tasks)
             await asyncio.to_thread(submit, settings, stack)
             await follow(settings, supervisor, progress)
+            served = await served_version(stack)
+            console.print(Text(f"{'engine':15} serving weight version {served}"))
         finally:
             stop.set()
             keeper.cancel()
             await asyncio.gather(watcher, keeper, return_exceptions=True)
     summary = progress.summary(train_steps=progress.policy_updates, tokens_trained=tokens_trained(settings))
-    show(progress, summary, stack)
+    show(settings, progress, summary, stack)
     if settings.json_summary is not None:
         settings.json_summary.write_text(json.dumps(summary, indent=2) + "\n")
     return summary
@@ -107,6 +111,15 @@ async def follow(settings: DemoSettings, supervisor: Supervisor, progress: Progr
     console.print(Text(f"{'demo':15} timed out after {settings.timeout:.0f}s"))
 
 
+async def served_version(stack: Stack) -> str:
+    """The weight version the engine generates with now (the trainer's last push, once it landed)."""
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        answer = await http.get(
+            f"{stack.engine_url}/get_model_info", headers={"authorization": f"Bearer {stack.engine_key}"}
+        )
+    return str(answer.json().get("weight_version")) if answer.status_code == 200 else f"unknown ({answer})"
+
+
 def tokens_trained(settings: DemoSettings) -> int | None:
     metrics = settings.state_dir / "up" / "trainer" / (settings.namespace or "default") / "metrics.jsonl"
     if not metrics.exists():
@@ -115,7 +128,7 @@ def tokens_trained(settings: DemoSettings) -> int | None:
     return sum(int(row.get("tokens_trained", 0)) for row in rows)
 
 
-def show(progress: Progress, summary: dict[str, int], stack: Stack) -> None:
+def show(settings: DemoSettings, progress: Progress, summary: dict[str, int], stack: Stack) -> None:
     table = Table(title="rollouts")
     for column in ("rollout", "attempt", "reward", "solved", "failure", "flags"):
         table.add_column(column, overflow="fold")
@@ -131,6 +144,28 @@ def show(progress: Progress, summary: dict[str, int], stack: Stack) -> None:
     for key, value in summary.items():
         console.print(Text(f"{key:20} {value}"))
     console.print(Text(f"logs: {stack.log_dir}"))
+    if progress.rewards:
+        embedded = settings.state_dir / "up" if settings.embedded_broker else None
+        first = sorted(progress.rewards)[0]
+        console.file.flush()
+        print(replay_hint(first, stack.bootstrap, embedded, stack.namespace), flush=True)  # whole lines
+
+
+def replay_hint(rollout_id: str, bootstrap: str, embedded_state: Path | None, namespace: str = "") -> str:
+    """The commands that replay a rollout after the demo, true for the broker it used: its own embedded one
+    (stopped by now: start it again from its state dir, which records its port) or the cluster given."""
+    replay = f"rollbus replay turns --key {shlex.quote(rollout_id)} --format table"
+    if namespace:
+        replay += f" --namespace {shlex.quote(namespace)}"
+    if embedded_state is None:
+        return f"replay it yourself: {replay} --bootstrap-servers {shlex.quote(bootstrap)}"
+    state = shlex.quote(str(embedded_state))
+    return (
+        f"replay it yourself (the demo's broker stopped with it):\n"
+        f"  rollbus broker start --state-dir {state}\n"
+        f"  {replay} --state-dir {state}\n"
+        f"  rollbus broker stop --state-dir {state}"
+    )
 
 
 add_arguments = DemoSettings.add_arguments

@@ -18,7 +18,7 @@ import secrets
 import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -65,11 +65,13 @@ class Stack:
     namespace: str
     adapter_url: str
     engine_url: str
-    admin_token: str
+    admin_token: str = field(repr=False)
     log_dir: Path
+    engine_key: str = field(repr=False)
 
 
-def service_specs(settings: StackSettings, stack: Stack, engine_key: str) -> list[ServiceSpec]:
+def service_specs(settings: StackSettings, stack: Stack) -> list[ServiceSpec]:
+    engine_key = stack.engine_key
     bus = ["--bootstrap-servers", stack.bootstrap, "--namespace", stack.namespace]
     state = settings.state_dir / "up"
     engine_port = int(stack.engine_url.rsplit(":", 1)[1])
@@ -133,10 +135,10 @@ async def running_stack(
         adapter_port = settings.adapter_port or free_port()
         stack = Stack(
             bootstrap, settings.namespace, f"http://127.0.0.1:{adapter_port}", f"http://127.0.0.1:{engine_port}",
-            secrets.token_hex(16), settings.state_dir / "up" / "logs",
+            secrets.token_hex(16), settings.state_dir / "up" / "logs", secrets.token_hex(16),
         )  # fmt: skip
         supervisor = Supervisor(
-            service_specs(settings, stack, secrets.token_hex(16)), stack.log_dir,
+            service_specs(settings, stack), stack.log_dir,
             ready_timeout=settings.ready_timeout, stop_grace=settings.stop_grace, on_event=say,
         )  # fmt: skip
         async with supervisor:
