@@ -137,3 +137,18 @@ async def diff_count(bootstrap: str, namespace: str, n: int) -> bool:
 
 async def commit_is(bootstrap: str, namespace: str, offset: int) -> bool:
     return await committed(bootstrap, namespace) == offset
+
+
+async def test_a_poison_task_goes_to_dead_letters_and_the_next_task_still_runs(
+    kafka_bootstrap: str, namespace: str
+) -> None:
+    gate = Gate()
+    gate.end("after")
+    async with Publisher(kafka_bootstrap) as publisher:
+        await publisher.publish_bytes(topic_name("tasks", namespace), b"not an event", key=b"poison")
+    await publish(kafka_bootstrap, namespace, task("after"))
+    async with runner(kafka_bootstrap, namespace, gate, concurrency=1):
+        await until(lambda: commit_is(kafka_bootstrap, namespace, 2))
+    assert gate.started == ["after"]
+    (letter,) = await all_events(kafka_bootstrap, namespace, "dead-letters")
+    assert letter["value"] == b"not an event" and letter["service"] == "sandbox-runner"
