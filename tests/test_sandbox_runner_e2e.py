@@ -31,7 +31,7 @@ from rollbus.topics import create_topics, topic_name
 from services.sandbox_runner.main import run_one
 from services.sandbox_runner.settings import RunnerSettings
 from tests.conftest import TEST_PARTITIONS
-from tests.e2e_support import EXAMPLES, SCRIPTS, Rig
+from tests.e2e_support import EXAMPLES, SCRIPTS, Rig, rollout_events
 from tests.runner_support import (
     FIXED_LINE,
     RUNNER_SCRIPTS,
@@ -44,6 +44,7 @@ from tests.runner_support import (
     wait_for,
     write_dataset,
 )
+from tests.segmenter_support import SegmenterProcess
 
 pytestmark = pytest.mark.kafka
 
@@ -145,35 +146,80 @@ async def test_rows_to_diffs_with_named_failures(rig: Rig, tmp_path: Path, data_
     assert not left, "every attempt's sandbox was removed"
 
 
-async def test_runner_killed_mid_rollout_reruns_the_task_as_a_new_attempt(
+async def test_runner_killed_mid_rollout_reruns_the_task_and_only_the_rewarded_attempt_trains(
     rig: Rig, tmp_path: Path, data_dir: Path
 ) -> None:
-    namespace = await new_namespace(rig.bootstrap)
+    """The first runner is killed -9 once its attempt has a turn on the bus; a second runner re-runs the task
+    as a new attempt, the grader rewards it, and a real segmenter cuts segments of that attempt only.
+
+    Everything runs on the adapter's namespace, so turns, sessions, diffs and rewards are co-partitioned for
+    the segmenter (as in production). The engine's cursor is per rollout, so the second attempt carries on
+    with the script's next turn (Read, Edit, answer) where a policy would start over: what is checked is
+    which attempt each event names, not what the attempts say."""
+    rig.use_script(rig.log_dir / "scripts")
+    namespace = rig.namespace
     dataset = write_dataset(data_dir / "slow.jsonl", [calc_row("calc-slow")])
     assert submit(rig.bootstrap, namespace, dataset).returncode == 0
     (task,) = await all_events(rig.bootstrap, namespace, "tasks")
+    rollout_id = task["rollout_id"]
+    segmenter = SegmenterProcess(rig.bootstrap, namespace, tmp_path / "segmenter").start()  # starts meanwhile
+    grader = RunnerProcess.grader(rig.bootstrap, namespace, tmp_path / "grader").start()
     first = RunnerProcess(rig, namespace, tmp_path / "first", name="first").start()
     try:  # the first attempt is inside its 20 s sleep once its first turn is on the bus
-        await wait_for(rig.bootstrap, rig.namespace, "turns", {task["rollout_id"]}, 180)
+        early = await wait_for(rig.bootstrap, namespace, "turns", {rollout_id}, 180)
         await asyncio.sleep(2)
         started = first.kill9()
     finally:
         first.stop()
+    (killed,) = {t["attempt_id"] for t in early[rollout_id]}
     assert started, "the first runner had its sandbox running"
     assert not survivors(started), "the killed runner's sandbox died with it"
     second = RunnerProcess(rig, namespace, tmp_path / "second", name="second").start()
     try:
-        diffs = await wait_for(rig.bootstrap, namespace, "diffs", {task["rollout_id"]}, 300)
+        diffs = await wait_for(rig.bootstrap, namespace, "diffs", {rollout_id}, 300)
+        rewards = await wait_for(rig.bootstrap, namespace, "rewards", {rollout_id}, 180)
+        segments = await wait_for(rig.bootstrap, namespace, "segments", {rollout_id}, 120)
         await asyncio.sleep(2)
         assert await group_lag(rig.bootstrap, namespace, "rollbus-sandbox-runner") == 0
+    except TimeoutError:
+        raise AssertionError(f"{grader.log()[-2000:]}\n{segmenter.log()[-4000:]}") from None
     finally:
         second.stop()
-    (diff,) = diffs[task["rollout_id"]]
+        grader.stop()
+        segmenter.stop()
+    (diff,) = diffs[rollout_id]
     assert diff["failure_kind"] is None and FIXED_LINE in diff["patch"], second.log()[-3000:]
     assert len(await all_events(rig.bootstrap, namespace, "diffs")) == 1, (
         "the killed attempt published nothing"
     )
     assert "rollout" in second.log() and "attempt" in second.log()
+    rewarded = diff["attempt_id"]
+    assert rewarded != killed, "the re-run is a new attempt"
+    (reward,) = rewards[rollout_id]
+    assert (reward["attempt_id"], reward["reward"], reward["solved"]) == (rewarded, 1.0, True), reward
+    await only_the_rewarded_attempt_trains(rig, rollout_id, killed, diff, segments[rollout_id][0])
+
+
+async def only_the_rewarded_attempt_trains(
+    rig: Rig, rollout_id: str, killed: str, diff: dict, first_segment: dict
+) -> None:
+    """Both attempts are on `turns` and were closed on `sessions`; every segment is the rewarded one's."""
+    rewarded = diff["attempt_id"]
+    turns = await rollout_events(rig.bootstrap, rig.namespace, "turns", rollout_id)
+    per_attempt = {a: sum(t["attempt_id"] == a for t in turns) for a in {t["attempt_id"] for t in turns}}
+    assert per_attempt == {killed: per_attempt.get(killed), rewarded: diff["turns"]} and per_attempt[killed]
+    sessions = await rollout_events(rig.bootstrap, rig.namespace, "sessions", rollout_id)
+    closed = {s["attempt_id"] for s in sessions if s["kind"] == "closed"}
+    assert closed == {killed, rewarded}, "opening the new attempt closed what the killed one left open"
+    every = [
+        s for s in await all_events(rig.bootstrap, rig.namespace, "segments") if s["rollout_id"] == rollout_id
+    ]
+    assert every and len({s["segment_id"] for s in every}) == first_segment["num_segments"]
+    assert {s["attempt_id"] for s in every} == {rewarded}, "no segment of the killed attempt"
+    assert all(s["segment_id"].startswith(f"{rollout_id}/{rewarded}/") for s in every)
+    assert {s["trajectory_reward"] for s in every} == {1.0}
+    letters = await all_events(rig.bootstrap, rig.namespace, "dead-letters")
+    assert not [d for d in letters if rollout_id in str(d.get("error"))], letters
 
 
 async def test_run_one_task_without_the_bus_is_what_the_demo_calls(rig: Rig, data_dir: Path) -> None:
