@@ -126,3 +126,30 @@ async def test_a_close_during_the_body_upload_does_not_start_a_new_chain() -> No
         assert_error(await request, 401, "authentication_error", retry=False)
         assert "r-race" not in client.app.state.adapter.sessions
     assert publisher.events == []
+
+
+async def test_a_new_attempt_never_lands_in_the_session_an_earlier_attempt_left_open() -> None:
+    """The runner of attempt 1 died without closing its session (or its close was lost); attempt 2's token
+    ends that session: its chain is closed, its token refused, and attempt 2's turns name attempt 2."""
+    publisher = BusPublisher()
+    async with StalledEngine([9707], released=True) as engine:
+        config = settings(engine.url, open_sessions=False, admin_token="adm")
+        async with adapter_client(config, publisher) as client:
+            killed = await open_session(client, "r-rerun", "att-1")
+            first = await client.post("/v1/messages", json=body("hi", stream=False), headers=killed)
+            assert first.status_code == 200, first.text
+            await open_session(client, "r-rerun", "att-1")  # the same attempt again: its session stays
+            assert "r-rerun" in client.app.state.adapter.sessions
+            rerun = await open_session(client, "r-rerun", "att-2")
+            second = await client.post("/v1/messages", json=body("hi", stream=False), headers=rerun)
+            assert second.status_code == 200, second.text
+            stale = await client.post("/v1/messages", json=body("hi", stream=False), headers=killed)
+            assert_error(stale, 401, "authentication_error", retry=False)
+    events = [(t, r.get("kind"), r["attempt_id"]) for t, _, r in publisher.events]
+    assert events == [
+        ("sessions", "opened", "att-1"),
+        ("turns", None, "att-1"),
+        ("sessions", "closed", "att-1"),
+        ("sessions", "opened", "att-2"),
+        ("turns", None, "att-2"),
+    ]

@@ -90,8 +90,23 @@ async def open_session(request: Request) -> Response:
         raise invalid_request("rollout_id: a non-empty string is required")
     if not isinstance(attempt, str):
         raise invalid_request("attempt_id: a string is required if given")
+    await _end_earlier_attempt(state, rollout, attempt)
     token = state.tokens.issue(rollout, attempt)
     return JSONResponse({"rollout_id": rollout, "attempt_id": attempt, "token": token})
+
+
+async def _end_earlier_attempt(state: AdapterState, rollout: str, attempt: str) -> None:
+    """A new attempt ends what an earlier attempt of the rollout left live (its runner died, or its close
+    was lost): its chains close and its tokens stop working. Sessions are keyed by rollout, so otherwise
+    the new attempt's requests would land in that session, be recorded under the dead attempt's id, and
+    the rewarded attempt would never close: nothing of the rollout would train."""
+    live = state.sessions.peek(rollout)
+    if live is None or live.attempt_id == attempt:
+        return
+    state.tokens.revoke(rollout)
+    state.sessions.pop(rollout)
+    close_chains(state.kit, live.agents.values(), reason="superseded")
+    await state.kit.outbox.settled(state.kit.settings.publish_wait)
 
 
 async def close_session(request: Request) -> Response:

@@ -327,6 +327,10 @@ class Sessions:
         session.last_active = self.clock()
         return session
 
+    def peek(self, rollout_id: str) -> Session | None:
+        """The rollout's live session, if any (not counted as activity)."""
+        return self._sessions.get(rollout_id)
+
     def pop(self, rollout_id: str) -> Session | None:
         """Remove the session and mark it closed: its turns still generating will not be recorded."""
         session = self._sessions.pop(rollout_id, None)
