@@ -4,7 +4,9 @@ the real Claude Code CLI in bwrap against the real adapter and the scripted engi
 Each row's instance id picks its script (the engine's ``--script DIR``), so one engine serves every task:
 a fix, an agent that never edits, one that kills its own CLI, one that sleeps past its budget, and an image
 that does not exist. A second test kills a runner with ``kill -9`` mid-rollout: the task completes as a new
-attempt on the next runner, with the killed attempt's sandbox gone. Then every swe-mini task, solved by its
+attempt on the next runner, with the killed attempt's sandbox gone, the grader service rewards it, and a real
+segmenter (Faust worker) trains that attempt alone (it runs on the adapter's namespace, where no other test
+submits tasks). Then every swe-mini task, solved by its
 script and graded 1 by the grader service, and the two scripts that fail on purpose, graded 0.
 """
 
