@@ -247,10 +247,24 @@ def test_backend_e2b_without_tarballs_fails_at_start_in_one_line(tmp_path: Path)
     with pytest.raises(SettingsError, match="--node-tarball="):
         RunnerSettings.load({"node_tarball": str(tmp_path / "missing.tar.xz"), "bootstrap_servers": "x:1"})
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    done = subprocess.run(
-        [sys.executable, "-m", "rollbus", "sandbox-runner", "--backend", "e2b", "--bootstrap-servers", "x:1",
-         "--node-tarball", str(node_tarball(tmp_path / "n.tar.xz"))],
-        capture_output=True, text=True, env=env, timeout=120, check=False,
-    )  # fmt: skip
-    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert "--claude-code-tarball" in done.stderr
+    env.pop("E2B_API_KEY", None)
+    node, cli = node_tarball(tmp_path / "n.tar.xz"), claude_tarball(tmp_path / "c.tgz")
+    base = [
+        sys.executable,
+        "-m",
+        "rollbus",
+        "sandbox-runner",
+        "--backend",
+        "e2b",
+        "--bootstrap-servers",
+        "x:1",
+    ]
+    for args, why in (
+        (["--node-tarball", str(node)], "--claude-code-tarball"),
+        (["--node-tarball", str(node), "--claude-code-tarball", str(cli)], "E2B_API_KEY is not set"),
+    ):
+        done = subprocess.run(
+            [*base, *args], capture_output=True, text=True, env=env, timeout=120, check=False
+        )
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert why in done.stderr

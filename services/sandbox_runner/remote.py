@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import lzma
 import os
 import re
@@ -41,6 +42,7 @@ from services.sandbox_runner.outcome import Outcome, agent_turns, cap_patch, cla
 from services.sandbox_runner.rollout import AttemptFailed, RunnerKit, parse_metadata, run_agent
 from services.sandbox_runner.settings import RunnerSettings
 
+log = logging.getLogger("rollbus.sandbox_runner")
 NODE_MAJOR = 22
 DOWNLOAD_TIMEOUT_S = 600.0
 _NODE_VERSION = re.compile(r"^v(\d+)\.")
@@ -187,7 +189,12 @@ async def boot(kit: RunnerKit, spec: SandboxSpec) -> SandboxBase:
                 await asyncio.sleep(settings.boot_backoff * 2 ** (n - 1))
             try:
                 one = SandboxSpec(**{**spec.__dict__, "sandbox_id": f"{spec.sandbox_id}-{n}"})
-                return await create_sandbox(one, "e2b", options=kit.e2b_options, sdk=kit.sdk)
+                sandbox = await create_sandbox(one, "e2b", options=kit.e2b_options, sdk=kit.sdk)
+                if not kit.limits_logged:  # what holds there, said once: the VM's size is the template's
+                    kit.limits_logged = True
+                    log.info("sandbox limits enforced (e2b): %s; memory, pids, CPU and disk: the template's",
+                             dict(sandbox.enforced))  # fmt: skip
+                return sandbox
             except (SandboxError, OSError, ValueError) as exc:
                 failure = exc
     raise AttemptFailed(kinds.BOOT_FAILED, f"{getattr(failure, 'failure_kind', 'sandbox_error')}: {failure}")
