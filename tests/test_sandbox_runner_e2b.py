@@ -88,12 +88,17 @@ def node_tarball(path: Path) -> Path:
     return path
 
 
-def claude_tarball(path: Path, script: str = FAKE_CLAUDE) -> Path:
-    """An npm-packed package (``package/`` prefix) whose ``claude`` bin is the scripted agent."""
-    manifest = {"name": "@anthropic-ai/claude-code", "version": "2.1.197", "bin": {"claude": "cli.sh"}}
+def claude_tarball(path: Path, script: str = FAKE_CLAUDE, *, native: bool = False) -> Path:
+    """An npm-packed package (``package/`` prefix) whose ``claude`` bin is the scripted agent; ``native``:
+    shaped as the platform package (no bin; the executable ``claude`` at its root)."""
+    manifest: dict[str, Any] = {"name": "@anthropic-ai/claude-code", "version": "2.1.197"}
+    if native:
+        manifest["name"] += "-linux-x64"
+    else:
+        manifest["bin"] = {"claude": "claude"}
     with tarfile.open(path, "w:gz") as tar:
         _add(tar, "package/package.json", json.dumps(manifest), 0o644)
-        _add(tar, "package/cli.sh", script)
+        _add(tar, "package/claude", script)
     return path
 
 
@@ -184,6 +189,15 @@ async def test_a_template_that_has_node_and_claude_installs_nothing(rig: dict[st
     assert outcome.failure_kind is None and "range(1, n + 1)" in outcome.patch, outcome.error
     cmds = [c["cmd"] for c in sdk.vms[0].commands.calls]
     assert not any("tar xf" in c or "npm install" in c for c in cmds)
+
+
+async def test_the_native_platform_package_is_linked_as_claude(rig: dict[str, Any]) -> None:
+    native = claude_tarball(rig["tmp"] / "claude-code-linux-x64-2.1.197.tgz", native=True)
+    kit, sdk, _ = kit_for(rig, claude_code_tarball=str(native))
+    outcome = await run_task(kit, task(rig["tmp"]))
+    assert outcome.failure_kind is None and "range(1, n + 1)" in outcome.patch, outcome.error
+    link = Path(rig["given"]["e2b_install_dir"]) / "cli" / "bin" / "claude"
+    assert link.is_symlink() and "claude-code-linux-x64" in os.readlink(link)
 
 
 async def test_an_install_failure_is_install_failed_and_the_vm_is_killed(rig: dict[str, Any]) -> None:

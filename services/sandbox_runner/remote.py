@@ -21,6 +21,7 @@ only the image and ``e2b_template`` go to the E2B API as routing metadata.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import lzma
@@ -52,9 +53,15 @@ NODE_INSTALL = (
     "set -e; " + _MAKE_DIR + "; rm -rf {d}/node; mkdir -p {d}/node; "
     "tar xf {f} -C {d}/node --strip-components=1; rm -f {f}; {d}/node/bin/node --version"
 )
+# The CLI's packed tarball: a package whose bin is ``claude`` (cli.js), or the native platform package
+# (``npm pack @anthropic-ai/claude-code-linux-x64@V``: no bin, its ``claude`` is the binary, linked here). The
+# 2.x wrapper alone does not work offline: its binary comes from an optional dependency npm cannot fetch.
 CLI_INSTALL = (
     "set -e; " + _MAKE_DIR + "; mkdir -p {d}/cli; "
     "npm install -g --prefix {d}/cli --offline --no-audit --no-fund --loglevel=error {f}; rm -f {f}; "
+    "if ! claude --version > /dev/null 2>&1; then "
+    "for native in {d}/cli/lib/node_modules/@anthropic-ai/claude-code-linux-*/claude; do "
+    '[ -x "$native" ] && mkdir -p {d}/cli/bin && ln -sf "$native" {d}/cli/bin/claude && break; done; fi; '
     "claude --version"
 )
 # The patch: every change since the recorded base commit, new files included, our paths left out; git's
@@ -188,7 +195,7 @@ async def boot(kit: RunnerKit, spec: SandboxSpec) -> SandboxBase:
             if n:
                 await asyncio.sleep(settings.boot_backoff * 2 ** (n - 1))
             try:
-                one = SandboxSpec(**{**spec.__dict__, "sandbox_id": f"{spec.sandbox_id}-{n}"})
+                one = dataclasses.replace(spec, sandbox_id=f"{spec.sandbox_id}-{n}")
                 sandbox = await create_sandbox(one, "e2b", options=kit.e2b_options, sdk=kit.sdk)
                 if not kit.limits_logged:  # what holds there, said once: the VM's size is the template's
                     kit.limits_logged = True

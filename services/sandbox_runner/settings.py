@@ -39,7 +39,8 @@ class RunnerSettings(BusSettings):
         None, description="e2b: host path or URL of the Node 22 linux-x64 tarball (.tar.xz/.tar.gz)"
     )
     claude_code_tarball: str | None = Field(
-        None, description="e2b: host path or URL of the npm-packed Claude Code tarball (npm pack)"
+        None,
+        description="e2b: host path or URL of the npm-packed Claude Code (bin claude, or the native linux-x64 package)",
     )
     e2b_install_dir: str = Field(
         "/opt/rollbus-agent", min_length=2, description="e2b: where node/ and the CLI (cli/) go in the VM"
