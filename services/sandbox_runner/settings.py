@@ -40,7 +40,7 @@ class RunnerSettings(BusSettings):
     )
     claude_code_tarball: str | None = Field(
         None,
-        description="e2b: host path or URL of npm-packed Claude Code (bin claude, or the native linux-x64 one)",
+        description="e2b: host path or URL of npm-packed Claude Code (bin claude, or the native linux-x64)",
     )
     e2b_install_dir: str = Field(
         "/opt/rollbus-agent", min_length=2, description="e2b: where node/ and the CLI (cli/) go in the VM"
