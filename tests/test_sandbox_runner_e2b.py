@@ -179,6 +179,7 @@ async def test_a_full_attempt_installs_the_agent_runs_it_and_publishes_its_patch
     assert any("tar xf" in c for c in cmds) and any("npm install -g" in c for c in cmds)
     agent = next(c for c in vm.commands.calls if "--disallowedTools" in c["cmd"])
     assert agent["background"] is True  # started detached, then polled
+    assert f"{rig['given']['e2b_install_dir']}/cli/bin/claude -p" in agent["cmd"]  # by absolute path
     assert vm.kills == 1 and sessions.opened == ["att-e2b-1"] and sessions.closed == ["att-e2b-1"]
 
 

@@ -164,12 +164,12 @@ async def attempt(kit: RunnerKit, task: dict[str, Any], attempt_id: str) -> Outc
     sandbox = await boot(kit, spec)
     try:
         base = await base_commit(sandbox, settings)
-        await install(kit, sandbox)
+        binary = await install(kit, sandbox)
         token = await kit.sessions.open(rollout_id, attempt_id)
         try:
             completed = await run_agent(
                 settings, sandbox, task, metadata, token,
-                binary="claude", base_url=settings.e2b_base_url(), path=agent_path(settings),
+                binary=binary, base_url=settings.e2b_base_url(), path=agent_path(settings),
             )  # fmt: skip
         finally:
             await kit.sessions.close(rollout_id, attempt_id)
@@ -220,34 +220,43 @@ async def base_commit(sandbox: SandboxBase, settings: RunnerSettings) -> str:
     return sha
 
 
-async def install(kit: RunnerKit, sandbox: SandboxBase) -> None:
-    """Node 22 and the CLI in the VM, unless its template has them; any failure is ``install_failed``."""
+async def install(kit: RunnerKit, sandbox: SandboxBase) -> str:
+    """Node 22 and the CLI in the VM, unless its template has them; the CLI's absolute path.
+
+    Every step sets PATH itself (a login shell in the VM may reset the one we pass); any failure is
+    ``install_failed``.
+    """
     settings = kit.settings
     d, step = shlex.quote(settings.e2b_install_dir.rstrip("/")), settings.e2b_step_timeout
     run_dir = vm_run_dir(sandbox)
     env = {"PATH": agent_path(settings), "HOME": sandbox.home, "npm_config_cache": f"{run_dir}/npm-cache"}
+
+    async def shell(script: str) -> Completed:
+        line = f"export PATH={shlex.quote(agent_path(settings))}; {script}"
+        return await sandbox.run(["bash", "-c", line], env, timeout=step)
+
     try:
-        node_ok = node_major(await sandbox.run(["node", "--version"], env, timeout=step)) >= NODE_MAJOR
-        cli_ok = ok(await sandbox.run(["claude", "--version"], env, timeout=step))
-        if node_ok and cli_ok:
-            return
-        if kit.tarballs is None:
-            kit.tarballs = Tarballs(settings)
-        node, cli = await kit.tarballs.paths()
-        for needed, host, name, script in ((not node_ok, node, "node.tar", NODE_INSTALL),
-                                           (not cli_ok, cli, "claude-code.tgz", CLI_INSTALL)):  # fmt: skip
-            if not needed:
-                continue
-            inside = f"{run_dir}/{name}"
-            await sandbox.write_file(inside, await asyncio.to_thread(host.read_bytes))
-            done = await sandbox.run(
-                ["bash", "-c", script.format(d=d, f=shlex.quote(inside))], env, timeout=step
-            )
-            if not ok(done):
-                why = "timed out" if done.timed_out else f"exited {done.exit_code}"
-                raise AttemptFailed(
-                    kinds.INSTALL_FAILED, f"installing {name} {why}: {done.stderr.strip()[-1500:]}"
-                )
+        node_ok = node_major(await shell("node --version")) >= NODE_MAJOR
+        cli_ok = ok(await shell("claude --version"))
+        if not (node_ok and cli_ok):
+            kit.tarballs = kit.tarballs or Tarballs(settings)
+            node, cli = await kit.tarballs.paths()
+            steps = [("node.tar", node, NODE_INSTALL)] if not node_ok else []
+            steps += [("claude-code.tgz", cli, CLI_INSTALL)] if not cli_ok else []
+            for name, host, script in steps:
+                inside = f"{run_dir}/{name}"
+                await sandbox.write_file(inside, await asyncio.to_thread(host.read_bytes))
+                done = await shell(script.format(d=d, f=shlex.quote(inside)))
+                if not ok(done):
+                    why = "timed out" if done.timed_out else f"exited {done.exit_code}"
+                    raise AttemptFailed(
+                        kinds.INSTALL_FAILED, f"installing {name} {why}: {done.stderr.strip()[-1500:]}"
+                    )
+        found = await shell("command -v claude")
+        binary = found.stdout.strip()
+        if not ok(found) or not binary.startswith("/"):
+            raise AttemptFailed(kinds.INSTALL_FAILED, "claude is not on the VM's PATH after the install")
+        return binary
     except AttemptFailed:
         raise
     except Exception as exc:  # a missing/unreachable tarball, a failed upload: the attempt, not the runner
