@@ -31,6 +31,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import e2b
 import pytest
 
 from rollbus.sandbox import apply_patch
@@ -283,3 +284,23 @@ def test_backend_e2b_without_tarballs_fails_at_start_in_one_line(tmp_path: Path)
         )
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert why in done.stderr
+
+
+async def test_a_vm_that_never_boots_is_boot_failed_after_the_retries(rig: dict[str, Any]) -> None:
+    kit, _, sessions = kit_for(rig, boot_backoff=0.0)
+    kit.sdk = FakeSDK(create_failures=[e2b.AuthenticationException("bad key") for _ in range(3)])
+    outcome = await run_task(kit, task(rig["tmp"]))
+    assert outcome.failure_kind == "boot_failed" and "bad key" in (outcome.error or "")
+    keys = [c["idempotency_key"] for c in kit.sdk.creates]
+    assert len(keys) == 3 == len(set(keys)) and sessions.opened == []  # each retry a new VM id
+
+
+async def test_an_oversized_patch_is_cut_in_the_vm_and_capped_on_the_host(rig: dict[str, Any]) -> None:
+    flooder = FAKE_CLAUDE.replace('echo "a new file" > notes.txt', "seq 1 5000 > notes.txt")
+    kit, sdk, _ = kit_for(
+        rig, patch_max_bytes=1024, claude_code_tarball=str(claude_tarball(rig["tmp"] / "f.tgz", flooder))
+    )
+    outcome = await run_task(kit, task(rig["tmp"]))
+    assert (outcome.failure_kind, outcome.patch_truncated) == ("patch_too_large", True)
+    assert len(outcome.patch.encode()) <= 1024 and outcome.patch.endswith("\n")
+    assert any("head -c 1025" in c["cmd"] for c in sdk.vms[0].commands.calls)
