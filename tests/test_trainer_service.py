@@ -29,7 +29,7 @@ from rollbus.services import ServiceProcess
 from rollbus.topics import create_topics, topic_name
 from tests.conftest import unique_namespace
 from trainer import checkpoint
-from trainer.feed import latest_policy_version
+from trainer.feed import latest_policy_version, push_weights
 from trainer.learner import Learner
 from trainer.service import Trainer
 from trainer.settings import TrainerSettings
@@ -124,19 +124,24 @@ async def test_trains_publishes_and_the_engine_serves_each_version(
 
     port = free_port()
     engine = ServiceProcess(
-        "engine", ["--port", str(port), "--threads", "1", *TINY_FLAGS],
+        "engine", ["--port", str(port), "--threads", "1", "--api-key", "k3y", *TINY_FLAGS],
         health_url=f"http://127.0.0.1:{port}/health", log_dir=tmp_path / "logs",
     )  # fmt: skip
     with engine:
         config = settings(
             kafka_bootstrap, namespace, tmp_path / "ckpt", steps=2, max_staleness=0,
-            engine_url=f"http://127.0.0.1:{port}",
+            engine_url=f"http://127.0.0.1:{port}", engine_api_key="k3y",
         )  # fmt: skip
         trainer = Trainer(Learner.resume(config))
         initial = {k: v.clone() for k, v in trainer.learner.model.state_dict().items()}
         await asyncio.wait_for(trainer.run(), 300)
-        info = httpx.get(f"http://127.0.0.1:{port}/get_model_info").json()
-    assert info["weight_version"] == "2" and info["model_path"].endswith("v00000002")
+        url, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer k3y"}
+        info = httpx.get(f"{url}/get_model_info", headers=auth).json()
+        assert info["weight_version"] == "2" and info["model_path"].endswith("v00000002")
+        # a wrong key is refused at once (no retries) and changes nothing
+        v1 = str(checkpoint.version_dir(tmp_path / "ckpt", 1))
+        assert not await push_weights(url, v1, 9, api_key="wrong", timeout=30, retries=5)
+        assert httpx.get(f"{url}/get_model_info", headers=auth).json()["weight_version"] == "2"
 
     published = await policy_versions(kafka_bootstrap, namespace)
     assert [p["version"] for p in published] == [0, 1, 2]

@@ -79,7 +79,8 @@ class Trainer:
                 await self._recover_version()
                 feed = SegmentFeed(
                     settings.bootstrap_servers, self.segments_topic, settings.consumer_group,
-                    int(settings.max_poll_interval * 1000),
+                    max_poll_interval_ms=int(settings.max_poll_interval * 1000),
+                    session_timeout_ms=int(settings.session_timeout * 1000),
                 )  # fmt: skip
                 async with feed:
                     await self._consume(feed, stop)
@@ -175,11 +176,12 @@ class Trainer:
         result = await asyncio.to_thread(learner.step, shares)
         trained = time.monotonic()
         state = learner.state
+        row = self._row(groups, result)  # staleness against the version these groups were trained on
         state.version += 1
         state.step += 1
         state.finished_groups = sorted(self.buffer.finished)
         state.counters = dict(self.counters)
-        state.metrics = self._row(groups, result)
+        state.metrics = row
         state.metrics.update(
             step=state.step, version=state.version, wait_s=ready - self._waiting_since,
             step_s=trained - ready, **dict(self.counters),
@@ -189,7 +191,8 @@ class Trainer:
         self.metrics.write(state.metrics)
         await self._publish(str(path.resolve()), state.version)
         self.fault("after_publish")
-        await feed.commit(self.commit_offsets())
+        if not await feed.commit(self.commit_offsets()):
+            self.counters["commit_failures"] += 1
         self.fault("after_commit")
         self._waiting_since = time.monotonic()
 

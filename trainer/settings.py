@@ -44,7 +44,11 @@ class TrainerSettings(BusSettings):
         None, gt=0, description="truncated importance sampling against the rollout policy, capped at C"
     )
     normalize_std: bool = Field(True, description="divide group advantages by the group's reward std")
-    logits_chunk: int = Field(1024, ge=0, description="masked positions per LM-head chunk; 0: full logits")
+    logits_chunk: int = Field(
+        512,
+        ge=0,
+        description="trained positions per LM-head chunk (peak ~2 x chunk x vocab floats); 0: full",
+    )
     # -- the optimiser
     lr: float = Field(1e-5, gt=0, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
@@ -69,6 +73,9 @@ class TrainerSettings(BusSettings):
     consumer_group: str = Field("trainer", min_length=1, description="Kafka consumer group on segments")
     max_poll_interval: float = Field(
         900.0, gt=0, description="seconds a step may take before Kafka evicts the consumer"
+    )
+    session_timeout: float = Field(
+        30.0, gt=0, description="seconds without heartbeats before Kafka counts the trainer gone"
     )
     engine_url: str = Field("", description="engine to push new weights to; empty: publish to policy only")
     engine_api_key: SecretStr | None = Field(None, description="the engine's API key (sent as Bearer)")
