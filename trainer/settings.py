@@ -64,6 +64,9 @@ class TrainerSettings(BusSettings):
     head_dim: int = Field(ModelSpec.head_dim, gt=0, description="attention head size")
     intermediate_size: int = Field(ModelSpec.intermediate_size, gt=0, description="MLP width")
     context_length: int = Field(ModelSpec.context_length, gt=0, description="max tokens")
+    dist_timeout: float = Field(
+        86400.0, gt=0, description="seconds ranks wait for rank 0's next batch (torchrun) before giving up"
+    )
     threads: int = Field(0, ge=0, description="torch CPU threads (0: all cores)")
     # -- where things go
     checkpoint_dir: Path | None = Field(
