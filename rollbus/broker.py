@@ -36,9 +36,9 @@ from typing import Any
 
 import psutil
 
-from rollbus.config import DEFAULT_STATE_DIR, add_option
 from rollbus.kafka.runtime import BrokerError, adopt_archive, class_data_sharing, fetch, render
 from rollbus.polling import WaitTimeout, wait_until
+from rollbus.settings import DEFAULT_STATE_DIR, Field, Settings, shared
 
 DEFAULT_PORT = 9092
 # Small heap and serial GC: one node with a few topics needs little, and the machine has 2 cores.
@@ -306,20 +306,27 @@ def rss_bytes(pid: int) -> int:
 # --- CLI ---------------------------------------------------------------------------------------
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=("start", "stop", "status", "fetch"))
-    add_option(
-        parser,
-        "--port",
-        default=None,
-        type=int,
-        help=f"broker port on 127.0.0.1 (unset: the port of the last start, else {DEFAULT_PORT}; "
+class BrokerSettings(Settings):
+    """Settings of ``rollbus broker`` (flags ``--x-y``, variables ``ROLLBUS_BROKER_X_Y``)."""
+
+    model_config = Settings.scoped("broker")
+
+    state_dir: Path = Field(
+        DEFAULT_STATE_DIR, validation_alias=shared("state_dir"), description="local state directory"
+    )
+    port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description=f"broker port on 127.0.0.1 (unset: the port of the last start, else {DEFAULT_PORT}; "
         "a free one if that is taken)",
     )
-    add_option(
-        parser, "--state-dir", default=DEFAULT_STATE_DIR, type=Path, help="local state directory", shared=True
-    )
-    add_option(parser, "--timeout", default=60.0, type=float, help="seconds to wait for start or stop")
+    timeout: float = Field(60.0, gt=0, description="seconds to wait for start or stop")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=("start", "stop", "status", "fetch"))
+    BrokerSettings.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -330,22 +337,23 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
 
-def run_action(args: argparse.Namespace) -> int:
-    if args.action == "fetch":
+def run_action(parsed: argparse.Namespace) -> int:
+    settings = BrokerSettings.from_args(parsed)
+    if parsed.action == "fetch":
         print(f"kafka jars in {fetch()}")
         return 0
-    broker = EmbeddedBroker(args.state_dir, port=args.port or DEFAULT_PORT)
-    if args.action == "start":
+    broker = EmbeddedBroker(settings.state_dir, port=settings.port or DEFAULT_PORT)
+    if parsed.action == "start":
         if broker.is_running():
             port = broker.record().get("port", broker.port)
             print(f"broker already running on 127.0.0.1:{port} (pid {broker.pid()}) from {broker.home}")
             return 0
-        broker.port = start_port(broker, args.port)
-        took = broker.start(timeout=args.timeout)
+        broker.port = start_port(broker, settings.port)
+        took = broker.start(timeout=settings.timeout)
         print(f"broker ready on {broker.bootstrap_servers} in {took:.1f}s (pid {broker.pid()})")
-    elif args.action == "stop":
+    elif parsed.action == "stop":
         was = broker.pid() if broker.is_running() else None
-        broker.stop(timeout=args.timeout)
+        broker.stop(timeout=settings.timeout)
         print(f"broker stopped (pid {was})" if was else "broker not running")
     else:
         return print_status(broker)

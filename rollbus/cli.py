@@ -15,6 +15,7 @@ import argparse
 import importlib
 import importlib.util
 import sys
+from typing import Any
 
 from rollbus.config import default_bootstrap
 from rollbus.settings import SettingsError
@@ -35,7 +36,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "trainer": ("trainer.main", "consumes segments and trains the policy"),
     "submit": ("services.sandbox_runner.submit", "submit a JSONL dataset as tasks (n samples per row)"),
     "sandbox": ("services.sandbox_runner.debug", "run a command in a row's agent or grader sandbox"),
+    "gym-submit": ("services.gym_runner.submit", "submit ms-swift gym rows (JSONL) as tasks"),
     "export": ("rollbus.export", "write gym episodes from the topics as ms-swift-style JSON lines"),
+    "demo2": ("services.stack.demo", "closed-loop demo (in progress)"),
+    "up": ("services.stack.up", "the whole pipeline on embedded defaults, supervised, until Ctrl-C"),
     "demo": ("rollbus.demo", "run the end-to-end slice on embedded defaults"),
 }
 
@@ -64,6 +68,14 @@ def summary(name: str) -> str:
     return text if built(module_name) else NOT_BUILT + text
 
 
+def command_parser(name: str, module: Any) -> argparse.ArgumentParser:
+    """The parser of ``rollbus <name>``, filled by add_<name>_arguments or add_arguments."""
+    parser = argparse.ArgumentParser(prog=f"rollbus {name}", description=summary(name))
+    add = getattr(module, f"add_{name.replace('-', '_')}_arguments", module.add_arguments)
+    add(parser)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="rollbus", description=__doc__.splitlines()[0])
@@ -81,17 +93,16 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"rollbus {name}: not built yet (no {missing.name}); see the open issues", file=sys.stderr)
         return 2
-    cmd_parser = argparse.ArgumentParser(prog=f"rollbus {name}", description=summary(name))
-    add = getattr(module, f"add_{name.replace('-', '_')}_arguments", module.add_arguments)
-    add(cmd_parser)
-    args = cmd_parser.parse_args(argv[1:])
-    args.command = name
-    if "bootstrap_servers" in vars(args) and args.bootstrap_servers is None:  # after --state-dir is known
-        args.bootstrap_servers = default_bootstrap(getattr(args, "state_dir", None))
     try:
+        cmd_parser = command_parser(name, module)  # options read their variables here
+        args = cmd_parser.parse_args(argv[1:])
+        args.command = name
+        if "bootstrap_servers" in vars(args) and args.bootstrap_servers is None:  # once --state-dir is known
+            args.bootstrap_servers = default_bootstrap(getattr(args, "state_dir", None))
         return int(module.run(args) or 0)
     except SettingsError as exc:  # a bad flag or variable: one line, before anything started
-        cmd_parser.exit(2, f"{cmd_parser.prog}: error: {exc}\n")
+        print(f"rollbus {name}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

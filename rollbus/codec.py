@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import fastavro
+import numpy as np
 from fastavro.schema import SchemaParseException
 from fastavro.validation import ValidationError, validate
 
@@ -51,11 +52,106 @@ class Decoded:
     record: dict[str, Any]
 
 
+_INT_RANGES = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
+_NUMBER_ITEMS = ("int", "long", "float", "double")
+
+
 @dataclass(frozen=True)
 class _Schema:
     version: int
     declared: dict[str, Any]  # the JSON as written in the .avsc file
     parsed: dict[str, Any]  # fastavro's parsed form, reused for every message
+    number_arrays: tuple[tuple[str, str], ...] = ()  # (field, item type) of top-level arrays of numbers
+    plan: tuple[tuple[Any, ...], ...] = ()  # how encode writes the fields (see _encode_plan)
+
+
+def _number_arrays(declared: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """Top-level ``array<int|long|float|double>`` fields: token ids, logprobs, versions (a turn's bulk)."""
+    found = []
+    for field in declared["fields"]:
+        kind = field["type"]
+        if isinstance(kind, dict) and kind.get("type") == "array" and kind.get("items") in _NUMBER_ITEMS:
+            found.append((field["name"], kind["items"]))
+    return tuple(found)
+
+
+def _encode_plan(declared: dict[str, Any]) -> tuple[tuple[Any, ...], ...]:
+    """The record as steps: ``("run", schema)`` for consecutive ordinary fields, written by fastavro (an Avro
+    record is its fields' encodings back to back, so a record of a run of fields writes exactly those
+    bytes), and ``("numbers", field, items, schema)`` for an array of numbers, written by numpy when the
+    check vouched for it (by fastavro with ``schema`` otherwise)."""
+    named: dict[str, Any] = {}
+    arrays = dict(_number_arrays(declared))
+    steps: list[tuple[Any, ...]] = []
+    run: list[dict[str, Any]] = []
+
+    def part(fields: list[dict[str, Any]]) -> dict[str, Any]:
+        name = f"{declared['name']}Part{len(steps)}"
+        record = {"type": "record", "name": name, "namespace": declared.get("namespace"), "fields": fields}
+        return fastavro.parse_schema(copy.deepcopy(record), named_schemas=named)
+
+    for field in declared["fields"]:
+        if field["name"] not in arrays:
+            run.append(field)
+            continue
+        if run:
+            steps.append(("run", part(run)))
+            run = []
+        steps.append(("numbers", field["name"], arrays[field["name"]], part([field])))
+    if run:
+        steps.append(("run", part(run)))
+    return tuple(steps)
+
+
+def _varints(values: np.ndarray) -> bytes:
+    """Avro longs (zigzag, then 7 bits a byte, least significant first) of an int64 array, vectorised."""
+    zigzag = ((values << 1) ^ (values >> 63)).view(np.uint64)
+    width = max(1, (int(zigzag.max()).bit_length() + 6) // 7)
+    groups = np.empty((len(zigzag), width), np.uint8)
+    lengths = np.ones(len(zigzag), np.int64)
+    rest = zigzag.copy()
+    for i in range(width):
+        groups[:, i] = (rest & np.uint64(0x7F)).astype(np.uint8)
+        rest >>= np.uint64(7)
+        more = rest != 0
+        groups[:, i] |= more.astype(np.uint8) << np.uint8(7)
+        lengths += more
+    return groups[np.arange(width) < lengths[:, None]].tobytes()
+
+
+def _number_block(values: np.ndarray) -> bytes:
+    """One Avro array block (count, items, end marker) of numbers :func:`_vouch` converted."""
+    if not len(values):
+        return b"\x00"
+    count = _varints(np.array([len(values)], np.int64))
+    body = _varints(values) if values.dtype == np.int64 else values.tobytes()
+    return count + body + b"\x00"
+
+
+def _vouch(value: Any, items: str) -> np.ndarray | None:
+    """``value`` as a numpy array if a C-speed check shows it valid for ``array<items>`` as fastavro's
+    validator would judge it (ints, not bools, in range; ints or floats for float/double, a float within
+    32 bits); None means "not sure": the caller then runs the full validation, which decides and names the
+    problem, and fastavro writes the field."""
+    if type(value) is not list:
+        return None
+    types = set(map(type, value))
+    if items in _INT_RANGES:
+        if value and types != {int}:
+            return None
+        try:
+            array = np.asarray(value, dtype=np.int64)
+        except OverflowError:
+            return None
+        low, high = _INT_RANGES[items]
+        return array if not value or (low <= array.min() and array.max() <= high) else None
+    if not types <= {int, float}:
+        return None
+    try:
+        array = np.asarray(value, dtype="<f4" if items == "float" else "<f8")
+    except OverflowError:
+        return None
+    return None if items == "float" and np.isinf(array).any() else array
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -93,7 +189,10 @@ def _load_versions(schema_dir: Path, event_type: str) -> dict[int, _Schema]:
             raise CodecError(f"{path} is newer than the current {event_type} schema (v{current['version']})")
         versions[version] = declared
     try:
-        return {v: _Schema(v, d, fastavro.parse_schema(copy.deepcopy(d))) for v, d in versions.items()}
+        return {
+            v: _Schema(v, d, fastavro.parse_schema(copy.deepcopy(d)), _number_arrays(d), _encode_plan(d))
+            for v, d in versions.items()
+        }
     except SchemaParseException as exc:
         raise CodecError(f"{event_type} schema in {schema_dir} is not valid Avro: {exc}") from exc
 
@@ -154,10 +253,14 @@ class Codec:
         """Header plus ``record`` in Avro binary under the latest schema; ``schema_version`` is filled in."""
         current = self._get(event_type, None)
         datum = {**record, "schema_version": current.version}
-        self._check(event_type, current, datum)
+        vouched = self._check(event_type, current, datum)
         buffer = io.BytesIO()
         buffer.write(HEADER.pack(MAGIC, EVENT_TYPES.index(event_type), current.version))
-        fastavro.schemaless_writer(buffer, current.parsed, datum)
+        for step in current.plan:
+            if step[0] == "numbers" and step[1] in vouched:
+                buffer.write(_number_block(vouched[step[1]]))
+            else:
+                fastavro.schemaless_writer(buffer, step[-1], datum)
         return buffer.getvalue()
 
     def decode(self, data: bytes | bytearray | memoryview) -> Decoded:
@@ -188,8 +291,9 @@ class Codec:
             raise CodecError(f"unknown {event_type} schema version {version} (known: {sorted(versions)})")
         return versions[key]
 
-    def _check(self, event_type: str, current: _Schema, datum: dict[str, Any]) -> None:
-        """Reject records fastavro would silently coerce or truncate, naming the offending field."""
+    def _check(self, event_type: str, current: _Schema, datum: dict[str, Any]) -> dict[str, np.ndarray]:
+        """Reject records fastavro would silently coerce or truncate, naming the offending field; returns
+        the number arrays a C-speed check vouched for (the validator never walked them)."""
         fields = current.declared["fields"]
         missing = [field["name"] for field in fields if field["name"] not in datum and "default" not in field]
         if missing:
@@ -199,12 +303,15 @@ class Codec:
         if unknown:
             raise CodecError(f"{event_type} record has field(s) {', '.join(unknown)} "
                              f"that schema v{current.version} does not define")
-        try:
-            validate(datum, current.parsed, raise_errors=True)
+        arrays = {n: _vouch(datum[n], items) for n, items in current.number_arrays if n in datum}
+        vouched = {n: array for n, array in arrays.items() if array is not None}
+        try:  # the validator walks every element in Python: it only sees the arrays nobody vouched for
+            validate({**datum, **dict.fromkeys(vouched, [])}, current.parsed, raise_errors=True)
         except ValidationError as exc:
             problems = _describe(exc, current.declared["name"])
             message = f"{event_type} record does not match schema v{current.version}: {problems}"
             raise CodecError(message) from exc
+        return vouched
 
 
 def _describe(exc: ValidationError, record_name: str) -> str:

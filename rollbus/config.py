@@ -52,11 +52,25 @@ def add_option(
     raw = os.environ.get(env)
     try:
         value = type(raw) if raw is not None else default
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{env}={raw!r} is not a valid value for {flag}: {exc}") from exc
+    except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
+        from rollbus.settings import SettingsError  # late: rollbus.settings imports this module
+
+        raise SettingsError(f"{env}={raw!r}: not a valid value for {flag} ({exc})") from None
     parser.add_argument(
-        flag, default=value, type=type, help=f"{help} [env {env}; default {default!r}]", **kwargs
+        flag, default=value, type=type, help=f"{help} [env {env}; default {as_typed(default)}]", **kwargs
     )
+
+
+def as_typed(default: Any) -> str:
+    """A default as a person would type it: ``.rollbus`` for a path, ``unset`` for None, ``''`` for
+    the empty string; ``%`` escaped for argparse."""
+    if default is None:
+        return "unset"
+    if isinstance(default, str) and not default:
+        return "''"
+    if isinstance(default, bool):
+        return "true" if default else "false"
+    return str(default).replace("%", "%%")
 
 
 def parse_bool(raw: str | bool) -> bool:

@@ -238,7 +238,8 @@ def print_summary(
             str(len(s.response_ids)), str(sum(s.loss_mask)), f"{s.reward:.3f}",
         )  # fmt: skip
     console.print(table)
-    console.print(replay_hint(episode.rollout_id, bootstrap, embedded_state), markup=False)
+    console.file.flush()
+    print(replay_hint(episode.rollout_id, bootstrap, embedded_state), flush=True)  # whole lines, to copy
 
 
 def replay_hint(rollout_id: str, bootstrap: str, embedded_state: Path | None) -> str:

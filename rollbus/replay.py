@@ -25,7 +25,6 @@ from aiokafka.errors import KafkaError
 from aiokafka.partitioner import murmur2
 
 from rollbus.codec import CodecError, Decoded, decode
-from rollbus.config import add_common_options, add_option
 from rollbus.reach import (
     DEFAULT_CONNECT_TIMEOUT,
     BrokerUnreachable,
@@ -33,8 +32,9 @@ from rollbus.reach import (
     reachable,
     require_broker,
 )
+from rollbus.settings import BusSettings, Field
 from rollbus.tables import TableWriter, cells, header
-from rollbus.topics import TopicsError, describe, event_type_for
+from rollbus.topics import TopicsError, describe, event_type_for, topic_name
 
 SUMMARY_EDGE = 3  # numbers shown from the start of a summarised array (plus the last one)
 PROBE_EVERY = 2.0  # idle seconds between checks that the broker is still there
@@ -266,8 +266,21 @@ def topic_event_type(topic: str) -> str | None:
         return None
 
 
+class ReplaySettings(BusSettings):
+    """Settings of ``rollbus replay`` and ``rollbus tail`` (variables ``ROLLBUS_REPLAY_X_Y``); what to read
+    (topic, start, key, limit, format) are the command's arguments."""
+
+    model_config = BusSettings.scoped("replay")
+
+    connect_timeout: float = Field(
+        DEFAULT_CONNECT_TIMEOUT,
+        gt=0,
+        description="seconds to wait for an unreachable broker before giving up (replay) or saying so (tail)",
+    )
+
+
 def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("topic", help="topic to read (e.g. turns, or t42.turns in a namespace)")
+    parser.add_argument("topic", help="topic to read (e.g. turns; with --namespace t42, t42.turns)")
     start = parser.add_mutually_exclusive_group()
     start.add_argument("--from-beginning", action="store_true", help="start at the earliest offset")
     start.add_argument("--offset", type=int, help="start at this offset in every partition")
@@ -276,19 +289,19 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, help="stop after this many events")
     parser.add_argument("--format", choices=("json", "table"), default="json", help="output format")
     parser.add_argument("--full", action="store_true", help="print token arrays and bytes in full")
-    add_common_options(parser)
-    add_option(
-        parser, "--connect-timeout", default=DEFAULT_CONNECT_TIMEOUT, type=float,
-        help="seconds to wait for an unreachable broker before giving up (replay) or saying so (tail)",
-    )  # fmt: skip
+    ReplaySettings.add_arguments(parser)
 
 
 add_tail_arguments = add_replay_arguments
 add_arguments = add_replay_arguments
 
 
-def plan_from(args: argparse.Namespace) -> ReadPlan:
+def plan_from(args: argparse.Namespace, namespace: str = "") -> ReadPlan:
+    """What the arguments ask to read; a bare rollbus topic name is taken in ``namespace``."""
     follow = getattr(args, "command", "replay") == "tail"
+    topic = args.topic
+    if namespace and not topic.startswith(f"{namespace}."):
+        topic = topic_name(topic, namespace)
     start = "end" if follow else "beginning"
     if args.from_beginning:
         start = "beginning"
@@ -297,7 +310,7 @@ def plan_from(args: argparse.Namespace) -> ReadPlan:
     elif args.since is not None:
         start = "since"
     return ReadPlan(
-        args.topic, start, offset=args.offset or 0, since_ms=args.since or 0,
+        topic, start, offset=args.offset or 0, since_ms=args.since or 0,
         key=args.key.encode() if args.key is not None else None, limit=args.limit, follow=follow,
     )  # fmt: skip
 
@@ -320,6 +333,7 @@ async def print_events(
     """Print ``plan``'s events as JSON lines or a table (aligned at the end for replay, row by row for
     tail). Everything that is not an event (waiting, nothing found, broker lost) goes to stderr."""
     if plan.follow:
+        await require_broker(bootstrap_servers, connect_timeout)  # say "following" only once it is there
         say(f"following {where(plan)} on {bootstrap_servers}, Ctrl-C to stop")
     event_type = topic_event_type(plan.topic)
     table = TableWriter(sys.stdout, header(event_type), stream=plan.follow)
@@ -341,17 +355,17 @@ def say(line: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    settings = ReplaySettings.from_args(args)
     quiet_kafka_logs()
-    plan = plan_from(args)
+    plan = plan_from(args, settings.namespace)
+    bootstrap = settings.bootstrap_servers
     try:
-        return asyncio.run(
-            print_events(args.bootstrap_servers, plan, args.format, args.full, args.connect_timeout)
-        )
+        return asyncio.run(print_events(bootstrap, plan, args.format, args.full, settings.connect_timeout))
     except (LookupError, BrokerUnreachable) as error:
         say(f"error: {error}")
         return 1
     except KafkaError as error:
-        say(f"error: the broker at {args.bootstrap_servers} failed while reading {plan.topic}: {error!r}")
+        say(f"error: the broker at {bootstrap} failed while reading {plan.topic}: {error!r}")
         return 1
     except KeyboardInterrupt:
         return 130

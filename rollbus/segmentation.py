@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from rollbus.codec import CodecError, decode
+from rollbus.topics import MAX_EVENT_BYTES, spec_for, split_name
 from rollbus.trajectory import ChainBroken, ChainTokens, FrozenChain, LossScope, Segment, fan_out
 from rollbus.turn_log import (
     ConflictingTurn,
@@ -204,7 +205,7 @@ def _late_turn(state: RolloutState, record: Mapping[str, Any], key: TurnKey, dig
 
 def _session(state: RolloutState, record: Mapping[str, Any]) -> Step:
     attempt, chain_id, kind = record.get("attempt_id", ""), record["chain_id"], record["kind"]
-    identity, digest = f"{attempt}\x1f{chain_id}\x1f{kind}", _digest(record, ("schema_version", "at"))
+    identity, digest = json.dumps([attempt, chain_id, kind]), _digest(record, ("schema_version", "at"))
     seen = state.sessions.get(identity)
     if seen == digest:
         return Step("duplicate")
@@ -414,8 +415,8 @@ Decoder = Callable[[bytes], Mapping[str, Any]]
 
 
 def body_key(rollout_id: str, key: TurnKey) -> str:
-    attempt, chain, index = key
-    return f"{rollout_id}\x1f{attempt}\x1f{chain}\x1f{index}"
+    """The turn-bodies key: JSON, so no id, whatever characters it holds, can collide with another's."""
+    return json.dumps([rollout_id, *key])
 
 
 class Segmenter:
@@ -523,8 +524,6 @@ class WrongKey(CodecError):
 
 def decode_fact(topic: str, value: bytes | None, key: bytes | None, timestamp_ms: int) -> Fact:
     """The fact in one message of ``turns``/``sessions``/``diffs``/``rewards``; CodecError if poison."""
-    from rollbus.topics import MAX_EVENT_BYTES, spec_for, split_name
-
     data = value or b""
     if len(data) > MAX_EVENT_BYTES:
         raise CodecError(f"message of {len(data)} bytes is over the limit of {MAX_EVENT_BYTES}")

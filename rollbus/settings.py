@@ -27,9 +27,11 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationError
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from rollbus.config import recorded_bootstrap
 
 __all__ = ["BusSettings", "Field", "Settings", "SettingsError", "shared"]
 
@@ -113,19 +115,38 @@ class Settings(BaseSettings):
         return f"{text} [env {cls.env_var(name)}; default {_show_default(info)}]"
 
     @classmethod
+    def _variable_set(cls, name: str) -> str:
+        """The variable a value of ``name`` came from: of several aliases, the first one set."""
+        alias = cls.model_fields[name].validation_alias
+        if isinstance(alias, AliasChoices):
+            present = {key.upper() for key in os.environ}
+            for choice in alias.choices:
+                if isinstance(choice, str) and choice.upper() != name.upper() and choice.upper() in present:
+                    return choice
+        return cls.env_var(name)
+
+    @classmethod
+    def _secret(cls, name: str) -> bool:
+        """A SecretStr, or a field declared with ``repr=False`` (a key kept as bytes or str for its users)."""
+        info = cls.model_fields[name]
+        return _is_secret(info.annotation) or not info.repr
+
+    @classmethod
     def _explain(cls, exc: ValidationError, given: dict[str, Any]) -> str:
         error = exc.errors()[0]
-        name = str(error["loc"][0]) if error["loc"] else ""
+        if not error["loc"]:  # a rule across options (a model validator): its own words are the line
+            return str(error.get("ctx", {}).get("error", error["msg"]))
+        name = str(error["loc"][0])
         if name not in cls.model_fields:  # the alias form of a shared option
             name = next((n for n in cls.model_fields if n.upper() in name.upper()), name)
         if name in given:
             where = cls.flag(name)
         elif name in cls.model_fields:
-            where = cls.env_var(name)
+            where = cls._variable_set(name)
         else:
             where = name or "settings"
         value = error.get("input")
-        shown = "***" if name in cls.model_fields and _is_secret(cls.model_fields[name].annotation) else value
+        shown = "***" if name in cls.model_fields and cls._secret(name) else value
         message = error["msg"]
         return f"{where}={shown!r}: {message[:1].lower()}{message[1:]}"
 
@@ -136,7 +157,8 @@ class BusSettings(Settings):
     bootstrap_servers: str = Field(
         DEFAULT_BOOTSTRAP,
         validation_alias=shared("bootstrap_servers"),
-        description="Kafka bootstrap servers (any Kafka-compatible cluster)",
+        description="Kafka bootstrap servers (any Kafka-compatible cluster); unset: the embedded broker of "
+        "--state-dir wherever `rollbus broker start` put it, else the default",
         min_length=1,
     )
     state_dir: Path = Field(
@@ -148,6 +170,16 @@ class BusSettings(Settings):
         description="prefix of the topics used (tests, parallel demos); empty: the real topics",
         pattern=r"^[A-Za-z0-9._-]*$",
     )
+
+    @model_validator(mode="after")
+    def _find_embedded_broker(self) -> Self:
+        """Unset by flag and variable, the bus is the embedded broker ``rollbus broker start`` recorded in
+        the state dir, on whatever port it found free (``127.0.0.1:9092`` if none was recorded)."""
+        if "bootstrap_servers" not in self.model_fields_set:
+            found = recorded_bootstrap(self.state_dir)
+            if found is not None:
+                object.__setattr__(self, "bootstrap_servers", found)  # frozen: set once, while validating
+        return self
 
 
 # -- helpers over annotations ------------------------------------------------------------------------------

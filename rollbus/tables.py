@@ -101,8 +101,8 @@ def clock(millis: int, date: bool = False) -> str:
 
 
 def cell(value: Any) -> str:
-    """One cell as text: None as ``-``, booleans as yes/no, anything else as ``str`` on one line."""
-    if value is None:
+    """One cell as text: None or empty as ``-``, booleans as yes/no, anything else as ``str`` on one line."""
+    if value is None or value == "":
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"

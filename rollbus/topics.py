@@ -24,10 +24,10 @@ from typing import Any
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
-from rollbus.config import add_common_options, add_option
 from rollbus.events import EVENTS
 from rollbus.polling import WaitTimeout, wait_until_async
 from rollbus.reach import DEFAULT_CONNECT_TIMEOUT, BrokerUnreachable, quiet_kafka_logs, require_broker
+from rollbus.settings import BusSettings, Field
 
 DEFAULT_PARTITIONS = 6  # enough for a few parallel segmenters/graders on one node; cheap on disk
 MAX_EVENT_BYTES = 8 * 2**20  # turns carry whole prompts as token ids
@@ -218,23 +218,30 @@ async def check_topics(bootstrap_servers: str, namespace: str = "") -> dict[str,
 # --- CLI ---------------------------------------------------------------------------------------
 
 
+class TopicsSettings(BusSettings):
+    """Settings of ``rollbus topics`` (flags ``--x-y``, variables ``ROLLBUS_TOPICS_X_Y``)."""
+
+    model_config = BusSettings.scoped("topics")
+
+    partitions: int = Field(
+        DEFAULT_PARTITIONS, ge=1, description="partition count shared by all rollout-keyed topics"
+    )
+    replication_factor: int = Field(1, ge=1, description="replicas per partition (1 locally)")
+    connect_timeout: float = Field(
+        DEFAULT_CONNECT_TIMEOUT, gt=0, description="seconds to wait for an unreachable broker, then give up"
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=("create", "check", "list"))
-    add_common_options(parser)
-    add_option(parser, "--connect-timeout", default=DEFAULT_CONNECT_TIMEOUT, type=float,
-               help="seconds to wait for an unreachable broker before giving up")  # fmt: skip
-    add_option(parser, "--partitions", default=DEFAULT_PARTITIONS, type=int,
-               help="partition count shared by all rollout-keyed topics")  # fmt: skip
-    add_option(
-        parser, "--namespace", default="", help="prefix for topic names (tests, parallel demos)", shared=True
-    )
-    add_option(parser, "--replication-factor", default=1, type=int, help="replicas per partition (1 locally)")
+    TopicsSettings.add_arguments(parser)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(parsed: argparse.Namespace) -> int:
+    args = TopicsSettings.from_args(parsed)
     quiet_kafka_logs()
     try:
-        return asyncio.run(_run(args))
+        return asyncio.run(_run(parsed.action, args))
     except (TopicsError, BrokerUnreachable) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -243,15 +250,15 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
 
-async def _run(args: argparse.Namespace) -> int:
+async def _run(action: str, args: TopicsSettings) -> int:
     await require_broker(args.bootstrap_servers, args.connect_timeout)
-    if args.action == "create":
+    if action == "create":
         created = await create_topics(
             args.bootstrap_servers, args.partitions, args.namespace, args.replication_factor
         )
         print(f"created {', '.join(created)}" if created else "all topics already exist")
         await check_topics(args.bootstrap_servers, args.namespace)
-    elif args.action == "check":
+    elif action == "check":
         counts = await check_topics(args.bootstrap_servers, args.namespace)
         keyed = next(n for name, n in counts.items() if spec_for(name).rollout_keyed)
         print(f"ok: {len(counts)} topics, rollout-keyed ones have {keyed} partitions")

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import psutil
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from rollbus.replay import ReadPlan, read
@@ -63,7 +64,7 @@ class RunnerProcess:
         self.argv = [
             sys.executable, "-m", "rollbus", "sandbox-runner", "--bootstrap-servers", rig.bootstrap,
             "--namespace", namespace, "--adapter-url", rig.url, "--admin-token", rig.admin_token,
-            "--scratch-dir", str(work / "scratch"), "--session-timeout-ms", "6000", *args,
+            "--session-timeout-ms", "6000", *args,
         ]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -74,11 +75,14 @@ class RunnerProcess:
                                          start_new_session=True, env=os.environ.copy())  # fmt: skip
         return self
 
-    def kill9(self) -> None:
-        """SIGKILL the runner process alone (not its group): what a crashed host or OOM killer does."""
+    def kill9(self) -> list[psutil.Process]:
+        """SIGKILL the runner process alone (not its group), as the OOM killer would; returns the processes
+        it had started (its sandboxes), which must die with it."""
         assert self.proc is not None
+        children = psutil.Process(self.proc.pid).children(recursive=True)
         self.proc.kill()
         self.proc.wait(30)
+        return children
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -114,13 +114,13 @@ async def read_all(
     return records
 
 
-async def wait_for(predicate: Any, timeout: float = 60.0, what: str = "condition") -> None:
+async def wait_for(predicate: Any, timeout: float = 60.0, what: str = "condition", log: Any = str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if await predicate():
             return
         await asyncio.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}:\n{log()[-6000:]}")
 
 
 def unique_segments(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -142,6 +142,13 @@ async def test_the_official_openai_client_talks_to_it_and_streams(engine_url) ->
     assert [(e["rollout_id"], e["finish_reason"]) for e in turns] == [("r-official", "stop")] * 2
 
 
+def called(arguments: str) -> list[dict]:
+    """A conversation whose assistant turn calls a tool with these raw ``arguments``."""
+    call = {"id": "t", "type": "function", "function": {"name": "python", "arguments": arguments}}
+    return [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "t", "content": "y"}]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("patch", "status", "needle"),
     [
@@ -157,6 +164,10 @@ async def test_the_official_openai_client_talks_to_it_and_streams(engine_url) ->
         ({"messages": [{"role": "user", "content": "x"}, {"role": "system", "content": "late"}]},
          400, "only accepted at the start"),
         ({"max_tokens": 0}, 400, "max_tokens"),
+        ({"messages": called('{"code": ' + "9" * 5000 + "}")}, 400, "not a JSON object"),
+        ({"messages": called('{"code": ' + "[" * 100_000 + "]" * 100_000 + "}")}, 400, "not a JSON object"),
+        ({"messages": called('{"x": ' + "[" * 300 + "]" * 300 + "}")}, 400, "nested too deeply"),
+        ({"messages": called('{"code": "\\ud800"}')}, 400, "surrogate"),
         ({"messages": "hello"}, 400, "messages"),
     ],
 )  # fmt: skip
@@ -180,3 +191,27 @@ async def test_unknown_token_and_too_long_prompt(adapter) -> None:
         "/v1/chat/completions", json={"model": "m", "messages": long}, headers=token()
     )
     assert response.status_code == 400 and "prompt is too long" in response.json()["error"]["message"]
+
+
+async def test_a_tampered_echo_starts_a_new_chain_instead_of_training_on_it(adapter) -> None:
+    """The client (or a policy steering it) edits the model's reply before echoing it: the adapter must not
+    splice those unsampled tokens into the chain as if the model had written them."""
+    headers = token()
+    rollout = headers["authorization"].split()[1]
+    first = await complete(adapter, opening(), headers)
+    reply = dict(first["choices"][0]["message"])
+    call = dict(reply["tool_calls"][0])
+    call["function"] = {
+        "name": "python",
+        "arguments": json.dumps({"code": "import os; os.system('rm -rf /')"}),
+    }
+    reply["tool_calls"] = [call]
+    history = [*opening(), reply, {"role": "tool", "tool_call_id": call["id"], "content": "done"}]
+    await complete(adapter, history, headers)
+    sessions = adapter.publisher.of("sessions", rollout)
+    assert [(s["kind"], s["chain_id"], s["reason"]) for s in sessions][1:] == [
+        ("frozen", "main", "unmatched_assistant"),
+        ("opened", "main.1", "unmatched_assistant"),
+    ]
+    second = adapter.publisher.of("turns", rollout)[1]
+    assert second["chain_id"] == "main.1" and second["prompt_ref_turn"] is None  # a fresh full render

@@ -13,13 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollbus.canonical import CanonicalHistory
+from rollbus.cli import main as cli_main
 from rollbus.tokenizer import load_tokenizer
 from rollbus.trajectory import Turn
 from rollbus.turn_log import prompt_reference
 from services.adapter import sse
 from services.adapter.anthropic import Message, parse_messages_request
 from services.adapter.errors import overloaded
-from services.adapter.main import add_arguments, run, settings_from
+from services.adapter.main import add_arguments, settings_from
 from services.adapter.publisher import BacklogFull, Outbox
 from services.adapter.response import TurnRef, signed_turn, stop_reason, thinking_signature, tool_use_id
 from services.adapter.sessions import (
@@ -336,12 +337,14 @@ def test_a_shared_signing_key_survives_a_restart(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("key", ["", "short-secret"])
-def test_a_bad_signing_key_stops_the_adapter_without_showing_it(monkeypatch, key) -> None:
+def test_a_bad_signing_key_stops_the_adapter_without_showing_it(monkeypatch, capsys, key) -> None:
     monkeypatch.setenv("ROLLBUS_ADAPTER_SIGNING_KEY", key)
     with pytest.raises(SystemExit) as stopped:
-        run(adapter_args([]))
-    message = str(stopped.value)
-    assert message.startswith("rollbus adapter: signing_key must")
+        cli_main(["adapter"])
+    assert stopped.value.code == 2
+    message = capsys.readouterr().err
+    assert message.startswith("rollbus adapter: error: ROLLBUS_ADAPTER_SIGNING_KEY='***'")
+    assert "signing_key must" in message and len(message.strip().splitlines()) == 1
     assert ("empty" if not key else "at least 16 bytes") in message and (not key or key not in message)
 
 

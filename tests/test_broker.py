@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rollbus.broker import EmbeddedBroker, add_arguments, cluster_id
+from rollbus.broker import BrokerSettings, EmbeddedBroker, add_arguments, cluster_id
 from rollbus.kafka.runtime import BrokerError, adopt_archive, fetch, jars_dir, render
 
 
@@ -64,7 +64,7 @@ def test_cli_port_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("ROLLBUS_BROKER_PORT", "19555")
     parser = argparse.ArgumentParser(prog="rollbus broker")
     add_arguments(parser)
-    assert parser.parse_args(["status"]).port == 19555
+    assert BrokerSettings.from_args(parser.parse_args(["status"])).port == 19555
 
 
 def test_start_refuses_a_taken_port_before_launching_anything(tmp_path: Path) -> None:

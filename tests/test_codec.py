@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -168,3 +170,40 @@ def test_every_field_of_every_event_is_checked_by_name(event_type):
         if "default" not in field:
             with pytest.raises(CodecError, match=rf"^{event_type} record is missing field\(s\) {name} "):
                 codec.encode(event_type, _without(SAMPLES[event_type], name))
+
+
+# --- the encode fast path: numpy writes vouched number arrays; bytes and errors stay fastavro's -----------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ids=st.lists(st.integers(-(2**31), 2**31 - 1), max_size=40),
+    versions=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=20),
+    logprobs=st.lists(st.floats(width=32, allow_nan=False) | st.integers(-5, 5), max_size=20),
+)
+def test_the_fast_path_writes_what_fastavro_writes(ids, versions, logprobs):
+    import fastavro
+
+    record = {**SAMPLES["segment"], "response_ids": ids, "policy_versions": versions,
+              "rollout_logprobs": logprobs, "loss_mask": bytes(len(ids))}  # fmt: skip
+    expected = io.BytesIO()
+    fastavro.schemaless_writer(expected, fastavro.parse_schema(codec.schema("segment")),
+                               {**record, "schema_version": codec.schema("segment")["version"]})  # fmt: skip
+    assert codec.encode("segment", record)[HEADER.size :] == expected.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [([1, True, 3], "got bool True"), ([1, 2**31], "got int 2147483648"), ([1, "2"], "got str '2'"),
+     ((1, 2.5), "got float 2.5")],
+    ids=["bool-in-ids", "int32-overflow-in-ids", "str-in-ids", "float-in-tuple"],
+)
+def test_a_bad_number_in_a_long_array_is_still_named(value, shown):
+    record = {**SAMPLES["segment"], "response_ids": [7] * 5000 + list(value)}
+    with pytest.raises(CodecError, match=rf"^segment record .*'response_ids': {shown}"):
+        codec.encode("segment", record)
+
+
+def test_tuples_and_other_sequences_still_encode_through_fastavro():
+    record = {**SAMPLES["segment"], "response_ids": (1, 2, 3), "loss_mask": b"\x01\x01\x00"}
+    assert codec.decode(codec.encode("segment", record)).record["response_ids"] == [1, 2, 3]

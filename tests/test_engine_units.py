@@ -175,3 +175,12 @@ def test_scripted_policy_ends_every_chain_with_the_final_text():
     main = ChainRoute("r", "c", "main")
     assert [policy.scripted_turn(main).text for _ in range(3)] == ["one", "bye", "bye"]
     assert policy.scripted_turn(ChainRoute("r", "s", "subagent")).text == "bye"
+
+
+def test_script_dir_picks_a_task_script_by_rollout_prefix_and_a_variant_by_sample():
+    solve, fail, other = (parse_script({"turns": [text]}) for text in ("solve", "fail", "other"))
+    policy = ScriptedPolicy(other, by_prefix={"task": solve, "task@1": fail, "task-long": other})
+    assert policy.script_for("task-ab12-0") is solve
+    assert policy.script_for("task-ab12-1") is fail  # sample 1 of every group of `task`
+    assert policy.script_for("task-long-ab12-1") is other  # the longest name wins; it has no variant
+    assert policy.script_for("unrelated-ab12-1") is other

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +126,42 @@ async def test_a_hanging_patch_times_out(rows: dict[str, dict[str, Any]]) -> Non
     assert (result.reward, result.failure_kind) == (0.0, "timeout"), result
 
 
+async def test_missing_eval_material_is_a_bad_row(rows: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    row = json.loads(json.dumps(rows["lru"]))
+    row["metadata"]["swepro"]["parser_script_path"] = str(tmp_path / "no-parser.py")
+    result = await grade(parse_row(row, SWE_MINI), row["label"])
+    assert (result.reward, result.failure_kind) == (0.0, "bad_row") and "no-parser.py" in result.details[
+        "note"
+    ]
+
+
 async def test_missing_image_is_a_sandbox_failure(rows: dict[str, dict[str, Any]], tmp_path: Path) -> None:
     row = json.loads(json.dumps(rows["roman"]))
     row["metadata"]["image"] = str(tmp_path / "nowhere")
     result = await grade(parse_row(row, SWE_MINI), row["label"])
     assert (result.reward, result.failure_kind) == (0.0, "sandbox_failed")
+
+
+async def test_tarball_image_and_pre_commands(rows: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    """An image given as a tarball (one top-level directory) grades like the directory; ``pre_commands``
+    share the grading command's shell."""
+    row = json.loads(json.dumps(rows["sum-to"]))
+    tarball = tmp_path / "sum-to.tar.gz"
+    with tarfile.open(tarball, "w:gz") as archive:
+        archive.add(SWE_MINI / row["metadata"]["image"], arcname="sum-to")
+    row["metadata"]["image"] = str(tarball)
+    row["metadata"]["pre_commands"] = ["export ROLLBUS_PRE=ready"]
+    row["metadata"]["eval_cmd"] = 'test "$ROLLBUS_PRE" = ready && ' + row["metadata"]["eval_cmd"]
+    result = await grade(parse_row(row, SWE_MINI), row["label"])
+    assert (result.reward, result.failure_kind) == (1.0, None), result
+
+
+async def test_a_pytest_report_is_checked_even_when_the_command_hides_pytest(
+    rows: dict[str, dict[str, Any]],
+) -> None:
+    """``eval_cmd`` runs pytest through a shell script: the JUnit report still has to agree with exit 0."""
+    row = json.loads(json.dumps(rows["median"]))
+    del row["metadata"]["remote_env_info"]
+    row["metadata"]["eval_cmd"] = "python3 -m py''test -q tests/test_center_hidden.py; exit 0"
+    result = await grade(parse_row(row, SWE_MINI), "")
+    assert (result.reward, result.failure_kind) == (0.0, "report_mismatch"), result

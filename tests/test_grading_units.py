@@ -65,6 +65,12 @@ def test_unusable_patches_are_named_failures(patch: str, kind: str) -> None:
     assert caught.value.kind == kind
 
 
+def test_only_newlines_end_lines() -> None:
+    """A form feed inside a hunk line (Python sources have them) does not start a fake file section."""
+    patch = TEXT.replace("+b\n", "+b\x0cdiff --git a/evil b/evil\n")
+    assert sanitize(patch, 10_000).paths == ("x.py",)
+
+
 def test_empty_patch_is_empty() -> None:
     assert sanitize("", 10).patch == "" and sanitize("\n  \n", 10).patch == ""
 
@@ -132,6 +138,11 @@ def test_machinery_paths_are_flagged(path: str, change: str, flag: str) -> None:
 )
 def test_ordinary_changes_are_not_flagged(path: str) -> None:
     assert fl.path_flags({path: "added"}, (), {"pkg"}) == set()
+
+
+def test_a_new_package_init_in_a_test_directory_is_flagged() -> None:
+    assert fl.path_flags({"tests/__init__.py": "added"}, (), ()) == {fl.TOUCHES_TESTS}
+    assert fl.path_flags({"pkg/__init__.py": "added"}, (), ()) == set()
 
 
 def test_row_test_files_are_flagged_even_when_added() -> None:

@@ -241,9 +241,23 @@ async def test_shutdown_cancels_closes_and_hands_the_task_back(kafka_bootstrap, 
 async def test_the_rollbus_gym_runner_command_runs_episodes_and_stops_on_sigterm(
     kafka_bootstrap, topics, engine_url, tmp_path
 ):
-    """The real command line: flags, variables, the consumer, and a clean exit 0 on SIGTERM."""
+    """The real command lines: ms-swift rows submitted by ``rollbus gym-submit``, episodes run by
+    ``rollbus gym-runner`` (flags and variables), which exits 0 on SIGTERM."""
     namespace = topics["tasks"].rsplit(".", 1)[0]
-    rollout = f"cli-{uuid.uuid4().hex[:6]}"
+    dataset = tmp_path / "swift.jsonl"
+    good = {"messages": [{"role": "user", "content": "solve"}], "env_config": {"name": "math", "seed": 2},
+            "solution": "24"}  # fmt: skip
+    dataset.write_text(json.dumps(good) + "\n" + '{"messages": []}\n')
+    common = ["--bootstrap-servers", kafka_bootstrap, "--namespace", namespace]
+    submitted = subprocess.run([sys.executable, "-m", "rollbus", "gym-submit", str(dataset), *common],
+                               capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert submitted.returncode == 1, submitted.stderr  # one row skipped
+    assert "swift.jsonl:2: env_config is required for a gym row; skipped" in submitted.stderr
+    (task,) = [
+        t for t in await events(kafka_bootstrap, topics["tasks"]) if t["group_id"].startswith("swift-1-")
+    ]
+    assert json.loads(task["metadata"]) == {"solution": "24"} and task["prompt"] == "solve"
+    rollout = task["rollout_id"]
     async with stack(kafka_bootstrap, namespace, engine_url, in_process=False) as (_, publisher, url):
         env = {**os.environ, "ROLLBUS_GYM_RUNNER_ADMIN_TOKEN": "adm", "ROLLBUS_NAMESPACE": namespace}
         log = (tmp_path / "gym-runner.log").open("wb")
@@ -253,7 +267,6 @@ async def test_the_rollbus_gym_runner_command_runs_episodes_and_stops_on_sigterm
             stdout=log, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
         try:
-            await publisher.publish(topics["tasks"], task(rollout, {"name": "math", "seed": 2}))
             reward = (await rewards_for(kafka_bootstrap, topics["rewards"], {rollout}))[rollout]
         finally:
             proc.send_signal(signal.SIGTERM)

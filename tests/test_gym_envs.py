@@ -118,7 +118,7 @@ def call(code: str, call_id: str = "call_1") -> list[dict]:
 
 
 async def test_python_tool_runs_code_in_a_networkless_sandbox_and_close_removes_it() -> None:
-    env = make_env({"name": "python_tool", "seed": 2, "timeout": 5})
+    env = make_env({"name": "python_tool", "seed": 2, "timeout": 5, "max_calls": 5})
     question, info, _ = await env.reset(REQUEST)
     assert "1 to 25" in question and info["expected"] == "5525"
     try:
@@ -135,6 +135,8 @@ async def test_python_tool_runs_code_in_a_networkless_sandbox_and_close_removes_
         assert results[0]["content"].startswith("no network") and "['main.py']" in results[0]["content"]
         results, *_ = await env.step(call("while True: pass"))
         assert "[killed after 5.0 s]" in results[0]["content"]
+        results, _, _, info = await env.step(call("x = bytearray(2 * 1024 ** 3)\nprint('allocated')"))
+        assert "allocated" not in results[0]["content"] and info["exit_codes"] != [0]
         workdir = Path(env._workdir)
         assert workdir.is_dir()
     finally:

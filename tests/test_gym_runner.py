@@ -7,14 +7,17 @@ import json
 from typing import Any
 
 import httpx
+import pytest
 
 from rollbus import gym
 from rollbus.broker import free_port
-from rollbus.gym import Episode
+from rollbus.codec import encode
+from rollbus.gym import Episode, GymConfigError
 from services.adapter.app import create_app
 from services.gym_runner.adapter_client import AdapterClient
 from services.gym_runner.runner import MAX_DETAILS_CHARS, GymRunner, Outcome, reward_record
 from services.gym_runner.settings import GymRunnerSettings
+from services.gym_runner.submit import parse_row, tasks_for
 from tests.e2e_support import SCRIPTS
 from tests.test_adapter_support import BusPublisher, engine_process, served, settings
 
@@ -54,7 +57,7 @@ def runner_for(url: str, **overrides: Any) -> tuple[GymRunner, Collected, httpx.
     )
     http = httpx.AsyncClient(base_url=url, timeout=60)
     adapter = AdapterClient(
-        http, admin_token="adm", model="m", max_tokens=128, temperature=1.0, busy_retries=0
+        http, admin_token="adm", model="m", max_tokens=config.max_tokens, temperature=1.0, busy_retries=0
     )
     published = Collected()
     return GymRunner(config, adapter, published), published, http
@@ -70,6 +73,9 @@ async def test_python_tool_episode_through_the_adapter_and_a_real_sandbox(tmp_pa
             async with http:
                 solved = await runner.run_task(task("py-solved", {"name": "python_tool", "seed": 2}))
                 missed = await runner.run_task(task("py-missed", {"name": "python_tool", "seed": 1}))
+            short, _, http = runner_for(url, max_tokens=4)
+            async with http:
+                cut = await short.run_task(task("py-cut", {"name": "python_tool", "seed": 2}))
     assert (solved["reward"], solved["step_rewards"], solved["solved"]) == (1.0, [0.0, 1.0], True)
     assert (missed["reward"], missed["failure_kind"]) == (0.0, None)
     details = json.loads(solved["details"])
@@ -81,6 +87,14 @@ async def test_python_tool_episode_through_the_adapter_and_a_real_sandbox(tmp_pa
     turns = publisher.of("turns", "py-solved")
     assert [(t["chain_id"], t["prompt_ref_turn"]) for t in turns] == [("main", None), ("main", 0)]
     assert [topic for topic, _ in published.records] == ["rewards", "rewards"]
+    cut_details = json.loads(cut["details"])  # a reply cut by max_tokens ends the episode without a step
+    assert (cut_details["stop"], cut_details["turns"], cut["failure_kind"], cut["step_rewards"]) == (
+        "length",
+        1,
+        None,
+        [],
+    )
+    assert [t["finish_reason"] for t in publisher.of("turns", "py-cut")] == ["length"]
 
 
 async def test_bad_env_config_fails_at_once_without_the_adapter() -> None:
@@ -112,3 +126,41 @@ def test_reward_record_drops_a_huge_conversation_and_falls_back_to_reward_for_so
     details = json.loads(record["details"])
     assert details["messages"] is None and details["messages_omitted"] is True
     assert record["solved"] is True and record["reward"] == 2.0 and record["group_size"] == 2
+
+
+async def test_a_malformed_task_still_gets_a_reward_naming_the_failure() -> None:
+    runner, published, http = runner_for(f"http://127.0.0.1:{free_port()}")
+    async with http:
+        record = await runner.run_task({"rollout_id": "odd", "env_config": '{"name": "math"}', "messages": 5})
+        assert record["failure_kind"] == "bad_env_config"  # messages must be a list: a config error
+        record = await runner.run_task(
+            {"rollout_id": "odder", "env_config": '{"name": "math"}', "group_size": "x"}
+        )
+    assert record["failure_kind"] == "runner_error" and "ValueError" in json.loads(record["details"])["error"]
+    assert [r["rollout_id"] for _, r in published.records] == ["odd", "odder"]
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [("[1]", "not list"), ("{", "not a JSON object"), ('{"messages": []}', "env_config is required"),
+     ('{"env_config": "math"}', "not valid JSON"),
+     ('{"env_config": {"name": "m"}, "messages": [1]}', "messages"),
+     ('{"env_config": {"name": "m"}, "ctx_config": [1]}', "ctx_config must be a JSON object")],
+)  # fmt: skip
+def test_gym_submit_refuses_rows_it_cannot_turn_into_tasks(text, needle) -> None:
+    with pytest.raises(GymConfigError, match=needle):
+        parse_row(text)
+
+
+def test_gym_submit_keeps_the_ms_swift_row_and_makes_a_group() -> None:
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
+    row = parse_row(json.dumps({"messages": messages, "env_config": {"name": "math", "seed": 1},
+                                "ctx_config": {"name": "window"}, "answer": 3}))  # fmt: skip
+    tasks = tasks_for(row, 3, "data-7", now_ms=5)
+    assert [t["sample_index"] for t in tasks] == [0, 1, 2] and len({t["rollout_id"] for t in tasks}) == 3
+    assert len({t["group_id"] for t in tasks}) == 1 and tasks[0]["group_size"] == 3
+    first = tasks[0]
+    assert json.loads(first["env_config"]) == {"name": "math", "seed": 1} and first["prompt"] == "q"
+    assert json.loads(first["messages"])[0] == {"role": "system", "content": "s"}
+    assert json.loads(first["metadata"]) == {"answer": 3}
+    encode("task", first)  # a valid v2 task event

@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 
 import pytest
 from aiokafka import ConsumerRecord
 
 from rollbus.codec import CodecError, decode, encode
-from rollbus.replay import add_replay_arguments, event_row, parse_since, plan_from, summarise
-from tests.event_samples import SAMPLES, segment
+from rollbus.replay import (
+    ReadPlan,
+    add_replay_arguments,
+    event_row,
+    parse_since,
+    plan_from,
+    summarise,
+    table_row,
+    where,
+)
+from rollbus.tables import TableWriter, cells, header
+from tests.event_samples import AT, SAMPLES, segment
 
 
 def message(value: bytes, key: bytes | None = b"r-1") -> ConsumerRecord:
@@ -75,7 +86,87 @@ def test_since_without_zone_is_utc_and_garbage_is_refused() -> None:
         parse("turns", "--offset", "1", "--from-beginning")
 
 
-def test_sample_records_all_render() -> None:
-    for event_type, record in SAMPLES.items():
+LONG_ID = "rollout-[list[float]]-" + "0123456789abcdef" * 4  # longer than any column, with brackets
+TABLE_EXPECTATIONS = {  # event type -> (columns that must be there, cells that must be in its row)
+    "turn": (("rollout", "chain", "turn", "prompt tokens", "new suffix", "sampled", "finish", "policy"),
+             (LONG_ID, "a-1", "main", "40", "3", "stop")),
+    "session": (("rollout", "chain", "event", "chain kind", "reason", "turns", "parent chain"),
+                (LONG_ID, "sub-1", "frozen", "subagent", "5", "main")),
+    "diff": (("rollout", "exit", "turns", "wall s", "patch", "failure kind"), (LONG_ID, "81.2", "2 lines")),
+    "reward": (("rollout", "reward", "solved", "applied", "failure kind", "flags", "tests passed"),
+               (LONG_ID, "1", "yes", "1/1")),
+    "segment": (("segment", "rollout", "chain", "index/K", "kind", "prompt", "response", "trained", "reward"),
+                ("r-1/0", LONG_ID, "0/2", "wipe", "0.5")),
+    "task": (("rollout", "group", "sample", "label", "prompt"), (LONG_ID, "g-1", "0/4")),
+    "policy": (("version", "location", "published (UTC)"),
+               ("8", "/ckpt/policy-8", "2023-11-14T22:13:20.000")),
+    "dead_letter": (("source", "partition", "offset", "key", "service", "error"),
+                    ("turns", "12345", "r-1", "segmenter", "CodecError: turn v1 body is undecodable")),
+}  # fmt: skip
+
+
+def render_table(event_type: str, records: list[dict], stream: bool = False) -> list[str]:
+    out = io.StringIO()
+    table = TableWriter(out, header(event_type), stream=stream)
+    for offset, record in enumerate(records):
         decoded = decode(encode(event_type, record))
-        assert json.dumps(event_row(message(encode(event_type, record)), decoded))
+        key = record.get("rollout_id")
+        table.add(cells(event_type, (0, offset, AT), key, decoded.event_type, decoded.record))
+    table.close()
+    return out.getvalue().splitlines()
+
+
+@pytest.mark.parametrize("event_type", sorted(SAMPLES))
+def test_every_topic_has_a_table_showing_what_matters_with_ids_whole(event_type: str) -> None:
+    record = {**SAMPLES[event_type]}
+    if "rollout_id" in record:
+        record["rollout_id"] = LONG_ID
+    head, row = render_table(event_type, [record])
+    columns, values = TABLE_EXPECTATIONS[event_type]
+    for column in ("p", "offset", "time (UTC)", *columns):
+        assert column in head, f"{event_type} table lacks column {column!r}"
+    for value in values:
+        assert f" {value} " in f" {row} ", f"{event_type} row lacks {value!r}: {row}"
+    assert "…" not in row.replace(record.get("prompt", ""), "")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_rows_line_up_under_their_header_and_never_wrap(stream: bool) -> None:
+    records = [SAMPLES["turn"], {**SAMPLES["turn"], "rollout_id": LONG_ID, "chain_id": "c-" + "9" * 150}]
+    lines = render_table("turn", records, stream=stream)
+    assert len(lines) == 3  # header + one line per event, however long
+    assert lines[2].count("c-" + "9" * 150) == 1
+    if not stream:  # held rows are aligned as a whole: every column starts where its header does
+        start = lines[0].index("finish")
+        assert lines[1][start:].startswith("stop") and lines[2][start:].startswith("stop")
+
+
+BRACKETED = "list[float] [bold]not bold[/bold] [red]x[/red] [/]"  # shorter than a cut
+
+
+def test_brackets_survive_every_output_format() -> None:
+    """Event text is data: neither the JSON lines nor any topic's table interprets it as markup."""
+    task = {**SAMPLES["task"], "rollout_id": "r-[1]", "prompt": BRACKETED}
+    value = encode("task", task)
+    row = event_row(message(value, key=b"r-[1]"), decode(value))
+    assert json.loads(json.dumps(row))["event"]["record"]["prompt"] == BRACKETED
+    (_, line) = render_table("task", [task])
+    assert BRACKETED in line and "r-[1]" in line
+    for event_type in SAMPLES:  # a bracketed key on every topic's table, and in the generic fallback
+        record = {**SAMPLES[event_type]}
+        if "rollout_id" in record:
+            record["rollout_id"] = "[bold]r[/bold]"
+            assert "[bold]r[/bold]" in render_table(event_type, [record])[1]
+    generic = cells("unknown", (0, 0, AT), "[k]", "turn", {"note": "[i]x[/i]"})
+    assert generic[3:] == ["[k]", "turn", "note=[i]x[/i]"]
+
+
+def test_undecodable_message_in_a_table_says_why_and_keeps_its_key() -> None:
+    row = table_row(message(b"junk", key=b"r-[9]"), CodecError("bad magic [x]"), "turn")
+    assert row[:2] == ["2", "41"] and row[3] == "undecodable (key r-[9]): bad magic [x]"
+
+
+def test_reading_plan_is_said_in_words_for_stderr() -> None:
+    assert where(ReadPlan("turns")) == "turns from the beginning"
+    assert where(ReadPlan("turns", "end", key=b"r-1")) == "turns from the end with key r-1"
+    assert where(ReadPlan("t.turns", "offset", offset=7)) == "t.turns from offset 7"

@@ -59,7 +59,8 @@ async def test_a_tarball_image_is_the_repository_at_its_root_or_single_dir(
         done = await box.run(["sh", "-c", "ls; git log --oneline | wc -l; python3 -m pytest --version"], ENV)
     assert "calc.py" in done.stdout.split() and "1" in done.stdout.split(), done.stderr
     assert "pytest" in done.stdout + done.stderr
-    assert len(list((scratch / "images").iterdir())) == 1  # unpacked once, cached
+    cached = sorted(p.name.split("-")[0] for p in (scratch / "images").iterdir())
+    assert len(cached) == 2 and cached.count("agent") == 1  # unpacked once, agent repository built once
 
 
 async def test_bad_images_are_named_failures_and_leave_nothing(tmp_path: Path, scratch: Path) -> None:
@@ -193,3 +194,42 @@ async def test_git_diff_of_a_sandbox_workspace_excludes_nothing_the_agent_wrote(
         await box.run(["sh", "-c", "sed -i 's/range(1, n)/range(1, n + 1)/' calc.py; echo n > new.txt"], ENV)
         patch = git_diff(box.host_workdir)
     assert "+    return sum(range(1, n + 1))" in patch and "+++ b/new.txt" in patch
+
+
+@needs_bwrap
+async def test_a_toolchain_tarball_keeps_absolute_symlinks_and_drops_devices(
+    tmp_path: Path, scratch: Path
+) -> None:
+    rootfs = mini_rootfs(tmp_path / "rootfs")
+    (rootfs / "etc" / "marker-link").symlink_to("/etc/rollbus-toolchain")  # absolute, as in docker export
+    out = tmp_path / "rootfs.tar"
+    with tarfile.open(out, "w") as tar:
+        tar.add(rootfs, arcname=".")
+        device = tarfile.TarInfo("./dev-null-copy")
+        device.type, device.devmajor, device.devminor = tarfile.CHRTYPE, 1, 3
+        tar.addfile(device)
+    async with await create_local(
+        SandboxSpec(image=EXAMPLE_REPO, toolchain=out), scratch_root=scratch
+    ) as box:
+        done = await box.run(["cat", "/etc/marker-link"], ENV)
+    assert done.stdout == "mini\n", done.stderr
+    unpacked = [p for p in (scratch / "images").iterdir() if not p.name.startswith("agent-")]
+    assert len(unpacked) == 1 and not (unpacked[0] / "dev-null-copy").exists()
+
+
+async def test_proxy_caps_concurrent_connections(tmp_path: Path) -> None:
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    proxy = await AdapterProxy(tmp_path / "a.sock", url, "sbx", max_connections=2).start()
+    held = [await asyncio.open_unix_connection(str(tmp_path / "a.sock")) for _ in range(2)]
+    await asyncio.sleep(0.1)
+    reader, _ = await asyncio.open_unix_connection(str(tmp_path / "a.sock"))
+    assert (await reader.read()).startswith(b"HTTP/1.1 503") and proxy.refused == 1
+    for _, writer in held:
+        writer.close()
+    await proxy.close()
+    server.close()

@@ -8,10 +8,12 @@ namespace (ECONNREFUSED on its loopback, ENETUNREACH for any other address), nev
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
 import stat
+import struct
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -264,7 +266,7 @@ async def test_the_agent_is_not_root_in_disguise(agent: BwrapSandbox) -> None:
     made = (agent.host_workdir / "made").stat()
     assert made.st_uid not in (0, os.getuid()) and made.st_uid == agent.host_uid
     suid = (agent.host_workdir / "suid").stat()
-    assert suid.st_mode & stat.S_ISUID and suid.st_uid == agent.host_uid  # a setuid bit means its own uid
+    assert suid.st_uid == agent.host_uid and not suid.st_mode & (stat.S_ISUID | stat.S_ISGID)  # stripped
     assert "new file mode 100755" in git_diff(agent.host_workdir)  # and a patch carries no setuid bit
 
 
@@ -278,3 +280,83 @@ async def test_enforced_limits_are_reported(agent: BwrapSandbox) -> None:
     report = json.dumps(agent.enforced)
     assert agent.enforced["nested_userns"] == "bwrap --disable-userns"
     assert "NOT" not in report and agent.enforced["identity"].startswith("host uid")
+
+
+async def test_the_real_cli_works_through_the_forwarder_and_nothing_else() -> None:
+    """The real CLI, with the adapter socket as its only way out, fixes the repo; each request is stamped."""
+    from rollbus import claude_cli
+    from tests.fake_anthropic import FakeAnthropic
+    from tests.test_claude_cli_e2e import MODEL, TOKEN, scripted_replies
+
+    binary = claude_cli.fetch()
+    async with FakeAnthropic(scripted_replies()) as server:
+        spec = SandboxSpec(
+            image=EXAMPLE_REPO,
+            adapter_url=server.url,
+            base_url=BASE_URL,
+            ro_binds={str(binary): claude_cli.SANDBOX_BINARY},
+        )
+        async with await create_local(spec) as box:
+            cmd = claude_cli.build_command(
+                "Make the tests in /workspace pass.",
+                model=MODEL,
+                max_turns=6,
+                binary=claude_cli.SANDBOX_BINARY,
+            )
+            env = claude_cli.build_env(BASE_URL, TOKEN, model=MODEL, home=box.home)
+            episode = await box.run(cmd, env, timeout=300)
+            assert episode.exit_code == 0, episode.stderr
+            assert "range(1, n + 1)" in (box.host_workdir / "calc.py").read_text()
+            calls = server.message_requests()
+            assert calls and all(c.headers["x-rollbus-sandbox"] == box.sandbox_id for c in calls)
+
+
+async def test_another_rollouts_processes_and_token_are_invisible(adapter: Adapter) -> None:
+    spec = SandboxSpec(image=EXAMPLE_REPO, adapter_url=adapter.url, base_url=BASE_URL)
+    async with await create_local(spec) as first, await create_local(spec) as second:
+        token = f"sk-rollout-{uuid.uuid4().hex}"
+        victim = asyncio.ensure_future(second.run(["sleep", "5"], {**ENV, "ANTHROPIC_AUTH_TOKEN": token}))
+        await asyncio.sleep(1.0)
+        spy = await first.run(
+            ["sh", "-c", f"grep -ls {token} /proc/*/environ; ls /proc | grep -c '^[0-9]'"], ENV
+        )
+        victim.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await victim
+    assert token not in spy.stdout
+    assert int(spy.stdout.split()[-1]) <= 8  # its own pid namespace: a handful of its own processes only
+
+
+@pytest.mark.parametrize("guard", ["auto", "seccomp"])
+async def test_nested_user_namespaces_fail_with_either_guard(guard: str, tmp_path: Path) -> None:
+    """``--disable-userns`` here; the seccomp filter is what a bwrap without it gets (forced here)."""
+    from rollbus.sandbox import prepare_repo
+
+    box = BwrapSandbox(prepare_repo(EXAMPLE_REPO, tmp_path / "repo"), userns_guard=guard)  # type: ignore[arg-type]
+    script = (
+        "unshare -U true 2>&1; echo rc=$?; unshare -Ur id -u 2>&1; echo rc=$?;"
+        'python3 -c \'import os, threading; t = threading.Thread(target=print, args=("thread",)); t.start();'
+        ' t.join(); pid = os.fork(); os._exit(0) if pid == 0 else print("fork", os.waitpid(pid, 0)[1])\''
+    )
+    done = await box.run(["sh", "-c", script], ENV)
+    await box.close()
+    assert done.stdout.count("rc=1") == 2 and "rc=0" not in done.stdout, done.stdout
+    assert "thread\nfork 0" in done.stdout  # threads (clone3 -> clone fallback) and fork still work
+    assert box.enforced["nested_userns"] == (
+        "bwrap --disable-userns" if guard == "auto" else "seccomp filter"
+    )
+
+
+def test_the_seccomp_program_is_well_formed() -> None:
+    from rollbus.sandbox.seccomp import nested_userns_filter
+
+    assert nested_userns_filter("sparc") is None  # unknown machines get no filter, and the report says so
+    for machine in ("x86_64", "aarch64"):
+        program = nested_userns_filter(machine)
+        assert program is not None and len(program) % 8 == 0
+        count = len(program) // 8
+        for i in range(count):  # every jump lands inside the program
+            code, jt, jf, _ = struct.unpack_from("<HBBI", program, 8 * i)
+            if code & 0x07 == 0x05:
+                assert i + 1 + max(jt, jf) < count
+        assert struct.unpack_from("<HBBI", program, 8 * (count - 1))[0] == 0x06  # ends in a return

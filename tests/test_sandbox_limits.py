@@ -7,13 +7,24 @@ v1 controllers: what the kernel does with those files on a real v2 host stays un
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from rollbus.sandbox import BwrapSandbox, Limits, SandboxSpec, bwrap_usable, create_local
+from rollbus.sandbox import (
+    BwrapSandbox,
+    Limits,
+    SandboxSpec,
+    bwrap_usable,
+    create_local,
+    git_diff,
+    prepare_repo,
+)
+from rollbus.sandbox.bwrap import SCRATCH_ROOT
 from rollbus.sandbox.limits import Cgroups, enforcement, failure_from_counters, rlimits
 from rollbus.sandbox.process import BoundedOutput
+from rollbus.sandbox.spec import sweep_stale
 
 EXAMPLE_REPO = Path(__file__).resolve().parents[1] / "examples" / "buggy_repo"
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -60,11 +71,37 @@ async def test_tmp_is_size_capped() -> None:
 
 
 @needs_bwrap
-async def test_workspace_over_its_disk_cap_is_named() -> None:
-    _, done = await run_limited(
-        Limits(disk_bytes=1 * MIB), "dd if=/dev/zero of=big bs=1M count=3 2>/dev/null"
-    )
+async def test_the_workspace_is_size_capped_and_a_full_disk_is_named() -> None:
+    async with await create_local(SandboxSpec(image=EXAMPLE_REPO, limits=Limits(disk_bytes=1 * MIB))) as box:
+        done = await box.run(["sh", "-c", "dd if=/dev/zero of=big bs=1M count=3"], ENV)
+        assert done.failure_kind == "disk_full" and "No space left" in done.stderr
+        assert (box.host_workdir / "big").stat().st_size <= 1 * MIB  # held while writing, not found after
+        assert box.enforced["disk"].startswith("tmpfs size")
+        assert "diff --git a/big b/big" in git_diff(box.host_workdir)  # the baseline is off the full disk
+
+
+@needs_bwrap
+async def test_a_home_over_the_disk_cap_is_named_after_the_command() -> None:
+    script = "dd if=/dev/zero of=/home/agent/big bs=1M count=3 2>/dev/null"
+    _, done = await run_limited(Limits(disk_bytes=2 * MIB), script)
     assert done.exit_code == 0 and done.failure_kind == "disk_full"
+
+
+@needs_bwrap
+async def test_stale_sandboxes_of_a_dead_runner_are_swept(tmp_path: Path) -> None:
+    box = await create_local(SandboxSpec(image=EXAMPLE_REPO))
+    data = box.host_workdir.parent
+    cgroups = list(box.cgroups.dirs.values()) if box.cgroups else []
+    dead = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True, check=True).stdout.strip()
+    (data / "owner.pid").write_text(dead)  # as if the runner that made it had been killed -9
+    legacy = BwrapSandbox(prepare_repo(EXAMPLE_REPO, tmp_path / "repo"))  # made without the factory
+    (SCRATCH_ROOT / legacy.sandbox_id / "owner.pid").write_text(dead)
+    assert {box.sandbox_id, legacy.sandbox_id} <= set(sweep_stale())
+    assert not data.exists() and not os.path.ismount(data / "ws") and not any(c.exists() for c in cgroups)
+    assert not (SCRATCH_ROOT / legacy.sandbox_id).exists() and (tmp_path / "repo").exists()
+    box.cgroups = legacy.cgroups = None
+    await box.close()
+    await legacy.close()
 
 
 @needs_bwrap

@@ -4,7 +4,9 @@ the real Claude Code CLI in bwrap against the real adapter and the scripted engi
 Each row's instance id picks its script (the engine's ``--script DIR``), so one engine serves every task:
 a fix, an agent that never edits, one that kills its own CLI, one that sleeps past its budget, and an image
 that does not exist. A second test kills a runner with ``kill -9`` mid-rollout: the task completes as a new
-attempt on the next runner, with the killed attempt's sandbox gone.
+attempt on the next runner, with the killed attempt's sandbox gone. Then every swe-mini task, solved by its
+script and graded 1 (graded with ``rollbus.grading``, as the grader service does), and the two scripts that
+fail on purpose, graded 0.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,7 +25,14 @@ import psutil
 import pytest
 
 from rollbus.bus import Publisher
+from rollbus.grading.rows import absolute_paths, parse_metadata
+from rollbus.grading.run import grade
+from rollbus.grading.verdict import GradeResult
+from rollbus.rows import RowKeys, parse_row, tasks_for
+from rollbus.sandbox.bwrap import SCRATCH_ROOT
 from rollbus.topics import create_topics, topic_name
+from services.sandbox_runner.main import run_one
+from services.sandbox_runner.settings import RunnerSettings
 from tests.conftest import TEST_PARTITIONS
 from tests.e2e_support import EXAMPLES, SCRIPTS, Rig
 from tests.runner_support import (
@@ -39,13 +50,15 @@ from tests.runner_support import (
 
 pytestmark = pytest.mark.kafka
 
-BUDGET_S = 40  # the hanging agent's wall-clock budget; every honest rollout here ends well before it
+BUDGET_S = 120  # the hanging agent's budget; honest rollouts end well before it, even on a loaded machine
+FAILING = ("swe-mini__sum-to", "swe-mini__binsearch")  # examples/swe-mini/scripts-failing
 SCRIPTS_BY_TASK = {
     "calc-fix": SCRIPTS / "fix_calc.json",
     "calc-noedit": RUNNER_SCRIPTS / "never_edits.json",
     "calc-crash": RUNNER_SCRIPTS / "crash.json",
     "calc-hang": RUNNER_SCRIPTS / "hang.json",
     "calc-slow": RUNNER_SCRIPTS / "slow_fix.json",
+    "calc-hog": RUNNER_SCRIPTS / "memory_hog.json",
 }
 
 
@@ -82,17 +95,18 @@ async def test_rows_to_diffs_with_named_failures(rig: Rig, tmp_path: Path, data_
     dataset = write_dataset(data_dir / "tasks.jsonl", [
         calc_row("calc-fix", label="range(1, n + 1)"), calc_row("calc-noedit"), "{not json",
         calc_row("calc-crash"), calc_row("calc-hang"), calc_row("calc-gone", image="no_such_image"),
+        calc_row("calc-hog"),
     ])  # fmt: skip
     submitted = submit(rig.bootstrap, namespace, dataset, "--n-samples-per-prompt", "2")
     assert submitted.returncode == 1, submitted.stderr  # one row was bad, the others went out
     assert f"{dataset}:3: invalid JSON" in submitted.stderr
-    assert "submitted 10 tasks (5 rows x 2 samples)" in submitted.stdout
+    assert "submitted 12 tasks (6 rows x 2 samples)" in submitted.stdout
     tasks = await all_events(rig.bootstrap, namespace, "tasks")
     gym = {**tasks[0], "rollout_id": "gym-task-0", "env_config": json.dumps({"env": "frozen_lake"})}
     async with Publisher(rig.bootstrap) as publisher:
         await publisher.publish(topic_name("tasks", namespace), gym)
 
-    runner = RunnerProcess(rig, namespace, tmp_path / "runner", "--concurrency", "5",
+    runner = RunnerProcess(rig, namespace, tmp_path / "runner", "--concurrency", "6", "--memory-mb", "1024",
                            "--agent-timeout", str(BUDGET_S), "--boot-backoff", "0.1").start()  # fmt: skip
     try:
         diffs = await wait_for(rig.bootstrap, namespace, "diffs", {t["rollout_id"] for t in tasks}, 400)
@@ -120,7 +134,9 @@ async def test_rows_to_diffs_with_named_failures(rig: Rig, tmp_path: Path, data_
     assert all(BUDGET_S <= d["wall_time_s"] < BUDGET_S + 30 for d in got["calc-hang"])
     assert {d["failure_kind"] for d in got["calc-gone"]} == {"boot_failed"}
     assert all("no_such_image" in d["error"] for d in got["calc-gone"])
-    assert not list((tmp_path / "runner" / "scratch").iterdir()), "every attempt's workspace was removed"
+    assert {d["failure_kind"] for d in got["calc-hog"]} == {"memory_limit"}
+    left = [p.name for p in SCRATCH_ROOT.iterdir() if any(d["attempt_id"] in p.name for d in every)]
+    assert not left, "every attempt's sandbox was removed"
 
 
 async def test_runner_killed_mid_rollout_reruns_the_task_as_a_new_attempt(
@@ -134,10 +150,11 @@ async def test_runner_killed_mid_rollout_reruns_the_task_as_a_new_attempt(
     try:  # the first attempt is inside its 20 s sleep once its first turn is on the bus
         await wait_for(rig.bootstrap, rig.namespace, "turns", {task["rollout_id"]}, 180)
         await asyncio.sleep(2)
-        first.kill9()
+        started = first.kill9()
     finally:
         first.stop()
-    assert not sandbox_processes(tmp_path / "first"), "the killed runner's sandbox died with it"
+    assert started, "the first runner had its sandbox running"
+    assert not survivors(started), "the killed runner's sandbox died with it"
     second = RunnerProcess(rig, namespace, tmp_path / "second", name="second").start()
     try:
         diffs = await wait_for(rig.bootstrap, namespace, "diffs", {task["rollout_id"]}, 300)
@@ -153,16 +170,24 @@ async def test_runner_killed_mid_rollout_reruns_the_task_as_a_new_attempt(
     assert "rollout" in second.log() and "attempt" in second.log()
 
 
-def sandbox_processes(work: Path) -> list[psutil.Process]:
-    """Live processes whose command line names a workspace of ``work`` (a bwrap of that runner)."""
+async def test_run_one_task_without_the_bus_is_what_the_demo_calls(rig: Rig, data_dir: Path) -> None:
+    """``run_one``: one `tasks` record in, its `diffs` record out (nothing published, nothing consumed)."""
+    rig.use_script(rig.log_dir / "scripts")
+    row = parse_row(json.dumps(calc_row("calc-fix")), 1, RowKeys(), data_dir)
+    (task,) = tasks_for(row, 1)
+    settings = RunnerSettings.load({"adapter_url": rig.url, "admin_token": rig.admin_token})
+    diff = await run_one(settings, task)
+    assert diff["rollout_id"] == task["rollout_id"] and diff["failure_kind"] is None, diff["error"]
+    assert FIXED_LINE in diff["patch"] and diff["attempt_id"].startswith("att-")
+
+
+def survivors(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """Those of ``processes`` still alive 10 s later (zombies count as gone)."""
     deadline = time.monotonic() + 10
     while True:
-        found = []
-        for proc in psutil.process_iter(["cmdline"]):
-            if any(str(work) in part for part in proc.info["cmdline"] or ()):
-                found.append(proc)
-        if not found or time.monotonic() > deadline:
-            return found
+        alive = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not alive or time.monotonic() > deadline:
+            return alive
         time.sleep(0.5)
 
 
@@ -171,3 +196,71 @@ def data_dir(tmp_path: Path) -> Path:
     """A dataset directory holding its image: rows name it by a relative path, as users write them."""
     shutil.copytree(EXAMPLES / "buggy_repo", tmp_path / "data" / "buggy_repo")
     return tmp_path / "data"
+
+
+# --- swe-mini: every task solved by its script and graded 1; two scripts that fail on purpose graded 0 ------
+
+SWE_MINI = EXAMPLES / "swe-mini"
+
+
+@pytest.fixture(scope="module")
+def swe_mini_rows() -> list[dict]:
+    """The dataset's rows with absolute paths (the images built first, as `make` does)."""
+    built = subprocess.run([sys.executable, str(SWE_MINI / "build.py")], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    rows = [json.loads(line) for line in (SWE_MINI / "tasks.jsonl").read_text().splitlines() if line.strip()]
+    for row in rows:
+        row["metadata"] = absolute_paths(row["metadata"], SWE_MINI)
+    return rows
+
+
+async def run_and_grade(rig: Rig, tmp_path: Path, rows: list[dict]) -> dict[str, tuple[dict, GradeResult]]:
+    """Submit ``rows``, run them through a runner, grade every diff as the grader does: instance -> both."""
+    namespace = await new_namespace(rig.bootstrap)
+    dataset = write_dataset(tmp_path / "rows.jsonl", rows)
+    assert submit(rig.bootstrap, namespace, dataset).returncode == 0
+    tasks = await all_events(rig.bootstrap, namespace, "tasks")
+    runner = RunnerProcess(rig, namespace, tmp_path / "runner", "--concurrency", "3").start()
+    try:
+        diffs = await wait_for(rig.bootstrap, namespace, "diffs", {t["rollout_id"] for t in tasks}, 600)
+    finally:
+        runner.stop()
+    graded = {}
+    for (diff,) in diffs.values():
+        metadata = json.loads(diff["task_metadata"])
+        assert diff["failure_kind"] is None, (metadata["instance_id"], diff["error"], runner.log()[-2000:])
+        graded[metadata["instance_id"]] = (
+            diff,
+            await grade(parse_metadata(metadata, SWE_MINI), diff["patch"]),
+        )
+    return graded
+
+
+async def test_swe_mini_every_task_solved_through_the_cli(
+    rig: Rig, tmp_path: Path, swe_mini_rows: list[dict]
+) -> None:
+    rig.use_script(SWE_MINI / "scripts")
+    graded = await run_and_grade(rig, tmp_path, swe_mini_rows)
+    assert len(graded) == len(swe_mini_rows) == 10
+    for instance, (diff, result) in graded.items():
+        assert diff["turns"] == 3, instance
+        assert (result.reward, result.solved, result.flags) == (1.0, True, ()), (
+            instance,
+            result,
+            diff["patch"],
+        )
+
+
+async def test_swe_mini_scripts_that_fail_on_purpose_score_zero(
+    rig: Rig, tmp_path: Path, swe_mini_rows: list[dict]
+) -> None:
+    rig.use_script(SWE_MINI / "scripts-failing")
+    failing = [r for r in swe_mini_rows if r["metadata"]["instance_id"] in FAILING]
+    graded = await run_and_grade(rig, tmp_path, failing)
+    assert set(graded) == set(FAILING)
+    wrong, _ = graded["swe-mini__sum-to"]
+    assert "+    return sum(range(0, n))" in wrong["patch"]
+    deleted, _ = graded["swe-mini__binsearch"]
+    assert "deleted file mode" in deleted["patch"]
+    assert {i: r.reward for i, (_, r) in graded.items()} == {i: 0.0 for i in FAILING}
+    assert graded["swe-mini__binsearch"][1].flags, "deleting the tests is flagged, not just failed"

@@ -247,3 +247,51 @@ def test_stitching_from_references_equals_resolving_then_segmenting(steps) -> No
         w.turn("main", "main", new, output)
     records = [r for t, r in w.events if t == "turns"]
     assert chain_tokens(records) == segment_chain(resolve_turns(records))
+
+
+@pytest.mark.parametrize(
+    ("topic", "value", "key", "error"),
+    [
+        ("t.turns", b"\x00garbage", b"r1", "bad magic"),
+        ("t.turns", None, b"r1", "expected message bytes|shorter than"),
+        ("t.turns", "rewards", b"r1", "reward event on 't.turns'"),
+        ("t.rewards", "rewards", b"someone-else", "is not its rollout id 'r1'"),
+        ("t.turns", b"RB" + b"\x00" * (8 * 2**20), b"r1", "over the limit"),
+    ],
+    ids=["garbage", "tombstone", "wrong-topic", "wrong-key", "oversized"],
+)
+def test_poison_on_the_wire_is_a_codec_error_naming_why(topic, value, key, error) -> None:
+    from rollbus.codec import CodecError
+    from rollbus.segmentation import decode_fact
+
+    if value == "rewards":
+        value = encode("reward", simple_rollout("r1").events[-1][1])
+    with pytest.raises(CodecError, match=error):
+        decode_fact(topic, value, key, 0)
+
+
+def test_a_well_formed_event_becomes_a_fact_with_its_broker_time() -> None:
+    from rollbus.segmentation import decode_fact
+
+    reward = simple_rollout("r1").events[-1][1]
+    fact = decode_fact("ns.rewards", encode("reward", reward), b"r1", 1234)
+    assert (fact.kind, fact.at, fact.record["reward"]) == ("reward", 1234, 1.0)
+
+
+def test_a_bad_segmenter_setting_is_one_line_and_exit_2() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "rollbus", "segmenter", "--rollout-timeout", "-1"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2 and "--rollout-timeout='-1'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_ids_with_separator_characters_never_share_a_body_or_session_slot() -> None:
+    from rollbus.segmentation import body_key
+
+    assert body_key("r", ("x\x1fy", "z", 0)) != body_key("r", ("x", "y\x1fz", 0))
+    first, second = simple_rollout("r\x1fa", attempt="b"), simple_rollout("r", attempt="a\x1fb")
+    segmenter, _, _ = run(first.events[:-1] + second.events[:-1])
+    _, segments, dead = run([first.events[-1], second.events[-1]], segmenter)
+    assert dead == [] and len(segments) == 6

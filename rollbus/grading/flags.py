@@ -40,7 +40,10 @@ ZEROING = frozenset({
 TEST_CONFIG_FILES = frozenset({"pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"})
 SITE_FILES = frozenset({"sitecustomize", "usercustomize"})
 STDLIB = frozenset(sys.stdlib_module_names) - {"__future__", "test"}  # test/: a common tests directory
-EXIT_PATTERNS = re.compile(r"\bos\s*\.\s*_exit\b|\batexit\b|\bsys\s*\.\s*exitfunc\b|\bos\s*\.\s*kill\b")
+EXIT_PATTERNS = re.compile(
+    r"\bos\s*\.\s*(?:_exit|kill|killpg|exec\w*)\b|\batexit\b"
+    r"|\bsys\s*\.\s*(?:exitfunc|excepthook|settrace|setprofile)\b|\bsys\s*\.\s*exit\s*=(?!=)"
+)
 PYTEST_PATTERNS = re.compile(
     r"\b_pytest\b|\bpytest_plugins\b|\bdef\s+pytest_\w+\s*\(|\bpytest\s*\.\s*hookimpl\b|\bpluggy\b"
     r"|\b(?:unittest|pytest|builtins|__builtins__)(?:\s*\.\s*\w+)+\s*=(?!=)|\bsetattr\s*\(\s*(?:unittest|pytest|builtins)\b"
@@ -65,6 +68,8 @@ def path_flags(
         name = pure.name
         if path in row_tests or (change != "added" and is_test_file(pure)):
             flags.add(TOUCHES_TESTS)
+        if change == "added" and name == "__init__.py" and TEST_DIRS & set(pure.parts[:-1]):
+            flags.add(TOUCHES_TESTS)  # makes the tests a package: its code runs before any test module
         if name == "conftest.py":
             flags.add(TOUCHES_CONFTEST)
         if name in TEST_CONFIG_FILES:

@@ -71,7 +71,7 @@ def sanitize(text: str, max_bytes: int) -> Sanitized:
 
 def split_sections(text: str) -> list[FileSection]:
     """Per-file sections of a git diff, or of a plain unified diff (``--- x`` followed by ``+++ y``)."""
-    lines = text.splitlines(keepends=True)
+    lines = [line for line in re.split(r"(?<=\n)", text) if line]  # only \n ends a line, as for git
     if any(line.startswith(GIT_HEADER) for line in lines):
         starts = [i for i, line in enumerate(lines) if line.startswith(GIT_HEADER)]
     else:

@@ -24,7 +24,7 @@ import shutil
 import tarfile
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,6 +75,7 @@ class GradeConfig:
     zero_flagged: bool = True
     log_excerpt_bytes: int = 8192
     scratch_dir: Path | None = None
+    readonly_tests: bool = True
 
 
 async def grade(spec: GradingSpec, patch: str, config: GradeConfig | None = None) -> GradeResult:
@@ -97,6 +98,9 @@ async def grade(spec: GradingSpec, patch: str, config: GradeConfig | None = None
 async def _grade(
     spec: GradingSpec, sanitized: Sanitized, config: GradeConfig, deadline: float
 ) -> GradeResult:
+    missing = [str(p) for p in eval_material(spec) if not p.is_file()]
+    if missing:
+        return failed(verdict.BAD_ROW, f"eval-only files missing: {', '.join(missing)}")
     with tempfile.TemporaryDirectory(prefix="rollbus-grade-", dir=config.scratch_dir) as tmp:
         scratch = Path(tmp)
         image = materialize(spec.image, scratch / "image")
@@ -113,7 +117,7 @@ async def _grade(
         removed = trees.remove_bytecode(repo)
         eval_dir = scratch / "eval"
         eval_dir.mkdir()
-        outcome, log = await run_grader(spec, repo, eval_dir, scratch, deadline)
+        outcome, log = await run_grader(spec, repo, eval_dir, scratch, deadline, config.readonly_tests)
         details = {
             "instance_id": spec.instance_id,
             "apply_method": method,
@@ -124,6 +128,14 @@ async def _grade(
         }
         zeroing = fl.ZEROING if config.zero_flagged else frozenset()
         return verdict.final(outcome, raised, zeroing, details)
+
+
+def eval_material(spec: GradingSpec) -> list[Path]:
+    """Host files the row's grading needs (none of them ever enters an agent's sandbox)."""
+    paths = list(spec.eval_files.values())
+    if isinstance(spec.grader, Swepro):
+        paths += [spec.grader.run_script, spec.grader.parser_script]
+    return paths
 
 
 def raise_flags(spec: GradingSpec, sanitized: Sanitized, changed: Mapping[str, str], repo: Path) -> set[str]:
@@ -150,14 +162,18 @@ def materialize(image: Path, dest: Path) -> Path:
     return entries[0] if len(entries) == 1 and entries[0].is_dir() else dest
 
 
-def grading_sandbox(repo: Path, workdir: str, eval_dir: Path | None = None) -> BwrapSandbox:
+def grading_sandbox(
+    repo: Path, workdir: str, eval_dir: Path | None = None, protected: Sequence[str] = ()
+) -> BwrapSandbox:
     """A network-less sandbox over ``repo``, at the row's ``workdir`` where the backend can mount it there
-    (the hardened contract's ``inside_workdir``; otherwise ``/workspace``), eval scripts read-only."""
-    options: dict[str, Any] = {"network": "none"}
-    if eval_dir is not None:
-        options["ro_binds"] = {eval_dir: EVAL_DIR}
-    if "inside_workdir" in inspect.signature(BwrapSandbox).parameters:
-        options["inside_workdir"] = workdir
+    (the hardened contract's ``inside_workdir``; otherwise ``/workspace``), eval scripts read-only at
+    ``/eval``, and the ``protected`` repository paths mounted read-only over themselves."""
+    inside = workdir if "inside_workdir" in inspect.signature(BwrapSandbox).parameters else "/workspace"
+    binds: dict[Path, str] = {eval_dir: EVAL_DIR} if eval_dir is not None else {}
+    binds |= {repo / rel: f"{inside}/{rel}" for rel in protected}
+    options: dict[str, Any] = {"network": "none", "ro_binds": binds}
+    if inside != "/workspace":
+        options["inside_workdir"] = inside
     return BwrapSandbox(repo, **options)
 
 
@@ -201,54 +217,71 @@ def restore_git(image: Path, repo: Path) -> None:
 
 
 async def run_grader(
-    spec: GradingSpec, repo: Path, eval_dir: Path, scratch: Path, deadline: float
+    spec: GradingSpec, repo: Path, eval_dir: Path, scratch: Path, deadline: float, readonly_tests: bool = True
 ) -> tuple[Outcome, str]:
+    """The row's one grader. swepro's target tests are restored first, in a sandbox of their own, so the
+    test sandbox can then mount the row's test directories read-only: code under test that rewrites a test
+    file not yet collected (or re-executes pytest on rewritten ones) fails to write."""
     grader = spec.grader
-    sandbox = grading_sandbox(repo, spec.workdir, eval_dir)
-    env = BASE_ENV | {"HOME": sandbox.home}
+    if isinstance(grader, Swepro):
+        shutil.copyfile(grader.run_script, eval_dir / "run_script.sh")
+        shutil.copyfile(grader.parser_script, eval_dir / "parser.py")
+        restore = grading_sandbox(repo, spec.workdir)
+        try:
+            restored = await restore.run(
+                shell(spec, grader.restore_cmd), BASE_ENV | {"HOME": restore.home}, timeout=_left(deadline)
+            )
+        finally:
+            await restore.close()
+        if restored.exit_code != 0 or restored.timed_out:
+            log = restored.stdout + restored.stderr
+            return Outcome(False, verdict.GRADING_SETUP_FAILED, (), "before_repo_set_cmd failed"), log
+    elif isinstance(grader, F2PScript):
+        (eval_dir / "f2p.py").write_text(grader.script)
+    protected = trees.protected_dirs(repo, spec.test_files()) if readonly_tests else []
+    sandbox = grading_sandbox(repo, spec.workdir, eval_dir, protected)
     try:
         if isinstance(grader, Swepro):
-            shutil.copyfile(grader.run_script, eval_dir / "run_script.sh")
-            shutil.copyfile(grader.parser_script, eval_dir / "parser.py")
-            restored = await sandbox.run(shell(spec, grader.restore_cmd), env, timeout=_left(deadline))
-            if restored.exit_code != 0 or restored.timed_out:
-                log = restored.stdout + restored.stderr
-                return Outcome(False, verdict.GRADING_SETUP_FAILED, (), "before_repo_set_cmd failed"), log
-            files = ",".join(grader.selected_test_files)
-            ran = await sandbox.run(
-                shell(spec, f"bash {EVAL_DIR}/run_script.sh {shlex.quote(files)}"),
-                env,
-                timeout=_left(deadline),
-            )
-            if limit := sandbox_failure(ran):
-                return Outcome(
-                    False, limit, (), f"the tests hit a sandbox limit: {limit}"
-                ), ran.stdout + ran.stderr
-            return await parse_swepro(grader, ran, eval_dir, scratch, deadline), ran.stdout + ran.stderr
-        command = grader.cmd if isinstance(grader, EvalCmd) else f"python3 {EVAL_DIR}/f2p.py"
-        if isinstance(grader, F2PScript):
-            (eval_dir / "f2p.py").write_text(grader.script)
-        text = grader.cmd if isinstance(grader, EvalCmd) else grader.script
-        junit_path = f"{sandbox.home}/{JUNIT_NAME}"
-        ran = await sandbox.run(
-            shell(spec, command),
-            env | {"PYTEST_ADDOPTS": f"--junitxml={junit_path}"},
-            timeout=_left(deadline),
-        )
-        if ran.timed_out:
-            raise TimeoutError
-        if limit := sandbox_failure(ran):
-            return Outcome(
-                False, limit, (), f"the tests hit a sandbox limit: {limit}"
-            ), ran.stdout + ran.stderr
-        junit = await _read_optional(sandbox, junit_path)
-        outcome = verdict.command_outcome(
-            ran.exit_code, ran.stdout + ran.stderr, runs_pytest=verdict.runs_pytest(text), junit=junit,
-            runs_unittest=verdict.runs_unittest(text),
-        )  # fmt: skip
-        return outcome, ran.stdout + ran.stderr
+            return await _run_swepro(spec, grader, sandbox, eval_dir, scratch, deadline)
+        return await _run_command(spec, sandbox, deadline)
     finally:
         await sandbox.close()
+
+
+async def _run_swepro(
+    spec: GradingSpec, grader: Swepro, sandbox: BwrapSandbox, eval_dir: Path, scratch: Path, deadline: float
+) -> tuple[Outcome, str]:
+    files = shlex.quote(",".join(grader.selected_test_files))
+    command = shell(spec, f"bash {EVAL_DIR}/run_script.sh {files}")
+    ran = await sandbox.run(command, BASE_ENV | {"HOME": sandbox.home}, timeout=_left(deadline))
+    log = ran.stdout + ran.stderr
+    if ran.timed_out:
+        raise TimeoutError
+    if limit := sandbox_failure(ran):
+        return Outcome(False, limit, (), f"the tests hit a sandbox limit: {limit}"), log
+    return await parse_swepro(grader, ran, eval_dir, scratch, deadline), log
+
+
+async def _run_command(spec: GradingSpec, sandbox: BwrapSandbox, deadline: float) -> tuple[Outcome, str]:
+    """eval_cmd or f2p_script, with pytest asked for a JUnit report the verdict cross-checks."""
+    grader = spec.grader
+    assert isinstance(grader, EvalCmd | F2PScript)
+    command = grader.cmd if isinstance(grader, EvalCmd) else f"python3 {EVAL_DIR}/f2p.py"
+    text = grader.cmd if isinstance(grader, EvalCmd) else grader.script
+    junit_path = f"{sandbox.home}/{JUNIT_NAME}"
+    env = BASE_ENV | {"HOME": sandbox.home, "PYTEST_ADDOPTS": f"--junitxml={junit_path}"}
+    ran = await sandbox.run(shell(spec, command), env, timeout=_left(deadline))
+    log = ran.stdout + ran.stderr
+    if ran.timed_out:
+        raise TimeoutError
+    if limit := sandbox_failure(ran):
+        return Outcome(False, limit, (), f"the tests hit a sandbox limit: {limit}"), log
+    junit = await _read_optional(sandbox, junit_path)
+    pytest_ran = verdict.runs_pytest(text) or junit is not None  # a report, however pytest was started
+    outcome = verdict.command_outcome(
+        ran.exit_code, log, runs_pytest=pytest_ran, junit=junit, runs_unittest=verdict.runs_unittest(text)
+    )
+    return outcome, log
 
 
 async def parse_swepro(

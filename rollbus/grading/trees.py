@@ -114,6 +114,26 @@ def place_file(root: Path, rel: str, data: bytes) -> None:
     target.write_bytes(data)
 
 
+def protected_dirs(root: Path, test_files: set[str]) -> list[str]:
+    """What to mount read-only while the tests run: the directories holding the row's test files (a test
+    file at the top level itself), outermost only, real directories and files only (never a link)."""
+    wanted = set()
+    for rel in test_files:
+        parts = Path(rel).parts
+        if not parts or Path(rel).is_absolute() or ".." in parts:
+            continue
+        wanted.add(str(Path(*parts[:-1])) if len(parts) > 1 else parts[0])
+    kept = []
+    for rel in sorted(wanted, key=lambda r: (len(Path(r).parts), r)):
+        if any(Path(rel).is_relative_to(k) for k in kept):
+            continue
+        path = root / rel
+        if not any(p.is_symlink() for p in [path, *path.parents] if p.is_relative_to(root) and p != root):
+            if path.is_dir() or path.is_file():
+                kept.append(rel)
+    return kept
+
+
 def copy_tree(src: Path, dest: Path) -> None:
     """A full copy of an image (its ``.git`` included), links kept as links, times kept."""
     shutil.copytree(src, dest, symlinks=True)

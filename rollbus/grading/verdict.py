@@ -20,6 +20,7 @@ PASSED, FAILED, SKIPPED, ERROR, MISSING = "PASSED", "FAILED", "SKIPPED", "ERROR"
 STATUSES = (PASSED, FAILED, SKIPPED, ERROR, MISSING)
 _RANK = {PASSED: 0, SKIPPED: 1, FAILED: 2, ERROR: 3, MISSING: 4}
 MAX_TESTS_REPORTED = 2000
+MAX_TEST_NAME = 1000  # characters; test names come from output the code under test can write to
 MAX_REPORT_BYTES = 16 * 2**20
 
 # failure kinds (the reward's failure_kind); None when solved
@@ -115,7 +116,7 @@ def parse_parser_output(text: str) -> list[TestResult]:
             raise ValueError(f"parser output has a malformed test entry: {item!r:.100}")
         status = str(item.get("status", "")).upper()
         status = status if status in _RANK and status != MISSING else ERROR
-        name = item["name"]
+        name = item["name"][:MAX_TEST_NAME]
         if name not in merged or _RANK[status] > _RANK[merged[name]]:
             merged[name] = status
     return [TestResult(n, s) for n, s in merged.items()]
@@ -151,7 +152,7 @@ def parse_junit(text: str) -> list[TestResult]:
         raise ValueError(f"JUnit report is not XML: {exc}") from None
     results = []
     for case in root.iter("testcase"):
-        name = "::".join(p for p in (case.get("classname", ""), case.get("name", "")) if p)
+        name = "::".join(p for p in (case.get("classname", ""), case.get("name", "")) if p)[:MAX_TEST_NAME]
         children = {child.tag for child in case}
         if "error" in children:
             status = ERROR

@@ -3,9 +3,12 @@
 The code runs in a fresh network-less sandbox (:class:`rollbus.sandbox.BwrapSandbox`, ``network="none"``,
 one per episode, removed by ``close``), never in the runner's process. Threat model: the code is the
 policy's and hostile. It sees a read-only system, an empty scratch workspace and no network; each call is
-killed (its whole PID namespace) after ``timeout`` seconds; what comes back is cut to ``max_output`` chars.
+killed (its whole PID namespace) after ``timeout`` seconds; memory, processes, CPU, /tmp and disk are capped
+(:class:`rollbus.sandbox.Limits`: a cgroup where the host allows, else rlimits) and a hit is named in the
+tool result and the step's info; what comes back is cut to ``max_output`` chars.
 
-``env_config``: ``{"name": "python_tool", "seed": 3}`` (optional ``timeout``, ``max_output``, ``max_calls``).
+``env_config``: ``{"name": "python_tool", "seed": 3}`` (optional ``timeout``, ``max_output``, ``max_calls``,
+``memory_mb``, ``pids``).
 Reward 1 for the right ``<answer>``, else 0; the episode ends at the first answer.
 """
 
@@ -21,6 +24,7 @@ import sympy
 
 from rollbus.gym import Env, RolloutRequest, register_env
 from rollbus.gym_envs.answers import extract_answer, last_assistant, message_text, parse_rational
+from rollbus.sandbox.limits import MIB, Limits
 
 SYSTEM = (
     "You answer computation questions. You may run Python with the `python` tool (print what you need); "
@@ -65,6 +69,12 @@ class PythonToolEnv(Env):
         self.timeout = float(env_config.get("timeout", 10.0))
         self.max_output = int(env_config.get("max_output", 4000))
         self.max_calls = int(env_config.get("max_calls", 4))
+        self.limits = Limits(
+            memory_bytes=int(env_config.get("memory_mb", 512)) * MIB, pids=int(env_config.get("pids", 64)),
+            cpus=1.0, tmp_bytes=64 * MIB, disk_bytes=64 * MIB, output_bytes=max(self.max_output, 4096),
+            wall_s=self.timeout,
+        )  # fmt: skip
+        self.limits_hit: list[str] = []
         self.calls = 0
         self._workdir: Path | None = None
         self._sandbox: Any = None
@@ -83,6 +93,8 @@ class PythonToolEnv(Env):
             return "Correct." if solved else "Wrong.", 1.0 if solved else 0.0, True, info
         results = [await self._run(call) for call in calls]
         info = {"calls": self.calls, "exit_codes": [r[1] for r in results], "solved": False}
+        if self.limits_hit:
+            info["limits_hit"] = list(self.limits_hit)
         return (
             [
                 {"role": "tool", "tool_call_id": c.get("id", ""), "content": r[0]}
@@ -107,14 +119,17 @@ class PythonToolEnv(Env):
         out = done.stdout + (f"\n[stderr]\n{done.stderr}" if done.stderr else "")
         if done.timed_out:
             out += f"\n[killed after {self.timeout} s]"
+        if done.failure_kind is not None:
+            self.limits_hit.append(done.failure_kind)
+            out += f"\n[sandbox limit: {done.failure_kind}]"
         return out[: self.max_output], done.exit_code
 
     async def _ensure_sandbox(self) -> Any:
         if self._sandbox is None:
-            from rollbus.sandbox import BwrapSandbox
+            from rollbus.sandbox import BwrapSandbox  # bwrap checks at construction: only when code runs
 
             self._workdir = Path(tempfile.mkdtemp(prefix="rollbus-pytool-"))
-            self._sandbox = BwrapSandbox(self._workdir, network="none")
+            self._sandbox = BwrapSandbox(self._workdir, network="none", limits=self.limits)
         return self._sandbox
 
     async def close(self) -> None:

@@ -22,7 +22,7 @@ from rollbus.sandbox.images import resolve_image
 from rollbus.sandbox.limits import Limits
 from rollbus.sandbox.local import LocalSubprocessSandbox
 from rollbus.sandbox.repo import GitError, apply_patch, baseline_gitdir, git_diff, prepare_repo
-from rollbus.sandbox.spec import SandboxSpec, create_local
+from rollbus.sandbox.spec import SandboxSpec, create_local, create_sandbox, probe_enforcement, sweep_stale
 
 __all__ = [
     "SANDBOX_HEADER",
@@ -34,6 +34,9 @@ __all__ = [
     "SandboxError",
     "SandboxSpec",
     "create_local",
+    "create_sandbox",
+    "probe_enforcement",
+    "sweep_stale",
     "resolve_image",
     "Completed",
     "E2BSandbox",

@@ -5,7 +5,8 @@ listens on the loopback port ``ANTHROPIC_BASE_URL`` names and connects to this s
 ``/run/adapter.sock``. The proxy opens one TCP connection to the adapter per client connection and stamps
 every request with ``X-Rollbus-Sandbox: <sandbox id>`` (a copy the client sent is removed first), so the
 adapter side knows which rollout is calling whatever token the request carries. Only HTTP/1.1 requests
-pass: a head that does not parse, or is larger than ``MAX_HEAD``, gets a 400 and the connection closes.
+pass: a head that does not parse, or is larger than ``MAX_HEAD``, gets a 400 and the connection closes;
+connections past ``MAX_CONNECTIONS`` get a 503, so one agent cannot exhaust the host's sockets.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ SANDBOX_HEADER = b"x-rollbus-sandbox"
 MAX_HEAD = 64 << 10
 CHUNK = 1 << 16
 BAD_REQUEST = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+BUSY = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+MAX_CONNECTIONS = 64  # per sandbox: an agent opening thousands cannot exhaust the host's sockets
 
 
 class BadRequest(ValueError):
@@ -89,7 +92,12 @@ class AdapterProxy:
     """One sandbox's unix socket, proxying to the adapter at ``adapter_url`` (``http://host:port``)."""
 
     def __init__(
-        self, socket_path: Path, adapter_url: str, sandbox_id: str, owner: int | None = None
+        self,
+        socket_path: Path,
+        adapter_url: str,
+        sandbox_id: str,
+        owner: int | None = None,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         parts = urlsplit(adapter_url)
         if parts.scheme != "http" or not parts.hostname:
@@ -101,6 +109,8 @@ class AdapterProxy:
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.requests = 0
+        self.refused = 0
+        self._max_connections = max_connections
 
     async def start(self) -> AdapterProxy:
         self._server = await asyncio.start_unix_server(self._serve, path=str(self.socket_path))
@@ -124,6 +134,13 @@ class AdapterProxy:
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        if len(self._tasks) >= self._max_connections:
+            self.refused += 1
+            with contextlib.suppress(ConnectionError):
+                client_w.write(BUSY)
+                await client_w.drain()
+            client_w.close()
+            return
         self._tasks.add(task)
         upstream_w: asyncio.StreamWriter | None = None
         try:

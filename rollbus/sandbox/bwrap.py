@@ -10,8 +10,9 @@ Threat model: the agent is the attacker.
   the agent's uid 1000 maps to that uid, never to host root: files it creates are owned by it. Sources that
   uid could not reach (root-only parents) are bind-mounted to a traversable staging dir in a private mount
   namespace of the launcher, never on the host. bwrap adds ``no_new_privs``, drops every capability, mounts
-  binds and tmpfs ``nosuid,nodev`` (setuid bits do nothing) and ``--disable-userns`` forbids nested user
-  namespaces.
+  binds and tmpfs ``nosuid,nodev`` (setuid bits do nothing inside, and the host strips any the agent set
+  after each command) and ``--disable-userns`` forbids nested user namespaces (a seccomp filter,
+  :mod:`rollbus.sandbox.seccomp`, where bwrap lacks the flag).
 - Network: every sandbox has its own network namespace. ``"none"``: loopback only, nothing else.
   ``"adapter"``: loopback plus the adapter's unix socket at ``/run/adapter.sock`` and a ``socat`` forwarder
   on the loopback port ``ANTHROPIC_BASE_URL`` names (started before the command, gone with it).
@@ -23,8 +24,10 @@ Threat model: the agent is the attacker.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import functools
 import inspect
 import json
@@ -33,12 +36,13 @@ import resource
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rollbus.sandbox.base import (
     Completed,
@@ -51,6 +55,7 @@ from rollbus.sandbox.base import (
 )
 from rollbus.sandbox.limits import Cgroups, Limits, enforcement, failure_from_counters, rlimits
 from rollbus.sandbox.process import run_process
+from rollbus.sandbox.seccomp import filter_fd, nested_userns_filter
 
 WORKSPACE = "/workspace"
 HOME = "/home/agent"
@@ -76,10 +81,12 @@ FORWARDER = (
     "$RB_SOCAT TCP-LISTEN:$RB_PORT,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:" + ADAPTER_SOCKET + " &\n"
     'n=0; while ! grep -q "0100007F:$RB_HEX 00000000:0000 0A" /proc/net/tcp; do\n'
     "  n=$((n+1)); [ $n -gt 2000 ] && { echo 'rollbus: adapter forwarder did not start' >&2; exit 125; }\n"
-    "  sleep 0.005; done\n"
+    "  [ $n -gt 20 ] && sleep 0.005; done\n"
     'unset RB_PORT RB_HEX RB_SOCAT; exec "$@"'
 )
 HOST_USR = "/.rollbus/host/usr"
+OWNER_FILE = "owner.pid"
+DISK_FULL_MARGIN = 64 << 10  # a tmpfs workspace with less free space than this after a command is full
 TOOLCHAIN_SKIP = {"proc", "dev", "sys", "tmp", "run", "home", "workspace", ".rollbus"}
 CLONE_NEWNS = 0x00020000
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 1 << 14, 1 << 18
@@ -103,6 +110,7 @@ class BwrapLayout:
     forward_port: int | None = None  # loopback port of the forwarder inside
     tmp_bytes: int | None = None
     disable_userns: bool = True
+    seccomp_fd: int | None = None  # a filter refusing new user namespaces (bwrap without --disable-userns)
     toolchain: Path | None = None  # a root filesystem mounted read-only as /; None: the host's /usr
     inside_workdir: str = WORKSPACE
     host_loader: tuple[str, ...] = ()  # how to run the host's socat over a foreign toolchain
@@ -178,6 +186,8 @@ def bwrap_argv(
         argv += ["--unshare-user", "--uid", str(layout.uid), "--gid", str(layout.uid)]
         if layout.disable_userns:
             argv.append("--disable-userns")
+        if layout.seccomp_fd is not None:
+            argv += ["--seccomp", str(layout.seccomp_fd)]
     tmp = ["--size", str(layout.tmp_bytes), "--tmpfs", "/tmp"] if layout.tmp_bytes else ["--tmpfs", "/tmp"]
     mounts = [
         ("--ro-bind", str(layout.etc / "passwd"), "/etc/passwd"),
@@ -285,6 +295,7 @@ class BwrapSandbox(SandboxBase):
         toolchain: Path | None = None,
         scratch_root: Path = SCRATCH_ROOT,
         inside_workdir: str = WORKSPACE,
+        userns_guard: Literal["auto", "seccomp"] = "auto",
     ) -> None:
         found = shutil.which(bwrap)
         if found is None:
@@ -294,6 +305,7 @@ class BwrapSandbox(SandboxBase):
         self._bwrap = found
         self.workdir = inside_workdir
         self._on_close: list[Callable[[], Awaitable[None] | None]] = []
+        self._binds: list[tuple[str, str]] = []
         self.sandbox_id = sandbox_id or secrets.token_hex(8)
         self.limits = limits or Limits()
         root = os.geteuid() == 0
@@ -301,55 +313,80 @@ class BwrapSandbox(SandboxBase):
         if root:
             require_traversable(scratch_root)
         self._state = make_scratch(scratch_root, self.sandbox_id)
-        (self._state / "home").mkdir()
+        self.cgroups: Cgroups | None = None
+        try:
+            self._host_workdir = self._prepare_host(Path(workdir).resolve(), uid)
+            binds = {str(Path(host).resolve()): inside for host, inside in (ro_binds or {}).items()}
+            sources = {
+                "workdir": self._host_workdir,
+                "home": self._state / "home",
+                "etc": self._state / "etc",
+            }
+            sources |= {f"ro{i}": Path(host) for i, host in enumerate(binds)}
+            if adapter_socket is not None:
+                sources["adapter"] = Path(adapter_socket)
+            if toolchain is not None:
+                sources["toolchain"] = Path(toolchain).resolve()
+            staged = self._stage(sources) if root else sources
+            self.layout = BwrapLayout(
+                workdir=staged["workdir"],
+                home=staged["home"],
+                etc=staged["etc"],
+                network=network,
+                ro_binds={str(staged[f"ro{i}"]): inside for i, inside in enumerate(binds.values())},
+                uid=uid,
+                adapter_socket=staged.get("adapter"),
+                forward_port=forward_port,
+                tmp_bytes=self.limits.tmp_bytes,
+                disable_userns=uid is not None
+                and userns_guard == "auto"
+                and bwrap_supports("--disable-userns", found),
+                toolchain=toolchain,
+                inside_workdir=inside_workdir,
+                host_loader=host_socat() if toolchain is not None else (),
+            )
+            self._seccomp = None if self.layout.disable_userns else nested_userns_filter()
+            self._mounts = {inside_workdir: self._host_workdir, HOME: self._state / "home"}
+            self._system = system_mounts(toolchain, network == "adapter", staged.get("toolchain"))
+            self.cgroups = Cgroups.create(f"rollbus-{self.sandbox_id}", self.limits)
+        except BaseException:
+            if self.cgroups is not None:
+                self.cgroups.destroy()
+            shutil.rmtree(self._state, ignore_errors=True)
+            raise
+        self.enforced = self._report()
+
+    def _prepare_host(self, workdir: Path, uid: int | None) -> Path:
+        """HOME and the identity files in the state dir; the workspace and HOME handed to the host uid."""
+        (self._state / "home").mkdir(mode=0o700)
         write_identity(self._state / "etc", uid)
-        workdir = Path(workdir).resolve()
         if self.host_uid is not None:
             chown_tree(workdir, self.host_uid)
             os.chown(self._state / "home", self.host_uid, self.host_uid)
-        sources = {
-            "workdir": workdir,
-            "home": self._state / "home",
-            "etc": self._state / "etc",
-            **{f"ro{i}": Path(host).resolve() for i, host in enumerate(ro_binds or {})},
-        }
-        if adapter_socket is not None:
-            sources["adapter"] = Path(adapter_socket)
-        if toolchain is not None:
-            sources["toolchain"] = Path(toolchain).resolve()
-        staged = self._stage(sources) if root else sources
-        self.layout = BwrapLayout(
-            workdir=staged["workdir"],
-            home=staged["home"],
-            etc=staged["etc"],
-            network=network,
-            ro_binds={str(staged[f"ro{i}"]): inside for i, inside in enumerate((ro_binds or {}).values())},
-            uid=uid,
-            adapter_socket=staged.get("adapter"),
-            forward_port=forward_port,
-            tmp_bytes=self.limits.tmp_bytes,
-            disable_userns=uid is not None and bwrap_supports("--disable-userns", found),
-            toolchain=toolchain,
-            inside_workdir=inside_workdir,
-            host_loader=host_socat() if toolchain is not None else (),
+        self._disk_mounted = os.path.ismount(workdir)
+        return workdir
+
+    def _report(self) -> dict[str, str]:
+        """How each limit and boundary holds for this sandbox (``enforced``)."""
+        disk = "checked after each command (du)"
+        if self._disk_mounted:
+            disk = "tmpfs size (workspace), checked after each command (HOME)"
+        report = enforcement(self.limits, self.cgroups, disk)
+        report["nested_userns"] = (
+            "bwrap --disable-userns"
+            if self.layout.disable_userns
+            else "seccomp filter"
+            if self._seccomp
+            else "NOT blocked"
         )
-        self._host_workdir = workdir
-        self._mounts = {inside_workdir: workdir, HOME: self._state / "home"}
-        self._system = system_mounts(toolchain, network == "adapter", staged.get("toolchain"))
-        self.cgroups = Cgroups.create(f"rollbus-{self.sandbox_id}", self.limits)
-        self.enforced = enforcement(self.limits, self.cgroups, "checked after each command (du)")
-        self.enforced["nested_userns"] = (
-            "bwrap --disable-userns" if self.layout.disable_userns else "NOT blocked"
-        )
-        self.enforced["identity"] = (
-            f"host uid {self.host_uid}" if self.host_uid else f"caller uid {os.getuid()}"
-        )
+        report["identity"] = f"host uid {self.host_uid}" if self.host_uid else f"caller uid {os.getuid()}"
+        return report
 
     def _stage(self, sources: Mapping[str, Path]) -> dict[str, Path]:
         """Mountpoints in the traversable scratch dir; the launcher binds each source there."""
         mnt = self._state / "mnt"
         mnt.mkdir(mode=0o711)
-        staged, self._binds = {}, []
+        staged = {}
         for name, src in sources.items():
             point = mnt / name
             if src.is_dir():
@@ -369,10 +406,12 @@ class BwrapSandbox(SandboxBase):
     ) -> Completed:
         info_r, info_w = os.pipe()
         os.set_blocking(info_r, False)
-        argv = bwrap_argv(self.layout, cmd, cwd=cwd or self.workdir, system=self._system, info_fd=info_w)
+        filter_in = filter_fd(self._seccomp) if self._seccomp else None
+        layout = dataclasses.replace(self.layout, seccomp_fd=filter_in)
+        argv = bwrap_argv(layout, cmd, cwd=cwd or self.workdir, system=self._system, info_fd=info_w)
         launcher = make_launcher(
             self.host_uid,
-            getattr(self, "_binds", []),
+            self._binds,
             self.cgroups.procs_files() if self.cgroups else [],
             rlimits(self.limits, self.cgroups),
         )
@@ -384,7 +423,7 @@ class BwrapSandbox(SandboxBase):
                 cwd=None,
                 timeout=timeout,
                 kill=lambda _proc: _kill_namespace(info_r),
-                pass_fds=(info_w,),
+                pass_fds=(info_w,) if filter_in is None else (info_w, filter_in),
                 output_limit=self.limits.output_bytes,
                 preexec_fn=launcher,
             )
@@ -393,17 +432,24 @@ class BwrapSandbox(SandboxBase):
         finally:
             os.close(info_r)
             os.close(info_w)
+            if filter_in is not None:
+                os.close(filter_in)
         after = self.cgroups.counters() if self.cgroups else {}
-        return _with_failure(done, self._classify(done, before, after))
+        usage = await asyncio.to_thread(settle, self._mounts.values())
+        return _with_failure(done, self._classify(done, before, after, usage))
 
-    def _classify(self, done: Completed, before: dict[str, int], after: dict[str, int]) -> FailureKind | None:
+    def _classify(
+        self, done: Completed, before: dict[str, int], after: dict[str, int], usage: int
+    ) -> FailureKind | None:
         if done.timed_out:
             return "timeout"
         if kind := failure_from_counters(before, after):
             return kind
         if self.limits.cpu_time_s is not None and done.exit_code in (128 + signal.SIGXCPU, -signal.SIGXCPU):
             return "cpu_limit"
-        if self.limits.disk_bytes is not None and disk_usage(self._mounts.values()) > self.limits.disk_bytes:
+        if self._disk_mounted and _free_bytes(self._host_workdir) < DISK_FULL_MARGIN:
+            return "disk_full"
+        if self.limits.disk_bytes is not None and usage > self.limits.disk_bytes:
             return "disk_full"
         if self.limits.tmp_bytes is not None and "No space left on device" in done.stderr:
             return "disk_full"  # the private /tmp is gone with the command: its message is all that is left
@@ -446,7 +492,13 @@ def make_scratch(root: Path, sandbox_id: str) -> Path:
         root.chmod(0o711)
     path = root / sandbox_id
     path.mkdir(mode=0o711)
+    (path / OWNER_FILE).write_text(str(os.getpid()))  # for sweep_stale after a kill -9
     return path
+
+
+def _free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
 
 
 def require_traversable(path: Path) -> None:
@@ -458,15 +510,19 @@ def require_traversable(path: Path) -> None:
             )
 
 
-def disk_usage(paths: Sequence[Path] | object) -> int:
-    """Bytes in the given trees (allocated blocks, hard links once)."""
+def settle(paths: Iterable[Path]) -> int:
+    """After a command: strip setuid/setgid bits the agent set (they never reach the host), return the bytes
+    the trees use (allocated blocks, hard links once). Symlinks are never followed."""
     seen: set[tuple[int, int]] = set()
     total = 0
-    for top in paths:  # type: ignore[attr-defined]
+    for top in paths:
         for parent, _dirs, files in os.walk(top):
             for name in files:
+                path = os.path.join(parent, name)
                 with contextlib.suppress(OSError):
-                    st = os.lstat(os.path.join(parent, name))
+                    st = os.lstat(path)
+                    if stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                        os.chmod(path, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
                     if (st.st_dev, st.st_ino) not in seen:
                         seen.add((st.st_dev, st.st_ino))
                         total += st.st_blocks * 512

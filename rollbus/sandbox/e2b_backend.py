@@ -1,75 +1,280 @@
-"""E2B backend: the same interface over a cloud micro-VM (``e2b.AsyncSandbox``).
+"""E2B backend: the sandbox contract over a cloud micro-VM (``e2b.AsyncSandbox``, SDK 2.x).
 
-The VM is the isolation; its template must already hold ``git`` and the Claude Code binary. Commands go
-through envd as ``bash -l -c``; a timed-out command is killed by its handle (SIGKILL to its process).
+The VM is the isolation. Routing: the template is the row's ``metadata.e2b_template`` or the configured
+default; every VM carries the metadata of ``ROLLBUS_E2B_METADATA_FILE`` (a JSON object of strings, e.g.
+cluster routing labels) plus the row's image under ``ROLLBUS_E2B_IMAGE_METADATA_KEY`` (default ``image``), its
+sandbox id and role. Graders get no network (``allow_internet_access=False``); agents may reach the adapter's
+host only (``network.allow_out``), or nothing.
+
+Robustness: creation passes the sandbox id as the idempotency key, so a retried create cannot start two VMs;
+only transient transport errors (unreachable, rate limit, busy, connection errors) are retried; a VM whose
+setup fails after ``create`` is killed before the error propagates. Commands start detached with output
+redirected to files in the VM and are polled for an exit-code file, so a 30-minute agent run survives a
+dropped stream; a deadline or a cancelled ``run`` kills the remote process group.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
+import os
+import secrets
 import shlex
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
-from rollbus.sandbox.base import Completed
+from rollbus.sandbox.base import Completed, FailureKind, SandboxBase, SandboxError
+from rollbus.sandbox.process import BoundedOutput
 
 E2B_HOME = "/home/user"
 E2B_WORKSPACE = "/home/user/workspace"
+RUN_DIR = "/tmp/.rollbus"
 KILLED_EXIT_CODE = -9
+T = TypeVar("T")
+
+# History-free agent repository, as images.agent_workspace does locally: tracked files become the only commit.
+AGENT_REPO_SETUP = (
+    "set -e; cd {workdir}; tracked=$(mktemp); "
+    "if [ -d .git ]; then git ls-files -z > $tracked; rm -rf .git; fi; "
+    "git init -q --template= -b main; "
+    "if [ -s $tracked ]; then git add -f --pathspec-from-file=$tracked --pathspec-file-nul; "
+    "else git add -A; fi; "
+    "git -c user.name=rollbus -c user.email=rollbus@localhost commit -q --allow-empty --no-verify -m base; "
+    "rm -rf .git/logs $tracked"
+)
 
 
-class E2BSandbox:
-    """Wraps a live SDK sandbox. Build one with :meth:`create`; tests pass a stand-in to the constructor."""
+@dataclass(frozen=True)
+class E2BOptions:
+    """How VMs are made; ``from_env`` reads the ``ROLLBUS_E2B_*`` variables."""
 
-    def __init__(self, sdk_sandbox: Any, *, workdir: str = E2B_WORKSPACE, home: str = E2B_HOME) -> None:
+    template: str | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    image_metadata_key: str = "image"
+    lifetime_s: int = 3600
+    attempts: int = 3
+    backoff_s: float = 1.0
+    poll_s: float = 2.0
+    output_bytes: int = 8 << 20
+    run_dir: str = RUN_DIR  # in the VM: each command's output, exit code and process group id
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ, **overrides: Any) -> E2BOptions:
+        metadata: dict[str, str] = {}
+        if path := env.get("ROLLBUS_E2B_METADATA_FILE"):
+            try:
+                loaded = json.loads(Path(path).read_text())
+            except (OSError, ValueError) as exc:
+                raise SandboxError(f"ROLLBUS_E2B_METADATA_FILE {path}: {exc}") from exc
+            if not isinstance(loaded, dict) or not all(isinstance(v, str) for v in loaded.values()):
+                raise SandboxError(f"ROLLBUS_E2B_METADATA_FILE {path}: expected a JSON object of strings")
+            metadata = loaded
+        key = env.get("ROLLBUS_E2B_IMAGE_METADATA_KEY", "image")
+        return cls(
+            template=env.get("ROLLBUS_E2B_TEMPLATE"), metadata=metadata, image_metadata_key=key, **overrides
+        )
+
+
+def transient(exc: BaseException) -> bool:
+    """Worth retrying: the VM or API was unreachable or busy, not wrong (never a command's own failure)."""
+    import e2b
+
+    if isinstance(exc, e2b.SandboxNotRunningException):
+        return False
+    kinds: tuple[type[BaseException], ...] = (
+        e2b.SandboxUnreachableException,
+        e2b.RateLimitException,
+        e2b.ServiceBusyException,
+        ConnectionError,
+    )
+    try:
+        import httpx
+
+        kinds += (httpx.TransportError,)
+    except ImportError:  # pragma: no cover - httpx comes with the SDK
+        pass
+    return isinstance(exc, kinds)
+
+
+async def with_retries(call: Callable[[], Awaitable[T]], options: E2BOptions) -> T:
+    """``call()``, retried with exponential backoff on transient errors only."""
+    for attempt in itertools.count(1):
+        try:
+            return await call()
+        except Exception as exc:
+            if attempt >= options.attempts or not transient(exc):
+                raise
+            await asyncio.sleep(options.backoff_s * 2 ** (attempt - 1))
+    raise AssertionError("unreachable")
+
+
+def routing(
+    spec_metadata: Mapping[str, Any], role: str, sandbox_id: str, options: E2BOptions
+) -> dict[str, Any]:
+    """Template and metadata for ``AsyncSandbox.create``."""
+    metadata = {**options.metadata, "rollbus_sandbox_id": sandbox_id, "rollbus_role": role}
+    if (image := spec_metadata.get("image")) is not None:
+        metadata[options.image_metadata_key] = str(image)
+    return {"template": spec_metadata.get("e2b_template") or options.template, "metadata": metadata}
+
+
+def network_options(role: str, adapter_url: str | None) -> dict[str, Any]:
+    """Graders: no network. Agents: the adapter's host only (or nothing without an adapter)."""
+    if role == "grader" or not adapter_url:
+        return {"allow_internet_access": False}
+    host = urlsplit(adapter_url).hostname
+    return {"network": {"deny_out": ["0.0.0.0/0"], "allow_out": [host]}}
+
+
+class E2BSandbox(SandboxBase):
+    """Wraps a live SDK sandbox. Build one with :meth:`create`; tests pass a fake SDK object."""
+
+    def __init__(
+        self,
+        sdk_sandbox: Any,
+        *,
+        workdir: str = E2B_WORKSPACE,
+        home: str = E2B_HOME,
+        options: E2BOptions | None = None,
+        sandbox_id: str | None = None,
+    ) -> None:
         self._sbx = sdk_sandbox
         self.workdir = workdir
         self.home = home
+        self.options = options or E2BOptions()
+        self.sandbox_id = sandbox_id or str(getattr(sdk_sandbox, "sandbox_id", "")) or secrets.token_hex(8)
+        self.enforced = {
+            "isolation": "E2B micro-VM",
+            "output": "head+tail capture",
+            "wall_clock": "remote kill",
+        }
+        self._runs = itertools.count()
+        self._closed = False
 
     @classmethod
     async def create(
         cls,
         *,
-        template: str | None = None,
-        lifetime_s: int = 3600,
+        role: str = "agent",
+        metadata: Mapping[str, Any] | None = None,
+        adapter_url: str | None = None,
         workdir: str = E2B_WORKSPACE,
-        allow_internet_access: bool = False,
+        options: E2BOptions | None = None,
+        sandbox_id: str | None = None,
+        sdk: Any = None,
         **sdk_options: Any,
     ) -> E2BSandbox:
-        """Start a VM from ``template`` (credentials come from the SDK's usual ``E2B_API_KEY``)."""
-        from e2b import AsyncSandbox  # the SDK is only needed when this backend is chosen
-
-        sbx = await AsyncSandbox.create(
-            template=template, timeout=lifetime_s, allow_internet_access=allow_internet_access, **sdk_options
-        )
-        await sbx.commands.run(f"mkdir -p {shlex.quote(workdir)}")
-        return cls(sbx, workdir=workdir)
+        """Start a VM (the SDK reads ``E2B_API_KEY``), prepare its repository, or kill it and raise."""
+        if sdk is None:
+            from e2b import AsyncSandbox as sdk  # the SDK is only needed when this backend is chosen
+        options = options or E2BOptions.from_env()
+        sandbox_id = sandbox_id or secrets.token_hex(8)
+        kwargs = {
+            **routing(metadata or {}, role, sandbox_id, options),
+            **network_options(role, adapter_url),
+            "timeout": options.lifetime_s,
+            "idempotency_key": sandbox_id,
+            **sdk_options,
+        }
+        try:
+            sbx = await with_retries(lambda: sdk.create(**kwargs), options)
+        except Exception as exc:
+            raise SandboxError(f"E2B create failed: {exc}") from exc
+        box = cls(sbx, workdir=workdir, options=options, sandbox_id=sandbox_id)
+        try:
+            setup = f"mkdir -p {shlex.quote(workdir)} {shlex.quote(options.run_dir)}"
+            if role == "agent":
+                setup += "; " + AGENT_REPO_SETUP.format(workdir=shlex.quote(workdir))
+            await with_retries(lambda: sbx.commands.run(setup, timeout=300), options)
+        except BaseException as exc:  # the VM must not outlive a failed setup (nor a cancelled one)
+            await box.close()
+            if isinstance(exc, Exception):
+                raise SandboxError(f"E2B sandbox {sandbox_id} setup failed: {exc}") from exc
+            raise
+        return box
 
     async def run(
         self, cmd: Sequence[str], env: Mapping[str, str], cwd: str | None = None, timeout: float = 600.0
     ) -> Completed:
-        from e2b import CommandExitException
-
         start = time.monotonic()
-        # timeout=0: no SDK-side stream deadline; ours below kills the command instead of just hanging up.
+        files = f"{self.options.run_dir}/{next(self._runs)}"
+        wrapper = (
+            f"echo $$ > {files}.pgid; cd {shlex.quote(cwd or self.workdir)} && "
+            f"{{ {shlex.join(cmd)}; }} > {files}.out 2> {files}.err; "
+            f"echo $? > {files}.rc.tmp && mv {files}.rc.tmp {files}.rc"
+        )
+        # setsid: the command leads its own process group, so one kill takes everything it started.
         handle = await self._sbx.commands.run(
-            shlex.join(cmd), background=True, envs=dict(env), cwd=cwd or self.workdir, timeout=0
+            f"setsid bash -c {shlex.quote(wrapper)}",
+            background=True,
+            envs=dict(env),
+            cwd=cwd or self.workdir,
+            timeout=0,
         )
         try:
-            result = await asyncio.wait_for(handle.wait(), timeout)
-        except CommandExitException as exc:  # the SDK raises on any non-zero exit
-            result = exc
+            code = await asyncio.wait_for(self._poll(f"{files}.rc"), timeout)
+            kind: FailureKind | None = None
         except TimeoutError:
-            await handle.kill()
-            return Completed(KILLED_EXIT_CODE, handle.stdout, handle.stderr, time.monotonic() - start, True)
-        return Completed(result.exit_code, result.stdout, result.stderr, time.monotonic() - start, False)
+            await self._kill(handle.pid, files)
+            code, kind = KILLED_EXIT_CODE, "timeout"
+        except BaseException:
+            await asyncio.shield(self._kill(handle.pid, files))
+            raise
+        out, err = await self._output(f"{files}.out"), await self._output(f"{files}.err")
+        dropped = out.dropped + err.dropped
+        kind = kind or ("output_truncated" if dropped else None)
+        return Completed(
+            code, out.text(), err.text(), time.monotonic() - start, kind == "timeout", kind, dropped
+        )
+
+    async def _poll(self, rc_path: str) -> int:
+        """Wait for the exit-code file; each read is retried on transient errors."""
+        import e2b
+
+        while True:
+            try:
+                text = await with_retries(lambda: self._sbx.files.read(rc_path), self.options)
+                return int(str(text).strip() or -1)
+            except e2b.NotFoundException:
+                await asyncio.sleep(self.options.poll_s)
+
+    async def _output(self, path: str) -> BoundedOutput:
+        sink = BoundedOutput(self.options.output_bytes)
+        try:
+            sink.add(
+                bytes(await with_retries(lambda: self._sbx.files.read(path, format="bytes"), self.options))
+            )
+        except Exception:  # noqa: BLE001 - a missing output file is empty output, not a failed run
+            pass
+        return sink
+
+    async def _kill(self, pid: int, files: str) -> None:
+        """SIGKILL the command's process group (its leader wrote its id), then the process (by the SDK)."""
+        try:
+            await self._sbx.commands.run(f"kill -9 -- -$(cat {files}.pgid) 2>/dev/null; true", timeout=30)
+        except Exception:  # noqa: BLE001 - the SDK kill below is the fallback
+            pass
+        try:
+            await self._sbx.commands.kill(pid)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
 
     async def write_file(self, path: str, data: bytes | str) -> None:
-        await self._sbx.files.write(path, data)
+        await with_retries(lambda: self._sbx.files.write(path, data), self.options)
 
     async def read_file(self, path: str) -> bytes:
-        return bytes(await self._sbx.files.read(path, format="bytes"))
+        return bytes(await with_retries(lambda: self._sbx.files.read(path, format="bytes"), self.options))
 
     async def close(self) -> None:
-        await self._sbx.kill()
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await with_retries(lambda: self._sbx.kill(), self.options)
+        except Exception:  # noqa: BLE001 - the VM's own lifetime (options.lifetime_s) ends it anyway
+            pass

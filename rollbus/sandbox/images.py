@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from rollbus.sandbox.base import SandboxError
-from rollbus.sandbox.repo import GIT_IDENTITY, _git_env
+from rollbus.sandbox.repo import GIT_IDENTITY, _git_env, baseline_gitdir, record_baseline
 
 BASE_MESSAGE = "base"
 
@@ -52,7 +52,7 @@ def unpack(image: Path, cache: Path, *, repository: bool) -> Path:
         scratch = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=cache))
         try:
             with tarfile.open(image) as tar:
-                tar.extractall(scratch, filter="data")
+                tar.extractall(scratch, filter="data" if repository else rootfs_filter)
         except (tarfile.TarError, OSError) as exc:
             shutil.rmtree(scratch, ignore_errors=True)
             raise SandboxError(f"cannot unpack image {image}: {exc}", "image_error") from exc
@@ -66,13 +66,23 @@ def unpack(image: Path, cache: Path, *, repository: bool) -> Path:
     return entries[0] if len(entries) == 1 and entries[0].is_dir() else target
 
 
+def rootfs_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    """A root filesystem keeps its absolute symlinks (they resolve inside the sandbox); no devices, no setuid.
+
+    ``tar`` filter rules otherwise: nothing lands outside the cache, group/other write and setuid bits go.
+    """
+    if member.isdev():
+        return None
+    return tarfile.tar_filter(member, dest)
+
+
 def copy_tree(src: Path, dest: Path, *, skip_git: bool) -> None:
     """Copy ``src`` to ``dest`` (reflinks where the filesystem has them, else a plain copy).
 
     Hard links would be faster but are unsafe for a writable workspace: an in-place write would reach the
     image every later sandbox starts from.
     """
-    dest.mkdir(parents=True)
+    dest.mkdir(parents=True, exist_ok=True)  # it may be a size-capped tmpfs mounted for it
     entries = [e for e in os.listdir(src) if not (skip_git and e == ".git")]
     if entries:
         cmd = ["cp", "-a", "--reflink=auto", *(str(src / e) for e in entries), str(dest)]
@@ -96,6 +106,41 @@ def agent_workspace(src: Path, dest: Path) -> Path:
         _git(["add", "-f", "--pathspec-from-file=-", "--pathspec-file-nul"], dest, stdin=tracked)
     _git([*GIT_IDENTITY, "commit", "-q", "--allow-empty", "--no-verify", "-m", BASE_MESSAGE], dest)
     shutil.rmtree(dest / ".git" / "logs", ignore_errors=True)  # no reflog, not even of the base commit
+    return dest
+
+
+def tree_fingerprint(root: Path) -> str:
+    """A digest of every path, size, mode and mtime under ``root``: changes whenever a file does."""
+    digest = hashlib.sha256(str(root.resolve()).encode())
+    for parent, dirs, files in os.walk(root):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(parent, name)
+            st = os.lstat(path)
+            digest.update(f"{path}\0{st.st_size}\0{st.st_mode}\0{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:24]
+
+
+def cached_agent_workspace(src: Path, dest: Path, cache: Path) -> Path:
+    """:func:`agent_workspace` plus its trusted baseline, built once per image state and copied from then on.
+
+    The git work (init, add, commit, baseline) costs more than the copy; a changed image has a new
+    fingerprint, so a stale entry is never used.
+    """
+    entry = cache / f"agent-{tree_fingerprint(src)}"
+    if not entry.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=cache))
+        try:
+            record_baseline(agent_workspace(src, scratch / "ws"))
+            os.rename(scratch, entry)
+        except OSError:  # another sandbox built it first
+            shutil.rmtree(scratch, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+    copy_tree(entry / "ws", dest, skip_git=False)
+    copy_tree(baseline_gitdir(entry / "ws"), baseline_gitdir(dest), skip_git=False)
     return dest
 
 

@@ -7,17 +7,20 @@ is killed on timeout; a process that starts its own session escapes it.
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from rollbus.sandbox.base import Completed, read_host_file, write_host_file
+from rollbus.sandbox.base import Completed, SandboxBase, read_host_file, write_host_file
 from rollbus.sandbox.process import run_process
 
 
-class LocalSubprocessSandbox:
-    def __init__(self, workdir: Path) -> None:
+class LocalSubprocessSandbox(SandboxBase):
+    def __init__(self, workdir: Path, *, sandbox_id: str | None = None) -> None:
+        self.sandbox_id = sandbox_id or secrets.token_hex(8)
+        self.enforced = {"isolation": "NONE (plain subprocess)", "wall_clock": "process group kill"}
         self._workdir = Path(workdir).resolve()
         self._home = Path(tempfile.mkdtemp(prefix="rollbus-home-"))
         self.workdir = str(self._workdir)

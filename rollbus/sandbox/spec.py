@@ -9,6 +9,7 @@ it (never mounted), the adapter proxy socket, and kills and removes all of it if
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import shutil
@@ -19,13 +20,23 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from rollbus.sandbox.adapter_proxy import AdapterProxy
-from rollbus.sandbox.base import Network, SandboxError
-from rollbus.sandbox.bwrap import SCRATCH_ROOT, WORKSPACE, BwrapSandbox, SandboxUnavailable
-from rollbus.sandbox.images import agent_workspace, grader_workspace, unpack
-from rollbus.sandbox.limits import Limits
+from rollbus.sandbox.base import Network, SandboxBase, SandboxError
+from rollbus.sandbox.bwrap import (
+    OWNER_FILE,
+    SCRATCH_ROOT,
+    WORKSPACE,
+    BwrapSandbox,
+    SandboxUnavailable,
+    _libc,
+    bwrap_supports,
+)
+from rollbus.sandbox.e2b_backend import E2B_WORKSPACE
+from rollbus.sandbox.images import cached_agent_workspace, grader_workspace, unpack
+from rollbus.sandbox.limits import CGROUP_ROOT, Cgroups, Limits, enforcement
 from rollbus.sandbox.repo import record_baseline
 
 Role = Literal["agent", "grader"]
+MS_NOSUID, MS_NODEV, MNT_DETACH = 2, 4, 2
 
 
 @dataclass(frozen=True)
@@ -63,9 +74,12 @@ async def create_local(spec: SandboxSpec, *, scratch_root: Path = SCRATCH_ROOT) 
     sandbox_id = spec.sandbox_id or secrets.token_hex(8)
     data = scratch_root / f"{sandbox_id}.data"
     data.mkdir(parents=True, mode=0o700)
+    (data / OWNER_FILE).write_text(str(os.getpid()))
     proxy: AdapterProxy | None = None
     box: BwrapSandbox | None = None
+    disk = False
     try:
+        disk = mount_disk(data / "ws", spec.limits.disk_bytes)
         workspace = await asyncio.to_thread(_workspace, spec, scratch_root, data / "ws")
         toolchain = None
         if spec.toolchain is not None:
@@ -85,6 +99,8 @@ async def create_local(spec: SandboxSpec, *, scratch_root: Path = SCRATCH_ROOT) 
             inside_workdir=spec.workdir,
         )
         box.on_close(lambda: shutil.rmtree(data, ignore_errors=True))
+        if disk:
+            box.on_close(lambda: unmount(data / "ws"))  # runs before the removal above
         if spec.network == "adapter":
             assert spec.adapter_url is not None
             proxy = AdapterProxy(data / "adapter.sock", spec.adapter_url, sandbox_id, owner=box.host_uid)
@@ -97,15 +113,103 @@ async def create_local(spec: SandboxSpec, *, scratch_root: Path = SCRATCH_ROOT) 
             await box.close()
         elif proxy is not None:
             await proxy.close()
+        if disk and box is None:
+            unmount(data / "ws")
         shutil.rmtree(data, ignore_errors=True)
         if isinstance(exc, SandboxUnavailable | OSError):
             raise SandboxError(f"cannot create sandbox {sandbox_id}: {exc}") from exc
         raise
 
 
+async def create_sandbox(spec: SandboxSpec, backend: str = "local", **options: Any) -> SandboxBase:
+    """The sandbox ``spec`` describes on ``backend`` (``local``: bwrap; ``e2b``: a cloud VM).
+
+    On E2B the agent reaches the adapter at ``spec.adapter_url`` directly (no forwarder); ``options`` go to
+    the backend's factory (``scratch_root`` for local, ``options``/``sdk`` for E2B).
+    """
+    if backend == "local":
+        return await create_local(spec, **options)
+    if backend == "e2b":
+        from rollbus.sandbox.e2b_backend import E2BSandbox
+
+        metadata = {"image": str(spec.image), **spec.metadata}
+        return await E2BSandbox.create(
+            role=spec.role,
+            metadata=metadata,
+            adapter_url=spec.adapter_url,
+            workdir=spec.workdir if spec.workdir != WORKSPACE else E2B_WORKSPACE,
+            sandbox_id=spec.sandbox_id,
+            **options,
+        )
+    raise ValueError(f"unknown sandbox backend {backend!r} (local, e2b)")
+
+
+def probe_enforcement(limits: Limits) -> dict[str, str]:
+    """Which limits a local sandbox would enforce here, for a service's start-up log (makes no sandbox)."""
+    cgroups = Cgroups.create(f"rollbus-probe-{secrets.token_hex(4)}", limits)
+    try:
+        disk = "tmpfs size (workspace)" if os.geteuid() == 0 else "checked after each command (du)"
+        report = enforcement(limits, cgroups, disk)
+    finally:
+        if cgroups is not None:
+            cgroups.destroy()
+    report["nested_userns"] = (
+        "bwrap --disable-userns" if bwrap_supports("--disable-userns") else "NOT blocked"
+    )
+    report["identity"] = "per-sandbox host uid" if os.geteuid() == 0 else f"caller uid {os.getuid()}"
+    return report
+
+
+def mount_disk(path: Path, size: int | None) -> bool:
+    """A size-capped tmpfs for the workspace (as root only; elsewhere the cap is checked after each command).
+
+    The trusted baseline stays beside it, on the host filesystem: an agent that fills its disk cannot stop
+    the patch from being captured. Its pages count against the sandbox's memory cgroup once written.
+    """
+    if size is None or os.geteuid() != 0:
+        return False
+    path.mkdir(mode=0o700)
+    options = f"size={size},mode=0755".encode()
+    if _libc().mount(b"rollbus-disk", str(path).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options) != 0:
+        path.rmdir()
+        return False
+    return True
+
+
+def unmount(path: Path) -> None:
+    _libc().umount2(str(path).encode(), MNT_DETACH)
+
+
+def sweep_stale(scratch_root: Path = SCRATCH_ROOT) -> list[str]:
+    """Remove what sandboxes of dead processes left (runner killed -9): mounts, cgroups, directories.
+
+    Each local sandbox records its owner's pid; a runner calls this at start-up. Returns the swept ids.
+    """
+    swept: list[str] = []
+    for owner in sorted(scratch_root.glob(f"*/{OWNER_FILE}")):
+        with contextlib.suppress(ValueError, OSError):
+            if Path(f"/proc/{int(owner.read_text())}").exists():
+                continue
+        sandbox_id = owner.parent.name.removesuffix(".data")
+        if sandbox_id in swept:
+            continue
+        data = scratch_root / f"{sandbox_id}.data"
+        if os.path.ismount(data / "ws"):
+            unmount(data / "ws")
+        for cgroup in [*CGROUP_ROOT.glob(f"*/rollbus-{sandbox_id}"), CGROUP_ROOT / f"rollbus-{sandbox_id}"]:
+            with contextlib.suppress(OSError):
+                cgroup.rmdir()
+        shutil.rmtree(scratch_root / sandbox_id, ignore_errors=True)
+        shutil.rmtree(data, ignore_errors=True)
+        swept.append(sandbox_id)
+    return swept
+
+
 def _workspace(spec: SandboxSpec, scratch_root: Path, dest: Path) -> Path:
     src = unpack(Path(spec.image), scratch_root / "images", repository=True)
-    made = agent_workspace(src, dest) if spec.role == "agent" else grader_workspace(src, dest)
-    record_baseline(made)
+    if spec.role == "agent":
+        made = cached_agent_workspace(src, dest, scratch_root / "images")
+    else:
+        made = record_baseline(grader_workspace(src, dest))
     os.chmod(dest.parent, 0o700)
     return made

@@ -76,8 +76,10 @@ async def count_tokens(request: Request) -> Response:
 async def open_session(request: Request) -> Response:
     """``{rollout_id}`` -> ``{token}``: the runner gives the token to the agent as its API key."""
     state: AdapterState = request.app.state.adapter
-    _check_admin(request, state.kit.settings)
-    data = anthropic.decode_json(await edge.read_body(request, 64 * 1024, state.kit.settings.body_timeout))
+    settings = state.kit.settings
+    _check_admin(request, settings)
+    body = await edge.read_body(request, settings.admin_body_limit, settings.body_timeout)
+    data = anthropic.decode_json(body)
     rollout = data.get("rollout_id")
     if not isinstance(rollout, str) or not rollout:
         raise invalid_request("rollout_id: a non-empty string is required")

@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from services.adapter import edge
-from services.adapter.anthropic import decode_json
+from services.adapter.anthropic import check_json, decode_json
 from services.adapter.errors import ApiError, invalid_request
 from services.adapter.replies import ClientGone
 from services.adapter.translate import ChatPrompt
@@ -160,11 +160,13 @@ def _assistant(message: ChatMessage, index: int) -> dict[str, Any]:
     calls = []
     for j, call in enumerate(message.tool_calls or ()):
         arguments = call.function.arguments
-        if isinstance(arguments, str):
+        if isinstance(arguments, str):  # JSON inside JSON: as hostile as the body, checked the same way
             try:
                 arguments = json.loads(arguments) if arguments.strip() else {}
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # bad JSON, or a number over the 4300-digit limit
                 arguments = None
+            else:
+                check_json(arguments, strings=True)
         if not isinstance(arguments, dict):
             raise invalid_request(f"messages.{index}.tool_calls.{j}.function.arguments: not a JSON object")
         calls.append(
@@ -233,10 +235,11 @@ async def chat_completions(request: Request) -> Response:
     try:
         state.refuse_if_draining()
         rollout = edge.rollout_id(request, state.tokens)
-        body = parse_request(await edge.read_body(request, state.kit.settings.body_limit))
+        settings = state.kit.settings
+        body = parse_request(await edge.read_body(request, settings.body_limit, settings.body_timeout))
         chat = to_chat(body)
         agent = state.sessions.get(rollout).main_agent(chat.system)
-        max_tokens = body.max_completion_tokens or body.max_tokens or state.kit.settings.max_new_tokens
+        max_tokens = body.max_completion_tokens or body.max_tokens or settings.max_new_tokens
         state.admit()
         events = run_turn(state.kit, agent, TurnInput(chat, body.model, max_tokens, body.sampling()))
         try:

@@ -1,59 +1,97 @@
-"""Adapter settings as one frozen value, so the app is built from data and bad values fail at start."""
+"""Adapter settings: the only declaration of each option (type, default, validation, help, ``--flag`` and
+``ROLLBUS_ADAPTER_*`` variable), one frozen value the app is built from, so bad values fail at start."""
 
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from rollbus.settings import BusSettings
 
 HISTORY_MODES = ("canonical", "rerender")
 MIN_SIGNING_KEY_BYTES = 16
 
 
-@dataclass(frozen=True)
-class AdapterSettings:
-    sglang_url: str = "http://127.0.0.1:30000"
-    tokenizer: str = "qwen3.6"
-    context_length: int = 32768
-    max_new_tokens: int = 8192
-    history_mode: str = "canonical"
-    tool_parser: str = "qwen3_coder"
-    reasoning_parser: str = "qwen3"
-    max_concurrency: int = 32
-    body_limit: int = 32 * 1024 * 1024
-    body_timeout: float = 60.0  # seconds a request body may take to arrive in full (408 after)
-    admin_token: str | None = None
-    open_sessions: bool = False
-    policy_version: int = 0
-    topic_namespace: str = ""  # publish to ``<namespace>.turns`` etc. (tests); "" is the real topics
-    ping_interval: float = 10.0  # seconds without bytes before a ping; the CLI gives up after 180 s
-    engine_timeout: float = 1800.0
-    engine_api_key: str | None = field(default=None, repr=False)  # the engine's --api-key, if it has one
-    outbox_capacity: int = 1000
-    retry_after: float = 2.0  # seconds suggested to clients refused under overload or drain
-    drain_timeout: float = 60.0
-    session_idle_timeout: float = 3600.0  # seconds without a request before a session closes; 0: never
-    state_dir: Path = Path(".rollbus")
+class AdapterSettings(BusSettings):
+    """Settings of ``rollbus adapter`` (flags ``--x-y``, variables ``ROLLBUS_ADAPTER_X_Y``)."""
+
+    model_config = BusSettings.scoped("adapter")
+
+    host: str = Field("127.0.0.1", min_length=1, description="address to listen on")
+    port: int = Field(8082, ge=0, le=65535, description="port to listen on")
+    sglang_url: str = Field(
+        "http://127.0.0.1:30000", pattern=r"^https?://", description="SGLang (or rollbus engine) base URL"
+    )
+    engine_api_key: str | None = Field(
+        None, repr=False, description="the engine's --api-key, sent as a bearer token (prefer the variable)"
+    )
+    tokenizer: str = Field("qwen3.6", min_length=1, description="built-in tokenizer name or directory")
+    context_length: int = Field(
+        32768, ge=1, description="model context in tokens; longer prompts get 'prompt is too long'"
+    )
+    max_new_tokens: int = Field(8192, ge=1, description="cap on sampled tokens per turn")
+    history_mode: Literal["canonical", "rerender"] = Field(
+        "canonical", description="canonical: append-only token history; rerender: render every prompt whole"
+    )
+    tool_parser: str = Field("qwen3_coder", description="SGLang tool-call parser")
+    reasoning_parser: str = Field("qwen3", description="SGLang reasoning parser ('' for none)")
+    max_concurrency: int = Field(32, ge=1, description="turns generating at once; more get 529 + retry-after")
+    body_limit: int = Field(32 * 1024 * 1024, ge=1, description="largest request body in bytes (413 above)")
+    admin_body_limit: int = Field(64 * 1024, ge=1, description="largest /admin request body in bytes")
+    body_timeout: float = Field(
+        60.0, gt=0, description="seconds a request body may take to arrive in full (408 after)"
+    )
+    admin_token: str | None = Field(
+        None, repr=False, description="bearer token of the /admin API (off if unset)"
+    )
+    open_sessions: bool = Field(False, description="dev: accept any session token, as the rollout id itself")
+    policy_version: int = Field(0, ge=0, description="policy version recorded when the engine reports none")
+    ping_interval: float = Field(
+        10.0,
+        gt=0,
+        description="seconds between SSE pings while a turn generates (the CLI gives up after 180)",
+    )
+    engine_timeout: float = Field(1800.0, gt=0, description="seconds one engine call may take")
+    engine_connect_timeout: float = Field(10.0, gt=0, description="seconds to connect to the engine")
+    abort_timeout: float = Field(5.0, gt=0, description="seconds an abort sent to the engine may take")
+    outbox_capacity: int = Field(
+        1000, ge=1, description="records that may wait for the bus before new turns get 529"
+    )
+    bus_send_timeout: float = Field(5.0, gt=0, description="seconds one publish may take before a retry")
+    bus_retry_interval: float = Field(
+        1.0, gt=0, description="seconds between publish retries while the bus is away"
+    )
+    retry_after: float = Field(
+        2.0, gt=0, description="seconds suggested (retry-after) to clients refused under overload or drain"
+    )
+    drain_timeout: float = Field(
+        60.0, ge=0, description="seconds a stop waits for turns in flight and the bus backlog"
+    )
+    session_idle_timeout: float = Field(
+        3600.0, ge=0, description="seconds without a request after which a session closes (0: never)"
+    )
     # HMAC key of thinking signatures: random per process unless given, so a restarted adapter (or
     # another replica) recognises the signatures of the history the CLI echoes only if they share it
-    signing_key: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
+    signing_key: bytes = Field(
+        default_factory=lambda: secrets.token_bytes(32),
+        repr=False,
+        description=f"HMAC key of thinking signatures, at least {MIN_SIGNING_KEY_BYTES} bytes; replicas and "
+        "restarts sharing it recognise each other's signatures (unset: random per process; prefer the "
+        "variable, flags show in ps)",
+    )
 
-    def __post_init__(self) -> None:
-        if self.history_mode not in HISTORY_MODES:
-            raise ValueError(f"history_mode must be one of {HISTORY_MODES}, not {self.history_mode!r}")
-        for name in ("context_length", "max_new_tokens", "max_concurrency", "body_limit", "outbox_capacity"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive, not {getattr(self, name)}")
-        for name in ("ping_interval", "body_timeout"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, not {getattr(self, name)}")
-        if not self.signing_key:
+    @field_validator("signing_key")
+    @classmethod
+    def _long_enough(cls, key: bytes) -> bytes:
+        if not key:
             raise ValueError("signing_key must not be empty")
-        if len(self.signing_key) < MIN_SIGNING_KEY_BYTES:
-            raise ValueError(
-                f"signing_key must be at least {MIN_SIGNING_KEY_BYTES} bytes, not {len(self.signing_key)}"
-            )
-        if self.session_idle_timeout < 0:
-            raise ValueError(
-                f"session_idle_timeout must be 0 (never) or positive, not {self.session_idle_timeout}"
-            )
+        if len(key) < MIN_SIGNING_KEY_BYTES:
+            raise ValueError(f"signing_key must be at least {MIN_SIGNING_KEY_BYTES} bytes, not {len(key)}")
+        return key
+
+    @property
+    def topic_namespace(self) -> str:
+        """Publish to ``<namespace>.turns`` etc. (tests); "" is the real topics."""
+        return self.namespace

@@ -56,8 +56,11 @@ class TurnHeaders:
 class SGLangClient:
     """``api_key``: the engine's ``--api-key``, sent as a bearer token on every call."""
 
-    def __init__(self, base_url: str, http: httpx.AsyncClient, api_key: str | None = None) -> None:
+    def __init__(
+        self, base_url: str, http: httpx.AsyncClient, api_key: str | None = None, abort_timeout: float = 5.0
+    ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.abort_timeout = abort_timeout
         self.http = http
         self.auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
@@ -93,7 +96,10 @@ class SGLangClient:
         """Best effort: the engine may already have finished or be unreachable."""
         try:
             await self.http.post(
-                f"{self.base_url}/abort_request", json={"rid": rid}, headers=self.auth, timeout=5.0
+                f"{self.base_url}/abort_request",
+                json={"rid": rid},
+                headers=self.auth,
+                timeout=self.abort_timeout,
             )
         except httpx.HTTPError:
             pass

@@ -85,13 +85,21 @@ def build_state(
     stops = SpecialIds.from_tokenizer(tokenizer).stop_token_ids
     history_class = CanonicalHistory if settings.history_mode == "canonical" else RerenderHistory
     http = http or httpx.AsyncClient(
-        timeout=httpx.Timeout(settings.engine_timeout, connect=10.0),
+        timeout=httpx.Timeout(settings.engine_timeout, connect=settings.engine_connect_timeout),
         limits=httpx.Limits(max_connections=settings.max_concurrency + 8),
     )
-    outbox = Outbox(publisher, capacity=settings.outbox_capacity, namespace=settings.topic_namespace)
+    outbox = Outbox(
+        publisher,
+        capacity=settings.outbox_capacity,
+        send_timeout=settings.bus_send_timeout,
+        retry_interval=settings.bus_retry_interval,
+        namespace=settings.topic_namespace,
+    )
     kit = TurnKit(
         settings,
-        SGLangClient(settings.sglang_url, http, settings.engine_api_key),
+        SGLangClient(
+            settings.sglang_url, http, settings.engine_api_key, abort_timeout=settings.abort_timeout
+        ),
         tokenizer,
         stops,
         parse,

@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import Literal
 
 import torch
 import transformers
+from pydantic import AliasChoices, Field, model_validator
 
-from rollbus.config import add_option, parse_bool
+from rollbus.settings import Settings
 from rollbus.tokenizer import DEFAULT_TOKENIZER, SpecialIds, load_tokenizer, tokenizer_dir
 from services.engine.engine import Engine
 from services.engine.model import ModelSpec, load_model, random_model
@@ -28,80 +30,107 @@ from services.engine.policies import (
 )
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_option(parser, "--host", default="127.0.0.1", help="address to listen on")
-    add_option(parser, "--port", default=30000, type=int, help="port to listen on (SGLang's default)")
-    add_option(parser, "--policy", default="sample", choices=["sample", "scripted"],
-               help="sample from the weights, or replay --script with real logprobs")
-    add_option(parser, "--script", default=None,
-               help='scripted policy: JSON file {"turns": [...]}, or a directory of NAME.json replayed to '
-               "rollouts whose id starts with NAME-")
-    add_option(parser, "--tokenizer", default=DEFAULT_TOKENIZER, help="built-in tokenizer name or directory")
-    add_option(parser, "--model-path", default=None, help="save_pretrained checkpoint dir (else random)")
-    add_option(parser, "--seed", default=0, type=int, help="seed of the random weights and of sampling")
-    add_option(parser, "--hidden-size", default=ModelSpec.hidden_size, type=int, help="random model width")
-    add_option(parser, "--layers", default=ModelSpec.layers, type=int, help="random model depth")
-    add_option(parser, "--heads", default=ModelSpec.heads, type=int, help="attention heads")
-    add_option(parser, "--kv-heads", default=ModelSpec.kv_heads, type=int, help="key/value heads")
-    add_option(parser, "--head-dim", default=ModelSpec.head_dim, type=int, help="attention head size")
-    add_option(parser, "--intermediate-size", default=ModelSpec.intermediate_size, type=int, help="MLP width")
-    add_option(parser, "--context-length", default=ModelSpec.context_length, type=int, help="max tokens")
-    add_option(parser, "--weight-version", default="0", help="weight_version reported before any update")
-    add_option(parser, "--prefix-cache-size", default=8, type=int, help="KV cache entries kept (LRU)")
-    add_option(parser, "--prefill-chunk", default=4096, type=int,
-               help="suffix tokens per prefill forward after a cache hit (abort granularity)")
-    add_option(parser, "--threads", default=0, type=int, help="torch CPU threads (0: all cores)")
-    add_option(parser, "--return-original-logprob", default=parse_bool(os.environ.get(
-        "SGLANG_RETURN_ORIGINAL_LOGPROB", "false")), type=parse_bool, nargs="?", const=True,
-        help="logprobs at temperature 1 whatever the request's temperature (SGLANG_RETURN_ORIGINAL_LOGPROB)")
-    add_option(parser, "--api-key", default=None,
-               help="bearer key every route but /health requires, as SGLang's (give it to the adapter only)")
-    add_option(parser, "--save-checkpoint", default=None, type=Path,
-               help="write the model to this directory and exit instead of serving")
+class EngineSettings(Settings):
+    """Settings of ``rollbus engine`` (flags ``--x-y``, variables ``ROLLBUS_ENGINE_X_Y``)."""
 
+    model_config = Settings.scoped("engine")
 
-def model_spec(args: argparse.Namespace) -> ModelSpec:
-    return ModelSpec(
-        hidden_size=args.hidden_size,
-        layers=args.layers,
-        heads=args.heads,
-        kv_heads=args.kv_heads,
-        head_dim=args.head_dim,
-        intermediate_size=args.intermediate_size,
-        context_length=args.context_length,
+    host: str = Field("127.0.0.1", min_length=1, description="address to listen on")
+    port: int = Field(30000, ge=0, le=65535, description="port to listen on (SGLang's default)")
+    policy: Literal["sample", "scripted"] = Field(
+        "sample", description="sample from the weights, or replay --script with real logprobs"
+    )
+    script: Path | None = Field(
+        None,
+        description='scripted policy: JSON file {"turns": [...]}, or a directory of NAME.json replayed to '
+        "rollouts whose id starts with NAME-",
+    )
+    tokenizer: str = Field(
+        DEFAULT_TOKENIZER, min_length=1, description="built-in tokenizer name or directory"
+    )
+    model_path: Path | None = Field(None, description="save_pretrained checkpoint dir (else random)")
+    seed: int = Field(0, ge=0, description="seed of the random weights and of sampling")
+    hidden_size: int = Field(ModelSpec.hidden_size, ge=1, description="random model width")
+    layers: int = Field(ModelSpec.layers, ge=1, description="random model depth")
+    heads: int = Field(ModelSpec.heads, ge=1, description="attention heads")
+    kv_heads: int = Field(ModelSpec.kv_heads, ge=1, description="key/value heads")
+    head_dim: int = Field(ModelSpec.head_dim, ge=1, description="attention head size")
+    intermediate_size: int = Field(ModelSpec.intermediate_size, ge=1, description="MLP width")
+    context_length: int = Field(ModelSpec.context_length, ge=2, description="max tokens")
+    weight_version: str = Field("0", description="weight_version reported before any update")
+    prefix_cache_size: int = Field(8, ge=0, description="KV cache entries kept (LRU)")
+    prefill_chunk: int = Field(
+        4096, ge=1, description="suffix tokens per prefill forward after a cache hit (abort granularity)"
+    )
+    threads: int = Field(0, ge=0, description="torch CPU threads (0: all cores)")
+    return_original_logprob: bool = Field(
+        False,
+        validation_alias=AliasChoices(
+            "return_original_logprob",
+            "SGLANG_RETURN_ORIGINAL_LOGPROB",
+            "ROLLBUS_ENGINE_RETURN_ORIGINAL_LOGPROB",
+        ),
+        description="logprobs at temperature 1 whatever the request's temperature "
+        "(SGLang's SGLANG_RETURN_ORIGINAL_LOGPROB is read too)",
+    )
+    api_key: str | None = Field(
+        None,
+        repr=False,
+        description="bearer key every route but /health requires, as SGLang's (give it to the adapter only)",
+    )
+    save_checkpoint: Path | None = Field(
+        None, description="write the model to this directory and exit instead of serving"
     )
 
+    @model_validator(mode="after")
+    def _script_for_scripted(self) -> EngineSettings:
+        if self.policy == "scripted" and self.script is None:
+            raise ValueError("--policy scripted needs --script FILE")
+        return self
 
-def build_policy(args: argparse.Namespace) -> Policy:
-    if args.policy == "sample":
+    def model_spec(self) -> ModelSpec:
+        return ModelSpec(
+            hidden_size=self.hidden_size,
+            layers=self.layers,
+            heads=self.heads,
+            kv_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size,
+            context_length=self.context_length,
+        )
+
+
+add_arguments = EngineSettings.add_arguments
+
+
+def build_policy(settings: EngineSettings) -> Policy:
+    if settings.policy == "sample" or settings.script is None:
         return SamplePolicy()
-    if not args.script:
-        raise SystemExit("--policy scripted needs --script FILE")
-    if Path(args.script).is_dir():  # one script per task; rollouts of no task get default.json or nothing
-        scripts = load_script_dir(args.script)
+    if settings.script.is_dir():  # one script per task; rollouts of no task get default.json or nothing
+        scripts = load_script_dir(settings.script)
         return ScriptedPolicy(scripts.get("default", Script(turns=())), by_prefix=scripts)
-    return ScriptedPolicy(load_script(args.script))
+    return ScriptedPolicy(load_script(settings.script))
 
 
-def build_engine(args: argparse.Namespace) -> Engine:
-    tokenizer = load_tokenizer(args.tokenizer)
-    if args.model_path:
-        model, model_path = load_model(args.model_path, len(tokenizer)), str(args.model_path)
+def build_engine(settings: EngineSettings) -> Engine:
+    tokenizer = load_tokenizer(settings.tokenizer)
+    if settings.model_path:
+        model, model_path = load_model(settings.model_path, len(tokenizer)), str(settings.model_path)
     else:
-        spec = model_spec(args)
+        spec = settings.model_spec()
         stops = SpecialIds.from_tokenizer(tokenizer).stop_token_ids
-        model = random_model(spec, len(tokenizer), stops, args.seed)
-        model_path = f"random-qwen3(seed={args.seed},hidden={spec.hidden_size},layers={spec.layers})"
+        model = random_model(spec, len(tokenizer), stops, settings.seed)
+        model_path = f"random-qwen3(seed={settings.seed},hidden={spec.hidden_size},layers={spec.layers})"
     return Engine(
         model,
         tokenizer,
-        build_policy(args),
+        build_policy(settings),
         model_path=model_path,
-        weight_version=args.weight_version,
-        cache_capacity=args.prefix_cache_size,
-        prefill_chunk=args.prefill_chunk,
-        seed=args.seed,
-        original_logprob=args.return_original_logprob,
+        weight_version=settings.weight_version,
+        cache_capacity=settings.prefix_cache_size,
+        prefill_chunk=settings.prefill_chunk,
+        seed=settings.seed,
+        original_logprob=settings.return_original_logprob,
     )
 
 
@@ -109,19 +138,21 @@ def tokenizer_path(name_or_path: str) -> str:
     return str(tokenizer_dir()) if name_or_path == DEFAULT_TOKENIZER else str(name_or_path)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(parsed: argparse.Namespace) -> int:
     import uvicorn
 
     from services.engine.app import create_app
 
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    settings = EngineSettings.from_args(parsed)  # a bad value: one line, exit 2, before torch or a port
+    torch.set_num_threads(settings.threads or os.cpu_count() or 1)
     transformers.utils.logging.disable_progress_bar()
-    engine = build_engine(args)
-    if args.save_checkpoint:
-        engine.model.save_pretrained(args.save_checkpoint)
-        engine.tokenizer.save_pretrained(args.save_checkpoint)
-        print(f"saved {engine.model_path} to {args.save_checkpoint}")
+    engine = build_engine(settings)
+    if settings.save_checkpoint:
+        engine.model.save_pretrained(settings.save_checkpoint)
+        engine.tokenizer.save_pretrained(settings.save_checkpoint)
+        print(f"saved {engine.model_path} to {settings.save_checkpoint}")
         return 0
-    app = create_app(engine, tokenizer_path=tokenizer_path(args.tokenizer), api_key=args.api_key or None)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    path = tokenizer_path(settings.tokenizer)
+    app = create_app(engine, tokenizer_path=path, api_key=settings.api_key or None)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
     return 0

@@ -152,7 +152,9 @@ class ScriptedPolicy:
     """Replays a :class:`Script`: one cursor per rollout's main agent, one per sub-agent chain.
 
     With ``by_prefix`` (``--script DIR``), a rollout whose id starts with ``NAME-`` replays ``NAME.json``
-    (``rollbus submit`` starts rollout ids with the row's instance id), any other rollout ``script``.
+    (``rollbus submit`` starts rollout ids with the row's instance id), any other rollout ``script``;
+    ``NAME@K.json``, when present, replaces it for sample K of each group (ids end in ``-K``), so one group
+    can hold rollouts that solve and rollouts that fail: the reward variance a group-relative trainer needs.
     At most ``max_cursors`` cursors are kept (an engine serves rollouts for days); the least recently
     used chain is forgotten first, and would start its script again.
     """
@@ -164,8 +166,12 @@ class ScriptedPolicy:
     by_prefix: dict[str, Script] = field(default_factory=dict)
 
     def script_for(self, rollout_id: str) -> Script:
-        names = [n for n in self.by_prefix if rollout_id.startswith(n + "-")]
-        return self.by_prefix[max(names, key=len)] if names else self.script
+        names = [n for n in self.by_prefix if "@" not in n and rollout_id.startswith(n + "-")]
+        if not names:
+            return self.script
+        name = max(names, key=len)
+        sample = rollout_id.rsplit("-", 1)[-1]
+        return self.by_prefix.get(f"{name}@{sample}", self.by_prefix[name])
 
     def scripted_turn(self, route: ChainRoute) -> ScriptedTurn:
         script = self.script_for(route.rollout_id)

@@ -13,10 +13,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import signal
 
-from rollbus.bus import Event, EventConsumer, PermanentError, Publisher
+from aiokafka.errors import KafkaError
+
+from rollbus.bus import Event, EventConsumer, EventTooLarge, PermanentError, Publisher
 from rollbus.sandbox import bwrap_usable
 from rollbus.topics import TopicsError, check_topics, topic_name
 from services.grader.core import grade_diff, reward_record
@@ -36,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         )
     try:
         asyncio.run(serve(settings, stop_on_signals=True))
-    except TopicsError as exc:
+    except (TopicsError, KafkaError) as exc:  # no topics, or no broker: one line, not a traceback
         raise SystemExit(f"rollbus grader: {exc}") from exc
     return 0
 
@@ -64,7 +67,14 @@ class DiffGrader:
         except Exception as exc:  # a grader bug: keep the diff for replay rather than stop the group
             log.exception("grading rollout %s crashed", diff["rollout_id"])
             raise PermanentError(f"grader crashed: {type(exc).__name__}: {exc}") from exc
-        await self.publisher.publish(self.rewards, reward_record(diff, result))
+        record = reward_record(diff, result)
+        try:
+            await self.publisher.publish(self.rewards, record)
+        except EventTooLarge:  # per-test results and logs are the bulk: the verdict itself always fits
+            note = json.dumps(
+                {"note": "per-test results and details dropped: the reward event was too large"}
+            )
+            await self.publisher.publish(self.rewards, {**record, "tests": [], "details": note})
         log.info(
             "rollout %s attempt %s: reward %.1f failure %s flags %s",
             diff["rollout_id"], diff.get("attempt_id") or "-", result.reward, result.failure_kind,

@@ -25,6 +25,11 @@ class GradingOptions(Settings):
     data_dir: Path = Field(
         Path("."), description="directory that relative host paths in task metadata resolve against"
     )
+    readonly_tests: bool = Field(
+        True,
+        description="mount the row's test directories read-only while the tests run (code under test "
+        "cannot rewrite tests it has not been collected with yet)",
+    )
     scratch_dir: Path | None = Field(
         None, description="where grading copies of images are made (unset: TMPDIR)"
     )
@@ -36,6 +41,7 @@ class GradingOptions(Settings):
             zero_flagged=self.zero_flagged,
             log_excerpt_bytes=self.log_excerpt_bytes,
             scratch_dir=self.scratch_dir,
+            readonly_tests=self.readonly_tests,
         )
 
 

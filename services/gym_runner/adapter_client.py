@@ -45,10 +45,14 @@ class AdapterClient:
             raise AdapterError(f"opening a session: {response.status_code} {_message(response)}")
         return str(response.json()["token"])
 
-    async def close(self, rollout_id: str) -> None:
-        """Close the rollout's chains and revoke its token; a session that never had a turn is a 404: fine."""
+    async def close(self, rollout_id: str, attempt_id: str | None) -> None:
+        """Close the attempt's session (all of the rollout's with ``attempt_id=None``): its chains end, its
+        token is revoked. A session no request reached is a 404: fine. Same contract as the sandbox runner."""
+        body = {"attempt_id": attempt_id} if attempt_id else {}
         try:
-            response = await self.http.post(f"/admin/sessions/{rollout_id}/close", headers=self._admin())
+            response = await self.http.post(
+                f"/admin/sessions/{rollout_id}/close", json=body, headers=self._admin()
+            )
         except httpx.HTTPError as exc:
             raise AdapterError(f"closing a session: {type(exc).__name__}: {exc}") from exc
         if response.status_code not in (200, 404):

@@ -7,7 +7,7 @@ attempt id while attempts remain; the other ends are final. The reward record sa
 
 * ``reward`` = sum of ``step_rewards`` (ms-swift's trajectory reward), ``infos`` = reset's info then each
   step's, ``failure_kind`` = None for done / max_turns / length, else ``bad_env_config``, ``adapter_error``,
-  ``model_error``, ``env_error`` or ``timeout``;
+  ``model_error``, ``env_error``, ``timeout`` or ``runner_error``;
 * ``details``: ``{"kind": "gym", "env", "stop", "error", "turns", "attempts", "loss_scope", "messages"}``;
   ``loss_scope`` (``all_turns`` | ``last_turn``) is how the segmenter/trainer learns which turns to train.
 """
@@ -88,9 +88,14 @@ class GymRunner:
         self.settings, self.adapter, self.publish = settings, adapter, publish
 
     async def run_task(self, task: dict[str, Any]) -> dict[str, Any]:
-        """Run the task's attempts and publish its reward; returns the reward record."""
-        outcome = await self.attempts(task)
-        record = reward_record(task, outcome, self.settings.loss_scope)
+        """Run the task's attempts and publish its reward; returns the reward record. A bug in the runner
+        (or a malformed task) still ends in a reward naming it (``runner_error``): nothing is dropped."""
+        try:
+            record = reward_record(task, await self.attempts(task), self.settings.loss_scope)
+        except Exception as exc:
+            log.exception("%s: the runner failed", task.get("rollout_id"))
+            failed = Outcome(Episode(error=f"{type(exc).__name__}: {exc}"), "", 0, "runner_error", None)
+            record = reward_record(_plain_task(task), failed, self.settings.loss_scope)
         await self.publish("rewards", record)
         return record
 
@@ -119,6 +124,7 @@ class GymRunner:
         rollout = task["rollout_id"]
         episode = Episode()
         try:
+            await self._close_session(rollout, None)  # what a dead runner's attempt left open ends first
             token = await self.adapter.open(rollout, attempt_id)
         except BaseException as exc:
             await close_env(env, episode)  # it was made: its close is owed even if nothing ran
@@ -133,14 +139,24 @@ class GymRunner:
                 episode=episode,
             )  # fmt: skip
         finally:
-            await asyncio.shield(self._close_session(rollout))
+            await asyncio.shield(self._close_session(rollout, attempt_id))
         return Outcome(episode, attempt_id, number, episode.failure_kind, name)
 
-    async def _close_session(self, rollout: str) -> None:
+    async def _close_session(self, rollout: str, attempt_id: str | None) -> None:
         try:
-            await self.adapter.close(rollout)
+            await self.adapter.close(rollout, attempt_id)
         except AdapterError as exc:
             log.warning("%s: %s (the adapter's idle expiry will close it)", rollout, exc)
+
+
+def _plain_task(task: dict[str, Any]) -> dict[str, Any]:
+    """The task's identity fields, each replaced by its default when it has the wrong type."""
+    size = task.get("group_size")
+    return {
+        "rollout_id": str(task.get("rollout_id", "")),
+        "group_id": task["group_id"] if isinstance(task.get("group_id"), str) else "",
+        "group_size": size if isinstance(size, int) else 1,
+    }
 
 
 def reward_record(task: dict[str, Any], outcome: Outcome, loss_scope: str) -> dict[str, Any]:

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
+import dataclasses
 import sys
-import tempfile
+import uuid
 from pathlib import Path
 
-from rollbus import claude_cli
 from rollbus.rows import Row, RowError, RowKeys, read_rows
-from rollbus.sandbox import BwrapSandbox, Completed
-from services.sandbox_runner.workspace import ImageError, materialize
+from rollbus.sandbox import Completed, SandboxError, SandboxSpec, create_local, resolve_image
+from rollbus.sandbox.bwrap import WORKSPACE
+from services.sandbox_runner.rollout import AttemptFailed, agent_binary, sandbox_spec
+from services.sandbox_runner.settings import RunnerSettings
 
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
 
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         done = asyncio.run(run_in_sandbox(row, args.role, cmd, args.adapter_url, args.timeout))
-    except ImageError as exc:
+    except (SandboxError, AttemptFailed) as exc:
         print(f"rollbus sandbox run: {exc}", file=sys.stderr)
         return 2
     sys.stdout.write(done.stdout)
@@ -68,21 +69,19 @@ def pick_row(path: Path, line: int) -> Row:
 
 
 async def run_in_sandbox(row: Row, role: str, cmd: list[str], adapter_url: str, timeout: float) -> Completed:
-    scratch = Path(tempfile.mkdtemp(prefix="rollbus-sandbox-run-"))
-    try:
-        workdir = materialize(row.metadata, scratch)
-        env = dict(BASE_ENV)
-        if role == "agent":
-            binary = claude_cli.binary_path()
-            sandbox = BwrapSandbox(workdir, network="loopback", ro_binds={binary: claude_cli.SANDBOX_BINARY})
-            if adapter_url:
-                env["ANTHROPIC_BASE_URL"] = adapter_url
-        else:
-            sandbox = BwrapSandbox(workdir, network="none")
-        env["HOME"] = sandbox.home
-        try:
-            return await sandbox.run(cmd, env, timeout=timeout)
-        finally:
-            await sandbox.close()
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    """``cmd`` in a fresh sandbox for ``row``: the runner's own spec (agent), or the grader's (full image, no
+    network); closed (everything killed and removed) afterwards."""
+    settings = RunnerSettings.load({"adapter_url": adapter_url} if adapter_url else {})
+    if role == "agent":
+        spec = sandbox_spec(settings, row.metadata, agent_binary(), f"debug-{uuid.uuid4().hex[:8]}")
+        if not adapter_url:
+            spec = dataclasses.replace(spec, adapter_url=None, base_url=None)
+    else:
+        image = resolve_image(str(row.metadata.get("image") or row.metadata["remote_env_info"]["image"]))
+        spec = SandboxSpec(image=image, role="grader", workdir=str(row.metadata.get("workdir") or WORKSPACE),
+                           limits=settings.limits())  # fmt: skip
+    env = {**BASE_ENV, "HOME": "/home/agent"}
+    if spec.base_url:
+        env["ANTHROPIC_BASE_URL"] = spec.base_url
+    async with await create_local(spec, scratch_root=settings.sandbox_root) as sandbox:
+        return await sandbox.run(cmd, env, cwd=sandbox.workdir, timeout=timeout)

@@ -24,17 +24,20 @@ MAX_TURNS = "max_turns"  # the CLI stopped at --max-turns
 PATCH_TOO_LARGE = "patch_too_large"  # the patch exceeded the cap and was cut
 RUNNER_ERROR = "runner_error"  # a bug or host failure in the runner itself (the error says which)
 
+# Sandbox-reported kinds that do not end a rollout badly: the agent's chatter was cut, its work is on disk.
+NOT_FAILURES = ("output_truncated",)
 _DIFF_HEADER = re.compile(r"^diff --git a/(.*?) b/(.*)$")
 
 
 def classify(completed: Completed) -> str | None:
     """The failure kind of a finished agent run, or None when it ended normally.
 
-    A limit the sandbox enforced wins (backends that report one set ``Completed.failure_kind``, e.g.
-    ``memory_limit``); then the budget; then the CLI's own account of the run; then its exit status.
+    A limit the sandbox enforced wins (``Completed.failure_kind``: ``memory_limit``, ``pids_limit``,
+    ``disk_full``, ``timeout``, ...; a cut output is not a failure); then the budget; then the CLI's own
+    account of the run; then its exit status.
     """
     reported = getattr(completed, "failure_kind", None)
-    if reported:
+    if reported and reported not in NOT_FAILURES:
         return str(reported)
     if completed.timed_out:
         return TIMEOUT

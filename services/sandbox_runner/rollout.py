@@ -13,8 +13,6 @@ import contextlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -24,11 +22,19 @@ from typing import Any
 import httpx
 
 from rollbus import claude_cli
-from rollbus.sandbox import BwrapSandbox, Completed, LocalSubprocessSandbox, Sandbox, git_diff
+from rollbus.sandbox import (
+    BwrapSandbox,
+    Completed,
+    SandboxError,
+    SandboxSpec,
+    create_local,
+    git_diff,
+    resolve_image,
+)
+from rollbus.sandbox.bwrap import WORKSPACE
 from services.sandbox_runner import outcome as kinds
 from services.sandbox_runner.outcome import Outcome, agent_turns, cap_patch, classify, drop_paths
 from services.sandbox_runner.settings import RunnerSettings
-from services.sandbox_runner.workspace import ImageError, materialize
 
 log = logging.getLogger("rollbus.sandbox_runner")
 SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}  # no __pycache__ from the agent's test runs in its patch
@@ -96,6 +102,7 @@ class RunnerKit:
     settings: RunnerSettings
     sessions: AdapterSessions
     boot_gate: asyncio.Semaphore = field(init=False)
+    limits_logged: bool = False
 
     def __post_init__(self) -> None:
         self.boot_gate = asyncio.Semaphore(self.settings.boot_concurrency)
@@ -127,11 +134,8 @@ async def run_task(kit: RunnerKit, task: dict[str, Any], attempt_id: str | None 
     """Run ``task`` once, as a new attempt; always returns its outcome (a failure kind instead of raising)."""
     attempt_id = attempt_id or new_attempt_id()
     started = time.monotonic()
-    root = kit.settings.scratch()
-    root.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f"{task['rollout_id'][:40]}-{attempt_id}-", dir=root))
     try:
-        return await _attempt(kit, task, attempt_id, scratch)
+        return await _attempt(kit, task, attempt_id)
     except AttemptFailed as exc:
         log.info("rollout %s attempt %s: %s: %s", task["rollout_id"], attempt_id, exc.kind, exc)
         return Outcome(attempt_id, failure_kind=exc.kind, error=str(exc)[:4000],
@@ -141,25 +145,23 @@ async def run_task(kit: RunnerKit, task: dict[str, Any], attempt_id: str | None 
         error = f"{type(exc).__name__}: {exc}"[:4000]
         return Outcome(attempt_id, failure_kind=kinds.RUNNER_ERROR, error=error,
                        wall_time_s=time.monotonic() - started)  # fmt: skip
-    finally:
-        await asyncio.to_thread(shutil.rmtree, scratch, True)
 
 
-async def _attempt(kit: RunnerKit, task: dict[str, Any], attempt_id: str, scratch: Path) -> Outcome:
+async def _attempt(kit: RunnerKit, task: dict[str, Any], attempt_id: str) -> Outcome:
     settings, rollout_id = kit.settings, task["rollout_id"]
     metadata = parse_metadata(task)
     binary = agent_binary()
-    sandbox, workdir = await boot(kit, metadata, scratch, binary)
+    sandbox = await boot(kit, metadata, binary, attempt_id)
     try:
         token = await kit.sessions.open(rollout_id, attempt_id)
         try:
-            completed = await run_agent(settings, sandbox, task, metadata, token, binary)
+            completed = await run_agent(settings, sandbox, task, metadata, token)
         finally:  # the sandbox is dead here (run returns once its processes are gone): no more requests
             await kit.sessions.close(rollout_id, attempt_id)
+        raw = await asyncio.to_thread(git_diff, sandbox.host_workdir)
     finally:
         await sandbox.close()
-    patch = drop_paths(await asyncio.to_thread(git_diff, workdir), settings.excluded())
-    patch, truncated = cap_patch(patch, settings.patch_max_bytes)
+    patch, truncated = cap_patch(drop_paths(raw, settings.excluded()), settings.patch_max_bytes)
     failure = classify(completed) or (kinds.PATCH_TOO_LARGE if truncated else None)
     error = completed.stderr.strip()[-2000:] or None if failure else None
     turns = agent_turns(completed.stdout)
@@ -179,51 +181,67 @@ def agent_binary() -> Path:
     return binary
 
 
-def new_sandbox(settings: RunnerSettings, workdir: Path, binary: Path) -> Sandbox:
-    if settings.backend == "local":
-        return LocalSubprocessSandbox(workdir)
-    return BwrapSandbox(workdir, network="loopback", ro_binds={binary: claude_cli.SANDBOX_BINARY})
+def sandbox_spec(
+    settings: RunnerSettings, metadata: dict[str, Any], binary: Path, sandbox_id: str
+) -> SandboxSpec:
+    """The agent's sandbox: the image's base commit, the adapter as its only way out, the CLI read-only."""
+    env = metadata.get("remote_env_info") if isinstance(metadata.get("remote_env_info"), dict) else {}
+    image = metadata.get("image") or env.get("image")
+    if not isinstance(image, str) or not image:
+        raise AttemptFailed(kinds.BAD_TASK, "the task's metadata names no image")
+    return SandboxSpec(
+        image=resolve_image(image), role="agent", workdir=str(metadata.get("workdir") or WORKSPACE),
+        limits=settings.limits(), adapter_url=settings.adapter_url, base_url=settings.agent_base_url(),
+        toolchain=settings.toolchain, ro_binds={str(binary): claude_cli.SANDBOX_BINARY}, metadata=metadata,
+        sandbox_id=sandbox_id,
+    )  # fmt: skip
 
 
-async def boot(kit: RunnerKit, metadata: dict[str, Any], scratch: Path, binary: Path) -> tuple[Sandbox, Path]:
-    """The agent's sandbox over a fresh copy of the image, probed; retried under the boot cap."""
+async def boot(kit: RunnerKit, metadata: dict[str, Any], binary: Path, attempt_id: str) -> BwrapSandbox:
+    """The agent's sandbox, probed with one command; retried (with a new sandbox) under the boot cap."""
     settings = kit.settings
     async with kit.boot_gate:
         failure: Exception | None = None
         for attempt in range(settings.boot_attempts):
             if attempt:
                 await asyncio.sleep(settings.boot_backoff * 2 ** (attempt - 1))
-            sandbox: Sandbox | None = None
+            sandbox: BwrapSandbox | None = None
             try:
-                workdir = await asyncio.to_thread(materialize, metadata, scratch / f"boot-{attempt}")
-                sandbox = new_sandbox(settings, workdir, binary)
+                spec = sandbox_spec(settings, metadata, binary, f"{attempt_id}-{attempt}")
+                sandbox = await create_local(spec, scratch_root=settings.sandbox_root)
                 probe = await sandbox.run(["true"], {"PATH": "/usr/bin:/bin"}, timeout=PROBE_TIMEOUT_S)
                 if probe.exit_code != 0 or probe.timed_out:
-                    raise RuntimeError(f"probe exited {probe.exit_code}: {probe.stderr.strip()[-500:]}")
-                return sandbox, workdir
-            except Exception as exc:  # a failed boot is killed and retried, whatever failed
+                    raise SandboxError(f"probe exited {probe.exit_code}: {probe.stderr.strip()[-500:]}")
+                if not kit.limits_logged:  # what holds on this host, said once
+                    kit.limits_logged = True
+                    log.info("sandbox limits enforced: %s", dict(getattr(sandbox, "enforced", {})))
+                return sandbox
+            except (SandboxError, OSError, ValueError) as exc:  # a failed boot is killed and retried
                 failure = exc
                 if sandbox is not None:
                     with contextlib.suppress(Exception):
                         await sandbox.close()
-                if isinstance(exc, ImageError):
+                if getattr(exc, "failure_kind", None) == "image_error":
                     break  # a missing or unreadable image will not appear on retry
-    raise AttemptFailed(kinds.BOOT_FAILED, f"{type(failure).__name__}: {failure}")
+    kind = getattr(failure, "failure_kind", "sandbox_error")
+    raise AttemptFailed(kinds.BOOT_FAILED, f"{kind}: {failure}")
 
 
 async def run_agent(
-    settings: RunnerSettings, sandbox: Sandbox, task: dict[str, Any], metadata: dict[str, Any], token: str,
-    binary: Path,
-) -> Completed:  # fmt: skip
+    settings: RunnerSettings,
+    sandbox: BwrapSandbox,
+    task: dict[str, Any],
+    metadata: dict[str, Any],
+    token: str,
+) -> Completed:
     """The CLI, headless, with the attempt's token, under the wall-clock budget."""
-    inside = claude_cli.SANDBOX_BINARY if settings.backend == "bwrap" else binary
     cmd = claude_cli.build_command(
         task_prompt(task, metadata, settings.prompt_template), model=settings.model,
-        max_turns=settings.max_turns, binary=inside, disallowed_tools=settings.denied_tools(),
-        extra_args=settings.extra_cli_args(),
+        max_turns=settings.max_turns, binary=claude_cli.SANDBOX_BINARY,
+        disallowed_tools=settings.denied_tools(), extra_args=settings.extra_cli_args(),
     )  # fmt: skip
     env = claude_cli.build_env(
-        settings.adapter_url, token, model=settings.model, home=sandbox.home,
+        settings.agent_base_url(), token, model=settings.model, home=sandbox.home,
         max_output_tokens=settings.max_output_tokens, extra=SANDBOX_ENV,
     )  # fmt: skip
-    return await sandbox.run(cmd, env, timeout=settings.agent_timeout)
+    return await sandbox.run(cmd, env, cwd=sandbox.workdir, timeout=settings.agent_timeout)

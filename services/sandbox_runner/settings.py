@@ -10,7 +10,11 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 
 from rollbus import claude_cli
+from rollbus.sandbox import Limits
+from rollbus.sandbox.bwrap import SCRATCH_ROOT
 from rollbus.settings import BusSettings
+
+MIB = 1 << 20
 
 DEFAULT_PROMPT_TEMPLATE = "{prompt}"
 
@@ -22,7 +26,20 @@ class RunnerSettings(BusSettings):
 
     adapter_url: str = Field("http://127.0.0.1:8080", description="adapter the agent talks to", min_length=1)
     admin_token: SecretStr | None = Field(None, description="the adapter's admin token (sessions API)")
-    backend: Literal["bwrap", "local"] = Field("bwrap", description="sandbox backend of the agent")
+    backend: Literal["bwrap"] = Field("bwrap", description="sandbox backend of the agent")
+    agent_port: int = Field(
+        8080, ge=1, le=65535, description="loopback port of the adapter inside the sandbox"
+    )
+    sandbox_root: Path = Field(SCRATCH_ROOT, description="host directory of sandboxes (traversable by all)")
+    toolchain: Path | None = Field(
+        None, description="root filesystem (dir or tarball) instead of the host /usr"
+    )
+    memory_mb: int | None = Field(4096, ge=64, description="memory limit of one sandbox, MiB (unset: none)")
+    pids: int | None = Field(1024, ge=16, description="process limit of one sandbox (unset: none)")
+    cpus: float | None = Field(2.0, gt=0, description="CPU bandwidth of one sandbox, cores (unset: none)")
+    tmp_mb: int | None = Field(1024, ge=1, description="size of the sandbox's /tmp, MiB (unset: none)")
+    disk_mb: int | None = Field(4096, ge=1, description="workspace + HOME size limit, MiB (unset: none)")
+    output_mb: int = Field(32, ge=1, description="agent output kept per stream, MiB (head and tail)")
     group_id: str = Field("rollbus-sandbox-runner", description="consumer group on `tasks`", min_length=1)
     concurrency: int = Field(2, ge=1, description="rollouts run at once by this runner")
     boot_concurrency: int = Field(4, ge=1, description="sandboxes booting at once")
@@ -43,7 +60,6 @@ class RunnerSettings(BusSettings):
     exclude_paths: str = Field(
         ".claude,.rollbus", description="workspace paths left out of the patch (comma-separated)"
     )
-    scratch_dir: Path | None = Field(None, description="where workspaces live (default STATE_DIR/runner)")
     poll_ms: int = Field(500, ge=10, description="consumer poll timeout, milliseconds")
     session_timeout_ms: int = Field(10_000, ge=1000, description="Kafka group session timeout, milliseconds")
     close_timeout: float = Field(30.0, gt=0, description="seconds to wait for the adapter's sessions API")
@@ -85,8 +101,18 @@ class RunnerSettings(BusSettings):
     def excluded(self) -> list[str]:
         return [p.strip().strip("/") for p in self.exclude_paths.split(",") if p.strip().strip("/")]
 
-    def scratch(self) -> Path:
-        return (self.scratch_dir or self.state_dir / "runner").resolve()
+    def limits(self) -> Limits:
+        def mib(value: int | None) -> int | None:
+            return None if value is None else value * MIB
+
+        return Limits(
+            memory_bytes=mib(self.memory_mb), pids=self.pids, cpus=self.cpus, tmp_bytes=mib(self.tmp_mb),
+            disk_bytes=mib(self.disk_mb), output_bytes=self.output_mb * MIB, wall_s=self.agent_timeout,
+        )  # fmt: skip
+
+    def agent_base_url(self) -> str:
+        """``ANTHROPIC_BASE_URL`` as the agent sees it: the forwarder on the sandbox's own loopback."""
+        return f"http://127.0.0.1:{self.agent_port}"
 
     def admin(self) -> str:
         return self.admin_token.get_secret_value() if self.admin_token else ""

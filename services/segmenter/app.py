@@ -89,7 +89,8 @@ def build_app(settings: SegmenterSettings, partitions: int) -> faust.App:
         "turn-bodies", key_type=str, value_type=bytes, partitions=partitions, extra_topic_configs=big
     )
     for table in (states, bodies):  # values are our own bytes (JSON state, Avro turns): no Faust codec
-        table.key_serializer = table.value_serializer = "raw"
+        table.key_serializer = table.value_serializer = "raw"  # Faust derives "json" from non-model types
+        table.changelog_topic = table._new_changelog_topic()  # ...and would recover with it otherwise
     raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
     inputs = app.topic(*(topic_name(t, ns) for t in INPUTS), **raw)
     ticks = app.topic(topic_name(TICKS, ns), partitions=partitions, internal=True, **raw)
@@ -101,7 +102,12 @@ def build_app(settings: SegmenterSettings, partitions: int) -> faust.App:
     @app.agent(app.topic(*(topic_name(t, ns) for t in (*INPUTS, TICKS)), **raw), concurrency=1)
     async def segment(stream: Any) -> None:
         async for event in stream.events():
-            await worker.handle(event.message)
+            try:
+                await worker.handle(event.message)
+            except Exception as error:  # the bus failed us (a send, an ack): stop uncommitted, restart
+                log.exception("segmenter stops: %s", error)
+                await app.crash(error)
+                raise
 
     @app.timer(settings.tick_interval, on_leader=True)
     async def tick() -> None:
@@ -137,7 +143,13 @@ class SegmenterAgent:
             self.segmenter.count("poison")
             await self.dead_letter(message, poison)
             return
-        outcome = self.segmenter.handle(fact, bytes(message.value), message.partition)
+        try:
+            outcome = self.segmenter.handle(fact, bytes(message.value), message.partition)
+        except Exception as bug:  # an input the state machine cannot take: keep it, say why, go on
+            log.exception("cannot handle %s[%d]@%d", message.topic, message.partition, message.offset)
+            self.segmenter.count("internal_error")
+            await self.dead_letter(message, bug)
+            return
         if outcome.dead_letter:
             await self.dead_letter(message, Rejected(outcome.dead_letter))
         await self.publish(outcome)

@@ -11,8 +11,11 @@ import argparse
 import asyncio
 import sys
 
-from rollbus.topics import TopicsError, check_topics, describe, spec_for
-from services.segmenter.app import build_app, internal_topics
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from rollbus.topics import TopicsError, check_topics, describe, spec_for, topic_name, wait_visible
+from services.segmenter.app import TICKS, build_app, internal_topics
 from services.segmenter.settings import SegmenterSettings
 
 add_arguments = SegmenterSettings.add_arguments
@@ -31,7 +34,24 @@ async def preflight(settings: SegmenterSettings) -> int:
             f"the segmenter's internal topics need the inputs' {partitions} partitions, found {listing}; "
             "delete them (state is rebuilt from the raw topics) or recreate the inputs"
         )
+    await create_ticks(settings, partitions)
     return partitions
+
+
+async def create_ticks(settings: SegmenterSettings, partitions: int) -> None:
+    """The tick topic, kept forever like the raw topics (a rebuild replays its aborts; ~50 bytes a tick)."""
+    name = topic_name(TICKS, settings.namespace)
+    if name in await describe(settings.bootstrap_servers, [name]):
+        return
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers, client_id="rollbus-segmenter")
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, partitions, 1, topic_configs={"retention.ms": "-1"})])
+    except TopicAlreadyExistsError:
+        pass  # a second worker starting at the same moment
+    finally:
+        await admin.close()
+    await wait_visible(settings.bootstrap_servers, [name])
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 
 from rollbus.codec import CodecError, decode
 from rollbus.topics import topic_name
@@ -63,7 +63,8 @@ class Progress:
         self.tokens_in_segments += sum(record["loss_mask"])
 
     def _on_policy(self, record: dict[str, Any]) -> None:
-        self.policy_updates += 1
+        if int(record["version"]) > 0:  # version 0 is the initial policy, published before any step
+            self.policy_updates += 1
         self.policy_version = max(self.policy_version, int(record["version"]))
 
     @property
@@ -113,17 +114,14 @@ async def watch(
     bootstrap: str, namespace: str, progress: Progress, stop: asyncio.Event, poll_ms: int = 500
 ) -> None:
     """Fold every watched topic from its beginning into ``progress`` until ``stop`` is set."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    topics = [topic_name(base, namespace) for base in WATCHED]
+    # no group: every partition of every topic is ours, read from its beginning
+    consumer = AIOKafkaConsumer(
+        *topics, bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )  # fmt: skip
     await consumer.start()
     try:
-        await consumer.topics()  # fetches metadata, so partitions_for_topic knows every topic
-        partitions = [
-            TopicPartition(topic_name(base, namespace), p)
-            for base in WATCHED
-            for p in sorted(consumer.partitions_for_topic(topic_name(base, namespace)) or [])
-        ]
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
         while not stop.is_set():
             batches = await consumer.getmany(timeout_ms=poll_ms)
             for messages in batches.values():

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import sys
 import time
 import uuid
 from typing import Any
 
 import pytest
 
-from rollbus.bus import Publisher
+from rollbus.bus import Event, Publisher
 from rollbus.codec import decode
 from rollbus.grading import absolute_paths
-from services.grader.main import serve
+from services.grader.main import DiffGrader, serve
 from services.grader.settings import GraderSettings
 from tests.integration.test_bus import read_raw
 from tests.test_grading_swe_mini import CHEATS, SWE_MINI, load_build
@@ -107,3 +110,46 @@ async def test_grader_publishes_rewards_and_dead_letters_poison(
     assert set(dead) == {b"no-rollout-id", b"poison"}
     assert dead[b"poison"]["value"] == b"\x00\x01not a diff" and dead[b"poison"]["service"] == "grader"
     assert "without a rollout_id" in dead[b"no-rollout-id"]["error"]
+
+
+async def test_rollbus_grader_process_grades_and_stops_on_sigterm(
+    kafka_bootstrap: str, topics: dict[str, str], rows: dict[str, dict[str, Any]]
+) -> None:
+    """The real command: settings from flags and variables, one diff graded, SIGTERM ends it with status 0."""
+    namespace = topics["diffs"].rsplit(".", 1)[0]
+    async with Publisher(kafka_bootstrap) as bus:
+        await bus.publish(topics["diffs"], diff("r-proc", rows["intervals"], rows["intervals"]["label"]))
+    env = {**os.environ, "ROLLBUS_NAMESPACE": namespace, "ROLLBUS_GRADER_GRADE_TIMEOUT": "120"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rollbus", "grader", "--bootstrap-servers", kafka_bootstrap,
+        "--group-id", f"grader-{uuid.uuid4().hex[:8]}", env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        rewards = await wait_for(kafka_bootstrap, topics["rewards"], 1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert [decode(m.value).record["reward"] for m in rewards] == [1.0]
+    assert proc.returncode == 0, output.decode()
+    assert b"rollout r-proc attempt r-proc-a1: reward 1.0" in output
+
+
+async def test_a_reward_too_large_for_the_bus_keeps_its_verdict(
+    kafka_bootstrap: str, topics: dict[str, str], rows: dict[str, dict[str, Any]]
+) -> None:
+    """Per-test results and logs are dropped, never the reward: the rollout is still graded."""
+    namespace = topics["diffs"].rsplit(".", 1)[0]
+    settings = GraderSettings.load({"bootstrap_servers": kafka_bootstrap, "namespace": namespace})
+    record = diff("r-big", rows["leapyear"], rows["leapyear"]["label"])
+    async with Publisher(kafka_bootstrap, max_event_bytes=1200) as publisher:
+        await DiffGrader(settings, publisher)(Event(topics["diffs"], 0, 0, 0, None, "diff", 2, record))
+    [message] = await wait_for(kafka_bootstrap, topics["rewards"], 1)
+    reward = decode(message.value).record
+    assert (reward["rollout_id"], reward["reward"], reward["solved"], reward["tests"]) == (
+        "r-big",
+        1.0,
+        True,
+        [],
+    )
+    assert "too large" in json.loads(reward["details"])["note"]

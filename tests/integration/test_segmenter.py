@@ -24,6 +24,7 @@ from tests.segmenter_support import (
     publish,
     read_all,
     unique_segments,
+    wait_for,
 )
 from tests.synthetic_rollouts import simple_rollout
 
@@ -96,6 +97,7 @@ async def test_kill_9_and_restart_lose_nothing_and_rebuild_equals_live(kafka_boo
     summary = rebuild_segments(kafka_bootstrap, ns, f"{ns}.rebuilt")
     rebuilt = unique_segments(await read_all(kafka_bootstrap, f"{ns}.rebuilt", until=36, timeout=30))
     assert summary["segments"] == 36 and rebuilt == kept
+    assert "Error in recovery" not in worker.log()  # restarts recovered the tables from their changelogs
 
 
 async def test_rebuild_refuses_a_topic_that_is_not_fresh(kafka_bootstrap, topics):
@@ -108,3 +110,73 @@ async def test_rebuild_refuses_a_topic_that_is_not_fresh(kafka_bootstrap, topics
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 1 and "already holds messages" in done.stderr
+
+
+async def test_a_rollout_that_never_closes_times_out_and_its_late_reward_is_dead_lettered(
+    kafka_bootstrap, topics, tmp_path
+):
+    ns = namespace_of(topics)
+    lost = simple_rollout("t-lost")
+    events = [e for e in lost.events if e[0] == "turns"]  # the runner died: no close, no diff, no reward
+    await publish(kafka_bootstrap, topics, events)
+    with SegmenterProcess(kafka_bootstrap, ns, tmp_path, "--rollout-timeout", "2") as worker:
+
+        async def aborted() -> bool:
+            assert worker.proc.poll() is None, worker.log()[-3000:]
+            return "rollout t-lost aborted, nothing trainable" in worker.log()
+
+        await wait_for(aborted, timeout=60, what="the abort", log=worker.log)
+        await publish(kafka_bootstrap, topics, [lost.events[-1]])
+        letters = await read_all(kafka_bootstrap, topics["dead-letters"], until=1, timeout=60, worker=worker)
+    assert "no reward" in worker.log() and '"aborted": 1' in worker.log()
+    assert "reward for rollout t-lost, which is already aborted" in letters[0]["error"]
+    assert await read_all(kafka_bootstrap, topics["segments"]) == []
+
+
+async def test_a_second_worker_takes_partitions_over_mid_rollout(kafka_bootstrap, topics, tmp_path):
+    """Half of each rollout reaches worker 1; worker 2 joins, then worker 1 stops: the changelogs carry the
+    halves over, and every rollout is cut once (after deduplication by id)."""
+    ns = namespace_of(topics)
+    rollouts = [simple_rollout(f"b-{i}", turns=3) for i in range(9)]
+    halves = [(w.events[: len(w.events) // 2], w.events[len(w.events) // 2 :]) for w in rollouts]
+    first = SegmenterProcess(kafka_bootstrap, ns, tmp_path, name="w1").start()
+    second = SegmenterProcess(kafka_bootstrap, ns, tmp_path, name="w2")
+    try:
+        await publish(
+            kafka_bootstrap, topics, [e for head, _ in halves for e in head] + rollouts[0].events[-1:]
+        )
+        await publish(kafka_bootstrap, topics, halves[0][1])
+        await read_all(kafka_bootstrap, topics["segments"], until=3, timeout=90, worker=first)
+        second.start()
+        await asyncio.sleep(8)  # the group rebalances; worker 2 recovers its partitions' tables
+        await publish(kafka_bootstrap, topics, [e for _, tail in halves[1:5] for e in tail])
+        first.stop()
+        await publish(kafka_bootstrap, topics, [e for _, tail in halves[5:] for e in tail])
+        segments = await read_all(kafka_bootstrap, topics["segments"], until=27, timeout=120, worker=second)
+    finally:
+        first.stop()
+        second.stop()
+    kept = unique_segments(segments)
+    assert sorted(kept) == sorted(segment_id(w.rollout_id, "a1", i) for w in rollouts for i in range(3)), (
+        second.log()[-3000:]
+    )
+    assert "Error in recovery" not in second.log()
+
+
+async def test_start_fails_fast_when_an_internal_topic_has_another_partition_count(kafka_bootstrap, topics):
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    ns = namespace_of(topics)
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(f"{ns}.segmenter-ticks", 2, 1)])
+    finally:
+        await admin.close()
+    done = subprocess.run(
+        [sys.executable, "-m", "rollbus", "segmenter",
+         "--bootstrap-servers", kafka_bootstrap, "--namespace", ns],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert f"need the inputs' 3 partitions, found {ns}.segmenter-ticks=2" in done.stderr

@@ -1,0 +1,355 @@
+"""Load generator -> broker -> segmenter -> consumer of ``segments``, against raw aiokafka in the same run.
+
+Run: ``python bench/pipeline.py --quick`` (a few rollouts at two rates, one worker: a smoke-sized figure),
+``python bench/pipeline.py [--rates 2,4,8,16] [--rollouts 200] [--workers 2]`` for rising rates and 1 vs 2
+workers, ``python bench/pipeline.py --soak 600 --in-flight 1000`` for the segmenter's RSS over time.
+
+Synthetic rollouts are sized like Claude Code traffic: a ~19k-token opening prompt, 50-150-token suffixes,
+50-500 sampled tokens a turn, 10-100 turns, some sub-agents and compactions. Each rollout's events are
+published (turns, sessions, diff, then the reward) at the offered rate; a consumer reads ``segments`` and
+records, per rollout, the time from its reward's ack to its last segment. The baseline is the same event
+bytes produced by aiokafka to a plain topic and consumed back, in the same run on the same broker.
+Reported: tokens/s, p50/p99 latency, and the segmenter's RSS before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rollbus.broker import EmbeddedBroker, free_port  # noqa: E402
+from rollbus.bus import Publisher  # noqa: E402
+from rollbus.codec import decode, encode  # noqa: E402
+from rollbus.topics import create_topics, spec_for, topic_name  # noqa: E402
+
+PARTITIONS = 6
+Event = tuple[str, dict[str, Any]]
+
+
+@dataclass
+class Rollout:
+    """One synthetic rollout's events (topic, record) in publish order, and how many tokens they carry."""
+
+    rollout_id: str
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    tokens: int = 0
+
+
+def synth(rng: random.Random, rollout_id: str, *, turns: tuple[int, int], opening: int) -> Rollout:
+    """A rollout written like the adapter writes it (prompt references), linear in its tokens."""
+    rollout = Rollout(rollout_id, list(rollout_events(rng, rollout_id, turns=turns, opening=opening)))
+    rollout.tokens = sum(tokens_of(topic, record) for topic, record in rollout.events)
+    return rollout
+
+
+def tokens_of(topic: str, record: dict[str, Any]) -> int:
+    return len(record["prompt_ids"]) + len(record["output_ids"]) if topic == "turns" else 0
+
+
+def rollout_events(
+    rng: random.Random, rollout_id: str, *, turns: tuple[int, int], opening: int
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The rollout's events, made one at a time (a soak keeps a thousand of these open at little cost)."""
+    now, attempt = int(time.time() * 1000), "a1"
+
+    def session(chain: str, kind: str, chain_kind: str, count: int, reason: str | None = None) -> Event:
+        return ("sessions", {
+            "rollout_id": rollout_id, "chain_id": chain, "kind": kind, "chain_kind": chain_kind,
+            "reason": reason,
+            "turn_count": count, "parent_chain_id": None, "at": now, "attempt_id": attempt,
+        })  # fmt: skip
+
+    def chain(name: str, kind: str, first_prompt: int, count: int) -> Iterator[Event]:
+        yield session(name, "opened", kind, 0)
+        stream = 0
+        for index in range(count):
+            new = first_prompt if index == 0 else rng.randint(50, 150)
+            out = rng.randint(50, 500)
+            yield ("turns", {
+                "rollout_id": rollout_id, "chain_id": name, "chain_kind": kind, "turn_index": index,
+                "prompt_ref_turn": None if index == 0 else index - 1,
+                "prompt_ids": [rng.randrange(151_000) for _ in range(new)], "prompt_tokens": stream + new,
+                "output_ids": [rng.randrange(151_000) for _ in range(out)],
+                "output_logprobs": [-rng.random() for _ in range(out)], "finish_reason": "stop",
+                "policy_version": 1, "request_id": f"{name}-{index}",
+                "timings": {"started_at": now, "finished_at": now, "generation_ms": 1}, "attempt_id": attempt,
+            })  # fmt: skip
+            stream += new + out
+
+    total = rng.randint(*turns)
+    main_turns = total
+    if rng.random() < 0.3:  # a sub-agent
+        sub = max(1, total // 5)
+        yield from chain("agent-1", "subagent", 3_000, sub)
+        yield session("agent-1", "frozen", "subagent", sub, "subagent")
+        main_turns -= sub
+    if rng.random() < 0.2 and main_turns > 4:  # a compaction
+        before = main_turns // 2
+        yield from chain("main", "main", opening, before)
+        yield session("main", "frozen", "main", before, "compaction")
+        yield from chain("main.1", "main", 5_000, main_turns - before)
+        yield session("main.1", "closed", "main", main_turns - before, "rollout_end")
+    else:
+        yield from chain("main", "main", opening, main_turns)
+        yield session("main", "closed", "main", main_turns, "rollout_end")
+    yield ("diffs", {
+        "rollout_id": rollout_id, "patch": "", "exit_status": 0, "wall_time_s": 1.0, "turns": total,
+        "error": None,
+        "at": now, "attempt_id": attempt, "group_id": "g", "group_size": 1,
+    })  # fmt: skip
+    yield ("rewards", {
+        "rollout_id": rollout_id, "reward": 1.0, "solved": True, "applied_cleanly": True, "details": "{}",
+        "failure_kind": None, "at": now, "attempt_id": attempt, "group_id": "g", "group_size": 1,
+    })  # fmt: skip
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+async def through_segmenter(
+    bootstrap: str, ns: str, rollouts: list[Rollout], rate: float
+) -> dict[str, float]:
+    """Publish at ``rate`` rollouts/s; latency = reward acked -> the rollout's last segment consumed."""
+    rewarded: dict[str, float] = {}
+    done: dict[str, float] = {}
+    consumer = AIOKafkaConsumer(topic_name("segments", ns), bootstrap_servers=bootstrap, group_id=None,
+                                auto_offset_reset="earliest", fetch_max_bytes=64 * 2**20,
+                                max_partition_fetch_bytes=16 * 2**20)  # fmt: skip
+    await consumer.start()
+    seen: dict[str, int] = {}
+
+    async def consume() -> None:
+        while len(done) < len(rollouts):
+            batch = await consumer.getmany(timeout_ms=200)
+            for message in (m for ms in batch.values() for m in ms):
+                segment = decode(message.value).record
+                seen[segment["rollout_id"]] = seen.get(segment["rollout_id"], 0) + 1
+                if seen[segment["rollout_id"]] == segment["num_segments"]:
+                    done.setdefault(segment["rollout_id"], time.perf_counter())
+
+    reader = asyncio.create_task(consume())
+    start = time.perf_counter()
+    async with Publisher(bootstrap, client_id="bench-load") as publisher:
+        for number, rollout in enumerate(rollouts):
+            await asyncio.sleep(max(0.0, start + number / rate - time.perf_counter()))
+            by_topic: dict[str, list[dict[str, Any]]] = {}
+            for topic, record in rollout.events[:-1]:
+                by_topic.setdefault(topic, []).append(record)
+            for topic in ("turns", "sessions", "diffs"):
+                await publisher.publish_many(topic_name(topic, ns), by_topic.get(topic, []))
+            await publisher.publish(topic_name("rewards", ns), rollout.events[-1][1])
+            rewarded[rollout.rollout_id] = time.perf_counter()
+    await asyncio.wait_for(reader, timeout=600)
+    await consumer.stop()
+    latencies = [done[r] - rewarded[r] for r in rewarded]
+    elapsed = max(done.values()) - start
+    return {"tokens_per_s": sum(r.tokens for r in rollouts) / elapsed, "p50": percentile(latencies, 0.5),
+            "p99": percentile(latencies, 0.99), "elapsed": elapsed}  # fmt: skip
+
+
+async def raw_aiokafka(bootstrap: str, ns: str, rollouts: list[Rollout], rate: float) -> dict[str, float]:
+    """The same encoded bytes produced to a plain topic and consumed back: what the bus alone costs."""
+    topic = topic_name(f"raw-{uuid.uuid4().hex[:6]}", ns)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    await admin.create_topics(
+        [NewTopic(topic, PARTITIONS, 1, topic_configs={"max.message.bytes": str(8 * 2**20)})]
+    )
+    await admin.close()
+    payloads = [
+        [(r.rollout_id.encode(), encode(spec_for(t).event_type, rec)) for t, rec in r.events]
+        for r in rollouts
+    ]
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
+                                max_request_size=9 * 2**20)  # fmt: skip
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None,
+                                auto_offset_reset="earliest",
+                                fetch_max_bytes=64 * 2**20, max_partition_fetch_bytes=16 * 2**20)  # fmt: skip
+    await producer.start()
+    await consumer.start()
+    sent: dict[bytes, float] = {}
+    arrived: dict[bytes, float] = {}
+    total = sum(len(p) for p in payloads)
+
+    async def consume() -> None:
+        count = 0
+        while count < total:
+            batch = await consumer.getmany(timeout_ms=200)
+            for message in (m for ms in batch.values() for m in ms):
+                count += 1
+                arrived[message.key] = time.perf_counter()  # the rollout's last message wins
+
+    reader = asyncio.create_task(consume())
+    start = time.perf_counter()
+    for number, messages in enumerate(payloads):
+        await asyncio.sleep(max(0.0, start + number / rate - time.perf_counter()))
+        futures = [await producer.send(topic, value, key=key) for key, value in messages]
+        await asyncio.gather(*futures)
+        sent[messages[0][0]] = time.perf_counter()
+    await asyncio.wait_for(reader, timeout=600)
+    await producer.stop()
+    await consumer.stop()
+    latencies = [arrived[k] - sent[k] for k in sent]
+    elapsed = max(arrived.values()) - start
+    return {"tokens_per_s": sum(r.tokens for r in rollouts) / elapsed, "p50": percentile(latencies, 0.5),
+            "p99": percentile(latencies, 0.99), "elapsed": elapsed}  # fmt: skip
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process and its children (the worker runs in the ``rollbus`` process)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def start_workers(bootstrap: str, ns: str, state: Path, count: int) -> list[subprocess.Popen[bytes]]:
+    workers = []
+    for number in range(count):
+        log = (state / f"segmenter-{number}.log").open("wb")
+        workers.append(subprocess.Popen(
+            [sys.executable, "-m", "rollbus", "segmenter", "--bootstrap-servers", bootstrap,
+             "--namespace", ns,
+             "--state-dir", str(state / f"w{number}"), "--log-level", "warning"],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        ))  # fmt: skip
+    return workers
+
+
+async def bench(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
+    rng = random.Random(7)
+    turns = (10, 20) if args.quick else (10, 100)
+    print(f"{'rate/s':>7} {'path':<10} {'tokens/s':>11} {'p50 s':>7} {'p99 s':>7} {'RSS MB':>13}")
+    for rate in args.rates:
+        ns = f"bench-{uuid.uuid4().hex[:6]}"
+        await create_topics(bootstrap, PARTITIONS, ns)
+        rollouts = [synth(rng, f"r{rate}-{i}", turns=turns, opening=19_000) for i in range(args.rollouts)]
+        workers = start_workers(bootstrap, ns, state, args.workers)
+        await asyncio.sleep(12)  # the Faust worker(s) join the group before the clock starts
+        before = sum(rss_mb(w.pid) for w in workers)
+        try:
+            ours = await through_segmenter(bootstrap, ns, rollouts, rate)
+            after = sum(rss_mb(w.pid) for w in workers)
+        finally:
+            for worker in workers:
+                worker.terminate()
+                worker.wait(30)
+        raw = await raw_aiokafka(bootstrap, ns, rollouts, rate)
+        for name, row, rss in (("segmenter", ours, f"{before:.0f} -> {after:.0f}"), ("raw", raw, "")):
+            print(f"{rate:>7g} {name:<10} {row['tokens_per_s']:>11,.0f} {row['p50']:>7.2f} "
+                  f"{row['p99']:>7.2f} "
+                  f"{rss:>13}")  # fmt: skip
+        print(
+            f"{'':>7} ratio      {ours['tokens_per_s'] / raw['tokens_per_s']:>11.2f} of raw throughput "
+            f"({len(rollouts)} rollouts, {sum(r.tokens for r in rollouts):,} tokens, "
+            f"{args.workers} worker(s))"
+        )
+
+
+async def soak(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
+    """``--in-flight`` rollouts open at once, their events interleaved, for ``--soak`` seconds: the
+    segmenter's RSS sampled every 10 s should stay flat (state is bounded by rollouts in flight)."""
+    ns, rng = f"soak-{uuid.uuid4().hex[:6]}", random.Random(11)
+    await create_topics(bootstrap, PARTITIONS, ns)
+    workers = start_workers(bootstrap, ns, state, args.workers)
+    await asyncio.sleep(12)
+    consumer = AIOKafkaConsumer(topic_name("segments", ns), bootstrap_servers=bootstrap, group_id=None,
+                                auto_offset_reset="earliest",
+                                max_partition_fetch_bytes=16 * 2**20)  # fmt: skip
+    await consumer.start()
+    segments = 0
+
+    async def consume() -> None:
+        nonlocal segments
+        while True:
+            batch = await consumer.getmany(timeout_ms=500)
+            segments += sum(len(ms) for ms in batch.values())
+
+    reader = asyncio.create_task(consume())
+    open_rollouts: list[Iterator[Event]] = []
+    started = tokens = 0
+    start = next_sample = time.perf_counter()
+    print(f"{'t s':>5} {'RSS MB':>8} {'rollouts started':>17} {'segments out':>13} {'tokens/s in':>12}")
+    try:
+        async with Publisher(bootstrap, client_id="bench-soak") as publisher:
+            while time.perf_counter() - start < args.soak:
+                while len(open_rollouts) < args.in_flight:
+                    seed = rng.randrange(2**32)
+                    open_rollouts.append(rollout_events(random.Random(seed), f"s-{started}", turns=(10, 100),
+                                                        opening=19_000))  # fmt: skip
+                    started += 1
+                pick = rng.randrange(len(open_rollouts))
+                event = next(open_rollouts[pick], None)
+                if event is None:
+                    open_rollouts[pick] = open_rollouts[-1]
+                    open_rollouts.pop()
+                    continue
+                await publisher.publish(topic_name(event[0], ns), event[1])
+                tokens += tokens_of(*event)
+                if time.perf_counter() >= next_sample:
+                    elapsed = time.perf_counter() - start
+                    rss = sum(rss_mb(w.pid) for w in workers)
+                    rate = tokens / max(elapsed, 1e-9)
+                    print(f"{elapsed:>5.0f} {rss:>8.0f} {started:>17} {segments:>13} {rate:>12,.0f}")
+                    next_sample += 10
+    finally:
+        reader.cancel()
+        await consumer.stop()
+        for worker in workers:
+            worker.terminate()
+            worker.wait(30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a few rollouts at two rates (a smoke figure)")
+    parser.add_argument("--rates", default="1,4,16", help="offered rollouts per second, comma-separated")
+    parser.add_argument("--rollouts", type=int, default=100, help="rollouts per rate")
+    parser.add_argument("--workers", type=int, default=1, help="segmenter workers in one consumer group")
+    parser.add_argument("--soak", type=float, default=0, help="instead: a soak of this many seconds")
+    parser.add_argument("--in-flight", type=int, default=1000, help="rollouts open at once in the soak")
+    parser.add_argument(
+        "--bootstrap-servers", default="", help="use this cluster instead of an embedded broker"
+    )
+    args = parser.parse_args()
+    args.rates = [2.0, 8.0] if args.quick else [float(r) for r in args.rates.split(",")]
+    args.rollouts = 12 if args.quick else args.rollouts
+    with tempfile.TemporaryDirectory(prefix="rollbus-bench-") as scratch:
+        state = Path(scratch)
+        broker = None
+        bootstrap = args.bootstrap_servers
+        if not bootstrap:
+            broker = EmbeddedBroker(state / "broker", port=free_port())
+            broker.start(timeout=120)
+            bootstrap = broker.bootstrap_servers
+        try:
+            asyncio.run(soak(args, bootstrap, state) if args.soak else bench(args, bootstrap, state))
+        finally:
+            if broker is not None:
+                broker.stop()
+
+
+if __name__ == "__main__":
+    main()

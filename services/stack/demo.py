@@ -1,0 +1,169 @@
+"""``rollbus demo``: the closed loop on embedded defaults: rollouts in, a trained policy out, served.
+
+Starts the stack of ``rollbus up`` (broker, engine with a scripted policy, adapter, sandbox runner, grader,
+segmenter, trainer), submits ``examples/swe-mini`` (``--n-samples-per-prompt`` rollouts per task: one group),
+shows live progress folded from the bus, and stops once the trainer has made ``--steps`` steps and published
+them (the engine then serves the new weights: later turns carry the new policy version), or when no more
+work can arrive. Ends with a summary; ``--json-summary OUT`` also writes it as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from pydantic import Field
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from services.stack.progress import Progress, watch
+from services.stack.supervisor import Supervisor
+from services.stack.up import EXAMPLES, Stack, StackSettings, running_stack
+
+console = Console(highlight=False, soft_wrap=True)
+
+
+class DemoSettings(StackSettings):
+    """Settings of ``rollbus demo`` (flags --x-y, variables ROLLBUS_DEMO_X_Y)."""
+
+    model_config = StackSettings.scoped("demo")
+    tasks: Path = Field(EXAMPLES / "swe-mini" / "demo.jsonl", description="dataset submitted (slime's rows)")
+    n_samples_per_prompt: int = Field(2, ge=1, description="rollouts per task (one group)")
+    steps: int = Field(2, ge=0, description="training steps to make before stopping (0: none, roll out only)")
+    json_summary: Path | None = Field(None, description="also write the summary as JSON here")
+    timeout: float = Field(1800.0, gt=0, description="seconds the whole demo may take")
+    idle_timeout: float = Field(
+        120.0, gt=0, description="seconds without any new event, once every rollout ended, before giving up"
+    )
+    gym: bool = Field(False, description="also run the gym runner")
+
+
+async def demo(settings: DemoSettings) -> dict[str, int]:
+    say = lambda name, what: console.print(Text(f"{name:15} {what}"))  # noqa: E731
+    async with running_stack(settings, say) as (stack, supervisor):
+        progress, stop = Progress(), asyncio.Event()
+        watcher = asyncio.create_task(watch(stack.bootstrap, stack.namespace, progress, stop))
+        keeper = asyncio.create_task(supervisor.watch())
+        try:
+            await asyncio.to_thread(prepare, settings.tasks)
+            await asyncio.to_thread(submit, settings, stack)
+            await follow(settings, supervisor, progress)
+            served = await served_version(stack)
+            console.print(Text(f"{'engine':15} serving weight version {served}"))
+        finally:
+            stop.set()
+            keeper.cancel()
+            await asyncio.gather(watcher, keeper, return_exceptions=True)
+    summary = progress.summary(train_steps=progress.policy_updates, tokens_trained=tokens_trained(settings))
+    show(progress, summary, stack)
+    if settings.json_summary is not None:
+        settings.json_summary.write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def prepare(dataset: Path) -> None:
+    """A dataset that ships a ``build.py`` beside it (swe-mini: its images are git repositories made from
+    plain files) is built first; the script is idempotent."""
+    build = dataset.resolve().parent / "build.py"
+    if build.exists():
+        subprocess.run([sys.executable, str(build)], check=True, capture_output=True)
+
+
+def submit(settings: DemoSettings, stack: Stack) -> None:
+    """``rollbus submit``, exactly as a user would run it."""
+    argv = [sys.executable, "-m", "rollbus", "submit", str(settings.tasks),
+            "--n-samples-per-prompt", str(settings.n_samples_per_prompt),
+            "--bootstrap-servers", stack.bootstrap, "--namespace", stack.namespace]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    console.print(Text(f"{'submit':15} {(done.stdout + done.stderr).strip()}"))
+    if done.returncode == 2:
+        raise SystemExit("rollbus demo: nothing could be submitted")
+
+
+async def follow(settings: DemoSettings, supervisor: Supervisor, progress: Progress) -> None:
+    """Print progress as it changes; return when the steps are made, or nothing more can happen."""
+    started = last_change = time.monotonic()
+    shown = ""
+    while time.monotonic() - started < settings.timeout:
+        await asyncio.sleep(1.0)
+        line = progress.line()
+        if line != shown:
+            console.print(Text(f"{'progress':15} {line}"))
+            shown, last_change = line, time.monotonic()
+        ended = progress.submitted and progress.finished >= len(progress.submitted)
+        if settings.steps and progress.policy_updates >= settings.steps:
+            return
+        if ended and not settings.steps:
+            return
+        if ended and time.monotonic() - last_change > settings.idle_timeout:
+            console.print(Text(f"{'demo':15} every rollout ended; the trainer made {progress.policy_updates} "
+                               f"of {settings.steps} steps (groups without reward variance are skipped)"))
+            return
+    console.print(Text(f"{'demo':15} timed out after {settings.timeout:.0f}s"))
+
+
+async def served_version(stack: Stack) -> str:
+    """The weight version the engine generates with now (the trainer's last push, once it landed)."""
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        answer = await http.get(
+            f"{stack.engine_url}/get_model_info", headers={"authorization": f"Bearer {stack.engine_key}"}
+        )
+    return str(answer.json().get("weight_version")) if answer.status_code == 200 else f"unknown ({answer})"
+
+
+def tokens_trained(settings: DemoSettings) -> int | None:
+    metrics = settings.state_dir / "up" / "trainer" / (settings.namespace or "default") / "metrics.jsonl"
+    if not metrics.exists():
+        return 0
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return sum(int(row.get("tokens_trained", 0)) for row in rows)
+
+
+def show(progress: Progress, summary: dict[str, int], stack: Stack) -> None:
+    table = Table(title="rollouts")
+    for column in ("rollout", "attempt", "reward", "solved", "failure", "flags"):
+        table.add_column(column, overflow="fold")
+    for rollout_id, reward in sorted(progress.rewards.items()):
+        table.add_row(
+            Text(rollout_id), Text(reward.get("attempt_id", "")), f"{reward['reward']:.2f}",
+            "yes" if reward["solved"] else "no", Text(reward.get("failure_kind") or ""),
+            Text(",".join(reward.get("flags", []))),
+        )  # fmt: skip
+    console.print(table)
+    versions = sorted(set(progress.turn_policy_versions))
+    console.print(Text(f"policy versions that generated turns: {versions}"))
+    for key, value in summary.items():
+        console.print(Text(f"{key:20} {value}"))
+    console.print(Text(f"logs: {stack.log_dir}"))
+
+
+add_arguments = DemoSettings.add_arguments
+
+
+async def cancellable(settings: DemoSettings) -> dict[str, int]:
+    """The demo, cancelled by SIGTERM or SIGINT so every service is stopped on the way out."""
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    return await demo(settings)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = DemoSettings.from_args(args)
+    try:
+        summary = asyncio.run(cancellable(settings))
+    except asyncio.CancelledError:
+        console.print(Text("rollbus demo: interrupted; every service was stopped"))
+        return 130
+    all_ended = summary["rollouts_finished"] == summary["rollouts_submitted"]
+    return 0 if all_ended and summary["train_steps"] >= settings.steps else 1

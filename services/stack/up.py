@@ -1,0 +1,177 @@
+"""``rollbus up``: the whole pipeline on embedded defaults, as supervised processes, until Ctrl-C.
+
+Broker (the embedded Apache Kafka of the state dir, unless ``--bootstrap-servers`` names a cluster), engine,
+adapter, sandbox runner, grader, gym runner, segmenter and trainer, each started as a user would
+(``python -m rollbus <service>``) and ready before the next starts; a crashed service is restarted with
+backoff; Ctrl-C (or SIGTERM) stops everything, also during start-up, leaving no process behind.
+
+Secrets (the engine's API key, the adapter's admin token) are made per run and handed to the services that
+need them through their variables, never on a command line (``ps`` shows those) and never to a sandbox.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import secrets
+import signal
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from rollbus.broker import EmbeddedBroker, free_port
+from rollbus.settings import BusSettings
+from rollbus.topics import create_topics
+from services.stack.supervisor import ServiceSpec, Supervisor
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+MODEL = "rollbus-engine"
+log = logging.getLogger("rollbus.up")
+
+
+class StackSettings(BusSettings):
+    """Settings of ``rollbus up`` (flags --x-y, variables ROLLBUS_UP_X_Y)."""
+
+    model_config = BusSettings.scoped("up")
+    embedded_broker: bool = Field(
+        True, description="start the state dir's embedded broker (off: use --bootstrap-servers as it is)"
+    )
+    policy: Literal["sample", "scripted"] = Field("scripted", description="the engine's policy")
+    script: Path = Field(
+        EXAMPLES / "swe-mini" / "scripts",
+        description="scripted policy: a JSON file, or a directory of NAME.json per task (rollout-id prefix)",
+    )
+    engine_port: int = Field(0, ge=0, le=65535, description="engine port (0: a free one)")
+    adapter_port: int = Field(0, ge=0, le=65535, description="adapter port (0: a free one)")
+    group_size: int = Field(2, ge=1, description="rollouts per group the trainer waits for")
+    rollout_batch_size: int = Field(1, ge=1, description="complete groups per training step")
+    steps: int = Field(0, ge=0, description="training steps before the trainer stops (0: never)")
+    runner_concurrency: int = Field(2, ge=1, description="rollouts the sandbox runner runs at once")
+    gym: bool = Field(True, description="also run the gym runner (gym tasks)")
+    ready_timeout: float = Field(180.0, gt=0, description="seconds each service may take to become ready")
+    stop_grace: float = Field(20.0, gt=0, description="seconds a service may take to stop before SIGKILL")
+
+
+@dataclass(frozen=True)
+class Stack:
+    """Where the running stack answers, for whoever drives it (the demo, a user's scripts)."""
+
+    bootstrap: str
+    namespace: str
+    adapter_url: str
+    engine_url: str
+    admin_token: str = field(repr=False)
+    log_dir: Path
+    engine_key: str = field(repr=False)
+
+
+def service_specs(settings: StackSettings, stack: Stack) -> list[ServiceSpec]:
+    engine_key = stack.engine_key
+    bus = ["--bootstrap-servers", stack.bootstrap, "--namespace", stack.namespace]
+    state = settings.state_dir / "up"
+    engine_port = int(stack.engine_url.rsplit(":", 1)[1])
+    adapter_port = int(stack.adapter_url.rsplit(":", 1)[1])
+    specs = [
+        ServiceSpec.rollbus(
+            "engine",
+            ["--port", str(engine_port), "--policy", settings.policy, "--script", str(settings.script)],
+            health_url=f"{stack.engine_url}/health", env={"ROLLBUS_ENGINE_API_KEY": engine_key},
+        ),
+        ServiceSpec.rollbus(
+            "adapter",
+            ["--port", str(adapter_port), "--sglang-url", stack.engine_url, "--state-dir", str(state), *bus],
+            health_url=f"{stack.adapter_url}/healthz",
+            env={"ROLLBUS_ADAPTER_ENGINE_API_KEY": engine_key,
+                 "ROLLBUS_ADAPTER_ADMIN_TOKEN": stack.admin_token},
+        ),
+        ServiceSpec.rollbus(
+            "sandbox-runner",
+            ["--adapter-url", stack.adapter_url, "--concurrency", str(settings.runner_concurrency),
+             "--state-dir", str(state), *bus],
+            env={"ROLLBUS_SANDBOX_RUNNER_ADMIN_TOKEN": stack.admin_token}, settle=2.0,
+        ),
+        ServiceSpec.rollbus("grader", ["--state-dir", str(state), *bus], settle=2.0),
+    ]  # fmt: skip
+    if settings.gym:
+        specs.append(ServiceSpec.rollbus(
+            "gym-runner", ["--adapter-url", stack.adapter_url, "--state-dir", str(state), *bus],
+            env={"ROLLBUS_GYM_RUNNER_ADMIN_TOKEN": stack.admin_token}, settle=2.0,
+        ))  # fmt: skip
+    specs += [
+        ServiceSpec.rollbus("segmenter", ["--state-dir", str(state), *bus], settle=3.0),
+        ServiceSpec.rollbus(
+            "trainer",
+            ["--group-size", str(settings.group_size),
+             "--rollout-batch-size", str(settings.rollout_batch_size), "--steps", str(settings.steps),
+             "--engine-url", stack.engine_url, "--state-dir", str(state), *bus],
+            env={"ROLLBUS_TRAINER_ENGINE_API_KEY": engine_key}, settle=3.0,
+            restart="on-failure" if settings.steps else "always",
+        ),
+    ]  # fmt: skip
+    return specs
+
+
+@asynccontextmanager
+async def running_stack(
+    settings: StackSettings, on_event: Callable[[str, str], None] | None = None
+) -> AsyncIterator[tuple[Stack, Supervisor]]:
+    """The broker, the topics and every service, up; everything stopped on the way out, whatever happened."""
+    broker = None
+    bootstrap = settings.bootstrap_servers
+    say = on_event or (lambda name, what: log.info("%s: %s", name, what))
+    try:
+        if settings.embedded_broker:
+            broker = EmbeddedBroker(settings.state_dir / "up", port=free_port())
+            seconds = await asyncio.to_thread(broker.start)
+            bootstrap = broker.bootstrap_servers
+            say("broker", f"Apache Kafka (KRaft) on {bootstrap}, ready in {seconds:.1f}s")
+        await create_topics(bootstrap, namespace=settings.namespace)
+        engine_port = settings.engine_port or free_port()
+        adapter_port = settings.adapter_port or free_port()
+        stack = Stack(
+            bootstrap, settings.namespace, f"http://127.0.0.1:{adapter_port}", f"http://127.0.0.1:{engine_port}",
+            secrets.token_hex(16), settings.state_dir / "up" / "logs", secrets.token_hex(16),
+        )  # fmt: skip
+        supervisor = Supervisor(
+            service_specs(settings, stack), stack.log_dir,
+            ready_timeout=settings.ready_timeout, stop_grace=settings.stop_grace, on_event=say,
+        )  # fmt: skip
+        async with supervisor:
+            yield stack, supervisor
+    finally:
+        if broker is not None:
+            await asyncio.to_thread(broker.stop)
+
+
+async def up(settings: StackSettings) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with running_stack(settings, lambda name, what: print(f"{name:15} {what}", flush=True)) as (
+        stack,
+        supervisor,
+    ):
+        print(f"rollbus is up: adapter {stack.adapter_url}, bus {stack.bootstrap}; logs in {stack.log_dir}")
+        print("submit work with `rollbus submit DATASET.jsonl`; Ctrl-C stops everything", flush=True)
+        watcher = asyncio.create_task(supervisor.watch())
+        stopped = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait({watcher, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        print("stopping ...", flush=True)
+        await supervisor.stop()
+        await watcher
+    return 0
+
+
+add_arguments = StackSettings.add_arguments
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = StackSettings.from_args(args)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return asyncio.run(up(settings))

@@ -1,0 +1,206 @@
+"""The runner's pure parts, exhaustively: which offsets may be committed, how an attempt's end is named, what
+its patch keeps, and which dataset rows become tasks (and why the others do not)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rollbus.rows import RowError, RowKeys, parse_row, read_rows, tasks_for
+from rollbus.sandbox import Completed
+from rollbus.settings import SettingsError
+from services.sandbox_runner.offsets import OffsetTracker
+from services.sandbox_runner.outcome import Outcome, cap_patch, classify, diff_event, drop_paths
+from services.sandbox_runner.rollout import task_prompt
+from services.sandbox_runner.settings import RunnerSettings
+
+# --- offsets ------------------------------------------------------------------------------------------
+
+
+@given(st.permutations(list(range(12))), st.integers(0, 12))
+def test_commit_never_passes_a_running_task(order: list[int], ended: int) -> None:
+    """Tasks 0..11 started in order, some ended in any order: the commit is the oldest still running."""
+    tracker = OffsetTracker()
+    for offset in range(12):
+        tracker.start("p", offset)
+    done = set(order[:ended])
+    for offset in order[:ended]:
+        tracker.end("p", offset)
+    running = set(range(12)) - done
+    expected = min(running) if running else 12
+    assert tracker.to_commit(["p"]) == {"p": expected}
+
+
+def test_commit_once_per_advance_and_only_for_assigned_partitions() -> None:
+    tracker = OffsetTracker()
+    tracker.start("a", 5)
+    tracker.start("b", 0)
+    assert tracker.to_commit(["a"]) == {"a": 5}  # the running task itself is re-read after a crash
+    tracker.committed({"a": 5})
+    assert tracker.to_commit(["a"]) == {}
+    tracker.end("a", 5)
+    assert tracker.to_commit(["a"]) == {"a": 6}
+
+
+def test_redelivered_offsets_are_recognised_until_forgotten() -> None:
+    tracker = OffsetTracker()
+    tracker.start("p", 3)
+    tracker.end("p", 3)
+    assert tracker.seen("p", 3) and tracker.seen("p", 0) and not tracker.seen("p", 4)
+    tracker.forget({"p"})
+    assert not tracker.seen("p", 3)
+
+
+# --- failure kinds ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Limited(Completed):
+    """A run a sandbox backend ended at a limit (backends that enforce limits name the one hit)."""
+
+    failure_kind: str | None = None
+
+
+def completed(exit_code: int = 0, stdout: str = "", timed_out: bool = False, **kw) -> Completed:
+    return Limited(exit_code, stdout, "", 1.0, timed_out, **kw)
+
+
+RESULT_OK = json.dumps({"type": "result", "subtype": "success", "num_turns": 3})
+RESULT_MAX = json.dumps({"type": "result", "subtype": "error_max_turns", "num_turns": 50})
+
+
+@pytest.mark.parametrize(
+    ("run", "kind"),
+    [
+        (completed(0, RESULT_OK), None),
+        (completed(0, ""), None),  # no result line, exit 0: it ended on its own
+        (completed(-9, RESULT_OK, True), "timeout"),
+        (completed(1, "not json\n" + RESULT_MAX), "max_turns"),
+        (completed(137, ""), "agent_crashed"),
+        (completed(-11, "{broken"), "agent_crashed"),
+        (completed(137, "", True, failure_kind="memory_limit"), "memory_limit"),  # the sandbox knows best
+    ],
+)
+def test_failure_kind_of_a_run(run: Completed, kind: str | None) -> None:
+    assert classify(run) == kind
+
+
+PATCH = (
+    "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1 +1 @@\n-a\n+b\n"
+    "diff --git a/.claude/settings.json b/.claude/settings.json\nnew file mode 100644\n+{}\n"
+    "diff --git a/.claudeish b/.claudeish\n+x\n"
+)
+
+
+def test_our_own_files_leave_the_patch_and_nothing_else_does() -> None:
+    kept = drop_paths(PATCH, [".claude"])
+    assert "calc.py" in kept and ".claudeish" in kept and ".claude/settings.json" not in kept
+    assert drop_paths(PATCH, []) == PATCH
+
+
+@given(st.text(alphabet="ab\n\u00e9", max_size=300), st.integers(1, 200))
+def test_capped_patch_is_a_prefix_of_whole_lines_within_the_cap(patch: str, cap: int) -> None:
+    cut, truncated = cap_patch(patch, cap)
+    assert patch.startswith(cut) and len(cut.encode()) <= cap
+    assert truncated == (len(patch.encode()) > cap)
+    if truncated:
+        assert cut == "" or cut.endswith("\n")
+
+
+def test_diff_event_copies_what_the_grader_needs() -> None:
+    task = {
+        "rollout_id": "r-1",
+        "group_id": "g",
+        "group_size": 4,
+        "metadata": '{"image": "/i"}',
+        "label": "L",
+    }
+    event = diff_event(task, Outcome("att-1", "p", 0, 2.5, 3), now_ms=7)
+    assert event["task_metadata"] == '{"image": "/i"}' and event["label"] == "L" and event["group_size"] == 4
+    assert (event["attempt_id"], event["failure_kind"], event["patch_truncated"], event["at"]) == (
+        "att-1", None, False, 7,
+    )  # fmt: skip
+
+
+def test_prompt_is_the_problem_statement_in_the_template() -> None:
+    task = {"prompt": "from the row"}
+    assert task_prompt(task, {"problem_statement": "statement"}, "Fix: {prompt}") == "Fix: statement"
+    assert task_prompt(task, {"problem_statement": "  "}, "{prompt}") == "from the row"
+    assert task_prompt(task, {}, "{prompt} {prompt}") == "from the row from the row"
+
+
+def test_settings_refuse_a_template_without_the_prompt_and_bad_shell_words() -> None:
+    with pytest.raises(SettingsError, match="--prompt-template"):
+        RunnerSettings.load({"prompt_template": "no placeholder"})
+    with pytest.raises(SettingsError, match="--cli-args"):
+        RunnerSettings.load({"cli_args": "--x 'unbalanced"})
+    with pytest.raises(SettingsError, match="--agents-file"):
+        RunnerSettings.load({"agents_file": "/nonexistent/agents.json"})
+    settings = RunnerSettings.load({"cli_args": "--verbose", "disallowed_tools": "WebFetch, WebSearch,"})
+    assert settings.agent_timeout == 1800.0
+    assert settings.denied_tools() == ["WebFetch", "WebSearch"] and settings.extra_cli_args() == ["--verbose"]
+
+
+# --- rows ---------------------------------------------------------------------------------------------
+
+GOOD = {"prompt": "fix it", "metadata": {"image": "repo", "workdir": "/workspace", "eval_cmd": "true"}}
+
+
+def row_error(data: object) -> str:
+    with pytest.raises(RowError) as caught:
+        parse_row(data if isinstance(data, str) else json.dumps(data), 1, RowKeys(), Path("/data"))
+    return str(caught.value)
+
+
+def test_a_good_row_resolves_its_paths_against_the_dataset() -> None:
+    row = parse_row(json.dumps(GOOD), 4, RowKeys(), Path("/data"))
+    assert row.metadata["image"] == "/data/repo" and row.prompt == "fix it" and row.instance_id == "row4"
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        ("{not json", "invalid JSON"),
+        ([1, 2], "JSON object"),
+        ({"prompt": "p", "metadata": "nope"}, "not JSON"),
+        ({"prompt": "p", "metadata": {"workdir": "/w"}}, "no image"),
+        ({"prompt": "p", "metadata": {"image": "r"}}, "no workdir"),
+        ({"prompt": "p", "metadata": {"image": "r", "workdir": "rel"}}, "no workdir"),
+        ({"prompt": " ", "metadata": {"image": "r", "workdir": "/w"}}, "no prompt"),
+        ({"prompt": "p", "metadata": {**GOOD["metadata"], "remote_env_info": {"f2p_script": "x"}}},
+         "2 graders"),
+        ({"prompt": "p", "metadata": {"image": "r", "workdir": "/w", "swepro": {"run_script_path": "x"}}},
+         "swepro"),
+    ],
+)  # fmt: skip
+def test_bad_rows_say_why(data: object, why: str) -> None:
+    assert why in row_error(data)
+
+
+def test_custom_keys_and_a_statement_instead_of_a_prompt() -> None:
+    keys = RowKeys(input_key="question", label_key="answer", metadata_key="info")
+    data = {"answer": {"x": 1}, "info": {"image": "/r", "workdir": "/w", "problem_statement": "ps"}}
+    row = parse_row(json.dumps(data), 1, keys, Path("/"))
+    assert (row.prompt, row.label) == ("ps", '{"x": 1}')
+
+
+def test_read_rows_reports_line_numbers_and_skips_blank_lines(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n\n{bad\n" + json.dumps(GOOD) + "\n")
+    items = list(read_rows(path, RowKeys()))
+    assert [getattr(i, "line", None) or i[0] for i in items] == [1, 3, 4]
+    assert isinstance(items[1], tuple) and "invalid JSON" in str(items[1][1])
+
+
+def test_samples_share_a_group_and_ids_start_with_the_instance() -> None:
+    data = {**GOOD, "metadata": {**GOOD["metadata"], "instance_id": "django__django-1/x"}}
+    tasks = tasks_for(parse_row(json.dumps(data), 1, RowKeys(), Path("/d")), 3, now_ms=5)
+    assert len({t["group_id"] for t in tasks}) == 1 and [t["sample_index"] for t in tasks] == [0, 1, 2]
+    assert all(t["rollout_id"].startswith("django__django-1_x-") for t in tasks)
+    assert len({t["rollout_id"] for t in tasks}) == 3 and {t["group_size"] for t in tasks} == {3}
+    assert all(t["env_config"] is None and json.loads(t["metadata"])["image"] == "/d/repo" for t in tasks)
