@@ -118,8 +118,9 @@ async def test_trains_publishes_and_the_engine_serves_each_version(
     stale = group("g1", [1.0, 0.0], [1, 1], version=0)  # completes after step 1: one version behind
     flat = group("g2", [0.5, 0.5], [1, 2], version=1)  # no reward variance
     fresh = group("g3", [0.0, 1.0], [3, 1], version=1)
-    poison = dict(fresh[0], segment_id="evil", rollout_id="g3-r9", response_ids=[10**9] * 6)
-    records = [g0[0], g0[0], *g0[1:], *stale, g0[1], *flat, poison, *fresh]  # a duplicate, a late replay
+    poison = dict(fresh[0], segment_id="evil", group_id="g9", rollout_id="g9-r0", response_ids=[10**9] * 6)
+    after_poison = segment("g9", "g9-r1", 0, 1, 1.0, version=1)  # its group can never complete: late
+    records = [g0[0], g0[0], *g0[1:], *stale, g0[1], *flat, poison, after_poison, *fresh]
     await publish(kafka_bootstrap, namespace, records)
 
     port = free_port()
@@ -153,7 +154,7 @@ async def test_trains_publishes_and_the_engine_serves_each_version(
     assert c["duplicates_dropped"] == 1 and c["dead_letters"] == 1
     assert c["stale_groups_dropped"] == 1 and c["stale_segments_dropped"] == len(stale)
     assert c["zero_variance_groups"] == 1 and c["zero_variance_groups_skipped"] == 1
-    assert c["engine_pushes"] == 3 and c["late_segments_dropped"] == 1
+    assert c["engine_pushes"] == 3 and c["late_segments_dropped"] == 2 and c["poisoned_groups_dropped"] == 1
     dead = await read_topic(kafka_bootstrap, topic_name("dead-letters", namespace))
     assert len(dead) == 1 and "outside the vocabulary" in dead[0].record["error"]
 
