@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -271,3 +273,38 @@ async def test_the_published_version_is_read_back_every_time(kafka_bootstrap: st
         for version in (0, 1, 2):
             await publisher.publish(topic, {"version": version, "location": "/x", "published_at": 0})
     assert [await latest_policy_version(kafka_bootstrap, topic, 2**20) for _ in range(8)] == [2] * 8
+
+
+THREE_STEPS = {"ROLLBUS_TRAINER_STEPS": "3", "ROLLBUS_TRAINER_ROLLOUT_BATCH_SIZE": "1"}
+
+
+def test_sigkill_mid_run_then_restart_reaches_the_uninterrupted_weights(
+    kafka_bootstrap: str, tmp_path
+) -> None:
+    """A real ``kill -9`` of ``python -m trainer`` the moment its second checkpoint appears (so somewhere
+    among publish, commit and the next fetch), then a plain restart; three steps of one group each."""
+    spaces = [asyncio.run(one_partition_namespace(kafka_bootstrap)) for _ in range(2)]
+    for namespace in spaces:
+        asyncio.run(publish(kafka_bootstrap, namespace, batches()))
+    ref, killed = tmp_path / "ref", tmp_path / "killed"
+    env = trainer_env(kafka_bootstrap, spaces[0], ref) | THREE_STEPS
+    subprocess.run([sys.executable, "-m", "trainer"], env=env, check=True, timeout=600)
+
+    env = trainer_env(kafka_bootstrap, spaces[1], killed) | THREE_STEPS
+    proc = subprocess.Popen([sys.executable, "-m", "trainer"], env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not (killed / "v00000002").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the trainer finished before it could be killed"
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not (killed / "v00000003").exists()
+    subprocess.run([sys.executable, "-m", "trainer"], env=env, check=True, timeout=600)
+    expected, got = weights(ref / "v00000003"), weights(killed / "v00000003")
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], rtol=0, atol=0, msg=key)
+    state = checkpoint.load(killed / "v00000003")[2]
+    assert state.finished_groups == ["a", "b", "c"] and state.step == 3
