@@ -1,6 +1,8 @@
 """What the adapter adds per turn: latency and CPU, against the engine alone on the same prompts.
 
 Run: ``python bench/adapter_overhead.py [--turns 10 50 100] [--final-context 64000] [--engine-flags "..."]``.
+``--state [--quick]`` instead reports memory per live 64k-token session and the restart rebuild time with
+10k finished and 100 open rollouts on the bus (:mod:`bench.adapter_state`).
 
 Starts the rollbus engine (scripted policy: every turn a Read tool call, real logprobs) and the adapter
 (real tokenizer, chat template, SGLang parsers, canonical history; turns encoded with the real codec and
@@ -265,7 +267,13 @@ def main() -> int:
     parser.add_argument(
         "--serve-adapter", nargs=3, metavar=("PORT", "ENGINE_URL", "RECORDS"), help=argparse.SUPPRESS
     )
+    parser.add_argument("--state", action="store_true", help="memory per session and restart time instead")
+    parser.add_argument("--quick", action="store_true", help="with --state: fewer sessions")
     args = parser.parse_args()
+    if args.state:
+        from bench.adapter_state import main as state_main
+
+        return state_main(["--quick"] if args.quick else [])
     if args.serve_adapter:
         serve_adapter(int(args.serve_adapter[0]), args.serve_adapter[1], args.serve_adapter[2])
         return 0

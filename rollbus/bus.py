@@ -72,7 +72,12 @@ class Publisher:
         client_id: str = "rollbus",
         transactional_id: str | None = None,
         max_event_bytes: int | None = None,
+        request_timeout_ms: int = 40_000,
+        retry_backoff_ms: int = 100,
     ) -> None:
+        """``request_timeout_ms`` bounds one delivery, retries included (a batch not acknowledged by
+        then fails with ``KafkaTimeoutError``); never wrap a send in a timeout of your own: cancelling
+        it does not stop it, so a retry after that sends the event twice."""
         self.max_event_bytes = max_event_bytes  # None: each topic's own max.message.bytes
         self.transactional = transactional_id is not None
         self._producer = AIOKafkaProducer(
@@ -82,6 +87,8 @@ class Publisher:
             acks="all",
             transactional_id=transactional_id,
             max_request_size=DEAD_LETTER_MAX_BYTES + 64 * 1024,  # limits are checked per topic, below
+            request_timeout_ms=request_timeout_ms,
+            retry_backoff_ms=retry_backoff_ms,
         )
 
     async def __aenter__(self) -> Publisher:
@@ -234,7 +241,13 @@ class EventConsumer:
     async def __aenter__(self) -> EventConsumer:
         if self._owns_publisher:
             await self.publisher.__aenter__()
-        await self._consumer.start()
+        try:
+            await self._consumer.start()
+        except BaseException:  # no __aexit__ will come: the producer started above must not linger
+            await self._consumer.stop()
+            if self._owns_publisher:
+                await self.publisher.__aexit__(None, None, None)
+            raise
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -34,7 +34,8 @@ Usage (one :class:`CanonicalHistory` per agent thread: the main agent, each sub-
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,6 +147,53 @@ def normalise_assistant(message: Message) -> AssistantMessage:
     )
 
 
+# ---------------------------------------------------------------- compact token storage
+
+
+class TokenSlice(Sequence[int]):
+    """``buffer[start:stop]`` without a copy: a turn's prompt and output as references into its chain.
+
+    A canonical chain is one append-only token stream (each prompt extends the previous prompt, output
+    and closing tokens), so the chain holds its tokens once, at 4 bytes each, and every turn is two
+    slices of it. Reads (indexing, slicing, iteration, ``==`` with a list) behave like a list; slicing
+    returns a list.
+    """
+
+    __slots__ = ("buffer", "start", "stop")
+
+    def __init__(self, buffer: array, start: int, stop: int) -> None:
+        self.buffer, self.start, self.stop = buffer, start, stop
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self.buffer[self.start : self.stop][index].tolist()
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("token index out of range")
+        return self.buffer[self.start + index]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.buffer[self.start : self.stop])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TokenSlice | list | tuple | array):
+            return len(self) == len(other) and list(self) == list(other)
+        return NotImplemented
+
+    def __add__(self, other: Sequence[int]) -> list[int]:
+        return [*self, *other]
+
+    def __radd__(self, other: Sequence[int]) -> list[int]:
+        return [*other, *self]
+
+    def __repr__(self) -> str:
+        return f"TokenSlice({len(self)} tokens)"
+
+
 # ---------------------------------------------------------------- rendering
 
 
@@ -233,6 +281,7 @@ class PromptPlan:
     _epoch: tuple[int, int] = field(repr=False, default=(0, 0))
     _new_messages: list[Message] = field(repr=False, default_factory=list)
     _echoes: dict[int, Message] = field(repr=False, default_factory=dict)
+    _adopt: list[Message] | None = field(repr=False, default=None)  # a resumed chain's context, once known
 
 
 @dataclass
@@ -269,7 +318,10 @@ class CanonicalHistory:
         stop_token_ids: Sequence[int] | None = None,
         chain_name: str = "main",
         chat_template_kwargs: dict[str, Any] | None = None,
+        keep_frozen: bool = True,
     ):
+        """``keep_frozen=False``: chains a rewrite ended are not kept (an adapter has them on the bus)."""
+        self.keep_frozen = keep_frozen
         self.renderer = TemplateRenderer(tokenizer, chat_template_kwargs)
         stops = _default_stop_ids(tokenizer, self.renderer) if stop_token_ids is None else stop_token_ids
         self.stop_token_ids = set(stops)
@@ -279,12 +331,13 @@ class CanonicalHistory:
         self.frozen: list[FrozenChain] = []
         self._chain_number = 0  # of the live chain, or of the next one when none is live
         self._commits = 0
-        self._stream: list[int] = []
+        self._stream: array = array("i")  # the live chain's tokens, once; its turns slice it
         self._context: list[Message | int] = []  # the chain's messages; an int is the index of our turn
         self._echoes: dict[int, Message] = {}  # last raw echo of each of our turns (fast equality path)
         self._tools: list[dict] | None = None
         self._defaults: ToolDefaults = {}  # schema defaults of self._tools, for matching echoes
         self._opening = 0  # index of the chain's first non-system message
+        self._ours: Any = None  # resumed from the bus: recognises our last turn's echo (messages unknown)
 
     @property
     def chain_id(self) -> str:
@@ -296,14 +349,37 @@ class CanonicalHistory:
     @property
     def stream(self) -> list[int]:
         """The live chain's exact tokens: last prompt + last output + closing template tokens."""
-        return list(self._stream)
+        return self._stream.tolist()
 
     def continues(self, messages: Sequence[Message], tools: list[dict] | None) -> bool:
         """Whether this request extends the live chain: lets an adapter route sub-agent requests."""
         return bool(self.turns) and self._match(messages, tools).reason is None
 
+    def resume(self, turns: Sequence[Turn], chain_number: int, is_ours: Any) -> None:
+        """Continue a live chain known only from the bus (an adapter restart): its turns, not its messages.
+
+        The next request is taken to continue it if its last assistant message is the echo of the
+        chain's last turn (``is_ours(message)``: its tool_use ids or thinking signature name that turn)
+        and only user/tool messages follow; the messages before it become the chain's context, as sent.
+        """
+        last = turns[-1]
+        self.turns, self.sent, self._chain_number = list(turns), [None] * len(turns), chain_number  # type: ignore[list-item]
+        self._stream = array("i", [*last.prompt_ids, *last.output_ids])
+        self._stream.extend(self.renderer.closing_ids(last.output_ids, self.stop_token_ids))
+        self._context, self._echoes, self._ours, self._commits = [], {}, is_ours, self._commits + 1
+
+    def _match_resumed(self, messages: list[Message], tools: list[dict] | None) -> _Match:
+        at = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
+        if at is None or not self._ours(messages[at]):
+            return _Match(reason="unmatched_assistant")
+        if at + 1 == len(messages):
+            return _Match(reason="no_new_messages")
+        return _Match(new_from=at + 1)
+
     def plan(self, messages: Sequence[Message], tools: list[dict] | None) -> PromptPlan:
         messages = list(messages)
+        if self._ours is not None and self.turns:
+            return self._plan_resumed(messages, tools)
         match = self._match(messages, tools) if self.turns else _Match(reason="first")
         epoch = (id(self), self._commits)
         if match.reason is None:
@@ -314,14 +390,37 @@ class CanonicalHistory:
                 match = _Match(reason="window_check_failed")
             else:
                 return PromptPlan(
-                    self._stream + suffix, False, None, len(self._stream), len(suffix), self.chain_id,
+                    self._stream.tolist() + suffix, False, None, len(self._stream), len(suffix),
+                    self.chain_id,
                     len(self.turns), messages, tools, epoch, new, match.echoes,
                 )
         ids = self.renderer.full(messages, tools)
         chain_id = self._chain_id(self._chain_number + (1 if self.turns else 0))
         return PromptPlan(ids, True, match.reason, 0, len(ids), chain_id, 0, messages, tools, epoch)
 
+    def _plan_resumed(self, messages: list[Message], tools: list[dict] | None) -> PromptPlan:
+        """The first plan of a resumed chain: a suffix after our echoed turn, or a new chain."""
+        match = self._match_resumed(messages, tools)
+        epoch = (id(self), self._commits)
+        if match.reason is None:
+            new = messages[match.new_from :]
+            try:
+                suffix = self.renderer.suffix(new, tools)
+            except WindowCheckFailed:
+                match = _Match(reason="window_check_failed")
+            else:
+                return PromptPlan(
+                    self._stream.tolist() + suffix, False, None, len(self._stream), len(suffix),
+                    self.chain_id,
+                    len(self.turns), messages, tools, epoch, new, {}, messages[: match.new_from],
+                )  # fmt: skip
+        ids = self.renderer.full(messages, tools)
+        chain_id = self._chain_id(self._chain_number + 1)
+        return PromptPlan(ids, True, match.reason, 0, len(ids), chain_id, 0, messages, tools, epoch)
+
     def _match(self, messages: Sequence[Message], tools: list[dict] | None) -> _Match:
+        if self._ours is not None:
+            return self._match_resumed(list(messages), tools)
         if tools != self._tools:
             return _Match(reason="tools_changed")
         echoes: dict[int, Message] = {}
@@ -375,15 +474,30 @@ class CanonicalHistory:
             raise StalePlan(f"plan for turn {plan.turn_index} of {plan.chain_id} is stale; plan again")
         if plan.new_chain:
             self._restart(plan)
+        elif plan._adopt is not None:  # a resumed chain learns its context from the request continuing it
+            self._context = [dict(m) for m in plan._adopt] + [dict(m) for m in plan._new_messages]
+            self._tools = json.loads(json.dumps(plan.tools)) if plan.tools is not None else None
+            self._defaults = tool_defaults(self._tools)
+            self._opening = next((i for i, m in enumerate(plan._adopt) if m.get("role") != "system"), 0)
+            self._ours = None
         else:
             self._context.extend(dict(m) for m in plan._new_messages)
             self._echoes.update((turn, dict(message)) for turn, message in plan._echoes.items())
+        if plan.new_chain or plan._adopt is not None:  # a chain's own buffer; frozen turns keep theirs
+            self._stream = array("i")
+        stream = self._stream
+        if plan.new_chain or plan._adopt is not None:
+            stream.extend(plan.prompt_ids)
+        else:
+            stream.extend(plan.prompt_ids[len(stream) :])
+        start = len(stream)
+        stream.extend(output_ids)
         turn = Turn(
-            plan.prompt_ids, list(output_ids), list(output_logprobs), finish_reason, policy_version,
+            TokenSlice(stream, 0, start), TokenSlice(stream, start, len(stream)),  # type: ignore[arg-type]
+            array("d", output_logprobs), finish_reason, policy_version,  # type: ignore[arg-type]
             chain_id=self.chain_id, turn_index=len(self.turns),
-        )
-        closing = self.renderer.closing_ids(output_ids, self.stop_token_ids)
-        self._stream = turn.prompt_ids + turn.output_ids + closing
+        )  # fmt: skip
+        stream.extend(self.renderer.closing_ids(output_ids, self.stop_token_ids))
         self._context.append(len(self.turns))
         self.turns.append(turn)
         self.sent.append(normalise_assistant(assistant_message))
@@ -391,8 +505,10 @@ class CanonicalHistory:
         return turn
 
     def _restart(self, plan: PromptPlan) -> None:
+        self._ours = None
         if self.turns:
-            self.frozen.append(FrozenChain("wipe", self.turns, "canonical", self.chain_id))
+            if self.keep_frozen:
+                self.frozen.append(FrozenChain("wipe", self.turns, "canonical", self.chain_id))
             self._chain_number += 1
         self.turns, self.sent, self._echoes = [], [], {}
         self._context = [dict(m) for m in plan.messages]
@@ -405,8 +521,8 @@ class CanonicalHistory:
         if not self.turns:
             return None
         chain = FrozenChain(kind, self.turns, "canonical", self.chain_id)
-        self.turns, self.sent, self._echoes, self._context, self._stream = [], [], {}, [], []
-        self._tools = None
+        self.turns, self.sent, self._echoes, self._context, self._stream = [], [], {}, [], array("i")
+        self._tools, self._ours = None, None
         self._chain_number += 1
         self._commits += 1
         return chain
@@ -420,8 +536,10 @@ class CanonicalHistory:
 class RerenderHistory:
     """``--history-mode rerender``: a full render every turn, stitched later by ``merge_turns``.
 
-    Same interface as :class:`CanonicalHistory`; restarts are found by ``merge_turns_all``, so
-    ``frozen`` stays empty and every turn belongs to one ``rerender`` chain.
+    Same interface as :class:`CanonicalHistory`; restarts within a chain are found by
+    ``merge_turns_all``, so ``frozen`` holds only chains ended by :meth:`freeze` (a finished sub-agent),
+    and the next request after one starts chain ``<name>.1``. A request continues the chain when its
+    messages are the last prompt's, then the assistant message we sent, then new user/tool messages.
     """
 
     history_mode = "rerender"
@@ -433,18 +551,41 @@ class RerenderHistory:
         stop_token_ids: Sequence[int] | None = None,
         chain_name: str = "main",
         chat_template_kwargs: dict[str, Any] | None = None,
+        keep_frozen: bool = True,
     ):
+        self.keep_frozen = keep_frozen
         self.renderer = TemplateRenderer(tokenizer, chat_template_kwargs)
         self.stop_token_ids = set(stop_token_ids or _default_stop_ids(tokenizer, self.renderer))
-        self.chain_id = chain_name
+        self.chain_name = chain_name
         self.turns: list[Turn] = []
         self.sent: list[AssistantMessage] = []
         self.frozen: list[FrozenChain] = []
+        self._chain_number = 0
+        self._commits = 0
+        self._last: tuple[list[Message], list[dict] | None] | None = None  # the last plan's request
+
+    @property
+    def chain_id(self) -> str:
+        return self.chain_name if self._chain_number == 0 else f"{self.chain_name}.{self._chain_number}"
+
+    def continues(self, messages: Sequence[Message], tools: list[dict] | None) -> bool:
+        if not self.turns or self._last is None:
+            return False
+        last, last_tools = self._last
+        n = len(last)
+        return (
+            tools == last_tools
+            and len(messages) > n + 1
+            and list(messages[:n]) == last
+            and messages[n].get("role") == "assistant"
+            and self.sent[-1].echoed_by(normalise_assistant(messages[n]), tool_defaults(tools))
+            and all(m.get("role") in ("user", "tool") for m in messages[n + 1 :])
+        )
 
     def plan(self, messages: Sequence[Message], tools: list[dict] | None) -> PromptPlan:
         ids = self.renderer.full(list(messages), tools)
         first = not self.turns
-        epoch = (id(self), len(self.turns))
+        epoch = (id(self), self._commits)
         return PromptPlan(
             ids, first, "first" if first else None, 0, len(ids), self.chain_id, len(self.turns),
             list(messages), tools, epoch,
@@ -459,7 +600,7 @@ class RerenderHistory:
         policy_version: int,
         assistant_message: Message,
     ) -> Turn:
-        if plan._epoch != (id(self), len(self.turns)):
+        if plan._epoch != (id(self), self._commits):
             raise StalePlan(f"plan for turn {plan.turn_index} of {plan.chain_id} is stale; plan again")
         turn = Turn(
             plan.prompt_ids, list(output_ids), list(output_logprobs), finish_reason, policy_version,
@@ -467,7 +608,27 @@ class RerenderHistory:
         )
         self.turns.append(turn)
         self.sent.append(normalise_assistant(assistant_message))
+        self._last = (list(plan.messages), plan.tools)
+        self._commits += 1
         return turn
 
+    def resume(self, turns: Sequence[Turn], chain_number: int, is_ours: Any = None) -> None:
+        """Continue a live chain known only from the bus: every turn is a full render anyway."""
+        self.turns, self.sent = list(turns), [None] * len(turns)  # type: ignore[list-item]
+        self._chain_number, self._last, self._commits = chain_number, None, self._commits + 1
+
+    def freeze(self, kind: SegmentKind) -> FrozenChain | None:
+        """End the live chain, as :meth:`CanonicalHistory.freeze`; the next plan starts a new one."""
+        if not self.turns:
+            return None
+        chain = FrozenChain(kind, self.turns, "rerender", self.chain_id)
+        if self.keep_frozen:
+            self.frozen.append(chain)
+        self.turns, self.sent, self._last = [], [], None
+        self._chain_number += 1
+        self._commits += 1
+        return chain
+
     def all_chains(self, final_kind: SegmentKind = "final") -> list[FrozenChain]:
-        return [FrozenChain(final_kind, self.turns, "rerender", self.chain_id)] if self.turns else []
+        live = [FrozenChain(final_kind, self.turns, "rerender", self.chain_id)] if self.turns else []
+        return self.frozen + live

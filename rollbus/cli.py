@@ -38,9 +38,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sandbox": ("services.sandbox_runner.debug", "run a command in a row's agent or grader sandbox"),
     "gym-submit": ("services.gym_runner.submit", "submit ms-swift gym rows (JSONL) as tasks"),
     "export": ("rollbus.export", "write gym episodes from the topics as ms-swift-style JSON lines"),
-    "demo2": ("services.stack.demo", "closed-loop demo (in progress)"),
     "up": ("services.stack.up", "the whole pipeline on embedded defaults, supervised, until Ctrl-C"),
-    "demo": ("rollbus.demo", "run the end-to-end slice on embedded defaults"),
+    "demo": ("services.stack.demo", "the closed loop on embedded defaults: roll out, grade, segment, train"),
 }
 
 

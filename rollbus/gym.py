@@ -31,6 +31,7 @@ import copy
 import importlib.util
 import json
 import logging
+import math
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
@@ -284,7 +285,7 @@ async def _loop(
     trajectory_id: str,
     episode: Episode,
 ) -> None:
-    observation, info, system = await _env_call(env.reset(request), "reset")
+    observation, info, system = _reset_result(await _env_call(env.reset(request), "reset"))
     episode.infos.append(_plain(info))
     episode.messages = _opening(system, observation, request.messages)
     while True:
@@ -296,8 +297,9 @@ async def _loop(
         if reply.finish_reason == "length":
             episode.stop = "length"
             return
-        observation, reward, done, info = await _env_call(env.step(copy.deepcopy(episode.messages)), "step")
-        episode.step_rewards.append(float(reward))
+        result = await _env_call(env.step(copy.deepcopy(episode.messages)), "step")
+        observation, reward, done, info = _step_result(result)
+        episode.step_rewards.append(reward)
         episode.infos.append(_plain(info))
         if done:
             episode.stop = "done"
@@ -313,6 +315,34 @@ async def _env_call(call: Awaitable[T], what: str) -> T:
         return await call
     except Exception as exc:  # CancelledError (a BaseException) passes through
         raise _EnvFailed(f"env {what} raised {type(exc).__name__}: {exc}") from exc
+
+
+def _reset_result(result: Any) -> tuple[str, Any, str]:
+    try:
+        observation, info, system = result
+    except (TypeError, ValueError):
+        raise _EnvFailed(
+            f"env reset must return (observation, info, system_message), not {result!r:.200}"
+        ) from None
+    if not isinstance(observation, str) or not isinstance(system, str | None):
+        raise _EnvFailed("env reset: observation and system_message must be strings")
+    return observation, info, system or ""
+
+
+def _step_result(result: Any) -> tuple[Observation, float, bool, Any]:
+    """A step's 4-tuple checked: a reward that is not a finite number would poison the trajectory's sum."""
+    try:
+        observation, reward, done, info = result
+        reward = float(reward)
+    except (TypeError, ValueError):
+        raise _EnvFailed(
+            f"env step must return (observation, reward, done, info), not {result!r:.200}"
+        ) from None
+    if not math.isfinite(reward):
+        raise _EnvFailed(f"env step returned a reward that is not finite: {reward}")
+    if not isinstance(observation, str | list):
+        raise _EnvFailed("env step: the observation must be a string or a list of messages")
+    return observation, reward, bool(done), info
 
 
 def _managed(manager: ContextManager, messages: list[Message], trajectory_id: str) -> list[Message]:

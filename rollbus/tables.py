@@ -69,6 +69,8 @@ COLUMNS: dict[str, tuple[tuple[str, Cell], ...]] = {
         ("reward", lambda r: f"{r['reward']:.4g}"), ("solved", get("solved")),
         ("applied", get("applied_cleanly")), ("failure kind", get("failure_kind")),
         ("flags", lambda r: ",".join(r.get("flags") or []) or "-"), ("tests passed", _tests),
+        ("step rewards", lambda r: ",".join(f"{x:.3g}" for x in r.get("step_rewards") or []) or "-"),
+        ("infos", lambda r: text(r["infos"]) if r.get("infos", "[]") != "[]" else "-"),  # gym: reset+steps
     ),
     "segment": (
         ("segment", get("segment_id")), ("rollout", get("rollout_id")), ("attempt", get("attempt_id")),

@@ -49,7 +49,8 @@ class ChainTokens:
     """A prompt and a response with per-token loss mask, logprobs and policy versions.
 
     ``output_spans`` holds ``(start, end)`` of each sampled output still trained, in response
-    coordinates, oldest first: what ``last_turn`` loss scope needs.
+    coordinates, oldest first: what ``last_turn`` loss scope needs. ``misaligned_tokens`` counts sampled
+    tokens left untrained (mask 0) because their turn's logprobs did not line up with its ids.
     """
 
     prompt_ids: list[int]
@@ -58,6 +59,7 @@ class ChainTokens:
     rollout_logprobs: list[float] = field(default_factory=list)
     policy_versions: list[int] = field(default_factory=list)
     output_spans: list[tuple[int, int]] = field(default_factory=list)
+    misaligned_tokens: int = 0
 
     def append_context(self, ids: Sequence[int]) -> None:
         self.response_ids.extend(ids)
@@ -66,20 +68,23 @@ class ChainTokens:
         self.policy_versions.extend([CONTEXT_VERSION] * len(ids))
 
     def append_output(self, turn: Turn) -> None:
-        """Append a sampled output with mask 1; logprobs that don't line up with the ids become 0."""
+        """Append a sampled output with mask 1. If its logprobs don't line up with its ids, it is kept
+        as context (mask 0) and counted: a made-up logprob would corrupt the importance ratio."""
         ids = turn.output_ids
         if not ids:
             return
         logprobs = list(turn.output_logprobs)
+        mask = 1
         if len(logprobs) != len(ids):
             log.warning(
-                "turn %s of chain %s has %d logprobs for %d output tokens; training it with zero logprobs",
+                "turn %s of chain %s has %d logprobs for %d output tokens; not training them",
                 turn.turn_index, turn.chain_id, len(logprobs), len(ids),
             )
-            logprobs = [0.0] * len(ids)
+            logprobs, mask = [0.0] * len(ids), 0
+            self.misaligned_tokens += len(ids)
         start = len(self.response_ids)
         self.response_ids.extend(ids)
-        self.loss_mask.extend([1] * len(ids))
+        self.loss_mask.extend([mask] * len(ids))
         self.rollout_logprobs.extend(logprobs)
         self.policy_versions.extend([turn.policy_version] * len(ids))
         self.output_spans.append((start, len(self.response_ids)))
@@ -249,6 +254,7 @@ def fan_out(
                 rollout_logprobs=scoped.rollout_logprobs,
                 policy_versions=scoped.policy_versions,
                 output_spans=scoped.output_spans,
+                misaligned_tokens=scoped.misaligned_tokens,
                 rollout_id=rollout_id,
                 index=index,
                 num_segments=count,

@@ -9,7 +9,9 @@ on the same port when a test needs another script; tests grouped by script resta
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -48,7 +50,8 @@ class Rig:
             "adapter",
             ["--port", str(self.adapter_port), "--sglang-url", f"http://127.0.0.1:{self.engine_port}",
              "--bootstrap-servers", bootstrap, "--namespace", namespace,
-             "--admin-token", self.admin_token, "--state-dir", str(log_dir)],
+             "--admin-token", self.admin_token, "--state-dir", str(log_dir),
+             "--signing-key", uuid.uuid4().hex],  # shared by its restarts: tokens and ids stay valid
             health_url=f"{self.url}/healthz",
             log_dir=log_dir,
         )  # fmt: skip
@@ -59,6 +62,12 @@ class Rig:
     def stop(self) -> None:
         self.stop_engine()
         self.adapter.stop()
+
+    def kill_adapter(self) -> None:
+        """``kill -9`` the adapter: no drain, no spill, whatever it held in memory is gone."""
+        assert self.adapter.proc is not None
+        os.killpg(self.adapter.proc.pid, signal.SIGKILL)
+        self.adapter.proc.wait()
 
     def use_script(self, script: Path) -> None:
         """Serve ``script`` (a fresh engine, so every rollout's cursor starts at its first turn)."""

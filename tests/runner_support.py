@@ -68,6 +68,15 @@ class RunnerProcess:
         ]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
 
+    @classmethod
+    def grader(cls, bootstrap: str, namespace: str, work: Path) -> RunnerProcess:
+        """``rollbus grader`` on the same topics, started and stopped the same way."""
+        grader = cls.__new__(cls)
+        grader.work, grader.log_path, grader.proc = work, work / "grader.log", None
+        grader.argv = [sys.executable, "-m", "rollbus", "grader", "--bootstrap-servers", bootstrap,
+                       "--namespace", namespace]  # fmt: skip
+        return grader
+
     def start(self) -> RunnerProcess:
         self.work.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:

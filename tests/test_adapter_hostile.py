@@ -99,3 +99,27 @@ async def test_an_engine_4xx_is_a_400_the_cli_does_not_retry() -> None:
         assert streamed.status_code == 200
         error = json.loads(streamed.text.strip().split("\n\n")[-1].split("data: ", 1)[1])
         assert error["error"]["type"] == "invalid_request_error"
+
+
+async def test_closing_a_turn_aborts_the_engine_call_before_the_agent_is_free() -> None:
+    """The engine call is closed with the turn (``aclosing``), not whenever the collector gets to it."""
+    from services.adapter.anthropic import parse_messages_request
+    from services.adapter.sessions import RequestShape
+    from services.adapter.translate import to_chat
+    from services.adapter.turn import Ping, Started, TurnInput, run_turn
+
+    async with StalledEngine() as engine:
+        async with adapter_client(settings(engine.url), BusPublisher()) as client:
+            state = client.app.state.adapter
+            request = parse_messages_request(json.dumps(body("hi")).encode())
+            chat = to_chat(request.system, request.messages, request.tools)
+            agent = state.sessions.get("r-close").route(
+                RequestShape(None, chat.system, chat.messages, chat.tools)
+            )
+            events = run_turn(state.kit, agent, TurnInput(chat, "m", 64, {}))
+            assert isinstance(await anext(events), Started)
+            while engine.generating == 0:
+                assert isinstance(await anext(events), Ping)
+            await events.aclose()
+            assert engine.aborted and not agent.lock.locked()
+            assert agent.history.turns == []

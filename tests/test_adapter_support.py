@@ -68,10 +68,13 @@ class BusPublisher:
         self.down = False
 
     async def publish(self, topic: str, record: Mapping[str, Any], *, key: str) -> None:
+        await self.publish_bytes(topic, encode(_EVENT_OF_TOPIC[topic], record), key=key)
+
+    async def publish_bytes(self, topic: str, value: bytes, *, key: str | bytes | None) -> None:
         if self.down:
             raise KafkaConnectionError("broker unreachable (test)")
-        data = encode(_EVENT_OF_TOPIC[topic], record)
-        self.events.append((topic, key, decode(data).record))
+        key = key.decode() if isinstance(key, bytes) else key
+        self.events.append((topic, key, decode(value).record))  # type: ignore[arg-type]
 
     def of(self, topic: str, rollout_id: str) -> list[dict[str, Any]]:
         return [r for t, _, r in self.events if t == topic and r["rollout_id"] == rollout_id]
@@ -152,6 +155,10 @@ class StalledEngine:
 
     def release(self) -> None:
         self._released.set()
+
+    def hold(self) -> None:
+        """Stall the next ``/generate`` calls again."""
+        self._released.clear()
 
     async def __aenter__(self) -> StalledEngine:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -250,10 +257,10 @@ def settings(sglang_url: str, **overrides: Any) -> AdapterSettings:
 
 @contextlib.asynccontextmanager
 async def adapter_client(
-    settings: AdapterSettings, publisher: Any, *, raise_app_exceptions: bool = True
+    settings: AdapterSettings, publisher: Any, *, raise_app_exceptions: bool = True, app: Any = None
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The adapter app in process (lifespan included), reached through httpx's ASGI transport."""
-    app = create_app(settings, publisher)
+    app = app or create_app(settings, publisher)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=raise_app_exceptions)
         async with httpx.AsyncClient(transport=transport, base_url="http://adapter", timeout=60) as client:

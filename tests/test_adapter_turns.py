@@ -13,7 +13,6 @@ import uuid
 import httpx
 import pytest
 
-from rollbus.bus import EventTooLarge
 from rollbus.parsing import parse_output
 from rollbus.tokenizer import load_tokenizer
 from services.adapter.app import create_app
@@ -168,10 +167,18 @@ async def test_max_tokens_cuts_the_turn_and_says_so(adapter) -> None:
     assert turn["finish_reason"] == "length" and len(turn["output_ids"]) == 4
 
 
+async def dispatch_agent(adapter, headers) -> dict:
+    """Main reads app.py, then calls Agent("Review app.py") (the script's first two main turns)."""
+    history = body("Read /repo/app.py")["messages"]
+    one = await streamed(adapter, body(history), headers)
+    history += [echo(one), answered(one, "def main(): ...")]
+    return await streamed(adapter, body(history), headers)
+
+
 async def test_subagent_by_header_and_side_calls_get_their_own_chains(adapter) -> None:
     headers = rollout()
     rollout_id = headers["x-api-key"]
-    await streamed(adapter, body("Read /repo/app.py"), headers)
+    call = await dispatch_agent(adapter, headers)
     sub = await streamed(
         adapter, body("Review app.py", system=SUB_SYSTEM), {**headers, "x-claude-code-agent-id": "a1b2"}
     )
@@ -182,7 +189,9 @@ async def test_subagent_by_header_and_side_calls_get_their_own_chains(adapter) -
     kinds = {t["chain_id"]: t["chain_kind"] for t in adapter.publisher.of("turns", rollout_id)}
     assert kinds == {"main": "main", "agent-a1b2": "subagent", "side-0": "side"}
     sessions = {(e["chain_id"], e["kind"]): e for e in adapter.publisher.of("sessions", rollout_id)}
-    assert sessions[("agent-a1b2", "opened")]["parent_chain_id"] == "main"
+    opened = sessions[("agent-a1b2", "opened")]
+    assert opened["parent_chain_id"] == "main" and opened["agent_id"] == "a1b2"
+    assert opened["parent_tool_use_id"] == next(b["id"] for b in call["content"] if b["type"] == "tool_use")
     assert sessions[("side-0", "frozen")]["reason"] == "side"
     side_events = [(t, r.get("kind")) for t, _, r in adapter.publisher.events if r["chain_id"] == "side-0"]
     assert side_events == [("sessions", "opened"), ("turns", None), ("sessions", "frozen")]
@@ -190,7 +199,7 @@ async def test_subagent_by_header_and_side_calls_get_their_own_chains(adapter) -
 
 async def test_subagent_without_header_is_found_by_its_system_prompt(adapter) -> None:
     headers = rollout()
-    await streamed(adapter, body("Read /repo/app.py"), headers)
+    await dispatch_agent(adapter, headers)
     first = body("Review app.py", system=SUB_SYSTEM)
     sub = await streamed(adapter, first, headers)
     # its second request extends its own history, not main's
@@ -203,8 +212,46 @@ async def test_subagent_without_header_is_found_by_its_system_prompt(adapter) ->
         (t["chain_id"], t["chain_kind"], t["turn_index"])
         for t in adapter.publisher.of("turns", headers["x-api-key"])
     ]
-    assert chains[0] == ("main", "main", 0)
-    assert chains[1][1:] == ("subagent", 0) and chains[2] == (chains[1][0], "subagent", 1)
+    assert chains[:2] == [("main", "main", 0), ("main", "main", 1)]
+    assert chains[2][1:] == ("subagent", 0) and chains[3] == (chains[2][0], "subagent", 1)
+
+
+async def test_conversations_no_agent_call_started_are_unattributed(adapter) -> None:
+    """What a curl from the agent's Bash tool can send with the token: never a trainable sub-agent."""
+    headers = rollout()
+    rollout_id = headers["x-api-key"]
+    early = {**headers, "x-claude-code-agent-id": "curl1"}
+    await streamed(adapter, body("Review app.py", system=SUB_SYSTEM), early)  # before any Agent call
+    await dispatch_agent(adapter, headers)
+    wrong_prompt = {**headers, "x-claude-code-agent-id": "curl2"}
+    await streamed(adapter, body("Say I solved it", system=SUB_SYSTEM), wrong_prompt)
+    await streamed(
+        adapter, body("Review app.py", system=SUB_SYSTEM), {**headers, "x-claude-code-agent-id": "real"}
+    )
+    again = {**headers, "x-claude-code-agent-id": "curl3"}  # the Agent call is already answered
+    await streamed(adapter, body("Review app.py", system=SUB_SYSTEM), again)
+    kinds = {t["chain_id"]: t["chain_kind"] for t in adapter.publisher.of("turns", rollout_id)}
+    assert kinds == {
+        "agent-curl1": "unattributed",
+        "main": "main",
+        "agent-curl2": "unattributed",
+        "agent-real": "subagent",
+        "agent-curl3": "unattributed",
+    }
+
+
+async def test_chains_per_rollout_are_capped(engine_url) -> None:
+    publisher = BusPublisher()
+    async with adapter_client(settings(engine_url, max_chains_per_rollout=2), publisher) as client:
+        headers = rollout()
+        for n in range(2):
+            await streamed(client, body(f"title {n}", tools=[]), headers)
+        refused = await client.post(
+            "/v1/messages", json=body("title 3", tools=[], stream=False), headers=headers
+        )
+    assert refused.status_code == 400 and "2 chains" in refused.json()["error"]["message"]
+    assert refused.headers["x-should-retry"] == "false"
+    assert len(publisher.of("turns", headers["x-api-key"])) == 2
 
 
 async def test_agent_result_freezes_the_subagent_and_compaction_starts_a_chain(adapter) -> None:
@@ -352,23 +399,21 @@ async def test_the_real_claude_code_cli_runs_a_session_with_a_subagent(engine_ur
     assert (sub[0][0], "frozen", "subagent", "main") in lifecycle
 
 
-class RefusingBus(BusPublisher):
-    """A bus that refuses records for good, as Kafka does one over its size limit."""
-
-    async def publish(self, topic, record, *, key) -> None:
-        raise EventTooLarge(f"event for {topic!r} is over the limit (test)")
-
-
-async def test_a_record_the_bus_refuses_for_good_is_an_anthropic_500(engine_url) -> None:
-    async with adapter_client(settings(engine_url), RefusingBus(), raise_app_exceptions=False) as client:
+async def test_a_record_too_large_for_the_bus_fails_its_turn_and_commits_nothing(engine_url) -> None:
+    """Checked when queued, before the turn is committed: memory and bus agree there is no such turn."""
+    publisher = BusPublisher()
+    async with adapter_client(settings(engine_url), publisher, raise_app_exceptions=False) as client:
+        client.app.state.adapter.kit.outbox.max_event_bytes = 200
+        headers = rollout()
         response = await client.post(
-            "/v1/messages", json=body("Read /repo/app.py", stream=False), headers=rollout()
+            "/v1/messages", json=body("Read /repo/app.py", stream=False), headers=headers
         )
+        session = client.app.state.adapter.sessions.get(headers["x-api-key"])
     assert response.status_code == 500
-    assert response.json()["error"] == {
-        "type": "api_error",
-        "message": "internal error: EventTooLarge: event for 'sessions' is over the limit (test)",
-    }
+    error = response.json()["error"]
+    assert error["type"] == "api_error" and "RecordTooLarge" in error["message"] and "200" in error["message"]
+    assert session.agents["main"].history.turns == []
+    assert publisher.events == []
 
 
 async def test_rerender_history_mode_renders_every_prompt_whole(engine_url) -> None:

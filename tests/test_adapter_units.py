@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-from collections.abc import Mapping
-from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -21,12 +18,11 @@ from services.adapter import sse
 from services.adapter.anthropic import Message, parse_messages_request
 from services.adapter.errors import overloaded
 from services.adapter.main import add_arguments, settings_from
-from services.adapter.publisher import BacklogFull, Outbox
 from services.adapter.response import TurnRef, signed_turn, stop_reason, thinking_signature, tool_use_id
 from services.adapter.sessions import (
     MAIN,
     SIDE,
-    SUBAGENT,
+    UNATTRIBUTED,
     RequestShape,
     Sessions,
     SessionTokens,
@@ -36,7 +32,7 @@ from services.adapter.settings import AdapterSettings
 from services.adapter.sglang_client import EngineError, parse_generation
 from services.adapter.translate import IMAGE_PLACEHOLDER, to_chat
 from services.adapter.turn import policy_version
-from tests.test_adapter_support import READ_TOOL, BusPublisher, body
+from tests.test_adapter_support import READ_TOOL, body
 
 
 def chat_of(messages, **overrides):
@@ -173,7 +169,7 @@ def test_routing_main_subagent_and_side() -> None:
     main = session.route(RequestShape(None, "sys", [{"role": "user", "content": "a"}], tools))
     assert (main.kind, main.chain_id) == (MAIN, "main")
     by_header = session.route(RequestShape("ab12", "other", [{"role": "user", "content": "b"}], tools))
-    assert (by_header.kind, by_header.chain_id, by_header.parent) == (SUBAGENT, "agent-ab12", main)
+    assert (by_header.kind, by_header.chain_id, by_header.parent) == (UNATTRIBUTED, "agent-ab12", main)
     side = session.route(RequestShape(None, "title please", [{"role": "user", "content": "c"}], []))
     assert side.kind == SIDE and side.chain_id == "side-0" and "side-0" not in session.agents
     assert session.route(RequestShape(None, "sys", [{"role": "user", "content": "d"}], tools)) is main
@@ -208,11 +204,12 @@ async def test_sessions_expire_after_no_request_and_no_turn_in_flight() -> None:
 
 def test_tokens_never_used_are_found_and_revoked_tokens_stop_working() -> None:
     clock = HandClock()
-    tokens = SessionTokens(clock=clock)
+    tokens = SessionTokens(b"k" * 32, clock=clock)
     used, unused = tokens.issue("r-used"), tokens.issue("r-unused")
     clock.now += 10
     assert tokens.unused(clock.now - 20, in_use=set()) == []
     assert tokens.unused(clock.now, in_use={"r-used"}) == ["r-unused"]
+    clock.now += 1
     tokens.revoke("r-unused")
     assert tokens.rollout_for(unused) is None and tokens.rollout_for(used) == "r-used"
     assert tokens.unused(clock.now, in_use={"r-used"}) == []
@@ -247,58 +244,6 @@ def test_engine_answers_are_checked() -> None:
         parse_generation({**good, "output_ids": [5]}, "rb-1", 10)
     with pytest.raises(EngineError, match="not a generation"):
         parse_generation({"text": "hi"}, "rb-1", 10)
-
-
-async def test_outbox_keeps_order_through_an_outage_and_bounds_its_backlog() -> None:
-    publisher = BusPublisher()
-    outbox = Outbox(publisher, capacity=3, retry_interval=0.01)
-    record = {
-        "rollout_id": "r",
-        "chain_id": "c",
-        "kind": "opened",
-        "chain_kind": "main",
-        "reason": None,
-        "turn_count": 0,
-        "parent_chain_id": None,
-        "at": 0,
-    }
-    publisher.down = True
-    for n in range(3):
-        outbox.reserve()
-        assert await outbox.publish("sessions", {**record, "turn_count": n}, key="r") is False
-        outbox.release()
-    with pytest.raises(BacklogFull):
-        outbox.reserve()
-    publisher.down = False
-    assert await outbox.publish("sessions", {**record, "turn_count": 3}, key="r") is False  # queued behind
-    await outbox.flush(timeout=10)
-    assert [r["turn_count"] for _, _, r in publisher.events] == [0, 1, 2, 3]
-    outbox.reserve()
-
-
-async def test_outbox_spills_what_never_reached_the_bus(tmp_path) -> None:
-    publisher = BusPublisher()
-    publisher.down = True
-    outbox = Outbox(publisher, capacity=5, retry_interval=0.01)
-    await outbox.publish("turns", {"rollout_id": "r"}, key="r")
-    await asyncio.sleep(0.05)
-    assert outbox.spill(tmp_path / "left.jsonl") == 1
-    line = json.loads((tmp_path / "left.jsonl").read_text())
-    assert line == {"topic": "turns", "key": "r", "record": {"rollout_id": "r"}}
-
-
-async def test_outbox_publishes_to_its_topic_namespace() -> None:
-    class Topics:
-        def __init__(self) -> None:
-            self.seen: list[str] = []
-
-        async def publish(self, topic: str, record: Mapping[str, Any], *, key: str) -> None:
-            self.seen.append(topic)
-
-    publisher = Topics()
-    assert await Outbox(publisher, namespace="t-42").publish("turns", {"rollout_id": "r"}, key="r")
-    assert await Outbox(publisher).publish("sessions", {"rollout_id": "r"}, key="r")
-    assert publisher.seen == ["t-42.turns", "sessions"]
 
 
 def test_settings_fail_at_construction() -> None:

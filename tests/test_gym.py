@@ -30,6 +30,15 @@ from rollbus.gym import (
 gym.load_builtins()
 
 
+@pytest.fixture(autouse=True)
+def registries():
+    """What a test registers (plugins) is gone after it, so other modules see only their own."""
+    envs, managers = dict(gym.envs), dict(gym.context_managers)
+    yield
+    gym.envs.clear(), gym.envs.update(envs)
+    gym.context_managers.clear(), gym.context_managers.update(managers)
+
+
 class Scripted(Env):
     """Done after ``done_after`` steps; ``fail`` in {"reset", "step", "close"} raises there."""
 
@@ -89,7 +98,7 @@ def test_selection_by_name_fallback_and_constructor_arguments() -> None:
 @pytest.mark.parametrize(
     ("env_config", "default", "needle"),
     [
-        ({"name": "nope"}, None, "'nope' is not registered; registered: frozen_lake, math, python_tool"),
+        ({"name": "nope"}, None, "'nope' is not registered; registered: "),
         ({}, None, "no name and no --gym-env default"),
         ({"name": 7}, None, "env_config.name must be a string"),
         ({"name": "math", "seed": "x"}, None, "seed must be an integer"),
@@ -103,6 +112,9 @@ def test_bad_env_config_is_a_clear_error_with_a_failure_kind(env_config, default
         make_env(env_config, default)
     assert needle in str(caught.value)
     assert caught.value.failure_kind == "bad_env_config"
+    if "registered: " in needle:  # every registered name, sorted (test modules add their own)
+        listed = str(caught.value).split("registered: ")[1].split(", ")
+        assert {"frozen_lake", "math", "python_tool"} <= set(listed) and listed == sorted(listed)
 
 
 @pytest.mark.parametrize(
@@ -297,3 +309,26 @@ async def test_the_docs_example_registers_and_plays(tmp_path) -> None:
         make_env({"name": "guess", "secret": 4}), RolloutRequest([]), model, max_turns=5
     )
     assert result.step_rewards == [0.0, 1.0] and result.messages[3]["content"] == "No, higher."
+
+
+@pytest.mark.parametrize(
+    ("reset", "step", "needle"),
+    [(("obs", {}), None, "must return (observation, info, system_message)"),
+     ((1, {}, ""), None, "must be strings"),
+     (None, ("o", float("nan"), False, {}), "not finite"),
+     (None, ("o", "lots", False, {}), "must return (observation, reward, done, info)"),
+     (None, ("o", 1.0), "must return (observation, reward, done, info)"),
+     (None, (None, 1.0, False, {}), "string or a list of messages")],
+)  # fmt: skip
+async def test_an_env_returning_the_wrong_shape_is_an_env_error(reset, step, needle) -> None:
+    class Wrong(Scripted):
+        async def reset(self, request):
+            return reset if reset is not None else await super().reset(request)
+
+        async def step(self, messages):
+            return step
+
+    env = Wrong({})
+    result = await run_episode(env, RolloutRequest([]), answer(), max_turns=3)
+    assert result.failure_kind == "env_error" and needle in result.error and env.closes == 1
+    assert result.step_rewards == []

@@ -164,3 +164,14 @@ def test_gym_submit_keeps_the_ms_swift_row_and_makes_a_group() -> None:
     assert json.loads(first["messages"])[0] == {"role": "system", "content": "s"}
     assert json.loads(first["metadata"]) == {"answer": 3}
     encode("task", first)  # a valid v2 task event
+
+
+def test_replay_tables_show_a_gym_rewards_steps_and_infos() -> None:
+    from rollbus.tables import COLUMNS
+
+    episode = Episode(step_rewards=[0.0, 0.5], infos=[{"q": "2+2"}, {"given": "5"}, {"given": "4"}])
+    record = reward_record(
+        task("r", {"name": "math"}), Outcome(episode, "r.a1", 1, None, "math"), "all_turns"
+    )
+    cells = {name: cell(record) for name, cell in COLUMNS["reward"]}
+    assert cells["step rewards"] == "0,0.5" and cells["infos"].startswith('[{"q": "2+2"}, {"given": "5"}')

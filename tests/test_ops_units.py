@@ -12,8 +12,8 @@ import pytest
 
 from rollbus.broker import DEFAULT_PORT, EmbeddedBroker, start_port
 from rollbus.config import default_bootstrap, recorded_bootstrap
-from rollbus.demo import replay_hint
 from rollbus.polling import WaitTimeout, wait_until, wait_until_async
+from services.stack.demo import replay_hint
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,8 +5,7 @@ Each row's instance id picks its script (the engine's ``--script DIR``), so one 
 a fix, an agent that never edits, one that kills its own CLI, one that sleeps past its budget, and an image
 that does not exist. A second test kills a runner with ``kill -9`` mid-rollout: the task completes as a new
 attempt on the next runner, with the killed attempt's sandbox gone. Then every swe-mini task, solved by its
-script and graded 1 (graded with ``rollbus.grading``, as the grader service does), and the two scripts that
-fail on purpose, graded 0.
+script and graded 1 by the grader service, and the two scripts that fail on purpose, graded 0.
 """
 
 from __future__ import annotations
@@ -25,9 +24,7 @@ import psutil
 import pytest
 
 from rollbus.bus import Publisher
-from rollbus.grading.rows import absolute_paths, parse_metadata
-from rollbus.grading.run import grade
-from rollbus.grading.verdict import GradeResult
+from rollbus.grading.rows import absolute_paths
 from rollbus.rows import RowKeys, parse_row, tasks_for
 from rollbus.sandbox.bwrap import SCRATCH_ROOT
 from rollbus.topics import create_topics, topic_name
@@ -93,14 +90,15 @@ def by_instance(diffs: dict[str, list[dict]]) -> dict[str, list[dict]]:
 async def test_rows_to_diffs_with_named_failures(rig: Rig, tmp_path: Path, data_dir: Path) -> None:
     namespace = await new_namespace(rig.bootstrap)
     dataset = write_dataset(data_dir / "tasks.jsonl", [
-        calc_row("calc-fix", label="range(1, n + 1)"), calc_row("calc-noedit"), "{not json",
-        calc_row("calc-crash"), calc_row("calc-hang"), calc_row("calc-gone", image="no_such_image"),
-        calc_row("calc-hog"),
+        calc_row("calc-noedit"), calc_row("calc-crash"), "{not json", calc_row("calc-hang"),
+        calc_row("calc-gone", image="no_such_image"), calc_row("calc-hog"),
     ])  # fmt: skip
-    submitted = submit(rig.bootstrap, namespace, dataset, "--n-samples-per-prompt", "2")
+    submitted = submit(rig.bootstrap, namespace, dataset)
     assert submitted.returncode == 1, submitted.stderr  # one row was bad, the others went out
     assert f"{dataset}:3: invalid JSON" in submitted.stderr
-    assert "submitted 12 tasks (6 rows x 2 samples)" in submitted.stdout
+    assert "submitted 5 tasks (5 rows x 1 samples)" in submitted.stdout
+    fixes = write_dataset(data_dir / "fix.jsonl", [calc_row("calc-fix", label="range(1, n + 1)")])
+    assert submit(rig.bootstrap, namespace, fixes, "--n-samples-per-prompt", "2").returncode == 0
     tasks = await all_events(rig.bootstrap, namespace, "tasks")
     gym = {**tasks[0], "rollout_id": "gym-task-0", "env_config": json.dumps({"env": "frozen_lake"})}
     async with Publisher(rig.bootstrap) as publisher:
@@ -118,10 +116,18 @@ async def test_rows_to_diffs_with_named_failures(rig: Rig, tmp_path: Path, data_
     assert "gym-task-0" not in {d["rollout_id"] for d in every}, "gym tasks belong to the gym runner"
     assert len(every) == len(tasks), "one diff per task, no duplicates"
     got = by_instance(diffs)
-    for instance, records in got.items():
-        assert len(records) == 2 and records[0]["group_id"] == records[1]["group_id"], instance
-        assert {r["group_size"] for r in records} == {2}
-        assert all(r["attempt_id"] for r in records) and records[0]["attempt_id"] != records[1]["attempt_id"]
+    expected = {
+        "calc-fix": 2,
+        "calc-noedit": 1,
+        "calc-crash": 1,
+        "calc-hang": 1,
+        "calc-gone": 1,
+        "calc-hog": 1,
+    }
+    assert {i: len(r) for i, r in got.items()} == expected
+    group = got["calc-fix"]
+    assert group[0]["group_id"] == group[1]["group_id"] and {r["group_size"] for r in group} == {2}
+    assert len({d["attempt_id"] for d in every}) == len(every) and all(d["attempt_id"] for d in every)
     for fixed in got["calc-fix"]:
         assert fixed["failure_kind"] is None and fixed["exit_status"] == 0, runner.log()[-3000:]
         assert FIXED_LINE in fixed["patch"] and fixed["turns"] == 3
@@ -214,25 +220,28 @@ def swe_mini_rows() -> list[dict]:
     return rows
 
 
-async def run_and_grade(rig: Rig, tmp_path: Path, rows: list[dict]) -> dict[str, tuple[dict, GradeResult]]:
-    """Submit ``rows``, run them through a runner, grade every diff as the grader does: instance -> both."""
+async def run_and_grade(rig: Rig, tmp_path: Path, rows: list[dict]) -> dict[str, tuple[dict, dict]]:
+    """Submit ``rows``; the runner and the grader service on their topics; instance -> (diff, reward)."""
     namespace = await new_namespace(rig.bootstrap)
     dataset = write_dataset(tmp_path / "rows.jsonl", rows)
     assert submit(rig.bootstrap, namespace, dataset).returncode == 0
     tasks = await all_events(rig.bootstrap, namespace, "tasks")
     runner = RunnerProcess(rig, namespace, tmp_path / "runner", "--concurrency", "3").start()
+    grader = RunnerProcess.grader(rig.bootstrap, namespace, tmp_path / "grader").start()
     try:
-        diffs = await wait_for(rig.bootstrap, namespace, "diffs", {t["rollout_id"] for t in tasks}, 600)
+        ids = {t["rollout_id"] for t in tasks}
+        rewards = await wait_for(rig.bootstrap, namespace, "rewards", ids, 900)
     finally:
         runner.stop()
+        grader.stop()
+    diffs = await wait_for(rig.bootstrap, namespace, "diffs", ids, 30)
     graded = {}
-    for (diff,) in diffs.values():
-        metadata = json.loads(diff["task_metadata"])
-        assert diff["failure_kind"] is None, (metadata["instance_id"], diff["error"], runner.log()[-2000:])
-        graded[metadata["instance_id"]] = (
-            diff,
-            await grade(parse_metadata(metadata, SWE_MINI), diff["patch"]),
-        )
+    for rollout_id, (diff,) in diffs.items():
+        (reward,) = rewards[rollout_id]
+        instance = json.loads(diff["task_metadata"])["instance_id"]
+        assert diff["failure_kind"] is None, (instance, diff["error"], runner.log()[-2000:])
+        assert reward["attempt_id"] == diff["attempt_id"], "the reward names the attempt it graded"
+        graded[instance] = (diff, reward)
     return graded
 
 
@@ -242,13 +251,9 @@ async def test_swe_mini_every_task_solved_through_the_cli(
     rig.use_script(SWE_MINI / "scripts")
     graded = await run_and_grade(rig, tmp_path, swe_mini_rows)
     assert len(graded) == len(swe_mini_rows) == 10
-    for instance, (diff, result) in graded.items():
+    for instance, (diff, reward) in graded.items():
         assert diff["turns"] == 3, instance
-        assert (result.reward, result.solved, result.flags) == (1.0, True, ()), (
-            instance,
-            result,
-            diff["patch"],
-        )
+        assert (reward["reward"], reward["solved"], reward["flags"]) == (1.0, True, []), (instance, reward)
 
 
 async def test_swe_mini_scripts_that_fail_on_purpose_score_zero(
@@ -262,5 +267,5 @@ async def test_swe_mini_scripts_that_fail_on_purpose_score_zero(
     assert "+    return sum(range(0, n))" in wrong["patch"]
     deleted, _ = graded["swe-mini__binsearch"]
     assert "deleted file mode" in deleted["patch"]
-    assert {i: r.reward for i, (_, r) in graded.items()} == {i: 0.0 for i in FAILING}
-    assert graded["swe-mini__binsearch"][1].flags, "deleting the tests is flagged, not just failed"
+    assert {i: r["reward"] for i, (_, r) in graded.items()} == {i: 0.0 for i in FAILING}
+    assert graded["swe-mini__binsearch"][1]["flags"], "deleting the tests is flagged, not just failed"

@@ -140,13 +140,21 @@ def test_nothing_is_dropped_for_length():
     assert sum(seq.loss_mask) == len(long_output)
 
 
-def test_logprob_length_mismatch_trains_with_zero_logprobs_and_warns(caplog):
+def test_logprob_length_mismatch_is_not_trained_and_is_counted(caplog):
+    """A logprob of 0.0 would claim probability 1 and skew the importance ratio: mask 0 instead."""
     t1 = Turn(SYSTEM, [100, 101], [-0.3], "stop", 1, chain_id="main", turn_index=0)
+    t2 = turn(SYSTEM + [100, 101, 50], [200])
     with caplog.at_level(logging.WARNING, logger="rollbus.trajectory"):
-        seq = merge_turns([t1])
-    assert seq.loss_mask == [1, 1]
-    assert seq.rollout_logprobs == [0.0, 0.0]
+        seq = merge_turns([t1, t2])
+        canonical = segment_chain([t1, t2])
+    for tokens in (seq, canonical):
+        assert tokens.loss_mask == [0, 0, 0, 1]
+        assert tokens.rollout_logprobs == [0.0, 0.0, 0.0, -0.2]
+        assert tokens.misaligned_tokens == 2
+    assert merge_turns([t1]) is None  # nothing left to train
     assert "1 logprobs for 2 output tokens" in caplog.text
+    [segment] = fan_out([FrozenChain("final", [t1, t2], "rerender", "main")], "r", 1.0)
+    assert segment.misaligned_tokens == 2
 
 
 def test_last_turn_loss_scope():

@@ -80,10 +80,9 @@ def check_trained_tokens_are_sampled(client: Client, sequences) -> set[int]:
             source = client.turns[turn_index]
             assert source.output_ids[position] == t
             assert seq.policy_versions[i] == source.policy_version
-            if len(source.output_logprobs) == len(source.output_ids):
-                assert seq.rollout_logprobs[i] == source.output_logprobs[position]
-            else:
-                assert seq.rollout_logprobs[i] == 0.0
+            # an output whose logprobs were lost is never trained (mask 0), so this one has them all
+            assert len(source.output_logprobs) == len(source.output_ids)
+            assert seq.rollout_logprobs[i] == source.output_logprobs[position]
             # a trained output is trained whole and in order: its tokens sit at their positions
             assert seq.response_ids[i - position : i - position + len(source.output_ids)] == source.output_ids
     return trained
@@ -105,6 +104,10 @@ def test_merge_trains_only_sampled_tokens_once(client: Client):
 def test_untouched_history_keeps_every_sampled_token(client: Client):
     sequences = merge_turns_all(client.turns)
     trained = check_trained_tokens_are_sampled(client, sequences)
-    assert trained == set(client.origin)
+    misaligned = [t for t in client.turns if len(t.output_logprobs) != len(t.output_ids)]
+    lost = {t_id for turn in misaligned for t_id in turn.output_ids}
+    assert trained == set(client.origin) - lost  # every sampled token with its logprob, and only those
+    if trained:
+        assert sum(seq.misaligned_tokens for seq in sequences) == len(lost)
     canonical = segment_chain(client.turns)
-    assert sequences == ([canonical] if client.origin else [])
+    assert sequences == ([canonical] if trained else [])

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -23,6 +25,7 @@ from services.adapter.expiry import idle_expiry
 from services.adapter.metrics import CountRequests
 from services.adapter.publisher import Publisher
 from services.adapter.replies import ClientGone, TurnStream, collect
+from services.adapter.restore import Records, load, restore
 from services.adapter.sessions import MAIN, RequestShape, answers_agent_call
 from services.adapter.settings import AdapterSettings
 from services.adapter.state import AdapterState, build_state, shutdown, warm_up
@@ -30,22 +33,24 @@ from services.adapter.translate import to_chat
 from services.adapter.turn import TurnInput, close_chains, hand_back, run_turn
 
 AGENT_HEADER = "x-claude-code-agent-id"
+log = logging.getLogger(__name__)
 
 
 async def messages(request: Request) -> Response:
     state: AdapterState = request.app.state.adapter
     state.refuse_if_draining()
-    rollout = edge.rollout_id(request, state.tokens)
+    edge.grant(request, state.tokens)
     body = anthropic.parse_messages_request(
         await edge.read_body(request, state.kit.settings.body_limit, state.kit.settings.body_timeout)
     )
     chat = to_chat(body.system, body.messages, body.tools)
-    session = state.sessions.get(rollout)
+    granted = edge.grant(request, state.tokens)  # again: the rollout may have closed during the upload
+    session = state.sessions.get(granted.rollout_id, granted.attempt_id)
     agent = session.route(
         RequestShape(request.headers.get(AGENT_HEADER), chat.system, chat.messages, chat.tools)
     )
     if agent.kind == MAIN and answers_agent_call(chat.messages):
-        await hand_back(state.kit, session.finished_subagents())
+        hand_back(state.kit, session.finished_subagents())
     state.admit()
     events = run_turn(state.kit, agent, TurnInput(chat, body.model, body.max_tokens, body.sampling()))
     try:
@@ -80,10 +85,13 @@ async def open_session(request: Request) -> Response:
     _check_admin(request, settings)
     body = await edge.read_body(request, settings.admin_body_limit, settings.body_timeout)
     data = anthropic.decode_json(body)
-    rollout = data.get("rollout_id")
+    rollout, attempt = data.get("rollout_id"), data.get("attempt_id", "")
     if not isinstance(rollout, str) or not rollout:
         raise invalid_request("rollout_id: a non-empty string is required")
-    return JSONResponse({"rollout_id": rollout, "token": state.tokens.issue(rollout)})
+    if not isinstance(attempt, str):
+        raise invalid_request("attempt_id: a string is required if given")
+    token = state.tokens.issue(rollout, attempt)
+    return JSONResponse({"rollout_id": rollout, "attempt_id": attempt, "token": token})
 
 
 async def close_session(request: Request) -> Response:
@@ -95,7 +103,8 @@ async def close_session(request: Request) -> Response:
     session = state.sessions.pop(rollout)
     if session is None:
         raise not_found(f"no session for rollout {rollout!r}")
-    closed = await close_chains(state.kit, session.agents.values())
+    closed = close_chains(state.kit, session.agents.values())
+    await state.kit.outbox.settled(state.kit.settings.publish_wait)
     return JSONResponse({"rollout_id": rollout, "closed": closed})
 
 
@@ -159,6 +168,16 @@ ROUTES: list[tuple[str, Callable[[Request], Any], list[str]]] = [
 ]
 
 
+async def rebuild(state: AdapterState, records: Records) -> None:
+    """Open rollouts from the bus (after the spilled records reached it, so it is complete)."""
+    settings = state.kit.settings
+    await state.kit.outbox.flush(settings.drain_timeout)
+    started = time.perf_counter()
+    bus = await load(records, settings.topic_namespace)
+    count = restore(state, bus)
+    log.info("rebuilt %d open rollouts from the bus in %.2f s", count, time.perf_counter() - started)
+
+
 def create_app(
     settings: AdapterSettings,
     publisher: Publisher,
@@ -166,11 +185,13 @@ def create_app(
     tokenizer: Any = None,
     http: httpx.AsyncClient | None = None,
     parse: Callable[..., Any] | None = None,
+    records: Records | None = None,
 ) -> FastAPI:
     """The adapter app; without ``tokenizer``/``parse`` the real ones are loaded.
 
     ``publisher`` is ``rollbus.bus.Publisher`` (started by the caller) or any :class:`Publisher`; an
-    ``http`` client passed in stays the caller's to close.
+    ``http`` client passed in stays the caller's to close. With ``records`` (a reader of the bus, see
+    :mod:`services.adapter.restore`) the open rollouts are rebuilt from the bus at start.
     """
     state = build_state(settings, publisher, tokenizer=tokenizer, http=http, parse=parse)
     owned_http = http is None
@@ -178,6 +199,11 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(warm_up, state)
+        recovered = state.kit.outbox.recover()  # what an earlier run could not deliver goes first
+        if recovered:
+            log.info("queued %d records an earlier run spilled", recovered)
+        if records is not None:
+            await rebuild(state, records)
         async with idle_expiry(state):
             yield
         await shutdown(state, close_http=owned_http)

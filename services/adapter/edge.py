@@ -7,7 +7,7 @@ import asyncio
 from starlette.requests import ClientDisconnect, Request
 
 from services.adapter.errors import ClientGone, body_timed_out, invalid_request, too_large, unauthenticated
-from services.adapter.sessions import SessionTokens
+from services.adapter.sessions import Grant, SessionTokens
 
 
 async def read_body(request: Request, limit: int, timeout: float) -> bytes:
@@ -47,11 +47,16 @@ def bearer_or_key(request: Request) -> str | None:
     return None
 
 
-def rollout_id(request: Request, tokens: SessionTokens) -> str:
+def grant(request: Request, tokens: SessionTokens) -> Grant:
+    """The rollout (and attempt) the request's session token admits; 401 for none, a bad or a closed one."""
     token = bearer_or_key(request)
     if token is None:
         raise unauthenticated("missing session token: send x-api-key or Authorization: Bearer")
-    rollout = tokens.rollout_for(token)
-    if rollout is None:
-        raise unauthenticated("unknown session token")
-    return rollout
+    granted = tokens.verify(token)
+    if granted is None:
+        raise unauthenticated("unknown session token (or its rollout was closed)")
+    return granted
+
+
+def rollout_id(request: Request, tokens: SessionTokens) -> str:
+    return grant(request, tokens).rollout_id

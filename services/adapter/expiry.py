@@ -27,13 +27,14 @@ async def expire_idle(state: AdapterState) -> list[str]:
 
     All their tokens are revoked before the first ``await``, so no request can reopen one meanwhile.
     """
-    idle_since = state.sessions.clock() - state.kit.settings.session_idle_timeout
-    sessions = state.sessions.expire(idle_since)
-    expired = [s.rollout_id for s in sessions] + state.tokens.unused(idle_since, state.sessions)
+    timeout = state.kit.settings.session_idle_timeout
+    sessions = state.sessions.expire(state.sessions.clock() - timeout)
+    unused = state.tokens.unused(state.tokens.clock() - timeout, state.sessions)
+    expired = [s.rollout_id for s in sessions] + unused
     for rollout_id in expired:
         state.tokens.revoke(rollout_id)
     for session in sessions:
-        chains = await close_chains(state.kit, session.agents.values(), reason="idle_timeout")
+        chains = close_chains(state.kit, session.agents.values(), reason="idle_timeout")
         log.info("rollout %s was idle: closed its chains %s", session.rollout_id, chains)
     return expired
 

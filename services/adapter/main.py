@@ -29,11 +29,16 @@ def settings_from(args: argparse.Namespace) -> AdapterSettings:
 async def serve(settings: AdapterSettings) -> None:
     from rollbus.bus import Publisher
     from services.adapter.app import create_app
+    from services.adapter.restore import bus_records
 
     # refuse to run on missing or mismatched topics: a rollout's events must meet in one partition
     await check_topics(settings.bootstrap_servers, settings.topic_namespace)
-    async with Publisher(settings.bootstrap_servers, client_id="rollbus-adapter") as publisher:
-        app = create_app(settings, publisher)
+    timeout_ms = int(settings.bus_request_timeout * 1000)
+    records = await bus_records(settings.bootstrap_servers) if settings.restore_sessions else None
+    async with Publisher(
+        settings.bootstrap_servers, client_id="rollbus-adapter", request_timeout_ms=timeout_ms
+    ) as publisher:
+        app = create_app(settings, publisher, records=records)
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info")
         server = uvicorn.Server(config)
         install_drain(server, app.state.adapter, settings.drain_timeout)

@@ -234,12 +234,13 @@ async def chat_completions(request: Request) -> Response:
     state = request.app.state.adapter
     try:
         state.refuse_if_draining()
-        rollout = edge.rollout_id(request, state.tokens)
+        edge.grant(request, state.tokens)
         settings = state.kit.settings
         body = parse_request(await edge.read_body(request, settings.body_limit, settings.body_timeout))
         chat = to_chat(body)
-        agent = state.sessions.get(rollout).main_agent(chat.system)
-        max_tokens = body.max_completion_tokens or body.max_tokens or settings.max_new_tokens
+        granted = edge.grant(request, state.tokens)  # again: the rollout may have closed during the upload
+        agent = state.sessions.get(granted.rollout_id, granted.attempt_id).main_agent(chat.system)
+        max_tokens = body.max_completion_tokens or body.max_tokens or state.kit.settings.max_new_tokens
         state.admit()
         events = run_turn(state.kit, agent, TurnInput(chat, body.model, max_tokens, body.sampling()))
         try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from rollbus.turn_log import prompt_reference
@@ -28,6 +27,7 @@ def turn_record(
         "policy_version": int(turn.policy_version),
         "request_id": request_id,
         "timings": timings,
+        "attempt_id": agent.attempt_id,
     }
 
 
@@ -43,12 +43,10 @@ def session_record(
         "turn_count": turn_count,
         "parent_chain_id": agent.parent.chain_id if agent.parent is not None else None,
         "at": now_ms(),
+        "attempt_id": agent.attempt_id,
+        "agent_id": agent.agent_id,
+        "parent_tool_use_id": agent.parent_tool_use_id,
     }
-
-
-def previous_turn(turns: Sequence[Any]) -> Any | None:
-    """The turn before the newest one of the live chain, if the chain has one."""
-    return turns[-2] if len(turns) >= 2 else None
 
 
 def now_ms() -> int:

@@ -4,29 +4,51 @@ A rollout's requests interleave several conversations on one wire: the main agen
 marks them with ``x-claude-code-agent-id``) and side calls (titles, tool-less helpers). Each is an
 :class:`Agent` with its own history, so sub-agent and side turns never mix into the main trajectory.
 The history names the agent's *chains* (``main``, ``main.1`` after a history rewrite, ...).
+
+Threat model: the session token sits in the agent's environment, so the agent's own tools (a ``curl``
+from Bash) can send requests with it. A new conversation is a trainable ``subagent`` only if it answers
+an ``Agent`` tool call of the main chain's newest turn, not yet claimed by another sub-agent, and its
+first user message carries that call's prompt; anything else is ``unattributed`` (recorded, never
+trained). A rollout may open at most ``max_chains`` chains. Tokens are HMACs of (rollout, attempt,
+issue time) under the adapter's signing key: checked in O(1), valid after a restart, and refused once
+their rollout was closed after they were issued.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import hmac
 import itertools
-import secrets
+import json
 import time
 from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-MAIN, SUBAGENT, SIDE = "main", "subagent", "side"
+MAIN, SUBAGENT, SIDE, UNATTRIBUTED = "main", "subagent", "side", "unattributed"
+TOKEN_PREFIX = "rb1"
 AGENT_TOOLS = ("Agent", "Task")  # the CLI's sub-agent tool (named Task before 2.1)
 
 
 class History(Protocol):
-    """``rollbus.canonical.CanonicalHistory`` / ``RerenderHistory`` as the adapter uses them."""
+    """``rollbus.canonical.CanonicalHistory`` / ``RerenderHistory`` as the adapter uses them: both
+    implement all of it, so nobody probes with ``getattr``."""
 
-    chain_id: str
     turns: list[Any]
+
+    @property
+    def chain_id(self) -> str: ...
+
+    def continues(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> bool:
+        """Whether the request extends the live chain (routes requests without an agent header)."""
+
+    def freeze(self, kind: Any) -> Any:
+        """End the live chain (a finished sub-agent); the next plan starts a new chain."""
+
+    def resume(self, turns: list[Any], chain_number: int, is_ours: Any) -> None:
+        """Continue a live chain rebuilt from the bus (:mod:`services.adapter.restore`)."""
 
     def plan(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Any: ...
 
@@ -44,34 +66,94 @@ class History(Protocol):
 NewHistory = Callable[[str], History]  # agent name -> a fresh history whose chains carry that name
 
 
+@dataclass(frozen=True)
+class Grant:
+    """What a valid session token says: the rollout, its attempt, and when it was issued."""
+
+    rollout_id: str
+    attempt_id: str = ""
+    issued_at: float = 0.0
+
+
 class SessionTokens:
-    """Session token -> rollout id. Tokens come from the admin endpoint; ``open_sessions`` takes any."""
+    """Issues and checks session tokens; ``open_sessions`` (dev) takes any token as the rollout id.
 
-    def __init__(self, *, open_sessions: bool = False, clock: Callable[[], float] = time.monotonic) -> None:
+    A token is ``rb1.<payload>.<hmac>``: nothing to look up, so checking it costs the same at 20k
+    sessions as at one, and a restarted adapter (or a replica) with the same key accepts it. Closing a
+    rollout refuses every token issued before the close; that record is kept for ``ttl`` seconds, the
+    life of a token.
+    """
+
+    def __init__(
+        self,
+        key: bytes,
+        *,
+        open_sessions: bool = False,
+        ttl: float = 7 * 24 * 3600.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.key = key
         self.open_sessions = open_sessions
+        self.ttl = ttl
         self.clock = clock
-        self._rollouts: dict[str, str] = {}
-        self._issued: dict[str, float] = {}  # rollout id -> when its latest token was issued
+        self._issued: dict[str, float] = {}  # rollout id -> when its latest token was issued (unused check)
+        self._closed: dict[str, float] = {}  # rollout id -> when it was closed
 
-    def issue(self, rollout_id: str) -> str:
-        token = f"rb-{secrets.token_urlsafe(24)}"
-        self._rollouts[token] = rollout_id
-        self._issued[rollout_id] = self.clock()
-        return token
+    def issue(self, rollout_id: str, attempt_id: str = "") -> str:
+        # a rollout opened again after a close gets tokens issued after it (strictly, whatever the clock)
+        now = max(self.clock(), self._closed.get(rollout_id, float("-inf")) + 1e-3)
+        payload = base64.urlsafe_b64encode(json.dumps([rollout_id, attempt_id, now]).encode()).decode()
+        self._issued[rollout_id] = now
+        return f"{TOKEN_PREFIX}.{payload}.{self._mac(payload)}"
+
+    def _mac(self, payload: str) -> str:
+        return hmac.new(self.key, payload.encode(), hashlib.sha256).hexdigest()[:40]
+
+    def verify(self, token: str) -> Grant | None:
+        """The grant of a valid, unexpired token whose rollout was not closed after it was issued."""
+        grant = self._decode(token)
+        if grant is None:
+            return Grant(token) if self.open_sessions and token and token not in self._closed else None
+        closed_at = self._closed.get(grant.rollout_id)
+        if closed_at is not None and grant.issued_at <= closed_at:
+            return None
+        if self.clock() - grant.issued_at > self.ttl:
+            return None
+        return grant
+
+    def _decode(self, token: str) -> Grant | None:
+        parts = token.split(".")
+        if len(parts) != 3 or parts[0] != TOKEN_PREFIX or len(token) > 4096:
+            return None
+        if not hmac.compare_digest(self._mac(parts[1]).encode(), parts[2].encode()):
+            return None
+        try:
+            rollout, attempt, issued = json.loads(base64.urlsafe_b64decode(parts[1].encode()))
+        except (ValueError, TypeError):
+            return None
+        return Grant(str(rollout), str(attempt), float(issued))
+
+    def rollout_for(self, token: str) -> str | None:
+        grant = self.verify(token)
+        return grant.rollout_id if grant is not None else None
 
     def unused(self, issued_before: float, in_use: Container[str]) -> list[str]:
         """Rollouts whose tokens were issued before ``issued_before`` and never started a session."""
         return [r for r, at in self._issued.items() if at < issued_before and r not in in_use]
 
-    def rollout_for(self, token: str) -> str | None:
-        for known, rollout_id in self._rollouts.items():
-            if hmac.compare_digest(known.encode(), token.encode()):
-                return rollout_id
-        return token if self.open_sessions and token else None
-
-    def revoke(self, rollout_id: str) -> None:
-        self._rollouts = {t: r for t, r in self._rollouts.items() if r != rollout_id}
+    def revoke(self, rollout_id: str, at: float | None = None) -> None:
+        """Refuse the rollout's tokens issued until now (or ``at``); O(1), old records pruned."""
+        now = self.clock()
+        self._closed[rollout_id] = now if at is None else at
         self._issued.pop(rollout_id, None)
+        while self._closed:
+            oldest, closed_at = next(iter(self._closed.items()))
+            if now - closed_at <= self.ttl:
+                break
+            del self._closed[oldest]
+
+    def is_closed(self, rollout_id: str) -> bool:
+        return rollout_id in self._closed
 
 
 @dataclass
@@ -85,10 +167,22 @@ class Agent:
     system: str = ""
     parent: Agent | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    session: Session | None = None
+    agent_id: str | None = None  # the CLI's x-claude-code-agent-id
+    parent_tool_use_id: str | None = None  # the parent's Agent call this sub-agent answers
 
     @property
     def chain_id(self) -> str:
         return self.history.chain_id
+
+    @property
+    def attempt_id(self) -> str:
+        return self.session.attempt_id if self.session is not None else ""
+
+    @property
+    def closed(self) -> bool:
+        """Its rollout was closed: a turn still generating must not be recorded."""
+        return self.session is not None and self.session.closed
 
 
 @dataclass(frozen=True)
@@ -112,36 +206,72 @@ class Session:
     rollout_id: str
     new_history: NewHistory
     last_active: float = 0.0
+    attempt_id: str = ""
+    closed: bool = False
+    chains_opened: int = 0  # chains this rollout started (every agent, every rewrite)
     agents: dict[str, Agent] = field(default_factory=dict)
+    claimed: set[str] = field(default_factory=set)  # Agent tool calls already answered by a sub-agent
     _side_serial: itertools.count = field(default_factory=itertools.count)
 
     def route(self, shape: RequestShape) -> Agent:
         """Side if tool-less; a sub-agent by header, or by a history or system prompt that is not main's."""
         if not shape.tools:
-            return self._new(f"side-{next(self._side_serial)}", SIDE, shape.system, keep=False)
+            return self._new(f"side-{next(self._side_serial)}", SIDE, shape, keep=False)
         if shape.agent_id is not None:
-            return self._get_or_new(f"agent-{shape.agent_id}", SUBAGENT, shape.system)
+            return self._get_or_new(f"agent-{shape.agent_id}", shape)
         main = self.agents.get(MAIN)
         if main is None or not main.history.turns or _continues(main, shape):
-            return self._get_or_new(MAIN, MAIN, shape.system)
+            main = self.agents.get(MAIN) or self._new(MAIN, MAIN, shape, keep=True)
+            main.system = main.system or shape.system  # a main agent restored from the bus learns it here
+            return main
         for agent in self.agents.values():
-            if agent.kind == SUBAGENT and agent.history.turns and _continues(agent, shape):
+            if agent.kind in (SUBAGENT, UNATTRIBUTED) and agent.history.turns and _continues(agent, shape):
                 return agent
-        if shape.system == main.system:
+        if shape.system == main.system or not main.system:  # unknown system: main restored from the bus
+            main.system = shape.system
             return main  # the main agent with a rewritten history (compaction): its history starts a chain
-        return self._get_or_new(f"agent-{shape.fingerprint()}", SUBAGENT, shape.system)
+        return self._get_or_new(f"agent-{shape.fingerprint()}", shape)
 
     def main_agent(self, system: str) -> Agent:
         """The rollout's main agent whatever the request looks like: one conversation per session token
         (the OpenAI route, :mod:`services.adapter.openai`)."""
-        return self._get_or_new(MAIN, MAIN, system)
+        main = self.agents.get(MAIN)
+        if main is None:
+            main = self._new(MAIN, MAIN, RequestShape(None, system, [], []), keep=True)
+        return main
 
-    def _get_or_new(self, name: str, kind: str, system: str) -> Agent:
-        return self.agents.get(name) or self._new(name, kind, system, keep=True)
+    def _get_or_new(self, name: str, shape: RequestShape) -> Agent:
+        """The named sub-agent, or a new one: ``subagent`` if it answers an Agent call, else unattributed."""
+        known = self.agents.get(name)
+        if known is not None:
+            return known
+        call = self._agent_call_for(shape)
+        agent = self._new(name, SUBAGENT if call else UNATTRIBUTED, shape, keep=True)
+        if call is not None:
+            self.claimed.add(call)
+            agent.parent_tool_use_id = call
+        return agent
 
-    def _new(self, name: str, kind: str, system: str, *, keep: bool) -> Agent:
+    def _agent_call_for(self, shape: RequestShape) -> str | None:
+        """The unclaimed Agent call of main's newest turn whose prompt opens this conversation."""
+        main = self.agents.get(MAIN)
+        if main is None or not main.history.sent or main.lock.locked():
+            return None  # no main turn yet, or main is generating: it cannot be waiting on a sub-agent
+        first = next((m.get("content") for m in shape.messages if m.get("role") == "user"), None)
+        if not isinstance(first, str):
+            return None
+        for call_id, name, arguments in main.history.sent[-1].tool_calls:
+            if name not in AGENT_TOOLS or call_id in self.claimed:
+                continue
+            prompt = _prompt_of(arguments)
+            if prompt and prompt in first:
+                return call_id
+        return None
+
+    def _new(self, name: str, kind: str, shape: RequestShape, *, keep: bool) -> Agent:
         parent = self.agents.get(MAIN) if kind != MAIN else None
-        agent = Agent(self.rollout_id, name, kind, self.new_history(name), system, parent)
+        agent = Agent(self.rollout_id, name, kind, self.new_history(name), shape.system, parent, session=self)
+        agent.agent_id = shape.agent_id
         if keep:
             self.agents[name] = agent
         return agent
@@ -150,7 +280,7 @@ class Session:
         """Whether one of its agents has a turn in flight (side calls are not kept, so not seen)."""
         return any(agent.lock.locked() for agent in self.agents.values())
 
-    def finished_subagents(self) -> list[Agent]:
+    def finished_subagents(self) -> list[Agent]:  # unattributed chains are never handed back
         """Sub-agents with a live chain and no turn in flight: the main agent just got their results."""
         return [
             a for a in self.agents.values() if a.kind == SUBAGENT and a.history.turns and not a.lock.locked()
@@ -158,10 +288,15 @@ class Session:
 
 
 def _continues(agent: Agent, shape: RequestShape) -> bool:
-    continues = getattr(agent.history, "continues", None)
-    if continues is None:  # rerender histories cannot tell; fall back to the system prompt
-        return shape.system == agent.system
-    return bool(continues(shape.messages, shape.tools))
+    return agent.history.continues(shape.messages, shape.tools)
+
+
+def _prompt_of(arguments: str) -> str:
+    try:
+        prompt = json.loads(arguments).get("prompt")
+    except (ValueError, AttributeError):
+        return ""
+    return prompt.strip() if isinstance(prompt, str) else ""
 
 
 def answers_agent_call(messages: list[dict[str, Any]]) -> bool:
@@ -182,16 +317,22 @@ class Sessions:
         self.clock = clock
         self._sessions: dict[str, Session] = {}
 
-    def get(self, rollout_id: str) -> Session:
+    def get(self, rollout_id: str, attempt_id: str = "") -> Session:
         """The rollout's session, created if new; a request is activity, so it counts as active now."""
         session = self._sessions.get(rollout_id)
         if session is None:
-            session = self._sessions[rollout_id] = Session(rollout_id, self.new_history)
+            session = self._sessions[rollout_id] = Session(
+                rollout_id, self.new_history, attempt_id=attempt_id
+            )
         session.last_active = self.clock()
         return session
 
     def pop(self, rollout_id: str) -> Session | None:
-        return self._sessions.pop(rollout_id, None)
+        """Remove the session and mark it closed: its turns still generating will not be recorded."""
+        session = self._sessions.pop(rollout_id, None)
+        if session is not None:
+            session.closed = True
+        return session
 
     def __contains__(self, rollout_id: object) -> bool:
         return rollout_id in self._sessions
@@ -204,5 +345,5 @@ class Sessions:
                 session.last_active = now
         idle = [s for s in self._sessions.values() if s.last_active < idle_since]
         for session in idle:
-            del self._sessions[session.rollout_id]
+            self.pop(session.rollout_id)
         return idle

@@ -59,7 +59,15 @@ class AdapterSettings(BusSettings):
     outbox_capacity: int = Field(
         1000, ge=1, description="records that may wait for the bus before new turns get 529"
     )
-    bus_send_timeout: float = Field(5.0, gt=0, description="seconds one publish may take before a retry")
+    outbox_capacity_bytes: int = Field(
+        256 * 1024 * 1024, ge=1, description="encoded bytes that may wait for the bus before turns get 529"
+    )
+    publish_wait: float = Field(
+        30.0, ge=0, description="seconds a turn waits for the bus's ack before answering (it stays queued)"
+    )
+    bus_request_timeout: float = Field(
+        30.0, gt=0, description="seconds the producer retries one delivery before the outbox retries it"
+    )
     bus_retry_interval: float = Field(
         1.0, gt=0, description="seconds between publish retries while the bus is away"
     )
@@ -68,6 +76,13 @@ class AdapterSettings(BusSettings):
     )
     drain_timeout: float = Field(
         60.0, ge=0, description="seconds a stop waits for turns in flight and the bus backlog"
+    )
+    max_chains_per_rollout: int = Field(
+        64, ge=1, description="chains one rollout may open (main, sub-agents, side, rewrites); more get 400"
+    )
+    token_ttl: float = Field(7 * 24 * 3600.0, gt=0, description="seconds a session token stays valid")
+    restore_sessions: bool = Field(
+        True, description="rebuild open rollouts from the bus at start: agents carry on across a restart"
     )
     session_idle_timeout: float = Field(
         3600.0, ge=0, description="seconds without a request after which a session closes (0: never)"

@@ -91,9 +91,10 @@ def build_state(
     outbox = Outbox(
         publisher,
         capacity=settings.outbox_capacity,
-        send_timeout=settings.bus_send_timeout,
+        capacity_bytes=settings.outbox_capacity_bytes,
         retry_interval=settings.bus_retry_interval,
         namespace=settings.topic_namespace,
+        state_dir=settings.state_dir,
     )
     kit = TurnKit(
         settings,
@@ -108,9 +109,9 @@ def build_state(
     )
 
     def new_history(name: str) -> Any:
-        return history_class(tokenizer, stop_token_ids=stops, chain_name=name)
+        return history_class(tokenizer, stop_token_ids=stops, chain_name=name, keep_frozen=False)
 
-    tokens = SessionTokens(open_sessions=settings.open_sessions)
+    tokens = SessionTokens(settings.signing_key, open_sessions=settings.open_sessions, ttl=settings.token_ttl)
     return AdapterState(kit, tokens, Sessions(new_history), TemplateRenderer(tokenizer))
 
 
@@ -130,7 +131,7 @@ async def shutdown(state: AdapterState, *, close_http: bool) -> None:
     if not await state.drain(settings.drain_timeout):
         log.error("%d turns still running after %.0f s of drain", state.active, settings.drain_timeout)
     await state.kit.outbox.flush(settings.drain_timeout)
-    spilled = state.kit.outbox.spill(settings.state_dir / "adapter-unpublished.jsonl")
+    spilled = state.kit.outbox.spill()
     if spilled:
         log.error("%d records never reached the bus; kept in %s", spilled, settings.state_dir)
     if close_http:

@@ -2,22 +2,27 @@
 
 A turn is an async generator of :class:`Started`, :class:`Ping` and :class:`Done`, so the streaming and
 the non-streaming routes share one path. Closing it early (the client went away) cancels the engine
-call, which aborts it on the engine, and releases the agent; nothing is committed or published then.
-The turn is published before :class:`Done` is yielded, so no client sees a turn the bus has not got.
+call, which aborts it on the engine, and only then releases the agent; nothing is committed or
+published then. A sampled turn is queued on the outbox and committed to the chain's history in one
+step with no ``await`` between them, so memory and bus never disagree, whatever is cancelled when; the
+turn waits (up to ``publish_wait``) for the bus to acknowledge it before :class:`Done` is yielded, so
+normally no client sees a turn the bus has not got.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from rollbus.trajectory import Turn
 from services.adapter import records, response
 from services.adapter.anthropic import Message
-from services.adapter.errors import invalid_request, prompt_too_long, upstream_failed
+from services.adapter.errors import invalid_request, prompt_too_long, unauthenticated, upstream_failed
 from services.adapter.metrics import AdapterMetrics
 from services.adapter.publisher import Outbox
 from services.adapter.sessions import SIDE, Agent
@@ -97,11 +102,13 @@ async def run_turn(kit: TurnKit, agent: Agent, turn: TurnInput) -> AsyncIterator
         yield Started(head)
         started_at = records.now_ms()
         generation = None
-        async for item in generate(kit, agent, prepared, turn):
-            if isinstance(item, Generation):
-                generation = item
-            else:
-                yield item
+        # aclosing: a turn closed early cancels (and aborts) the engine call before the lock is let go
+        async with contextlib.aclosing(generate(kit, agent, prepared, turn)) as steps:
+            async for item in steps:
+                if isinstance(item, Generation):
+                    generation = item
+                else:
+                    yield item
         assert generation is not None, "generate() ends with the generation"
         message = await finish(kit, agent, prepared, turn, generation, started_at)
         kit.metrics.turn_seconds.observe(time.monotonic() - clock)
@@ -115,6 +122,9 @@ async def prepare(kit: TurnKit, agent: Agent, turn: TurnInput) -> Prepared:
     context = kit.settings.context_length
     if prompt_len >= context:
         raise prompt_too_long(prompt_len, context)
+    session, cap = agent.session, kit.settings.max_chains_per_rollout
+    if plan.new_chain and session is not None and session.chains_opened >= cap:
+        raise invalid_request(f"this rollout has opened {session.chains_opened} chains, the most allowed")
     max_new = min(kit.settings.max_new_tokens, turn.max_tokens, context - prompt_len)
     return Prepared(plan, f"msg_{uuid.uuid4().hex}", max_new)
 
@@ -170,21 +180,32 @@ async def finish(
     blocks = response.content_blocks(parsed, ref, settings.signing_key)
     sent = assistant_message(Message.model_validate({"role": "assistant", "content": blocks}))
     version = policy_version(generation.weight_version, settings.policy_version)
-    outbound = [("sessions", event) for event in chain_changes(agent, plan)]
-    committed = agent.history.commit(
-        plan, generation.output_ids, generation.output_logprobs, generation.finish_type, version, sent
-    )
+    sampled = Turn(
+        plan.prompt_ids, generation.output_ids, generation.output_logprobs, generation.finish_type, version,
+        chain_id=plan.chain_id, turn_index=plan.turn_index,
+    )  # fmt: skip
     timings = {
         "started_at": started_at,
         "finished_at": records.now_ms(),
         "generation_ms": generation.generation_ms,
     }
-    previous = records.previous_turn(agent.history.turns)
-    outbound.append(("turns", records.turn_record(agent, committed, previous, generation.rid, timings)))
+    previous = agent.history.turns[-1] if agent.history.turns and not plan.new_chain else None
+    outbound = [("sessions", event) for event in chain_changes(agent, plan)]
+    outbound.append(("turns", records.turn_record(agent, sampled, previous, generation.rid, timings)))
     if agent.kind == SIDE:  # a side call is one turn: its chain ends with it
-        side_end = records.session_record(agent, committed.chain_id, "frozen", turn_count=1, reason="side")
+        side_end = records.session_record(agent, plan.chain_id, "frozen", turn_count=1, reason="side")
         outbound.append(("sessions", side_end))
-    await publish(kit, agent, outbound)
+    if agent.closed:  # closed while generating: the bus already has its `closed` events
+        raise unauthenticated("the session was closed while this turn was generating")
+    # queue, then commit, with no await between: a record that cannot be queued leaves history as it was
+    delivered = kit.outbox.enqueue((topic, record, agent.rollout_id) for topic, record in outbound)
+    agent.history.commit(
+        plan, generation.output_ids, generation.output_logprobs, generation.finish_type, version, sent
+    )
+    if plan.new_chain and agent.session is not None:
+        agent.session.chains_opened += 1
+    kit.metrics.backlog.set(len(kit.outbox.backlog))
+    await asyncio.wait({delivered}, timeout=settings.publish_wait)  # never cancels the delivery
     stop = response.stop_reason(generation.finish_type, blocks, generation.matched)
     _count(kit.metrics, agent, plan, generation, stop[0])
     usage = response.usage(len(plan.prompt_ids), len(generation.output_ids))
@@ -210,13 +231,6 @@ def chain_changes(agent: Agent, plan: Any) -> list[dict[str, Any]]:
     return events
 
 
-async def publish(kit: TurnKit, agent: Agent, outbound: list[tuple[str, dict[str, Any]]]) -> None:
-    """In order, keyed by rollout: one partition keeps a chain's opened -> turns -> frozen sequence."""
-    for topic, record in outbound:
-        await kit.outbox.publish(topic, record, key=agent.rollout_id)
-    kit.metrics.backlog.set(len(kit.outbox.backlog))
-
-
 def policy_version(reported: str | None, configured: int) -> int:
     """The engine's weight version when it reports a number, else the configured one."""
     if reported is not None and reported.lstrip("-").isdigit():
@@ -235,25 +249,26 @@ def _count(
         metrics.new_chains.labels(plan.reason or "first").inc()
 
 
-async def hand_back(kit: TurnKit, agents: list[Agent]) -> None:
-    """Freeze sub-agents whose results reached the main agent: their chains are complete segments."""
+def hand_back(kit: TurnKit, agents: list[Agent]) -> None:
+    """Freeze sub-agents whose results reached the main agent: their chains are complete segments.
+
+    Queue and freeze happen together (no await), like a turn's queue and commit."""
     for agent in agents:
-        freeze = getattr(agent.history, "freeze", None)
-        if freeze is None:
+        if not agent.history.turns:
             continue
         chain_id, count = agent.history.chain_id, len(agent.history.turns)
-        if freeze("subagent") is not None:
-            record = records.session_record(agent, chain_id, "frozen", turn_count=count, reason="subagent")
-            await kit.outbox.publish("sessions", record, key=agent.rollout_id)
+        record = records.session_record(agent, chain_id, "frozen", turn_count=count, reason="subagent")
+        kit.outbox.enqueue([("sessions", record, agent.rollout_id)])
+        agent.history.freeze("subagent")
 
 
-async def close_chains(kit: TurnKit, agents: Iterable[Agent], reason: str = "rollout_end") -> list[str]:
+def close_chains(kit: TurnKit, agents: Iterable[Agent], reason: str = "rollout_end") -> list[str]:
     """The rollout ended (or went idle): a ``closed`` event for every agent's live chain; their ids."""
     closed = []
     for agent in agents:
         if agent.history.turns:
             count = len(agent.history.turns)
             record = records.session_record(agent, agent.chain_id, "closed", turn_count=count, reason=reason)
-            await kit.outbox.publish("sessions", record, key=agent.rollout_id)
+            kit.outbox.enqueue([("sessions", record, agent.rollout_id)])
             closed.append(agent.chain_id)
     return closed

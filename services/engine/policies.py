@@ -41,7 +41,7 @@ from services.engine.protocol import BadRequest
 
 DEFAULT_FINAL_TEXT = "The scripted session is over; I have nothing further to do."
 DEFAULT_SIDE_TEXT = "Scripted session"
-CHAIN_KINDS = ("main", "subagent", "side")
+CHAIN_KINDS = ("main", "subagent", "side", "unattributed")  # unattributed replays subagent_turns
 
 ROLLOUT_HEADER = "x-rollbus-rollout"
 CHAIN_HEADER = "x-rollbus-chain"

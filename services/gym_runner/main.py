@@ -2,7 +2,8 @@
 the adapter's OpenAI endpoint, publishes ``rewards``. Tasks without ``env_config`` are not ours: skipped.
 
 Delivery: a task's offset is committed once its episode has *started* (so up to ``--concurrency`` episodes
-run while the consumer polls on). On SIGTERM/SIGINT the runner stops taking tasks, lets running episodes
+run while the consumer polls on); a task still waiting for a slot at shutdown stays uncommitted, so the
+group redelivers it. On SIGTERM/SIGINT the runner stops taking tasks, lets running episodes
 finish for ``--drain-timeout`` seconds, then cancels the rest (each env is closed, each adapter session
 closed) and publishes their tasks back to ``tasks`` so another runner picks them up. Only a hard kill loses
 episodes in flight (their tasks' offsets are committed): resubmit them.
@@ -15,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import httpx
@@ -58,6 +59,11 @@ async def _main(settings: GymRunnerSettings) -> None:
     await serve(settings, stop)
 
 
+class Stopping(Exception):
+    """Raised by the handler when shutdown came while a task waited for a slot: the consumer then leaves
+    that task uncommitted, so the next runner of the group gets it."""
+
+
 class Episodes:
     """At most ``limit`` episodes at once; at shutdown, cancelled ones hand their task back."""
 
@@ -65,9 +71,17 @@ class Episodes:
         self.slots = asyncio.Semaphore(limit)
         self.running: dict[asyncio.Task[Any], dict[str, Any]] = {}
 
-    async def start(self, work: Coroutine[Any, Any, Any], task: dict[str, Any]) -> None:
-        await self.slots.acquire()
-        job = asyncio.create_task(work)
+    async def start(
+        self, work: Callable[[], Coroutine[Any, Any, Any]], task: dict[str, Any], stop: asyncio.Event
+    ) -> None:
+        """Start ``work()`` once a slot is free; :class:`Stopping` if ``stop`` is set first."""
+        acquire, stopped = asyncio.ensure_future(self.slots.acquire()), asyncio.ensure_future(stop.wait())
+        await asyncio.wait({acquire, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not acquire.done() or acquire.cancelled():
+            acquire.cancel()
+            raise Stopping(task["rollout_id"])
+        job = asyncio.create_task(work())
         self.running[job] = task
         job.add_done_callback(self._done)
 
@@ -114,7 +128,7 @@ async def serve(settings: GymRunnerSettings, stop: asyncio.Event) -> None:
         async def handle(event: Event) -> None:
             if not event.record.get("env_config"):
                 return  # a coding-agent task: the sandbox runner's
-            await episodes.start(runner.run_task(event.record), event.record)
+            await episodes.start(lambda: runner.run_task(event.record), event.record, stop)
 
         poll_budget_ms = int((settings.episode_timeout * settings.attempts + 60) * 1000)
         consumer = EventConsumer(
@@ -123,7 +137,8 @@ async def serve(settings: GymRunnerSettings, stop: asyncio.Event) -> None:
             max_poll_interval_ms=poll_budget_ms,
         )  # fmt: skip
         async with consumer:
-            await consumer.run(stop)
+            with contextlib.suppress(Stopping):  # the waiting task stays uncommitted: redelivered later
+                await consumer.run(stop)
         for task in await episodes.drain(settings.drain_timeout):
             log.warning("%s: cancelled at shutdown; task handed back to tasks", task["rollout_id"])
             with contextlib.suppress(Exception):

@@ -13,6 +13,8 @@ import signal
 import sys
 from typing import Any
 
+from aiokafka.errors import KafkaError
+
 from rollbus.sandbox import bwrap_usable
 from services.sandbox_runner.outcome import diff_event
 from services.sandbox_runner.rollout import AdapterSessions, RunnerKit, run_task
@@ -41,7 +43,11 @@ def run(args: argparse.Namespace) -> int:
             "rollbus sandbox-runner: bwrap cannot build sandboxes here (use --backend local)", file=sys.stderr
         )
         return 2
-    return asyncio.run(_serve(settings))
+    try:
+        return asyncio.run(_serve(settings))
+    except KafkaError as exc:  # the broker is away: one line, not a traceback
+        print(f"rollbus sandbox-runner: {settings.bootstrap_servers}: {exc}", file=sys.stderr)
+        return 1
 
 
 async def _serve(settings: RunnerSettings) -> int:

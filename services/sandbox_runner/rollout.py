@@ -4,6 +4,12 @@ Every way an attempt can end becomes an :class:`~services.sandbox_runner.outcome
 (never an exception), so every attempt ends with a `diffs` event. The sandbox is killed and the adapter
 session closed on every path, cancellation included (a runner shutting down abandons its attempts; their
 tasks stay uncommitted and are re-run as new attempts).
+
+Threat model: the agent is the attacker and owns everything in its workspace. It gets the prompt, its own
+session token (good for this attempt only; revoked when the attempt ends) and a complete environment (no host
+variables, no admin token); the row, the label and every grading file stay on the host. Its patch is taken by
+host-side git against a baseline it never sees, with every git config it could plant ignored (symlinks stay
+links), then capped; what it prints only feeds the turn count and the error text.
 """
 
 from __future__ import annotations

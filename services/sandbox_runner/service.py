@@ -86,18 +86,20 @@ class SandboxRunner:
                                                        settings.close_timeout))  # fmt: skip
 
     async def run(self, stop: asyncio.Event) -> None:
-        await self.publisher.__aenter__()
-        self.consumer.subscribe([self.tasks_topic], listener=_Rebalance(self))
-        await self.consumer.start()
         try:
+            await self.publisher.__aenter__()
+            self.consumer.subscribe([self.tasks_topic], listener=_Rebalance(self))
+            await self.consumer.start()
             while not stop.is_set() and self.failed is None:
                 await self.poll_once()
             if self.failed is not None:
                 raise self.failed
         finally:
             await self._abandon()
-            await self.consumer.stop()
-            await self.publisher.__aexit__(None, None, None)
+            with contextlib.suppress(Exception):
+                await self.consumer.stop()
+            with contextlib.suppress(Exception):
+                await self.publisher.__aexit__(None, None, None)
             await self.kit.sessions.aclose()
 
     async def poll_once(self) -> None:

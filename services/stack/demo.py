@@ -1,10 +1,11 @@
 """``rollbus demo``: the closed loop on embedded defaults: rollouts in, a trained policy out, served.
 
 Starts the stack of ``rollbus up`` (broker, engine with a scripted policy, adapter, sandbox runner, grader,
-segmenter, trainer), submits ``examples/swe-mini`` (``--n-samples-per-prompt`` rollouts per task: one group),
-shows live progress folded from the bus, and stops once the trainer has made ``--steps`` steps and published
-them (the engine then serves the new weights: later turns carry the new policy version), or when no more
-work can arrive. Ends with a summary; ``--json-summary OUT`` also writes it as JSON.
+segmenter, trainer) and runs one round per training step: it submits the dataset (``--n-samples-per-prompt``
+rollouts per row: one group each; the trainer steps once all of a round's groups are complete), waits for the
+step to be published and for the engine to serve it, then starts the next round, whose turns therefore carry
+the new policy version. Progress is folded live from the bus. Ends with a summary; ``--json-summary OUT`` also
+writes it as JSON.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -28,7 +30,7 @@ from services.stack.progress import Progress, watch
 from services.stack.supervisor import Supervisor
 from services.stack.up import EXAMPLES, Stack, StackSettings, running_stack
 
-console = Console(highlight=False, soft_wrap=True)
+console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 
 
 class DemoSettings(StackSettings):
@@ -37,7 +39,9 @@ class DemoSettings(StackSettings):
     model_config = StackSettings.scoped("demo")
     tasks: Path = Field(EXAMPLES / "swe-mini" / "demo.jsonl", description="dataset submitted (slime's rows)")
     n_samples_per_prompt: int = Field(2, ge=1, description="rollouts per task (one group)")
-    steps: int = Field(2, ge=0, description="training steps to make before stopping (0: none, roll out only)")
+    steps: int = Field(
+        2, ge=0, description="training steps, one per round of the dataset (0: one round, no training wait)"
+    )
     json_summary: Path | None = Field(None, description="also write the summary as JSON here")
     timeout: float = Field(1800.0, gt=0, description="seconds the whole demo may take")
     idle_timeout: float = Field(
@@ -48,14 +52,15 @@ class DemoSettings(StackSettings):
 
 async def demo(settings: DemoSettings) -> dict[str, int]:
     say = lambda name, what: console.print(Text(f"{name:15} {what}"))  # noqa: E731
-    async with running_stack(settings, say) as (stack, supervisor):
+    await asyncio.to_thread(prepare, settings.tasks)
+    groups = rows_in(settings.tasks)
+    stack_settings = settings.model_copy(update={"rollout_batch_size": groups})  # one step per round
+    async with running_stack(stack_settings, say) as (stack, supervisor):
         progress, stop = Progress(), asyncio.Event()
         watcher = asyncio.create_task(watch(stack.bootstrap, stack.namespace, progress, stop))
         keeper = asyncio.create_task(supervisor.watch())
         try:
-            await asyncio.to_thread(prepare, settings.tasks)
-            await asyncio.to_thread(submit, settings, stack)
-            await follow(settings, supervisor, progress)
+            await rounds(settings, stack, supervisor, progress)
             served = await served_version(stack)
             console.print(Text(f"{'engine':15} serving weight version {served}"))
         finally:
@@ -63,10 +68,38 @@ async def demo(settings: DemoSettings) -> dict[str, int]:
             keeper.cancel()
             await asyncio.gather(watcher, keeper, return_exceptions=True)
     summary = progress.summary(train_steps=progress.policy_updates, tokens_trained=tokens_trained(settings))
-    show(progress, summary, stack)
+    show(settings, progress, summary, stack)
     if settings.json_summary is not None:
         settings.json_summary.write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+async def rounds(settings: DemoSettings, stack: Stack, supervisor: Supervisor, progress: Progress) -> None:
+    """One round per training step: submit the dataset, wait for its step and for the engine to serve it,
+    so every round after the first generates with the policy the previous rounds trained."""
+    started = time.monotonic()
+    for number in range(1, max(1, settings.steps) + 1):
+        await asyncio.to_thread(submit, settings, stack)
+        deadline = settings.timeout - (time.monotonic() - started)
+        if not await follow(settings, progress, deadline, steps=number if settings.steps else 0):
+            return
+        if settings.steps and number < settings.steps:
+            await wait_served(stack, number, deadline)
+
+
+def rows_in(dataset: Path) -> int:
+    return sum(1 for line in dataset.read_text().splitlines() if line.strip())
+
+
+async def wait_served(stack: Stack, version: int, timeout: float) -> None:
+    """Until the engine generates with ``version`` (the trainer publishes, then pushes the weights)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        served = await served_version(stack)
+        if served.isdigit() and int(served) >= version:
+            console.print(Text(f"{'engine':15} now serving weight version {served}"))
+            return
+        await asyncio.sleep(1.0)
 
 
 def prepare(dataset: Path) -> None:
@@ -88,26 +121,28 @@ def submit(settings: DemoSettings, stack: Stack) -> None:
         raise SystemExit("rollbus demo: nothing could be submitted")
 
 
-async def follow(settings: DemoSettings, supervisor: Supervisor, progress: Progress) -> None:
-    """Print progress as it changes; return when the steps are made, or nothing more can happen."""
+async def follow(settings: DemoSettings, progress: Progress, timeout: float, steps: int) -> bool:
+    """Print progress as it changes until ``steps`` steps are published (or, with 0, every rollout ended);
+    False when that cannot happen any more (everything ended and nothing moved for a while, or time is up)."""
     started = last_change = time.monotonic()
     shown = ""
-    while time.monotonic() - started < settings.timeout:
+    while time.monotonic() - started < timeout:
         await asyncio.sleep(1.0)
         line = progress.line()
         if line != shown:
             console.print(Text(f"{'progress':15} {line}"))
             shown, last_change = line, time.monotonic()
         ended = progress.submitted and progress.finished >= len(progress.submitted)
-        if settings.steps and progress.policy_updates >= settings.steps:
-            return
-        if ended and not settings.steps:
-            return
+        if steps and progress.policy_updates >= steps:
+            return True
+        if ended and not steps:
+            return True
         if ended and time.monotonic() - last_change > settings.idle_timeout:
             console.print(Text(f"{'demo':15} every rollout ended; the trainer made {progress.policy_updates} "
-                               f"of {settings.steps} steps (groups without reward variance are skipped)"))
-            return
+                               f"of {steps} steps (groups without reward variance are skipped)"))
+            return False
     console.print(Text(f"{'demo':15} timed out after {settings.timeout:.0f}s"))
+    return False
 
 
 async def served_version(stack: Stack) -> str:
@@ -127,7 +162,7 @@ def tokens_trained(settings: DemoSettings) -> int | None:
     return sum(int(row.get("tokens_trained", 0)) for row in rows)
 
 
-def show(progress: Progress, summary: dict[str, int], stack: Stack) -> None:
+def show(settings: DemoSettings, progress: Progress, summary: dict[str, int], stack: Stack) -> None:
     table = Table(title="rollouts")
     for column in ("rollout", "attempt", "reward", "solved", "failure", "flags"):
         table.add_column(column, overflow="fold")
@@ -143,6 +178,28 @@ def show(progress: Progress, summary: dict[str, int], stack: Stack) -> None:
     for key, value in summary.items():
         console.print(Text(f"{key:20} {value}"))
     console.print(Text(f"logs: {stack.log_dir}"))
+    if progress.rewards:
+        embedded = settings.state_dir / "up" if settings.embedded_broker else None
+        first = sorted(progress.rewards)[0]
+        console.file.flush()
+        print(replay_hint(first, stack.bootstrap, embedded, stack.namespace), flush=True)  # whole lines
+
+
+def replay_hint(rollout_id: str, bootstrap: str, embedded_state: Path | None, namespace: str = "") -> str:
+    """The commands that replay a rollout after the demo, true for the broker it used: its own embedded one
+    (stopped by now: start it again from its state dir, which records its port) or the cluster given."""
+    replay = f"rollbus replay turns --key {shlex.quote(rollout_id)} --format table"
+    if namespace:
+        replay += f" --namespace {shlex.quote(namespace)}"
+    if embedded_state is None:
+        return f"replay it yourself: {replay} --bootstrap-servers {shlex.quote(bootstrap)}"
+    state = shlex.quote(str(embedded_state))
+    return (
+        f"replay it yourself (the demo's broker stopped with it):\n"
+        f"  rollbus broker start --state-dir {state}\n"
+        f"  {replay} --state-dir {state}\n"
+        f"  rollbus broker stop --state-dir {state}"
+    )
 
 
 add_arguments = DemoSettings.add_arguments

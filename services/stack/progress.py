@@ -74,7 +74,8 @@ class Progress:
 
     @property
     def failed(self) -> int:
-        return sum(1 for r in self.rewards.values() if r.get("failure_kind") and not r["solved"])
+        """Rollouts whose run failed (boot, crash, limit, timeout ...), not those that did not solve."""
+        return sum(1 for d in self.diffs.values() if d.get("failure_kind"))
 
     @property
     def solved(self) -> int:

@@ -220,3 +220,21 @@ async def test_publish_many_keeps_each_rollouts_order(kafka_bootstrap: str, topi
     for rollout in ("r-0", "r-1", "r-2", "r-3"):
         indexes = [r["turn_index"] for r in stored if r["rollout_id"] == rollout]
         assert indexes == [r["turn_index"] for r in records if r["rollout_id"] == rollout]
+
+
+async def test_a_consumer_that_fails_to_start_stops_the_producer_it_started(kafka_bootstrap, topics) -> None:
+    async def handler(event: Event) -> None:
+        raise AssertionError("never called")
+
+    consumer = EventConsumer(
+        kafka_bootstrap, [topics["turns"]], group_id=f"g-{uuid.uuid4().hex}", handler=handler, service="t"
+    )
+
+    async def refuse() -> None:  # the narrowest boundary: the group join itself fails
+        raise RuntimeError("consumer start failed (test)")
+
+    consumer._consumer.start = refuse  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="consumer start failed"):
+        async with consumer:
+            pass
+    assert consumer.publisher._producer._closed is True

@@ -1,0 +1,154 @@
+"""The runner's delivery over a real broker, with the attempt itself stood in by a function the test releases:
+commits never pass a running task, gym tasks are passed over, capacity pauses consumption, and a runner that
+stops mid-rollout leaves its task to the next one (at-least-once, as a new attempt)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from rollbus.bus import Publisher
+from rollbus.topics import create_topics, topic_name
+from services.sandbox_runner.outcome import Outcome
+from services.sandbox_runner.service import SandboxRunner
+from services.sandbox_runner.settings import RunnerSettings
+from tests.conftest import unique_namespace
+from tests.runner_support import all_events
+
+pytestmark = pytest.mark.kafka
+GROUP = "runner-delivery"
+
+
+class Gate:
+    """A stand-in attempt: records which tasks started and ends each when the test releases it."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.release: dict[str, asyncio.Event] = {}
+
+    async def __call__(self, kit: Any, task: dict[str, Any]) -> Outcome:
+        self.started.append(task["rollout_id"])
+        await self.release.setdefault(task["rollout_id"], asyncio.Event()).wait()
+        return Outcome(f"att-{task['rollout_id']}", patch="", exit_status=0)
+
+    def end(self, rollout_id: str) -> None:
+        self.release.setdefault(rollout_id, asyncio.Event()).set()
+
+
+def task(rollout_id: str, **extra: Any) -> dict[str, Any]:
+    metadata = json.dumps({"image": "/nowhere"})
+    return {"rollout_id": rollout_id, "group_id": "g", "sample_index": 0, "group_size": 1, "prompt": "p",
+            "label": None, "metadata": metadata, "submitted_at": 0, **extra}  # fmt: skip
+
+
+@pytest.fixture
+async def namespace(kafka_bootstrap: str) -> str:
+    name = unique_namespace()
+    await create_topics(kafka_bootstrap, 1, name)  # one partition: the order of tasks is the offset order
+    return name
+
+
+@contextlib.asynccontextmanager
+async def runner(
+    bootstrap: str, namespace: str, gate: Gate, concurrency: int
+) -> AsyncIterator[SandboxRunner]:
+    settings = RunnerSettings.load({"bootstrap_servers": bootstrap, "namespace": namespace, "group_id": GROUP,
+                                    "concurrency": concurrency, "poll_ms": 100})  # fmt: skip
+    service = SandboxRunner(settings, run=gate)
+    stop = asyncio.Event()
+    loop = asyncio.create_task(service.run(stop))
+    try:
+        yield service
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, 60)
+
+
+async def committed(bootstrap: str, namespace: str) -> int:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=GROUP, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        return await consumer.committed(TopicPartition(topic_name("tasks", namespace), 0)) or 0
+    finally:
+        await consumer.stop()
+
+
+async def until(condition: Any, timeout: float = 60.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not await condition():
+            await asyncio.sleep(0.1)
+
+
+async def publish(bootstrap: str, namespace: str, *records: dict[str, Any]) -> None:
+    async with Publisher(bootstrap) as publisher:
+        await publisher.publish_many(topic_name("tasks", namespace), list(records))
+
+
+async def test_commits_wait_for_the_oldest_running_task(kafka_bootstrap: str, namespace: str) -> None:
+    gate = Gate()
+    gym = task("gym-2", env_config=json.dumps({"env": "x"}))
+    await publish(kafka_bootstrap, namespace, task("t0"), task("t1"), gym, task("t3"))
+    async with runner(kafka_bootstrap, namespace, gate, concurrency=3):
+        await until(lambda: asyncio.sleep(0, len(gate.started) == 3))
+        assert gate.started == ["t0", "t1", "t3"], "the gym task is passed over"
+        gate.end("t1")
+        gate.end("t3")
+        await until(lambda: diff_count(kafka_bootstrap, namespace, 2))
+        await asyncio.sleep(1)  # a few polls: none may commit past t0
+        assert await committed(kafka_bootstrap, namespace) == 0
+        gate.end("t0")
+        await until(lambda: commit_is(kafka_bootstrap, namespace, 4))
+    diffs = await all_events(kafka_bootstrap, namespace, "diffs")
+    assert sorted(d["rollout_id"] for d in diffs) == ["t0", "t1", "t3"]
+
+
+async def test_capacity_pauses_and_a_stopped_runner_leaves_its_task_to_the_next(
+    kafka_bootstrap: str, namespace: str
+) -> None:
+    first = Gate()
+    await publish(kafka_bootstrap, namespace, task("a"), task("b"))
+    async with runner(kafka_bootstrap, namespace, first, concurrency=1):
+        await until(lambda: asyncio.sleep(0, first.started == ["a"]))
+        await asyncio.sleep(1.5)
+        assert first.started == ["a"], "at capacity nothing else starts"
+        first.end("a")
+        await until(lambda: asyncio.sleep(0, first.started == ["a", "b"]))
+        await until(lambda: commit_is(kafka_bootstrap, namespace, 1))
+    # stopped with b running: b was abandoned, its offset not committed
+    assert await committed(kafka_bootstrap, namespace) == 1
+    second = Gate()
+    second.end("b")
+    async with runner(kafka_bootstrap, namespace, second, concurrency=1):
+        await until(lambda: commit_is(kafka_bootstrap, namespace, 2))
+    assert second.started == ["b"]
+    diffs = await all_events(kafka_bootstrap, namespace, "diffs")
+    assert [(d["rollout_id"], d["attempt_id"]) for d in diffs] == [("a", "att-a"), ("b", "att-b")]
+
+
+async def diff_count(bootstrap: str, namespace: str, n: int) -> bool:
+    return len(await all_events(bootstrap, namespace, "diffs")) >= n
+
+
+async def commit_is(bootstrap: str, namespace: str, offset: int) -> bool:
+    return await committed(bootstrap, namespace) == offset
+
+
+async def test_a_poison_task_goes_to_dead_letters_and_the_next_task_still_runs(
+    kafka_bootstrap: str, namespace: str
+) -> None:
+    gate = Gate()
+    gate.end("after")
+    async with Publisher(kafka_bootstrap) as publisher:
+        await publisher.publish_bytes(topic_name("tasks", namespace), b"not an event", key=b"poison")
+    await publish(kafka_bootstrap, namespace, task("after"))
+    async with runner(kafka_bootstrap, namespace, gate, concurrency=1):
+        await until(lambda: commit_is(kafka_bootstrap, namespace, 2))
+    assert gate.started == ["after"]
+    (letter,) = await all_events(kafka_bootstrap, namespace, "dead-letters")
+    assert letter["value"] == b"not an event" and letter["service"] == "sandbox-runner"
