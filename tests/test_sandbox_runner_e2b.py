@@ -9,11 +9,12 @@ by real git in the "VM" against the recorded base commit, the host-side cap and 
 The VM's PATH is a directory of the host's tools without node, npm or claude, so the template "lacks" them.
 
 Left unexercised: the real E2B API and envd (which user runs the commands, whether ``sudo -n`` works for the
-install dir, the login environment, what ``commands.kill`` reaches), the network policy (``allow_out`` to the
-adapter's host only is requested, never enforced here), what real templates contain, the real Node 22 and
-Claude Code tarballs (the fake Node tarball wraps the host's node and npm; the fake Claude Code package is a
-shell script that edits the repository as an agent would) and the real CLI talking to the adapter at its
-public URL (the adapter's sessions API is a recording stub: it is not what this file tests).
+install dir, whether the login shell keeps the PATH passed, what ``commands.kill`` reaches), the network
+policy (``allow_out`` to the adapter's host only is requested, never enforced here), what real templates
+contain, the real Node 22 and Claude Code tarballs and their download by URL (the fake Node tarball wraps the
+host's node and npm; the fake Claude Code package is a shell script that edits the repository as an agent
+would), and the real CLI talking to the adapter at its public URL (the adapter's sessions API is a
+recording stub: it is not what this file tests).
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ import os
 import re
 import shlex
 import shutil
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,7 +110,7 @@ def host_file(source: str, cache: Path) -> Path:
     name = Path(urlsplit(source).path).name or "download"
     dest = cache / f"{hashlib.sha256(source.encode()).hexdigest()[:16]}-{name}"
     if not dest.is_file():
-        partial = dest.with_name(dest.name + ".partial")
+        partial = dest.with_name(f"{dest.name}.{uuid.uuid4().hex[:8]}.partial")  # runners may share it
         with httpx.stream("GET", source, follow_redirects=True, timeout=DOWNLOAD_TIMEOUT_S) as answer:
             answer.raise_for_status()
             with partial.open("wb") as out:
@@ -127,7 +128,7 @@ def plain_tar(path: Path, cache: Path) -> Path:
     key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     dest = cache / f"{key}-{path.stem}"
     if not dest.is_file():
-        partial = dest.with_name(dest.name + ".partial")
+        partial = dest.with_name(f"{dest.name}.{uuid.uuid4().hex[:8]}.partial")  # runners may share it
         with lzma.open(path, "rb") as src, partial.open("wb") as out:
             shutil.copyfileobj(src, out)
         os.replace(partial, dest)
