@@ -100,10 +100,10 @@ class RolloutWriter:
             "group_id": self.group_id, "group_size": 4,
         }))  # fmt: skip
 
-    def reward(self, value: float) -> dict[str, Any]:
+    def reward(self, value: float, details: str = "{}") -> dict[str, Any]:
         record = {
             "rollout_id": self.rollout_id, "reward": value, "solved": value > 0, "applied_cleanly": True,
-            "details": "{}", "failure_kind": None, "at": next(self._at), "attempt_id": self.attempt_id,
+            "details": details, "failure_kind": None, "at": next(self._at), "attempt_id": self.attempt_id,
             "group_id": self.group_id, "group_size": 4,
         }  # fmt: skip
         self.events.append(("rewards", record))
