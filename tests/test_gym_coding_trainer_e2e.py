@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -44,6 +46,20 @@ def dated_now(writer: RolloutWriter) -> RolloutWriter:
     return writer
 
 
+def replayed_infos(bootstrap: str, ns: str, rollout: str) -> list[dict]:
+    """The episode's info dicts as docs/gym.md shows them: ``rollbus replay rewards --key R --full``."""
+    done = subprocess.run(
+        [sys.executable, "-m", "rollbus", "replay", "rewards", "--key", rollout, "--full",
+         "--bootstrap-servers", bootstrap, "--namespace", ns],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    (line,) = done.stdout.splitlines()
+    infos = json.loads(json.loads(line)["event"]["record"]["infos"])
+    assert len(infos) == 3 and infos[0]["question"] == "Solve for x: 9x + 2 = 20"  # reset, then 2 steps
+    return infos
+
+
 def trained(segment: dict) -> list[int]:
     return [t for t, m in zip(segment["response_ids"], segment["loss_mask"], strict=True) if m]
 
@@ -69,6 +85,7 @@ async def test_one_step_trains_gym_and_coding_segments_cut_by_the_real_segmenter
                 await publisher.publish(topics["tasks"], row)
             rewards = await rewards_for(kafka_bootstrap, topics["rewards"], {retry, wrong})
         assert {r: rewards[r]["reward"] for r in (retry, wrong)} == {retry: 0.5, wrong: 0.0}
+        assert replayed_infos(kafka_bootstrap, ns, retry) == json.loads(rewards[retry]["infos"])
         found = await read_all(kafka_bootstrap, topics["segments"], until=8, timeout=120, worker=worker)
     segments = unique_segments(found)
     by_rollout: dict[str, list[dict]] = {}
@@ -104,6 +121,7 @@ async def test_one_step_trains_gym_and_coding_segments_cut_by_the_real_segmenter
 
     (row,) = [json.loads(line) for line in (ckpt / "metrics.jsonl").read_text().splitlines()]
     assert row["step"] == 1 and row["groups"] == 2 and row["segments"] == 8  # both kinds, one batch
+    assert trainer.learner.state.finished_groups == sorted([f"g-code-{tag}", f"g-math-{tag}"])
     assert row["tokens_trained"] == sum(len(trained(s)) for s in segments.values())
     assert trainer.counters.get("dead_letters", 0) == 0
     moved = weights(ckpt / "v00000001")
