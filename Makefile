@@ -7,7 +7,7 @@ VENV_FILE := .rollbus/venv-path
 .PHONY: help bootstrap demo test lint bench broker-start broker-stop clean
 
 help:
-	@echo "make demo   - run the end-to-end slice on embedded defaults (broker, engine, adapter, Claude Code)"
+	@echo "make demo   - the closed loop on embedded defaults: roll out, grade, segment, train, serve the new policy"
 	@echo "make test   - bootstrap, lint and run the whole test suite against a real Kafka broker"
 	@echo "make bench  - run the benchmarks in bench/"
 	@echo "make lint   - ruff over the code"

@@ -109,7 +109,7 @@ def main() -> None:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     for flag, default in (
         ("--tokens", 0),
-        ("--chunk", 1024),
+        ("--chunk", 512),
         ("--segments", 1),
         ("--steps", 1),
         ("--threads", 1),
@@ -124,24 +124,24 @@ def main() -> None:
     steps = 1 if args.quick else 3
     print("long segments, chunked logits (1 thread):")
     for tokens in (20_000, 64_000):
-        r = run_child(child_args(tokens, 1024, 1, steps, 1))
+        r = run_child(child_args(tokens, 512, 1, steps, 1))
         every = tokens * 248077 * 4 / 2**30
         masked = r["trained"] * 248077 * 4 / 2**30
         note = f" (full logits: {every:.0f} GB per copy; at trained positions only {masked:.1f} GB)"
-        print(line(f"  {tokens // 1000}k tokens, chunk 1024", r) + note)
+        print(line(f"  {tokens // 1000}k tokens, chunk 512", r) + note)
     short = 1000 if args.quick else 2000
     print(f"chunked vs full logits, {short}-token segment (1 thread):")
-    chunked = run_child(child_args(short, 1024, 1, steps, 1))
+    chunked = run_child(child_args(short, 512, 1, steps, 1))
     full = run_child(child_args(short, 0, 1, steps, 1))
-    print(line("  chunked (1024)", chunked))
+    print(line("  chunked (512)", chunked))
     print(line("  full logits", full))
     saved = full["peak_growth_mb"] - chunked["peak_growth_mb"]
     times = chunked["seconds"] / full["seconds"]
     print(f"  ratio: chunked time / full time = {times:.2f}; peak memory saved {saved:.0f} MB")
     print(f"data parallel, 4 segments x {short} tokens:")
-    one = run_child(child_args(short, 1024, 4, steps, 1))
-    one_two_threads = run_child(child_args(short, 1024, 4, steps, 2))
-    ddp = run_child(child_args(short, 1024, 4, steps, 1), torchrun=2)
+    one = run_child(child_args(short, 512, 4, steps, 1))
+    one_two_threads = run_child(child_args(short, 512, 4, steps, 2))
+    ddp = run_child(child_args(short, 512, 4, steps, 1), torchrun=2)
     print(line("  1 process, 1 thread", one))
     print(line("  1 process, 2 threads", one_two_threads))
     print(line("  torchrun 2 ranks x 1 thread", ddp))

@@ -9,9 +9,14 @@ the engine's random model, and a real checkpoint (``save_pretrained`` layout) dr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from pydantic import Field
 from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from rollbus.settings import Settings
+from rollbus.tokenizer import DEFAULT_TOKENIZER
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,29 @@ class ModelSpec:
     head_dim: int = 16
     intermediate_size: int = 128
     context_length: int = 131072
+
+
+class ModelSettings(Settings):
+    """The policy's options, declared once for the engine and the trainer, whose random version 0 must agree
+    (same tokenizer, seed and shape) unless both load ``--model-path``."""
+
+    model_path: Path | None = Field(None, description="save_pretrained checkpoint dir (else random weights)")
+    tokenizer: str = Field(DEFAULT_TOKENIZER, min_length=1, description="tokenizer name or directory")
+    seed: int = Field(0, ge=0, description="seed of the random weights (the engine also samples with it)")
+    hidden_size: int = Field(ModelSpec.hidden_size, ge=1, description="random model width")
+    layers: int = Field(ModelSpec.layers, ge=1, description="random model depth")
+    heads: int = Field(ModelSpec.heads, ge=1, description="attention heads")
+    kv_heads: int = Field(ModelSpec.kv_heads, ge=1, description="key/value heads")
+    head_dim: int = Field(ModelSpec.head_dim, ge=1, description="attention head size")
+    intermediate_size: int = Field(ModelSpec.intermediate_size, ge=1, description="MLP width")
+    context_length: int = Field(ModelSpec.context_length, ge=2, description="max tokens")
+
+    def model_spec(self) -> ModelSpec:
+        return ModelSpec(
+            hidden_size=self.hidden_size, layers=self.layers, heads=self.heads, kv_heads=self.kv_heads,
+            head_dim=self.head_dim, intermediate_size=self.intermediate_size,
+            context_length=self.context_length,
+        )  # fmt: skip
 
 
 def qwen3_config(spec: ModelSpec, vocab_size: int, stop_token_ids: tuple[int, ...]) -> Qwen3Config:

@@ -224,19 +224,22 @@ async def _assign(consumer: AIOKafkaConsumer, bootstrap_servers: str, plan: Read
         numbers = [key_partition(plan.key, counts[plan.topic])]
     partitions = [TopicPartition(plan.topic, p) for p in numbers]
     consumer.assign(partitions)
+    # explicit offsets: seek_to_beginning()/seek_to_end() right after assign() race the consumer's own
+    # offset reset, and a read could silently start at the end
     if plan.start == "beginning":
-        await consumer.seek_to_beginning(*partitions)
+        for tp, offset in (await consumer.beginning_offsets(partitions)).items():
+            consumer.seek(tp, offset)
     elif plan.start == "end":
-        await consumer.seek_to_end(*partitions)
+        for tp, offset in (await consumer.end_offsets(partitions)).items():
+            consumer.seek(tp, offset)
     elif plan.start == "offset":
         for tp in partitions:
             consumer.seek(tp, plan.offset)
     else:
         found = await consumer.offsets_for_times({tp: plan.since_ms for tp in partitions})
-        await consumer.seek_to_end(*[tp for tp, at in found.items() if at is None])
+        ends = await consumer.end_offsets(partitions)
         for tp, at in found.items():
-            if at is not None:
-                consumer.seek(tp, at.offset)
+            consumer.seek(tp, ends[tp] if at is None else at.offset)
     return partitions
 
 

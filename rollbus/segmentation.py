@@ -27,7 +27,7 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from rollbus.codec import CodecError, decode
 from rollbus.topics import MAX_EVENT_BYTES, spec_for, split_name
@@ -129,6 +129,27 @@ class Step:
 
 class Conflict(ValueError):
     """Events of one rollout contradict each other; the rollout cannot be trusted to train."""
+
+
+LOSS_SCOPES: tuple[str, ...] = get_args(LossScope)
+
+
+def reward_loss_scope(record: Mapping[str, Any]) -> LossScope | None:
+    """The reward's own ``details.loss_scope`` (the gym runner's ``--loss-scope``), None when it names none.
+
+    ``details`` that is not a JSON object (a grader's note, an empty string) names none, and the
+    segmenter's ``--loss-scope`` applies; a value that is not a loss scope is a Conflict, never a guess.
+    """
+    try:
+        details = json.loads(record.get("details") or "{}")
+    except ValueError:
+        return None
+    scope = details.get("loss_scope") if isinstance(details, dict) else None
+    if scope is None:
+        return None
+    if scope not in LOSS_SCOPES:
+        raise Conflict(f"reward details.loss_scope {scope!r} is not one of {', '.join(LOSS_SCOPES)}")
+    return scope
 
 
 def _digest(record: Mapping[str, Any], leave_out: tuple[str, ...] = ("schema_version",)) -> str:
@@ -253,9 +274,11 @@ def _reward(state: RolloutState, record: Mapping[str, Any]) -> Step:
         first = state.reward["attempt_id"]
         reason = f"rollout {state.rollout_id} already has a reward (attempt {first!r}); this one is ignored"
         return Step("rejected", dead_letter=reason)
+    scope = reward_loss_scope(record)
     state.reward = {
         "digest": digest, "attempt_id": record.get("attempt_id", ""), "reward": float(record["reward"]),
         "group_id": record.get("group_id", ""), "group_size": record.get("group_size", 1), "at": record["at"],
+        "loss_scope": scope,
     }  # fmt: skip
     return Step("new")
 
@@ -325,9 +348,14 @@ def cut(
     loss_scope: LossScope = "all_turns",
     history_mode: str = "canonical",
 ) -> list[dict[str, Any]]:
-    """The complete rollout's ``segment`` records. Raises UnresolvedTurn/ChainBroken on a bad chain."""
+    """The complete rollout's ``segment`` records. Raises UnresolvedTurn/ChainBroken on a bad chain.
+
+    ``loss_scope`` is the default; a reward that names its own (``details.loss_scope``) wins, so one
+    segmenter serves coding-agent rollouts and gym episodes run with ``--loss-scope last_turn``.
+    """
     reward = state.reward
     assert reward is not None, "cut() needs a rewarded rollout"
+    loss_scope = reward.get("loss_scope") or loss_scope
     attempt = reward["attempt_id"]
     chains = []
     for chain_id, kind in freeze_order(state):

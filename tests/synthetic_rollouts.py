@@ -100,10 +100,10 @@ class RolloutWriter:
             "group_id": self.group_id, "group_size": 4,
         }))  # fmt: skip
 
-    def reward(self, value: float) -> dict[str, Any]:
+    def reward(self, value: float, details: str = "{}") -> dict[str, Any]:
         record = {
             "rollout_id": self.rollout_id, "reward": value, "solved": value > 0, "applied_cleanly": True,
-            "details": "{}", "failure_kind": None, "at": next(self._at), "attempt_id": self.attempt_id,
+            "details": details, "failure_kind": None, "at": next(self._at), "attempt_id": self.attempt_id,
             "group_id": self.group_id, "group_size": 4,
         }  # fmt: skip
         self.events.append(("rewards", record))
@@ -111,10 +111,16 @@ class RolloutWriter:
 
 
 def simple_rollout(
-    rollout_id: str, *, turns: int = 3, reward: float = 1.0, attempt: str = "a1"
+    rollout_id: str,
+    *,
+    turns: int = 3,
+    reward: float = 1.0,
+    attempt: str = "a1",
+    group: str = "g1",
+    policy_version: int = 3,
 ) -> RolloutWriter:
     """A main agent with one sub-agent and one compaction, a side call; closed, diffed and rewarded."""
-    w = RolloutWriter(rollout_id, attempt_id=attempt)
+    w = RolloutWriter(rollout_id, attempt_id=attempt, group_id=group, policy_version=policy_version)
     w.turn("main", "main", [1, 2, 3, 4], 5)
     w.turn("title-0", "side", [9, 9], 3)
     w.turn("agent-x", "subagent", [7, 7, 7], 4)

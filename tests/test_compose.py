@@ -1,43 +1,171 @@
-"""compose/ is validated by a real Compose implementation (Debian's docker-compose needs no engine)."""
+"""compose/ is validated by a real Compose implementation (Debian's docker-compose needs no engine).
 
+Beyond validity: every service has its container, every ROLLBUS_* variable the file names is one the service's
+settings class reads (so a renamed option cannot leave the file silently setting nothing), and the secrets
+reach only the services that need them.
+"""
+
+import functools
+import importlib
+import json
+import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
+from rollbus.settings import Settings
+
 COMPOSE = Path(__file__).resolve().parents[1] / "compose" / "docker-compose.yml"
-SERVICES = {"kafka", "topics", "engine", "adapter", "sandbox-runner", "grader", "segmenter", "trainer"}
+# each rollbus container -> the settings class its command reads
+SETTINGS = {
+    "topics": "rollbus.topics:TopicsSettings",
+    "engine": "services.engine.main:EngineSettings",
+    "adapter": "services.adapter.settings:AdapterSettings",
+    "sandbox-runner": "services.sandbox_runner.settings:RunnerSettings",
+    "grader": "services.grader.settings:GraderSettings",
+    "gym-runner": "services.gym_runner.settings:GymRunnerSettings",
+    "segmenter": "services.segmenter.settings:SegmenterSettings",
+    "trainer": "trainer.settings:TrainerSettings",
+}
+SERVICES = {"kafka", "sglang", *SETTINGS}
+SECRETS = {
+    "ENGINE_API_KEY": "engine-key-sentinel-0123456789",
+    "ADAPTER_ADMIN_TOKEN": "admin-token-sentinel-0123456789",
+    "ADAPTER_SIGNING_KEY": "signing-key-sentinel-0123456789",
+}
 
 
-def _compose(*args: str) -> subprocess.CompletedProcess[str]:
+def _compose(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """docker-compose with ``env`` as its whole environment: a developer's compose/.env or shell stays out."""
     exe = shutil.which("docker-compose")
     if exe is None:
         pytest.fail("docker-compose is not installed: scripts/bootstrap.sh installs Debian's docker-compose")
+    command = [exe, "-p", "rollbus", "-f", str(COMPOSE), "--env-file", _no_env_file(), *args]
     return subprocess.run(
-        [exe, "-p", "rollbus", "-f", str(COMPOSE), *args], capture_output=True, text=True, check=False
+        command, capture_output=True, text=True, check=False, env={"PATH": "/usr/bin:/bin", **(env or {})}
     )
 
 
+@functools.cache
+def _no_env_file() -> str:
+    empty = Path(tempfile.mkdtemp(prefix="rollbus-compose-")) / "empty.env"
+    empty.write_text("")
+    return str(empty)
+
+
+@functools.cache
+def _config() -> str:
+    """The file as Compose resolves it, the GPU profile included, with sentinel secrets."""
+    done = _compose("--profile", "gpu", "config", env=SECRETS)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _resolved() -> dict[str, Any]:
+    return yaml.safe_load(_config())["services"]
+
+
+def _settings_class(service: str) -> type[Settings]:
+    module, name = SETTINGS[service].split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _variables(cls: type[Settings]) -> set[str]:
+    return {cls.env_var(name) for name in cls.model_fields}
+
+
 def test_compose_file_is_valid() -> None:
-    done = _compose("config", "-q")
+    done = _compose("config", "-q", env=SECRETS)
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.parametrize("secret", sorted(SECRETS))
+def test_a_missing_secret_stops_compose_naming_it(secret: str) -> None:
+    done = _compose("config", "-q", env={k: v for k, v in SECRETS.items() if k != secret})
+    assert done.returncode != 0
+    assert secret in done.stderr
+
+
 def test_every_service_has_a_container_and_only_sglang_needs_the_gpu_profile() -> None:
-    resolved = yaml.safe_load(_compose("config").stdout)["services"]
-    assert SERVICES <= set(resolved)
+    resolved = _resolved()
+    assert set(resolved) == SERVICES
     gpu_only = {name for name, service in resolved.items() if "gpu" in service.get("profiles", [])}
     assert gpu_only == {"sglang"}
     devices = resolved["sglang"]["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["capabilities"] == ["gpu"]
 
 
-def test_services_run_rollbus_subcommands_that_exist() -> None:
-    from rollbus.cli import COMMANDS
+def test_every_rollbus_container_has_a_settings_class() -> None:
+    rollbus = {name for name, s in _resolved().items() if s.get("image", "").startswith("rollbus")}
+    assert rollbus == set(SETTINGS)
 
-    spec = yaml.safe_load(COMPOSE.read_text())
-    for name, service in spec["services"].items():
-        if service.get("image", "").startswith("rollbus"):
-            assert service["command"][0] in COMMANDS, name
+
+def test_services_run_rollbus_subcommands_that_read_the_mapped_settings_class() -> None:
+    from rollbus.cli import COMMANDS, command_parser
+
+    for name, service in _resolved().items():
+        if name in SETTINGS:
+            command = service["command"][0]
+            assert command in COMMANDS, name
+            parser = command_parser(command, importlib.import_module(COMMANDS[command][0]))
+            flags = {flag for action in parser._actions for flag in action.option_strings}
+            cls = _settings_class(name)
+            assert {cls.flag(field) for field in cls.model_fields} <= flags, name
+
+
+@pytest.mark.parametrize("service", sorted(SETTINGS))
+def test_every_variable_of_a_service_is_one_its_settings_class_reads(service: str) -> None:
+    environment = _resolved()[service].get("environment", {})
+    read = _variables(_settings_class(service))
+    unread = sorted(set(environment) - read)
+    assert not unread, f"{service} does not read {unread}; it reads {sorted(read)}"
+
+
+def test_every_rollbus_variable_named_anywhere_in_the_file_is_set_on_a_container() -> None:
+    """Compose-level variables carry no ROLLBUS_ prefix: a ROLLBUS_ name is always a service's setting."""
+    named = set(re.findall(r"\bROLLBUS_[A-Z0-9_]*[A-Z0-9]", COMPOSE.read_text()))
+    on_containers = {var for s in _resolved().values() for var in s.get("environment", {})}
+    assert named - on_containers == set()
+
+
+def test_every_value_set_is_one_the_settings_class_accepts() -> None:
+    """The values themselves validate (ports, URLs, the signing key's length) with the secrets filled in."""
+    for name, service in _resolved().items():
+        if name in SETTINGS:
+            cls = _settings_class(name)
+            environment = {k: str(v) for k, v in service.get("environment", {}).items()}
+            with pytest.MonkeyPatch.context() as patch:
+                for key, value in environment.items():
+                    patch.setenv(key, value)
+                cls.load({})
+
+
+def test_secrets_reach_only_the_services_that_need_them() -> None:
+    resolved = _resolved()
+    holders = {
+        secret: {name for name, s in resolved.items() if value in json.dumps(s)}
+        for secret, value in SECRETS.items()
+    }
+    assert holders["ENGINE_API_KEY"] == {"engine", "sglang", "adapter", "trainer"}
+    assert holders["ADAPTER_ADMIN_TOKEN"] == {"adapter", "sandbox-runner", "gym-runner"}
+    assert holders["ADAPTER_SIGNING_KEY"] == {"adapter"}
+    assert SECRETS["ENGINE_API_KEY"] not in COMPOSE.read_text()
+
+
+def test_only_the_sandboxing_services_run_privileged() -> None:
+    privileged = {name for name, s in _resolved().items() if s.get("privileged")}
+    assert privileged == {"sandbox-runner", "grader"}
+
+
+def test_the_engine_loads_checkpoints_at_the_path_the_trainer_writes_them() -> None:
+    resolved = _resolved()
+    state = {
+        name: {str(v) for v in resolved[name].get("volumes", [])} for name in ("trainer", "engine", "sglang")
+    }
+    assert all(any(v.startswith("rollbus-state:/state") for v in vols) for vols in state.values()), state
+    assert resolved["trainer"]["environment"]["ROLLBUS_STATE_DIR"] == "/state"

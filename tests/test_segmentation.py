@@ -33,8 +33,8 @@ def run(events: list[Event], segmenter: Segmenter | None = None) -> tuple[Segmen
     return segmenter, segments, dead
 
 
-def expected(writer: RolloutWriter, reward: float) -> list[dict[str, Any]]:
-    cut = fan_out(writer.expected_chains(), writer.rollout_id, reward)
+def expected(writer: RolloutWriter, reward: float, scope: str = "all_turns") -> list[dict[str, Any]]:
+    cut = fan_out(writer.expected_chains(), writer.rollout_id, reward, loss_scope=scope)  # type: ignore[arg-type]
     return [
         {"segment_id": segment_id(writer.rollout_id, writer.attempt_id, s.index), "kind": s.kind,
          "chain_id": s.chain_id, "prompt_ids": s.prompt_ids, "response_ids": s.response_ids,
@@ -295,3 +295,92 @@ def test_ids_with_separator_characters_never_share_a_body_or_session_slot() -> N
     segmenter, _, _ = run(first.events[:-1] + second.events[:-1])
     _, segments, dead = run([first.events[-1], second.events[-1]], segmenter)
     assert dead == [] and len(segments) == 6
+
+
+# --- the loss scope a reward names (gym --loss-scope) ------------------------------------------------
+
+
+def gym_episode(rollout_id: str, details: str, turns: int = 3) -> RolloutWriter:
+    """A gym episode as the gym runner writes it: one main chain, a user observation between replies."""
+    w = RolloutWriter(rollout_id)
+    w.turn("main", "main", [1, 2, 3], 4)
+    for _ in range(turns - 1):
+        w.turn("main", "main", [21, 22], 3)
+    w.close()
+    w.reward(1.0, details=details)
+    return w
+
+
+def trained(segment: dict) -> list[int]:
+    return [t for t, m in zip(segment["response_ids"], segment["loss_mask"], strict=True) if m]
+
+
+def test_a_reward_naming_last_turn_trains_only_the_last_reply_whatever_the_segmenter_default() -> None:
+    writer = gym_episode("g1", '{"kind": "gym", "loss_scope": "last_turn"}')
+    _, (segment,), dead = run(writer.events)  # the segmenter's own default: all_turns
+    assert dead == [] and segment["kind"] == "final"
+    last = writer.live["main"].turns[-1]
+    assert trained(segment) == last.output_ids  # every earlier reply is context, not trained
+    masked = [lp for lp, m in zip(segment["rollout_logprobs"], segment["loss_mask"], strict=True) if not m]
+    assert set(masked) == {0.0}
+    everything = fan_out(writer.expected_chains(), "g1", 1.0)[0]
+    assert segment["response_ids"] == everything.response_ids  # same tokens, only the mask differs
+    assert segment["reward"] == 1.0
+
+
+def test_a_reward_naming_all_turns_overrides_a_last_turn_segmenter() -> None:
+    writer = gym_episode("g2", '{"kind": "gym", "loss_scope": "all_turns"}')
+    segmenter = Segmenter({}, {}, lambda raw: decode(raw).record, Options(loss_scope="last_turn"))
+    _, (segment,), _ = run(writer.events, segmenter)
+    replies = [t.output_ids for t in writer.live["main"].turns]
+    assert trained(segment) == [t for reply in replies for t in reply]
+
+
+@pytest.mark.parametrize(
+    "details", ["{}", "", "graded by hand", "[1, 2]", '{"loss_scope": null}', '{"kind": "swe"}'],
+    ids=["empty-object", "empty", "not-json", "json-list", "null", "no-key"],
+)  # fmt: skip
+@pytest.mark.parametrize("default", ["all_turns", "last_turn"])
+def test_a_reward_naming_no_scope_gets_the_segmenters(details: str, default: str) -> None:
+    writer = gym_episode("g3", details)
+    segmenter = Segmenter({}, {}, lambda raw: decode(raw).record, Options(loss_scope=default))
+    _, segments, dead = run(writer.events, segmenter)
+    assert dead == []
+    assert comparable(segments) == expected(writer, 1.0, default)
+
+
+@pytest.mark.parametrize("scope", ["LAST_TURN", "some_turns", 3, ["last_turn"], ""])
+def test_a_reward_naming_an_unknown_scope_dead_letters_the_rollout_with_the_reason(scope) -> None:
+    import json
+
+    writer = gym_episode("g4", json.dumps({"kind": "gym", "loss_scope": scope}))
+    segmenter, segments, dead = run(writer.events)
+    assert segments == []  # never trained with a guessed mask
+    assert len(dead) == 1 and "details.loss_scope" in dead[0] and "all_turns, last_turn" in dead[0]
+    assert RolloutState.from_bytes(segmenter.states["g4"]).status == "dead" and segmenter.bodies == {}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    scenario=scenarios(),
+    named=st.sampled_from([None, "all_turns", "last_turn"]),
+    default=st.sampled_from(["all_turns", "last_turn"]),
+    seed=st.integers(0, 2**32),
+)
+def test_the_named_scope_else_the_default_cuts_like_fan_out_in_any_interleaving(
+    scenario, named, default, seed: int
+) -> None:
+    import json
+
+    writer, events, reward = scenario
+    details = json.dumps({"loss_scope": named} if named else {})
+    events = [*events[:-1], ("rewards", dict(events[-1][1], details=details))]
+    segmenter = Segmenter({}, {}, lambda raw: decode(raw).record, Options(loss_scope=default))
+    _, segments, dead = run(interleave(random.Random(seed), events, 2), segmenter)
+    assert dead == []
+    scope = named or default
+    assert comparable(segments) == expected(writer, reward, scope)
+    if scope == "last_turn":  # each segment trains its chain's last non-empty reply and nothing else
+        replies = [[t.output_ids for t in c.turns if t.output_ids] for c in writer.expected_chains()]
+        for segment, chain_replies in zip(segments, [r for r in replies if r], strict=True):
+            assert trained(segment) == chain_replies[-1]

@@ -189,3 +189,12 @@ def test_an_incomplete_group_is_abandoned_by_segment_time_and_its_stragglers_are
     (gone,) = buffer.expire(now_ms=5_001, timeout_ms=4_000)
     assert gone.group_id == "g" and [g for g in buffer.pending] == ["h"]
     assert buffer.add(segment("g", "b", created_at=6_000)) is Admission.LATE
+
+
+def test_abandoning_a_poisoned_group_makes_its_other_segments_late() -> None:
+    buffer = GroupBuffer(group_size=2)
+    buffer.add(segment("g", "a", 0, 2))
+    gone = buffer.abandon("g")
+    assert gone is not None and buffer.pending == {} and buffer.buffered() == []
+    assert buffer.add(segment("g", "a", 1, 2)) is Admission.LATE
+    assert buffer.abandon("never-seen") is None and buffer.add(segment("never-seen")) is Admission.LATE

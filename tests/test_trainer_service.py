@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ from rollbus.services import ServiceProcess
 from rollbus.topics import create_topics, topic_name
 from tests.conftest import unique_namespace
 from trainer import checkpoint
-from trainer.feed import latest_policy_version
+from trainer.feed import latest_policy_version, push_weights
 from trainer.learner import Learner
 from trainer.service import Trainer
 from trainer.settings import TrainerSettings
@@ -118,25 +120,31 @@ async def test_trains_publishes_and_the_engine_serves_each_version(
     stale = group("g1", [1.0, 0.0], [1, 1], version=0)  # completes after step 1: one version behind
     flat = group("g2", [0.5, 0.5], [1, 2], version=1)  # no reward variance
     fresh = group("g3", [0.0, 1.0], [3, 1], version=1)
-    poison = dict(fresh[0], segment_id="evil", rollout_id="g3-r9", response_ids=[10**9] * 6)
-    records = [g0[0], g0[0], *g0[1:], *stale, g0[1], *flat, poison, *fresh]  # a duplicate, a late replay
+    poison = dict(fresh[0], segment_id="evil", group_id="g9", rollout_id="g9-r0", response_ids=[10**9] * 6)
+    after_poison = segment("g9", "g9-r1", 0, 1, 1.0, version=1)  # its group can never complete: late
+    records = [g0[0], g0[0], *g0[1:], *stale, g0[1], *flat, poison, after_poison, *fresh]
     await publish(kafka_bootstrap, namespace, records)
 
     port = free_port()
     engine = ServiceProcess(
-        "engine", ["--port", str(port), "--threads", "1", *TINY_FLAGS],
+        "engine", ["--port", str(port), "--threads", "1", "--api-key", "k3y", *TINY_FLAGS],
         health_url=f"http://127.0.0.1:{port}/health", log_dir=tmp_path / "logs",
     )  # fmt: skip
     with engine:
         config = settings(
             kafka_bootstrap, namespace, tmp_path / "ckpt", steps=2, max_staleness=0,
-            engine_url=f"http://127.0.0.1:{port}",
+            engine_url=f"http://127.0.0.1:{port}", engine_api_key="k3y",
         )  # fmt: skip
         trainer = Trainer(Learner.resume(config))
         initial = {k: v.clone() for k, v in trainer.learner.model.state_dict().items()}
         await asyncio.wait_for(trainer.run(), 300)
-        info = httpx.get(f"http://127.0.0.1:{port}/get_model_info").json()
-    assert info["weight_version"] == "2" and info["model_path"].endswith("v00000002")
+        url, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer k3y"}
+        info = httpx.get(f"{url}/get_model_info", headers=auth).json()
+        assert info["weight_version"] == "2" and info["model_path"].endswith("v00000002")
+        # a wrong key is refused at once (no retries) and changes nothing
+        v1 = str(checkpoint.version_dir(tmp_path / "ckpt", 1))
+        assert not await push_weights(url, v1, 9, api_key="wrong", timeout=30, retries=5)
+        assert httpx.get(f"{url}/get_model_info", headers=auth).json()["weight_version"] == "2"
 
     published = await policy_versions(kafka_bootstrap, namespace)
     assert [p["version"] for p in published] == [0, 1, 2]
@@ -148,7 +156,7 @@ async def test_trains_publishes_and_the_engine_serves_each_version(
     assert c["duplicates_dropped"] == 1 and c["dead_letters"] == 1
     assert c["stale_groups_dropped"] == 1 and c["stale_segments_dropped"] == len(stale)
     assert c["zero_variance_groups"] == 1 and c["zero_variance_groups_skipped"] == 1
-    assert c["engine_pushes"] == 3 and c["late_segments_dropped"] == 1
+    assert c["engine_pushes"] == 3 and c["late_segments_dropped"] == 2 and c["poisoned_groups_dropped"] == 1
     dead = await read_topic(kafka_bootstrap, topic_name("dead-letters", namespace))
     assert len(dead) == 1 and "outside the vocabulary" in dead[0].record["error"]
 
@@ -265,3 +273,38 @@ async def test_the_published_version_is_read_back_every_time(kafka_bootstrap: st
         for version in (0, 1, 2):
             await publisher.publish(topic, {"version": version, "location": "/x", "published_at": 0})
     assert [await latest_policy_version(kafka_bootstrap, topic, 2**20) for _ in range(8)] == [2] * 8
+
+
+THREE_STEPS = {"ROLLBUS_TRAINER_STEPS": "3", "ROLLBUS_TRAINER_ROLLOUT_BATCH_SIZE": "1"}
+
+
+def test_sigkill_mid_run_then_restart_reaches_the_uninterrupted_weights(
+    kafka_bootstrap: str, tmp_path
+) -> None:
+    """A real ``kill -9`` of ``python -m trainer`` the moment its second checkpoint appears (so somewhere
+    among publish, commit and the next fetch), then a plain restart; three steps of one group each."""
+    spaces = [asyncio.run(one_partition_namespace(kafka_bootstrap)) for _ in range(2)]
+    for namespace in spaces:
+        asyncio.run(publish(kafka_bootstrap, namespace, batches()))
+    ref, killed = tmp_path / "ref", tmp_path / "killed"
+    env = trainer_env(kafka_bootstrap, spaces[0], ref) | THREE_STEPS
+    subprocess.run([sys.executable, "-m", "trainer"], env=env, check=True, timeout=600)
+
+    env = trainer_env(kafka_bootstrap, spaces[1], killed) | THREE_STEPS
+    proc = subprocess.Popen([sys.executable, "-m", "trainer"], env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not (killed / "v00000002").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the trainer finished before it could be killed"
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not (killed / "v00000003").exists()
+    subprocess.run([sys.executable, "-m", "trainer"], env=env, check=True, timeout=600)
+    expected, got = weights(ref / "v00000003"), weights(killed / "v00000003")
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], rtol=0, atol=0, msg=key)
+    state = checkpoint.load(killed / "v00000003")[2]
+    assert state.finished_groups == ["a", "b", "c"] and state.step == 3

@@ -20,6 +20,7 @@ from trainer.advantages import group_advantages
 from trainer.loss import SegmentInput
 
 Segment = Mapping[str, Any]
+LOGPROB_SLACK = 1e-3  # a log-probability is never positive; this only forgives float rounding
 
 
 class Admission(Enum):
@@ -53,7 +54,7 @@ def validate(segment: Segment, vocab_size: int) -> None:
     if min(ids) < 0 or max(ids) >= vocab_size:
         raise InvalidSegment(f"segment {segment['segment_id']!r}: token id outside the vocabulary")
     masked = [lp for lp, m in zip(segment["rollout_logprobs"], mask, strict=True) if m]
-    if not all(math.isfinite(lp) and lp <= 0 for lp in masked):
+    if not all(math.isfinite(lp) and lp <= LOGPROB_SLACK for lp in masked):
         raise InvalidSegment(f"segment {segment['segment_id']!r}: rollout logprob not finite or above 0")
     if not math.isfinite(segment["trajectory_reward"]):
         raise InvalidSegment(f"segment {segment['segment_id']!r}: trajectory_reward is not finite")
@@ -143,6 +144,15 @@ class GroupBuffer:
         """Remove a completed group that will not be trained (stale or without reward variance)."""
         self.complete.remove(group)
         self.finish(group)
+
+    def abandon(self, group_id: str) -> Group | None:
+        """Give up on a group that can never complete (a segment was poison); later segments are late."""
+        group = self.pending.pop(group_id, None)
+        if group is not None:
+            self.finish(group)
+        else:
+            self.finished.add(group_id)
+        return group
 
     def expire(self, now_ms: int, timeout_ms: int) -> list[Group]:
         """Abandon incomplete groups whose first segment is more than ``timeout_ms`` older than ``now_ms``

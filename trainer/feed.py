@@ -13,6 +13,7 @@ import logging
 
 import httpx
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError
 from aiokafka.structs import OffsetAndMetadata
 
 from rollbus.bus import decode_message
@@ -23,7 +24,10 @@ log = logging.getLogger("rollbus.trainer")
 class SegmentFeed:
     """A consumer-group member on ``segments`` that never commits by itself."""
 
-    def __init__(self, bootstrap_servers: str, topic: str, group_id: str, max_poll_interval_ms: int) -> None:
+    def __init__(
+        self, bootstrap_servers: str, topic: str, group_id: str, *, max_poll_interval_ms: int,
+        session_timeout_ms: int,
+    ) -> None:  # fmt: skip
         self._consumer = AIOKafkaConsumer(
             topic,
             bootstrap_servers=bootstrap_servers,
@@ -33,6 +37,8 @@ class SegmentFeed:
             auto_offset_reset="earliest",
             isolation_level="read_committed",
             max_poll_interval_ms=max_poll_interval_ms,
+            session_timeout_ms=session_timeout_ms,
+            heartbeat_interval_ms=max(session_timeout_ms // 10, 100),
         )
 
     async def __aenter__(self) -> SegmentFeed:
@@ -47,9 +53,17 @@ class SegmentFeed:
         batch = await self._consumer.getmany(timeout_ms=timeout_ms)
         return [m for tp in sorted(batch, key=lambda tp: tp.partition) for m in batch[tp]]
 
-    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
-        if offsets:
+    async def commit(self, offsets: dict[TopicPartition, int]) -> bool:
+        """Commit ``offsets``; False if a rebalance took the partitions meanwhile (the group redelivers from
+        the last commit, which the trainer's dedupe absorbs; the next step's commit covers these offsets)."""
+        if not offsets:
+            return True
+        try:
             await self._consumer.commit({tp: OffsetAndMetadata(n, "") for tp, n in offsets.items()})
+        except (CommitFailedError, IllegalStateError) as err:
+            log.warning("offset commit failed after a rebalance (%s); the next step commits again", err)
+            return False
+        return True
 
 
 async def latest_policy_version(bootstrap_servers: str, topic: str, max_event_bytes: int) -> int | None:

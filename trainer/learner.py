@@ -78,7 +78,7 @@ def initial_model(settings: TrainerSettings) -> PreTrainedModel:
         return AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=torch.float32)
     tokenizer = load_tokenizer(settings.tokenizer)
     stops = SpecialIds.from_tokenizer(tokenizer).stop_token_ids
-    return random_qwen3(settings.spec(), len(tokenizer), stops, settings.seed)
+    return random_qwen3(settings.model_spec(), len(tokenizer), stops, settings.seed)
 
 
 def stop_followers() -> None:

@@ -33,7 +33,7 @@ class LossConfig:
     eps_clip_low: float = 0.2
     eps_clip_high: float = 0.28
     tis_clip: float | None = None  # None: ratios against the rollout policy, no TIS
-    logits_chunk: int = 1024  # masked positions per LM-head chunk; 0: full logits (the bench's baseline)
+    logits_chunk: int = 512  # masked positions per LM-head chunk (~2 x 512 x vocab floats); 0: full logits
 
 
 @dataclass
@@ -78,19 +78,28 @@ def decoder_of(model: PreTrainedModel) -> torch.nn.Module:
     return getattr(model, model.base_model_prefix)
 
 
-def _logprobs_of(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Target log-probabilities and (detached) entropies; half-precision logits are upcast first."""
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()
-    logp_all = torch.log_softmax(logits, dim=-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp_all.gather(-1, targets[:, None])[:, 0], entropy.detach()
+def _upcast(logits: torch.Tensor) -> torch.Tensor:
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+
+
+def _pick(logp_all: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target log-probabilities and (detached) entropies from a log-softmax.
+
+    The logits are never held here (callers pass the log-softmax straight from the head), so at most two
+    (positions x vocabulary) buffers are alive: the log-softmax, kept for its backward, and one scratch
+    buffer for the entropy, computed in place without autograd.
+    """
+    with torch.no_grad():
+        scratch = logp_all.exp()
+        entropy = -scratch.mul_(logp_all).sum(-1)
+        del scratch
+    return logp_all.gather(-1, targets[:, None])[:, 0], entropy
 
 
 def _chunk_logprobs(
     head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _logprobs_of(head(hidden), targets)
+    return _pick(torch.log_softmax(_upcast(head(hidden)), -1), targets)
 
 
 def token_logprobs(
@@ -99,7 +108,8 @@ def token_logprobs(
     """Log-probability (with grad) and entropy (without) of ``input_ids[positions]`` under ``model``."""
     targets = input_ids[positions]
     if chunk <= 0:
-        return _logprobs_of(model(input_ids=input_ids[None]).logits[0, positions - 1], targets)
+        logits = model(input_ids=input_ids[None]).logits[0, positions - 1]
+        return _pick(torch.log_softmax(_upcast(logits), -1), targets)
     hidden = decoder_of(model)(input_ids=input_ids[None]).last_hidden_state[0, positions - 1]
     head = model.get_output_embeddings()
     parts = [

@@ -1,8 +1,8 @@
 """``rollbus trainer``: consume ``segments``, train the policy, publish each new version to ``policy``.
 
 Single process: ``rollbus trainer --group-size 4 --rollout-batch-size 2``. Data-parallel on one or more
-machines: ``torchrun --nproc-per-node 2 -m trainer ...`` (gloo on CPU, NCCL on GPUs): rank 0 consumes and
-commits, every rank trains a share of each batch.
+machines: ``torchrun --nproc-per-node 2 -m trainer ...`` (gloo; the model is on the CPU, GPU placement is not
+built): rank 0 consumes and commits, every rank trains a share of each batch.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import signal
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -30,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(settings.threads or os.cpu_count() or 1)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        # the model stays on the CPU here (device placement and NCCL are not built), so gloo
+        dist.init_process_group("gloo", timeout=timedelta(seconds=settings.dist_timeout))
     try:
         learner = Learner.resume(settings)
         if dist.is_initialized() and dist.get_rank() != 0:

@@ -79,7 +79,8 @@ class Trainer:
                 await self._recover_version()
                 feed = SegmentFeed(
                     settings.bootstrap_servers, self.segments_topic, settings.consumer_group,
-                    int(settings.max_poll_interval * 1000),
+                    max_poll_interval_ms=int(settings.max_poll_interval * 1000),
+                    session_timeout_ms=int(settings.session_timeout * 1000),
                 )  # fmt: skip
                 async with feed:
                     await self._consume(feed, stop)
@@ -104,6 +105,7 @@ class Trainer:
     async def _admit(self, message: ConsumerRecord) -> None:
         tp = TopicPartition(message.topic, message.partition)
         self.position[tp] = message.offset + 1
+        segment: dict[str, Any] | None = None
         try:
             segment = decode_message(message, MAX_EVENT_BYTES).record
             validate(segment, self.learner.vocab_size)
@@ -114,6 +116,8 @@ class Trainer:
             await self.publisher.publish(
                 dead_letters_for(message.topic), dead_letter(message, poison, "trainer"), key=message.key
             )
+            if segment is not None and isinstance(poison, InvalidSegment):
+                self._abandon_poisoned(segment["group_id"])
             return
         if admission is Admission.DUPLICATE:
             self.counters["duplicates_dropped"] += 1
@@ -123,6 +127,15 @@ class Trainer:
             self.where[segment["segment_id"]] = (tp, message.offset)
             if admission is Admission.GROUP_COMPLETE:
                 self._screen(self.buffer.complete[-1])
+
+    def _abandon_poisoned(self, group_id: str) -> None:
+        """The group can never complete: drop it now, not hold it (and the offsets) until the timeout."""
+        if group_id in self.buffer.finished or any(g.group_id == group_id for g in self.buffer.complete):
+            return  # already trained or waiting to be: the poison was an extra, not a missing piece
+        group = self.buffer.abandon(group_id)
+        self.counters["poisoned_groups_dropped"] += 1
+        if group is not None:
+            self._finish(group)
 
     def _abandon_incomplete(self, now_ms: int) -> None:
         """A rollout that never produces its segments must not hold its group (and the offsets) forever."""
@@ -175,11 +188,12 @@ class Trainer:
         result = await asyncio.to_thread(learner.step, shares)
         trained = time.monotonic()
         state = learner.state
+        row = self._row(groups, result)  # staleness against the version these groups were trained on
         state.version += 1
         state.step += 1
         state.finished_groups = sorted(self.buffer.finished)
         state.counters = dict(self.counters)
-        state.metrics = self._row(groups, result)
+        state.metrics = row
         state.metrics.update(
             step=state.step, version=state.version, wait_s=ready - self._waiting_since,
             step_s=trained - ready, **dict(self.counters),
@@ -189,7 +203,8 @@ class Trainer:
         self.metrics.write(state.metrics)
         await self._publish(str(path.resolve()), state.version)
         self.fault("after_publish")
-        await feed.commit(self.commit_offsets())
+        if not await feed.commit(self.commit_offsets()):
+            self.counters["commit_failures"] += 1
         self.fault("after_commit")
         self._waiting_since = time.monotonic()
 

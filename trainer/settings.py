@@ -7,14 +7,13 @@ from typing import Literal
 
 from pydantic import Field, SecretStr
 
-from rollbus.policy_model import ModelSpec
+from rollbus.policy_model import ModelSettings
 from rollbus.settings import BusSettings
-from rollbus.tokenizer import DEFAULT_TOKENIZER
 from trainer.loss import LossConfig
 from trainer.step import OptimConfig
 
 
-class TrainerSettings(BusSettings):
+class TrainerSettings(ModelSettings, BusSettings):
     """Settings of `rollbus trainer` (flags --x-y, variables ROLLBUS_TRAINER_X_Y)."""
 
     model_config = BusSettings.scoped("trainer")
@@ -44,22 +43,19 @@ class TrainerSettings(BusSettings):
         None, gt=0, description="truncated importance sampling against the rollout policy, capped at C"
     )
     normalize_std: bool = Field(True, description="divide group advantages by the group's reward std")
-    logits_chunk: int = Field(1024, ge=0, description="masked positions per LM-head chunk; 0: full logits")
+    logits_chunk: int = Field(
+        512,
+        ge=0,
+        description="trained positions per LM-head chunk (peak ~2 x chunk x vocab floats); 0: full",
+    )
     # -- the optimiser
     lr: float = Field(1e-5, gt=0, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient norm clip")
     # -- the model (random Qwen3 like the engine's, unless --model-path)
-    model_path: Path | None = Field(None, description="initial save_pretrained checkpoint; unset: random")
-    tokenizer: str = Field(DEFAULT_TOKENIZER, description="tokenizer (its size sizes the random model)")
-    seed: int = Field(0, description="seed of the random initial weights (the engine's --seed)")
-    hidden_size: int = Field(ModelSpec.hidden_size, gt=0, description="random model width")
-    layers: int = Field(ModelSpec.layers, gt=0, description="random model depth")
-    heads: int = Field(ModelSpec.heads, gt=0, description="attention heads")
-    kv_heads: int = Field(ModelSpec.kv_heads, gt=0, description="key/value heads")
-    head_dim: int = Field(ModelSpec.head_dim, gt=0, description="attention head size")
-    intermediate_size: int = Field(ModelSpec.intermediate_size, gt=0, description="MLP width")
-    context_length: int = Field(ModelSpec.context_length, gt=0, description="max tokens")
+    dist_timeout: float = Field(
+        86400.0, gt=0, description="seconds ranks wait for rank 0's next batch (torchrun) before giving up"
+    )
     threads: int = Field(0, ge=0, description="torch CPU threads (0: all cores)")
     # -- where things go
     checkpoint_dir: Path | None = Field(
@@ -70,17 +66,13 @@ class TrainerSettings(BusSettings):
     max_poll_interval: float = Field(
         900.0, gt=0, description="seconds a step may take before Kafka evicts the consumer"
     )
+    session_timeout: float = Field(
+        30.0, gt=0, description="seconds without heartbeats before Kafka counts the trainer gone"
+    )
     engine_url: str = Field("", description="engine to push new weights to; empty: publish to policy only")
     engine_api_key: SecretStr | None = Field(None, description="the engine's API key (sent as Bearer)")
     engine_timeout: float = Field(300.0, gt=0, description="seconds the engine may take to load weights")
     engine_retries: int = Field(3, ge=0, description="retries of a failed weight push before moving on")
-
-    def spec(self) -> ModelSpec:
-        return ModelSpec(
-            hidden_size=self.hidden_size, layers=self.layers, heads=self.heads, kv_heads=self.kv_heads,
-            head_dim=self.head_dim, intermediate_size=self.intermediate_size,
-            context_length=self.context_length,
-        )  # fmt: skip
 
     def loss(self) -> LossConfig:
         return LossConfig(

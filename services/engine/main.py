@@ -16,10 +16,10 @@ import torch
 import transformers
 from pydantic import AliasChoices, Field, model_validator
 
-from rollbus.settings import Settings
+from rollbus.policy_model import ModelSettings
 from rollbus.tokenizer import DEFAULT_TOKENIZER, SpecialIds, load_tokenizer, tokenizer_dir
 from services.engine.engine import Engine
-from services.engine.model import ModelSpec, load_model, random_model
+from services.engine.model import load_model, random_model
 from services.engine.policies import (
     Policy,
     SamplePolicy,
@@ -30,10 +30,10 @@ from services.engine.policies import (
 )
 
 
-class EngineSettings(Settings):
+class EngineSettings(ModelSettings):
     """Settings of ``rollbus engine`` (flags ``--x-y``, variables ``ROLLBUS_ENGINE_X_Y``)."""
 
-    model_config = Settings.scoped("engine")
+    model_config = ModelSettings.scoped("engine")
 
     host: str = Field("127.0.0.1", min_length=1, description="address to listen on")
     port: int = Field(30000, ge=0, le=65535, description="port to listen on (SGLang's default)")
@@ -45,18 +45,6 @@ class EngineSettings(Settings):
         description='scripted policy: JSON file {"turns": [...]}, or a directory of NAME.json replayed to '
         "rollouts whose id starts with NAME-",
     )
-    tokenizer: str = Field(
-        DEFAULT_TOKENIZER, min_length=1, description="built-in tokenizer name or directory"
-    )
-    model_path: Path | None = Field(None, description="save_pretrained checkpoint dir (else random)")
-    seed: int = Field(0, ge=0, description="seed of the random weights and of sampling")
-    hidden_size: int = Field(ModelSpec.hidden_size, ge=1, description="random model width")
-    layers: int = Field(ModelSpec.layers, ge=1, description="random model depth")
-    heads: int = Field(ModelSpec.heads, ge=1, description="attention heads")
-    kv_heads: int = Field(ModelSpec.kv_heads, ge=1, description="key/value heads")
-    head_dim: int = Field(ModelSpec.head_dim, ge=1, description="attention head size")
-    intermediate_size: int = Field(ModelSpec.intermediate_size, ge=1, description="MLP width")
-    context_length: int = Field(ModelSpec.context_length, ge=2, description="max tokens")
     weight_version: str = Field("0", description="weight_version reported before any update")
     prefix_cache_size: int = Field(8, ge=0, description="KV cache entries kept (LRU)")
     prefill_chunk: int = Field(
@@ -87,17 +75,6 @@ class EngineSettings(Settings):
         if self.policy == "scripted" and self.script is None:
             raise ValueError("--policy scripted needs --script FILE")
         return self
-
-    def model_spec(self) -> ModelSpec:
-        return ModelSpec(
-            hidden_size=self.hidden_size,
-            layers=self.layers,
-            heads=self.heads,
-            kv_heads=self.kv_heads,
-            head_dim=self.head_dim,
-            intermediate_size=self.intermediate_size,
-            context_length=self.context_length,
-        )
 
 
 add_arguments = EngineSettings.add_arguments

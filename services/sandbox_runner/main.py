@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -43,11 +44,25 @@ def run(args: argparse.Namespace) -> int:
             "rollbus sandbox-runner: bwrap cannot build sandboxes here (use --backend local)", file=sys.stderr
         )
         return 2
+    if settings.backend == "e2b" and (problem := e2b_unusable()):
+        print(f"rollbus sandbox-runner: --backend e2b: {problem}", file=sys.stderr)
+        return 2
     try:
         return asyncio.run(_serve(settings))
     except KafkaError as exc:  # the broker is away: one line, not a traceback
         print(f"rollbus sandbox-runner: {settings.bootstrap_servers}: {exc}", file=sys.stderr)
         return 1
+
+
+def e2b_unusable() -> str | None:
+    """Why no E2B VM could be made from here (every attempt would fail), or None."""
+    try:
+        import e2b  # noqa: F401 - only needed for this backend
+    except ImportError:
+        return "the e2b SDK is not installed (pip install 'e2b>=2')"
+    if not os.environ.get("E2B_API_KEY"):
+        return "E2B_API_KEY is not set"
+    return None
 
 
 async def _serve(settings: RunnerSettings) -> int:

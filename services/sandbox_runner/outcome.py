@@ -22,6 +22,7 @@ TIMEOUT = "timeout"  # the agent ran past its wall-clock budget and was killed
 AGENT_CRASHED = "agent_crashed"  # the CLI exited non-zero (or was killed by a signal) on its own
 MAX_TURNS = "max_turns"  # the CLI stopped at --max-turns
 PATCH_TOO_LARGE = "patch_too_large"  # the patch exceeded the cap and was cut
+PATCH_FAILED = "patch_failed"  # e2b: git in the VM gave no patch (the agent broke its repository)
 RUNNER_ERROR = "runner_error"  # a bug or host failure in the runner itself (the error says which)
 
 # Sandbox-reported kinds that do not end a rollout badly: the agent's chatter was cut, its work is on disk.

@@ -31,6 +31,7 @@ from rollbus import claude_cli
 from rollbus.sandbox import (
     BwrapSandbox,
     Completed,
+    SandboxBase,
     SandboxError,
     SandboxSpec,
     create_local,
@@ -38,6 +39,7 @@ from rollbus.sandbox import (
     resolve_image,
 )
 from rollbus.sandbox.bwrap import WORKSPACE
+from rollbus.sandbox.e2b_backend import E2BOptions
 from services.sandbox_runner import outcome as kinds
 from services.sandbox_runner.outcome import Outcome, agent_turns, cap_patch, classify, drop_paths
 from services.sandbox_runner.settings import RunnerSettings
@@ -109,9 +111,14 @@ class RunnerKit:
     sessions: AdapterSessions
     boot_gate: asyncio.Semaphore = field(init=False)
     limits_logged: bool = False
+    sdk: Any = None  # e2b: the SDK's AsyncSandbox class (None: the real one; tests pass a fake)
+    e2b_options: E2BOptions | None = None  # e2b: None reads them from the settings at first use
+    tarballs: Any = None  # e2b: the host-side tarballs, prepared once (remote.Tarballs)
 
     def __post_init__(self) -> None:
         self.boot_gate = asyncio.Semaphore(self.settings.boot_concurrency)
+        if self.settings.backend == "e2b" and self.e2b_options is None:
+            self.e2b_options = self.settings.e2b_options()
 
 
 def new_attempt_id() -> str:
@@ -141,6 +148,10 @@ async def run_task(kit: RunnerKit, task: dict[str, Any], attempt_id: str | None 
     attempt_id = attempt_id or new_attempt_id()
     started = time.monotonic()
     try:
+        if kit.settings.backend == "e2b":
+            from services.sandbox_runner import remote
+
+            return await remote.attempt(kit, task, attempt_id)
         return await _attempt(kit, task, attempt_id)
     except AttemptFailed as exc:
         log.info("rollout %s attempt %s: %s: %s", task["rollout_id"], attempt_id, exc.kind, exc)
@@ -235,19 +246,24 @@ async def boot(kit: RunnerKit, metadata: dict[str, Any], binary: Path, attempt_i
 
 async def run_agent(
     settings: RunnerSettings,
-    sandbox: BwrapSandbox,
+    sandbox: SandboxBase,
     task: dict[str, Any],
     metadata: dict[str, Any],
     token: str,
+    *,
+    binary: str = claude_cli.SANDBOX_BINARY,
+    base_url: str | None = None,
+    path: str | None = None,
 ) -> Completed:
-    """The CLI, headless, with the attempt's token, under the wall-clock budget."""
+    """The CLI, headless, with the attempt's token, under the wall-clock budget (``binary``, ``base_url``
+    and ``path`` as the sandbox sees them; the defaults are the local sandbox's)."""
     cmd = claude_cli.build_command(
         task_prompt(task, metadata, settings.prompt_template), model=settings.model,
-        max_turns=settings.max_turns, binary=claude_cli.SANDBOX_BINARY,
+        max_turns=settings.max_turns, binary=binary,
         disallowed_tools=settings.denied_tools(), extra_args=settings.extra_cli_args(),
     )  # fmt: skip
     env = claude_cli.build_env(
-        settings.agent_base_url(), token, model=settings.model, home=sandbox.home,
-        max_output_tokens=settings.max_output_tokens, extra=SANDBOX_ENV,
+        base_url or settings.agent_base_url(), token, model=settings.model, home=sandbox.home,
+        max_output_tokens=settings.max_output_tokens, extra=SANDBOX_ENV, **({"path": path} if path else {}),
     )  # fmt: skip
     return await sandbox.run(cmd, env, cwd=sandbox.workdir, timeout=settings.agent_timeout)

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Self
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from rollbus import claude_cli
 from rollbus.sandbox import Limits
+from rollbus.sandbox.base import SandboxError
 from rollbus.sandbox.bwrap import SCRATCH_ROOT
+from rollbus.sandbox.e2b_backend import E2BOptions
 from rollbus.settings import BusSettings
 
 MIB = 1 << 20
@@ -26,7 +29,31 @@ class RunnerSettings(BusSettings):
 
     adapter_url: str = Field("http://127.0.0.1:8080", description="adapter the agent talks to", min_length=1)
     admin_token: SecretStr | None = Field(None, description="the adapter's admin token (sessions API)")
-    backend: Literal["bwrap"] = Field("bwrap", description="sandbox backend of the agent")
+    backend: Literal["bwrap", "e2b"] = Field(
+        "bwrap", description="sandbox backend of the agent (e2b: template and routing from ROLLBUS_E2B_*)"
+    )
+    public_adapter_url: str | None = Field(
+        None, description="the adapter as an E2B VM reaches it (unset: --adapter-url)"
+    )
+    node_tarball: str | None = Field(
+        None, description="e2b: host path or URL of the Node 22 linux-x64 tarball (.tar.xz/.tar.gz)"
+    )
+    claude_code_tarball: str | None = Field(
+        None,
+        description="e2b: host path or URL of npm-packed Claude Code (bin claude, or the native linux-x64)",
+    )
+    e2b_install_dir: str = Field(
+        "/opt/rollbus-agent", min_length=2, description="e2b: where node/ and the CLI (cli/) go in the VM"
+    )
+    e2b_path: str = Field(
+        "/usr/local/bin:/usr/bin:/bin",
+        min_length=1,
+        description="e2b: the VM's PATH after the installed tools",
+    )
+    e2b_poll: float = Field(2.0, gt=0, description="e2b: seconds between polls of a running remote command")
+    e2b_step_timeout: float = Field(
+        300.0, gt=0, description="e2b: seconds for one setup step in the VM (install, patch capture)"
+    )
     agent_port: int = Field(
         8080, ge=1, le=65535, description="loopback port of the adapter inside the sandbox"
     )
@@ -88,6 +115,43 @@ class RunnerSettings(BusSettings):
             if not isinstance(data, dict):
                 raise ValueError("the agents file must hold a JSON object {name: {description, prompt}}")
         return value
+
+    @field_validator("node_tarball", "claude_code_tarball")
+    @classmethod
+    def _tarball(cls, value: str | None) -> str | None:
+        if value and not value.startswith(("http://", "https://")) and not Path(value).is_file():
+            raise ValueError("not a file (give a host path or an http(s) URL)")
+        return value or None
+
+    @model_validator(mode="after")
+    def _e2b_complete(self) -> Self:
+        if self.backend != "e2b":
+            return self
+        if not (self.node_tarball and self.claude_code_tarball):
+            raise ValueError(
+                "--backend e2b needs --node-tarball and --claude-code-tarball (host paths or URLs)"
+            )
+        if not self.e2b_install_dir.startswith("/"):
+            raise ValueError("--e2b-install-dir must be an absolute path in the VM")
+        try:
+            self.e2b_options()  # ROLLBUS_E2B_METADATA_FILE is read (and checked) here, at start
+        except SandboxError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    def e2b_options(self, **overrides: object) -> E2BOptions:
+        """The E2B backend's own options, read where it reads them (``ROLLBUS_E2B_TEMPLATE``,
+        ``ROLLBUS_E2B_METADATA_FILE``, ``ROLLBUS_E2B_IMAGE_METADATA_KEY``); polled at ``--e2b-poll``."""
+        given: dict[str, object] = {
+            "poll_s": self.e2b_poll,
+            "output_bytes": self.output_mb * MIB,
+            **overrides,
+        }
+        return E2BOptions.from_env(os.environ, **given)  # type: ignore[arg-type]
+
+    def e2b_base_url(self) -> str:
+        """``ANTHROPIC_BASE_URL`` in an E2B VM: the adapter's public address (no forwarder there)."""
+        return self.public_adapter_url or self.adapter_url
 
     def extra_cli_args(self) -> list[str]:
         args = shlex.split(self.cli_args)

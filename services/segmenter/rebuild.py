@@ -141,7 +141,9 @@ async def read_raw(settings: SegmenterSettings) -> Messages:
     by_tp: dict[TopicPartition, list[ConsumerRecord]] = {tp: [] for tp in tps}
     try:
         consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
+        # explicit offsets: seek_to_beginning() right after assign() races the consumer's own offset reset
+        for tp, offset in (await consumer.beginning_offsets(tps)).items():
+            consumer.seek(tp, offset)
         ends = await consumer.end_offsets(tps)
         while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
             batch = await consumer.getmany(timeout_ms=500)

@@ -16,7 +16,7 @@ class SegmenterSettings(BusSettings):
     model_config = BusSettings.scoped("segmenter")
 
     loss_scope: Literal["all_turns", "last_turn"] = Field(
-        "all_turns", description="which sampled outputs of a segment train"
+        "all_turns", description="which sampled outputs train when the reward names no details.loss_scope"
     )
     history_mode: Literal["canonical", "rerender"] = Field(
         "canonical", description="how the adapter recorded histories (must match its --history-mode)"

@@ -1,0 +1,298 @@
+"""One attempt on E2B (``--backend e2b``): a VM per attempt, the agent installed in it, its patch taken there.
+
+The steps mirror the local attempt (:mod:`rollout`): boot (``create_sandbox(spec, "e2b")``, under the boot
+cap, retried), install (the Node 22 and Claude Code tarballs of the settings, as slime does: node under
+``--e2b-install-dir``/node, the CLI by ``npm install -g`` from its packed tarball, each skipped when the
+template already answers ``node --version`` (22+) / ``claude --version``), the CLI started detached with the
+attempt's token and the same command and environment as locally (``ANTHROPIC_BASE_URL`` the adapter's public
+URL), polled under the wall-clock budget, then the patch, and the VM killed on every path (cancellation
+included).
+
+Threat model: the VM is the isolation and the agent owns all of it, as the same user we run our own
+commands as. So the patch is taken inside the VM against the base commit recorded *before* the agent ran
+(``git rev-parse HEAD`` right after boot), with replace objects, hooks, fsmonitor, external diff drivers,
+textconv and user/system config off; an agent that rewrites the object store, the VM's git or its files
+can still forge that patch, but only into a patch it could have produced by editing files: the grader
+applies it to a fresh sandbox from the original image and trusts nothing else from this VM. The size cap
+and our own paths are applied again on the host. The row (grading material, label) never enters the VM:
+only the image and ``e2b_template`` go to the E2B API as routing metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import logging
+import lzma
+import os
+import re
+import shlex
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from rollbus.sandbox import Completed, SandboxBase, SandboxError, SandboxSpec, create_sandbox
+from rollbus.sandbox.bwrap import WORKSPACE
+from services.sandbox_runner import outcome as kinds
+from services.sandbox_runner.outcome import Outcome, agent_turns, cap_patch, classify, drop_paths
+from services.sandbox_runner.rollout import AttemptFailed, RunnerKit, parse_metadata, run_agent
+from services.sandbox_runner.settings import RunnerSettings
+
+log = logging.getLogger("rollbus.sandbox_runner")
+NODE_MAJOR = 22
+DOWNLOAD_TIMEOUT_S = 600.0
+_NODE_VERSION = re.compile(r"^v(\d+)\.")
+# The VM's default user may not own the install dir's parent (/opt): make it through sudo then.
+_MAKE_DIR = 'if ! mkdir -p {d} 2>/dev/null; then sudo -n install -d -o "$(id -u)" -g "$(id -g)" {d}; fi'
+NODE_INSTALL = (
+    "set -e; " + _MAKE_DIR + "; rm -rf {d}/node; mkdir -p {d}/node; "
+    "tar xf {f} -C {d}/node --strip-components=1; rm -f {f}; {d}/node/bin/node --version"
+)
+# The CLI's packed tarball: a package whose bin is ``claude`` (cli.js), or the native platform package
+# (``npm pack @anthropic-ai/claude-code-linux-x64@V``: no bin, its ``claude`` is the binary, linked here). The
+# 2.x wrapper alone does not work offline: its binary comes from an optional dependency npm cannot fetch.
+CLI_INSTALL = (
+    "set -e; " + _MAKE_DIR + "; mkdir -p {d}/cli; "
+    "npm install -g --prefix {d}/cli --offline --no-audit --no-fund --loglevel=error {f}; rm -f {f}; "
+    "if ! claude --version > /dev/null 2>&1; then "
+    "for native in {d}/cli/lib/node_modules/@anthropic-ai/claude-code-linux-*/claude; do "
+    '[ -x "$native" ] && mkdir -p {d}/cli/bin && ln -sf "$native" {d}/cli/bin/claude && break; done; fi; '
+    "claude --version"
+)
+# The patch: every change since the recorded base commit, new files included, our paths left out; git's
+# configurable ways to run code or rewrite output are off. Written whole, then cut, so a failing git is seen.
+DIFF_SCRIPT = (
+    "cd {w} && git -c core.hooksPath=/dev/null -c core.fsmonitor=false add -N -- . {x} && "
+    "git -c core.fsmonitor=false diff --binary --no-ext-diff --no-textconv --no-color {base} -- . {x} "
+    "> {out}.full; status=$?; head -c {n} {out}.full > {out}; rm -f {out}.full; exit $status"
+)
+GIT_ENV = {
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_NO_REPLACE_OBJECTS": "1",
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_PAGER": "cat",
+}
+
+
+@dataclass
+class Tarballs:
+    """The two host-side tarballs, fetched (URLs) and made plain (``.xz``) once per runner."""
+
+    settings: RunnerSettings
+    _ready: tuple[Path, Path] | None = None
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def paths(self) -> tuple[Path, Path]:
+        async with self._lock:
+            if self._ready is None:
+                self._ready = await asyncio.to_thread(self._prepare)
+            return self._ready
+
+    def _prepare(self) -> tuple[Path, Path]:
+        cache = self.settings.state_dir / "e2b-agent"
+        cache.mkdir(parents=True, exist_ok=True)
+        assert self.settings.node_tarball and self.settings.claude_code_tarball  # settings check this
+        node = plain_tar(host_file(self.settings.node_tarball, cache), cache)
+        return node, host_file(self.settings.claude_code_tarball, cache)
+
+
+def host_file(source: str, cache: Path) -> Path:
+    """A tarball named by path or URL, as a host file (a URL downloaded once into ``cache``)."""
+    if not source.startswith(("http://", "https://")):
+        return Path(source)
+    name = Path(urlsplit(source).path).name or "download"
+    dest = cache / f"{hashlib.sha256(source.encode()).hexdigest()[:16]}-{name}"
+    if not dest.is_file():
+        partial = dest.with_name(f"{dest.name}.{uuid.uuid4().hex[:8]}.partial")  # runners may share it
+        with httpx.stream("GET", source, follow_redirects=True, timeout=DOWNLOAD_TIMEOUT_S) as answer:
+            answer.raise_for_status()
+            with partial.open("wb") as out:
+                for chunk in answer.iter_bytes():
+                    out.write(chunk)
+        os.replace(partial, dest)
+    return dest
+
+
+def plain_tar(path: Path, cache: Path) -> Path:
+    """``.xz`` decompressed on the host (once), as slime does, so a VM without xz-utils still untars it."""
+    if path.suffix != ".xz":
+        return path
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    dest = cache / f"{key}-{path.stem}"
+    if not dest.is_file():
+        partial = dest.with_name(f"{dest.name}.{uuid.uuid4().hex[:8]}.partial")  # runners may share it
+        with lzma.open(path, "rb") as src, partial.open("wb") as out:
+            shutil.copyfileobj(src, out)
+        os.replace(partial, dest)
+    return dest
+
+
+def agent_path(settings: RunnerSettings) -> str:
+    """The VM's PATH: what we install first, then the template's own."""
+    d = settings.e2b_install_dir.rstrip("/")
+    return f"{d}/cli/bin:{d}/node/bin:{settings.e2b_path}"
+
+
+def remote_spec(settings: RunnerSettings, metadata: dict[str, Any], sandbox_id: str) -> SandboxSpec:
+    """The agent's VM: the image (a template routing key, not a host path) and the adapter's public URL."""
+    env = metadata.get("remote_env_info") if isinstance(metadata.get("remote_env_info"), dict) else {}
+    image = metadata.get("image") or env.get("image")
+    if not isinstance(image, str) or not image:
+        raise AttemptFailed(kinds.BAD_TASK, "the task's metadata names no image")
+    routing = {"image": image}
+    if isinstance(metadata.get("e2b_template"), str):
+        routing["e2b_template"] = metadata["e2b_template"]
+    return SandboxSpec(
+        image=Path(image), role="agent", workdir=str(metadata.get("workdir") or WORKSPACE),
+        limits=settings.limits(), adapter_url=settings.e2b_base_url(), metadata=routing,
+        sandbox_id=sandbox_id,
+    )  # fmt: skip
+
+
+async def attempt(kit: RunnerKit, task: dict[str, Any], attempt_id: str) -> Outcome:
+    """One attempt on E2B (the E2B twin of ``rollout._attempt``)."""
+    settings, rollout_id = kit.settings, task["rollout_id"]
+    metadata = parse_metadata(task)
+    spec = remote_spec(settings, metadata, attempt_id)
+    sandbox = await boot(kit, spec)
+    try:
+        base = await base_commit(sandbox, settings)
+        binary = await install(kit, sandbox)
+        token = await kit.sessions.open(rollout_id, attempt_id)
+        try:
+            completed = await run_agent(
+                settings, sandbox, task, metadata, token,
+                binary=binary, base_url=settings.e2b_base_url(), path=agent_path(settings),
+            )  # fmt: skip
+        finally:
+            await kit.sessions.close(rollout_id, attempt_id)
+        raw, capture_error = await remote_patch(sandbox, settings, base)
+    finally:
+        await sandbox.close()
+    patch, truncated = cap_patch(drop_paths(raw, settings.excluded()), settings.patch_max_bytes)
+    failure = classify(completed) or (kinds.PATCH_FAILED if capture_error else None)
+    failure = failure or (kinds.PATCH_TOO_LARGE if truncated else None)
+    error = (capture_error or completed.stderr.strip()[-2000:] or None) if failure else None
+    return Outcome(
+        attempt_id, patch, completed.exit_code, completed.wall_time_s, agent_turns(completed.stdout), failure,
+        error, truncated,
+    )  # fmt: skip
+
+
+async def boot(kit: RunnerKit, spec: SandboxSpec) -> SandboxBase:
+    """A VM under the boot cap; a failed boot (already killed by the backend) is retried with a new id."""
+    settings = kit.settings
+    async with kit.boot_gate:
+        failure: Exception | None = None
+        for n in range(settings.boot_attempts):
+            if n:
+                await asyncio.sleep(settings.boot_backoff * 2 ** (n - 1))
+            try:
+                one = dataclasses.replace(spec, sandbox_id=f"{spec.sandbox_id}-{n}")
+                sandbox = await create_sandbox(one, "e2b", options=kit.e2b_options, sdk=kit.sdk)
+                if not kit.limits_logged:  # what holds there, said once: the VM's size is the template's
+                    kit.limits_logged = True
+                    log.info("sandbox limits enforced (e2b): %s; memory, pids, CPU and disk: the template's",
+                             dict(sandbox.enforced))  # fmt: skip
+                return sandbox
+            except (SandboxError, OSError, ValueError) as exc:
+                failure = exc
+    raise AttemptFailed(kinds.BOOT_FAILED, f"{getattr(failure, 'failure_kind', 'sandbox_error')}: {failure}")
+
+
+async def base_commit(sandbox: SandboxBase, settings: RunnerSettings) -> str:
+    """The trusted baseline's id, read before the agent runs (an agent commit or reset cannot move it)."""
+    done = await sandbox.run(
+        ["git", "rev-parse", "--verify", "HEAD^{commit}"], GIT_ENV, timeout=settings.e2b_step_timeout
+    )
+    sha = done.stdout.strip()
+    if done.exit_code != 0 or not re.fullmatch(r"[0-9a-f]{40,64}", sha):
+        raise AttemptFailed(
+            kinds.BOOT_FAILED, f"sandbox_error: no base commit in the VM: {done.stderr[-500:]}"
+        )
+    return sha
+
+
+async def install(kit: RunnerKit, sandbox: SandboxBase) -> str:
+    """Node 22 and the CLI in the VM, unless its template has them; the CLI's absolute path.
+
+    Every step sets PATH itself (a login shell in the VM may reset the one we pass); any failure is
+    ``install_failed``.
+    """
+    settings = kit.settings
+    d, step = shlex.quote(settings.e2b_install_dir.rstrip("/")), settings.e2b_step_timeout
+    run_dir = vm_run_dir(sandbox)
+    env = {"PATH": agent_path(settings), "HOME": sandbox.home, "npm_config_cache": f"{run_dir}/npm-cache"}
+
+    async def shell(script: str) -> Completed:
+        line = f"export PATH={shlex.quote(agent_path(settings))}; {script}"
+        return await sandbox.run(["bash", "-c", line], env, timeout=step)
+
+    try:
+        node_ok = node_major(await shell("node --version")) >= NODE_MAJOR
+        cli_ok = ok(await shell("claude --version"))
+        if not (node_ok and cli_ok):
+            kit.tarballs = kit.tarballs or Tarballs(settings)
+            node, cli = await kit.tarballs.paths()
+            steps = [("node.tar", node, NODE_INSTALL)] if not node_ok else []
+            steps += [("claude-code.tgz", cli, CLI_INSTALL)] if not cli_ok else []
+            for name, host, script in steps:
+                inside = f"{run_dir}/{name}"
+                await sandbox.write_file(inside, await asyncio.to_thread(host.read_bytes))
+                done = await shell(script.format(d=d, f=shlex.quote(inside)))
+                if not ok(done):
+                    why = "timed out" if done.timed_out else f"exited {done.exit_code}"
+                    raise AttemptFailed(
+                        kinds.INSTALL_FAILED, f"installing {name} {why}: {done.stderr.strip()[-1500:]}"
+                    )
+        found = await shell("command -v claude")
+        binary = found.stdout.strip()
+        if not ok(found) or not binary.startswith("/"):
+            raise AttemptFailed(kinds.INSTALL_FAILED, "claude is not on the VM's PATH after the install")
+        return binary
+    except AttemptFailed:
+        raise
+    except Exception as exc:  # a missing/unreachable tarball, a failed upload: the attempt, not the runner
+        raise AttemptFailed(kinds.INSTALL_FAILED, f"{type(exc).__name__}: {exc}") from exc
+
+
+def vm_run_dir(sandbox: SandboxBase) -> str:
+    """The backend's own directory in the VM (outside the workspace, so never in the patch)."""
+    return str(getattr(getattr(sandbox, "options", None), "run_dir", "/tmp/.rollbus"))
+
+
+def ok(done: Completed) -> bool:
+    return done.exit_code == 0 and not done.timed_out
+
+
+def node_major(done: Completed) -> int:
+    match = _NODE_VERSION.match(done.stdout.strip())
+    return int(match.group(1)) if ok(done) and match else 0
+
+
+async def remote_patch(sandbox: SandboxBase, settings: RunnerSettings, base: str) -> tuple[str, str | None]:
+    """The patch taken in the VM (cut at the cap + 1 byte there, capped exactly on the host), or an error."""
+    excluded = " ".join(shlex.quote(f":(exclude){p}") for p in settings.excluded())
+    out = f"{vm_run_dir(sandbox)}/patch.diff"
+    script = DIFF_SCRIPT.format(
+        w=shlex.quote(sandbox.workdir),
+        x=excluded,
+        base=base,
+        out=shlex.quote(out),
+        n=settings.patch_max_bytes + 1,
+    )
+    try:
+        done = await sandbox.run(["bash", "-c", script], GIT_ENV, timeout=settings.e2b_step_timeout)
+        if not ok(done):
+            return "", f"git diff in the VM failed ({done.exit_code}): {done.stderr.strip()[-1500:]}"
+        return (await sandbox.read_file(out)).decode("utf-8", errors="replace"), None
+    except Exception as exc:  # noqa: BLE001 - the VM or its transport failed: a named kind, not a lost rollout
+        return "", f"taking the patch from the VM: {type(exc).__name__}: {exc}"

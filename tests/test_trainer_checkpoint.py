@@ -1,0 +1,54 @@
+"""Versioned checkpoints: a half-written version is never picked up, a loaded one resumes exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from rollbus.policy_model import ModelSpec, random_qwen3
+from trainer import checkpoint
+from trainer.checkpoint import TrainerState
+from trainer.step import OptimConfig, make_optimizer
+
+SPEC = ModelSpec(hidden_size=16, layers=1, heads=2, kv_heads=1, head_dim=8, intermediate_size=32)
+
+
+def stepped():
+    model = random_qwen3(SPEC, 97, (0,), seed=1)
+    optimizer = make_optimizer(model, OptimConfig(lr=1e-2))
+    model(input_ids=torch.tensor([[1, 2, 3, 4]])).logits.sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def test_a_half_written_version_is_ignored_and_cleaned(tmp_path: Path) -> None:
+    model, optimizer = stepped()
+    checkpoint.save(tmp_path, model, optimizer, TrainerState(version=1, step=1), keep=3)
+    partial = tmp_path / ".v00000002.tmp"  # what a kill during the write leaves behind
+    partial.mkdir()
+    (partial / "config.json").write_text("{")
+    assert checkpoint.latest(tmp_path) == tmp_path / "v00000001"
+    checkpoint.save(tmp_path, model, optimizer, TrainerState(version=2, step=2), keep=3)
+    assert checkpoint.versions(tmp_path) == [1, 2] and not partial.exists()
+
+
+def test_a_loaded_checkpoint_has_the_same_weights_optimizer_and_state(tmp_path: Path) -> None:
+    model, optimizer = stepped()
+    state = TrainerState(version=7, step=3, finished_groups=["a", "b"], counters={"duplicates_dropped": 2})
+    path = checkpoint.save(tmp_path, model, optimizer, state, keep=2)
+    loaded, optimizer_state, loaded_state = checkpoint.load(path)
+    assert loaded_state == state
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    again = make_optimizer(loaded, OptimConfig(lr=1e-2))
+    again.load_state_dict(optimizer_state)
+    for a, b in zip(optimizer.state.values(), again.state.values(), strict=True):
+        assert torch.equal(a["exp_avg"], b["exp_avg"]) and torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
+
+
+def test_old_versions_are_pruned_to_keep(tmp_path: Path) -> None:
+    model, optimizer = stepped()
+    for version in range(5):
+        checkpoint.save(tmp_path, model, optimizer, TrainerState(version=version), keep=2)
+    assert checkpoint.versions(tmp_path) == [3, 4]
