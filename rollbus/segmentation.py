@@ -278,7 +278,7 @@ def _reward(state: RolloutState, record: Mapping[str, Any]) -> Step:
     state.reward = {
         "digest": digest, "attempt_id": record.get("attempt_id", ""), "reward": float(record["reward"]),
         "group_id": record.get("group_id", ""), "group_size": record.get("group_size", 1), "at": record["at"],
-        "loss_scope": scope,
+        "loss_scope": scope, "infos": record.get("infos") or "[]",
     }  # fmt: skip
     return Step("new")
 
@@ -380,7 +380,8 @@ def group_of(state: RolloutState, attempt: str) -> str:
 
 
 def segment_record(segment: Segment, state: RolloutState, attempt: str) -> dict[str, Any]:
-    """The Avro ``segment`` record; ``created_at`` is the reward's time, so a replay is byte-identical."""
+    """The Avro ``segment`` record; ``created_at`` is the reward's time, so a replay is byte-identical. The
+    reward's gym ``infos`` ride on the ``final`` segment only, so the trainer logs them once per rollout."""
     return {
         "segment_id": segment_id(state.rollout_id, attempt, segment.index),
         "rollout_id": state.rollout_id,
@@ -398,7 +399,14 @@ def segment_record(segment: Segment, state: RolloutState, attempt: str) -> dict[
         "created_at": int(state.reward["at"]) if state.reward else 0,
         "attempt_id": attempt,
         "chain_id": segment.chain_id or "",
+        "infos": _infos(state) if segment.kind == "final" else "[]",
     }
+
+
+def _infos(state: RolloutState) -> str:
+    """The reward's gym info dicts, verbatim (a replay cuts the same bytes); "[]" from a state kept before
+    segments carried them."""
+    return (state.reward or {}).get("infos") or "[]"
 
 
 def expire(state: RolloutState, now: int, timeout_ms: int, forget_after_ms: int) -> str | None:

@@ -28,7 +28,7 @@ def segment(tokens: int = 6) -> dict:
         "kind": "wipe", "prompt_ids": list(range(min(tokens, 2_000))), "response_ids": response,
         "loss_mask": mask, "rollout_logprobs": [-(i % 97) / 8 for i in range(tokens)], "reward": 0.5,
         "trajectory_reward": 1.0, "policy_versions": [7 if m else -1 for m in mask], "created_at": AT,
-        "attempt_id": "a-1", "chain_id": "main",
+        "attempt_id": "a-1", "chain_id": "main", "infos": json.dumps([{"turn": 0}, {"turn": 1, "ok": True}]),
     }
 
 

@@ -98,6 +98,7 @@ async def test_one_step_trains_gym_and_coding_segments_cut_by_the_real_segmenter
         (segment,) = by_rollout[rollout]
         last = resolve_turns([t for t in turns if t["rollout_id"] == rollout])[-1]
         assert segment["kind"] == "final" and segment["trajectory_reward"] == rewards[rollout]["reward"]
+        assert segment["infos"] == rewards[rollout]["infos"]  # the reward's info dicts, byte for byte
         assert trained(segment) == last.output_ids and len(segment["response_ids"]) > len(last.output_ids)
     for writer in coding:  # the segmenter's own all_turns: every reply of every chain trains
         cut = fan_out(writer.expected_chains(), writer.rollout_id, writer.events[-1][1]["reward"])
@@ -124,5 +125,10 @@ async def test_one_step_trains_gym_and_coding_segments_cut_by_the_real_segmenter
     assert trainer.learner.state.finished_groups == sorted([f"g-code-{tag}", f"g-math-{tag}"])
     assert row["tokens_trained"] == sum(len(trained(s)) for s in segments.values())
     assert trainer.counters.get("dead_letters", 0) == 0
+    logged = [json.loads(line) for line in (ckpt / "infos.jsonl").read_text().splitlines()]
+    assert {line["rollout_id"]: (line["reward"], line["infos"]) for line in logged} == {
+        r: (rewards[r]["reward"], json.loads(rewards[r]["infos"])) for r in (retry, wrong)
+    }  # the gym episodes only: coding-agent rollouts carry "[]"
+    assert row["infos"] == sum(len(line["infos"]) for line in logged) == 6
     moved = weights(ckpt / "v00000001")
     assert any(not torch.equal(moved[k], initial[k]) for k in moved)

@@ -384,3 +384,47 @@ def test_the_named_scope_else_the_default_cuts_like_fan_out_in_any_interleaving(
         replies = [[t.output_ids for t in c.turns if t.output_ids] for c in writer.expected_chains()]
         for segment, chain_replies in zip(segments, [r for r in replies if r], strict=True):
             assert trained(segment) == chain_replies[-1]
+
+
+# --- the reward's gym info dicts (issue 12) -------------------------------------------------------
+
+
+def test_the_rewards_infos_ride_verbatim_on_the_final_segment_only_and_replay_byte_identically() -> None:
+    infos = '[{"reset": true}, {"step": 1, "note": "caf\\u00e9 \\"q\\""}, {}]'  # verbatim, never re-dumped
+    writer = simple_rollout("r-infos")
+    events = [*writer.events[:-1], ("rewards", dict(writer.events[-1][1], infos=infos))]
+    _, segments, dead = run(events)
+    assert dead == []
+    carried = [(s["kind"], s["infos"]) for s in segments]
+    assert carried == [("subagent", "[]"), ("wipe", "[]"), ("final", infos)]
+    assert comparable(segments) == expected(writer, 1.0)  # the tokens and rewards are untouched
+    _, again, _ = run(interleave(random.Random(7), events, 3))
+    assert [encode("segment", s) for s in again] == [encode("segment", s) for s in segments]
+    assert [decode(encode("segment", s)).record["infos"] for s in segments] == ["[]", "[]", infos]
+
+
+@pytest.mark.parametrize("reward_infos", [None, "", "[]"], ids=["absent", "empty-string", "empty-list"])
+def test_a_reward_without_infos_cuts_segments_with_an_empty_list(reward_infos) -> None:
+    writer = gym_episode("g-no-infos", '{"kind": "gym"}')
+    reward = dict(writer.events[-1][1])
+    if reward_infos is not None:
+        reward["infos"] = reward_infos
+    _, (segment,), dead = run([*writer.events[:-1], ("rewards", reward)])
+    assert dead == [] and segment["kind"] == "final" and segment["infos"] == "[]"
+
+
+def test_a_state_kept_before_rewards_carried_infos_still_cuts_with_an_empty_list() -> None:
+    """A rewarded rollout waiting for its close when the segmenter was upgraded: its stored reward has no
+    ``infos`` key; the cut must not fail on it."""
+    import json
+
+    writer = gym_episode("g-old-state", '{"kind": "gym"}')
+    close, reward = writer.events[-2], writer.events[-1]
+    assert close[0] == "sessions" and close[1]["kind"] == "closed"
+    segmenter, segments, _ = run([*writer.events[:-2], reward])
+    assert segments == []  # the attempt never closed yet
+    raw = json.loads(segmenter.states["g-old-state"])
+    del raw["reward"]["infos"]
+    segmenter.states["g-old-state"] = json.dumps(raw).encode()
+    _, segments, dead = run([close], segmenter)
+    assert dead == [] and [s["infos"] for s in segments] == ["[]"]

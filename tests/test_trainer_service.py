@@ -117,6 +117,7 @@ async def test_trains_publishes_and_the_engine_serves_each_version(
 ) -> None:
     namespace = await one_partition_namespace(kafka_bootstrap)
     g0 = group("g0", [1.0, 0.0], [2, 1])
+    g0[1]["infos"] = json.dumps([{"reset": True}, {"step": 1, "solved": True}])  # g0-r0's final segment
     stale = group("g1", [1.0, 0.0], [1, 1], version=0)  # completes after step 1: one version behind
     flat = group("g2", [0.5, 0.5], [1, 2], version=1)  # no reward variance
     fresh = group("g3", [0.0, 1.0], [3, 1], version=1)
@@ -168,6 +169,10 @@ async def test_trains_publishes_and_the_engine_serves_each_version(
     for key in ("loss", "clip_fraction", "approx_kl", "entropy", "grad_norm", "wait_s", "masked_fraction"):
         assert isinstance(rows[1][key], float)
     assert (tmp_path / "ckpt" / "metrics.png").stat().st_size > 1000
+    assert [r["infos"] for r in rows] == [2, 0]
+    infos = [json.loads(line) for line in (tmp_path / "ckpt" / "infos.jsonl").read_text().splitlines()]
+    assert infos == [{"step": 1, "version": 1, "rollout_id": "g0-r0", "reward": 1.0,
+                      "infos": [{"reset": True}, {"step": 1, "solved": True}]}]  # fmt: skip
 
 
 # --------------------------------------------------------------------------- crash anywhere, same weights

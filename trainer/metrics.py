@@ -1,9 +1,11 @@
-"""Per-step metrics: a console line, a JSONL row, and a PNG of reward and loss redrawn as training goes."""
+"""Per-step metrics: a console line, a JSONL row, and a PNG of reward and loss redrawn as training goes; the
+gym info dicts the step's rollouts carried go to ``infos.jsonl`` beside them."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,13 @@ class MetricsLog:
         directory.mkdir(parents=True, exist_ok=True)
         self.jsonl = directory / "metrics.jsonl"
         self.png = directory / "metrics.png"
+        self.infos = directory / "infos.jsonl"
+
+    def write_infos(self, rows: list[dict[str, Any]]) -> None:
+        """One line per rollout that carried gym info dicts; nothing (no file) for coding-agent steps."""
+        if rows:
+            with self.infos.open("a") as f:
+                f.writelines(json.dumps(row) + "\n" for row in rows)
 
     def write(self, row: dict[str, Any]) -> None:
         with self.jsonl.open("a") as f:
@@ -59,3 +68,32 @@ def console_line(row: dict[str, Any]) -> str:
         value = row.get(key)
         parts.append(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}")
     return "trainer: " + " ".join(parts)
+
+
+def info_rows(segments: Iterable[dict[str, Any]], step: int, version: int) -> list[dict[str, Any]]:
+    """The ``infos.jsonl`` lines of one step: each rollout's ``final`` segment's infos (the segmenter puts
+    them there and nowhere else), in the batch's order. "[]" (coding-agent rollouts, writers before segment
+    v3) writes nothing. Infos that are not a JSON list are logged as the raw string with ``malformed``, never
+    dropped and never a crash: the trainer log is no place to stop training."""
+    rows = []
+    for segment in segments:
+        raw = segment.get("infos") or "[]"
+        if segment.get("kind") != "final" or raw == "[]":
+            continue
+        row = {"step": step, "version": version, "rollout_id": segment["rollout_id"],
+               "reward": segment["trajectory_reward"]}  # fmt: skip
+        try:
+            infos = json.loads(raw)
+        except ValueError:
+            infos = None
+        if isinstance(infos, list):
+            row["infos"] = infos
+        else:
+            row.update(infos=raw, malformed=True)
+        rows.append(row)
+    return rows
+
+
+def info_count(rows: list[dict[str, Any]]) -> int:
+    """How many info dicts the step logged (a malformed rollout's infos count as none)."""
+    return sum(len(row["infos"]) for row in rows if not row.get("malformed"))

@@ -43,7 +43,7 @@ from trainer.batch import (
 )
 from trainer.feed import SegmentFeed, latest_policy_version, push_weights
 from trainer.learner import Learner, stop_followers
-from trainer.metrics import MetricsLog
+from trainer.metrics import MetricsLog, info_count, info_rows
 from trainer.step import StepResult
 
 log = logging.getLogger("rollbus.trainer")
@@ -193,13 +193,15 @@ class Trainer:
         state.step += 1
         state.finished_groups = sorted(self.buffer.finished)
         state.counters = dict(self.counters)
+        infos = info_rows((s for g in groups for s in g.segments()), state.step, state.version)
         state.metrics = row
         state.metrics.update(
             step=state.step, version=state.version, wait_s=ready - self._waiting_since,
-            step_s=trained - ready, **dict(self.counters),
+            step_s=trained - ready, infos=info_count(infos), **dict(self.counters),
         )  # fmt: skip
         path = await asyncio.to_thread(learner.save, settings.keep_checkpoints)
         self.fault("after_checkpoint")
+        self.metrics.write_infos(infos)  # a kill right here loses the step's infos lines, not its row
         self.metrics.write(state.metrics)
         await self._publish(str(path.resolve()), state.version)
         self.fault("after_publish")
