@@ -31,7 +31,7 @@ from starlette.types import Receive, Scope, Send
 from services.adapter import edge
 from services.adapter.anthropic import check_json, decode_json
 from services.adapter.errors import ApiError, invalid_request
-from services.adapter.replies import ClientGone
+from services.adapter.replies import collect
 from services.adapter.translate import ChatPrompt
 from services.adapter.turn import Done, Ping, TurnEvent, TurnInput, run_turn
 
@@ -252,23 +252,11 @@ async def chat_completions(request: Request) -> Response:
         if body.stream:
             return CompletionStream(events, on_close=state.release)
         try:
-            return await _collect(events, request)
+            return await collect(events, request, render=completion)
         finally:
             state.release()
     except ApiError as err:
         return error_response(err)
-
-
-async def _collect(events: AsyncIterator[TurnEvent], request: Request) -> JSONResponse:
-    try:
-        async for item in events:
-            if isinstance(item, Ping) and await request.is_disconnected():
-                raise ClientGone("client disconnected during generation")
-            if isinstance(item, Done):
-                return JSONResponse(completion(item.message))
-        raise RuntimeError("turn ended without a message")
-    finally:
-        await events.aclose()
 
 
 class CompletionStream(StreamingResponse):

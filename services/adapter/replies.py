@@ -7,6 +7,7 @@ aborts a generation still running and releases the request's admission.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
@@ -49,14 +50,19 @@ async def _sse(events: AsyncIterator[TurnEvent], started: Started) -> AsyncItera
         yield sse.error(err)
 
 
-async def collect(events: AsyncIterator[TurnEvent], request: Request) -> JSONResponse:
-    """Run a turn to its end for a non-streaming request, watching for the client leaving."""
+async def collect(
+    events: AsyncIterator[TurnEvent],
+    request: Request,
+    render: Callable[[dict[str, Any]], dict[str, Any]] = lambda message: message,
+) -> JSONResponse:
+    """Run a turn to its end for a non-streaming request, watching for the client leaving; ``render``
+    shapes the finished message for the API front that asked (Anthropic as is, OpenAI as a completion)."""
     try:
         async for item in events:
             if isinstance(item, Ping) and await request.is_disconnected():
                 raise ClientGone("client disconnected during generation")
             if isinstance(item, Done):
-                return JSONResponse(item.message)
+                return JSONResponse(render(item.message))
         raise RuntimeError("turn ended without a message")
     finally:
         await events.aclose()
