@@ -383,37 +383,42 @@ class CanonicalHistory:
         match = self._match(messages, tools) if self.turns else _Match(reason="first")
         epoch = (id(self), self._commits)
         if match.reason is None:
-            new = messages[match.new_from :]
             try:
-                suffix = self.renderer.suffix(new, tools)
+                return self._extension(messages, tools, match, epoch, adopt=None)
             except WindowCheckFailed:
                 match = _Match(reason="window_check_failed")
-            else:
-                return PromptPlan(
-                    self._stream.tolist() + suffix, False, None, len(self._stream), len(suffix),
-                    self.chain_id,
-                    len(self.turns), messages, tools, epoch, new, match.echoes,
-                )
         ids = self.renderer.full(messages, tools)
         chain_id = self._chain_id(self._chain_number + (1 if self.turns else 0))
         return PromptPlan(ids, True, match.reason, 0, len(ids), chain_id, 0, messages, tools, epoch)
+
+    def _extension(
+        self,
+        messages: list[Message],
+        tools: list[dict] | None,
+        match: _Match,
+        epoch: tuple[int, int],
+        adopt: list[Message] | None,
+    ) -> PromptPlan:
+        """The plan that continues this chain: its stream plus the rendering of the new messages only
+        (WindowCheckFailed when the renderer cannot append them: the caller starts a new chain). A resumed
+        chain adopts the echoed history as its context instead of matching echoes."""
+        new = messages[match.new_from :]
+        suffix = self.renderer.suffix(new, tools)
+        echoes = match.echoes if adopt is None else {}
+        return PromptPlan(
+            self._stream.tolist() + suffix, False, None, len(self._stream), len(suffix), self.chain_id,
+            len(self.turns), messages, tools, epoch, new, echoes, adopt,
+        )  # fmt: skip
 
     def _plan_resumed(self, messages: list[Message], tools: list[dict] | None) -> PromptPlan:
         """The first plan of a resumed chain: a suffix after our echoed turn, or a new chain."""
         match = self._match_resumed(messages, tools)
         epoch = (id(self), self._commits)
         if match.reason is None:
-            new = messages[match.new_from :]
             try:
-                suffix = self.renderer.suffix(new, tools)
+                return self._extension(messages, tools, match, epoch, adopt=messages[: match.new_from])
             except WindowCheckFailed:
                 match = _Match(reason="window_check_failed")
-            else:
-                return PromptPlan(
-                    self._stream.tolist() + suffix, False, None, len(self._stream), len(suffix),
-                    self.chain_id,
-                    len(self.turns), messages, tools, epoch, new, {}, messages[: match.new_from],
-                )  # fmt: skip
         ids = self.renderer.full(messages, tools)
         chain_id = self._chain_id(self._chain_number + 1)
         return PromptPlan(ids, True, match.reason, 0, len(ids), chain_id, 0, messages, tools, epoch)
