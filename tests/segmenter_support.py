@@ -31,7 +31,7 @@ class SegmenterProcess:
         self.args = [
             sys.executable, "-m", "rollbus", "segmenter", "--bootstrap-servers", bootstrap,
             "--namespace", namespace, "--state-dir", str(state_dir / name), "--tick-interval", "1",
-            "--commit-interval", "0.2", *extra,
+            "--commit-interval", "0.2", "--session-timeout", "6", *extra,
         ]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -16,6 +16,9 @@ Why it is shaped like this (Faust facts it respects):
 * ``processing_guarantee="at_least_once"``, never Faust's ``exactly_once``: segments are sent and their
   acks awaited *before* the rollout is marked emitted, segment ids are deterministic, and consumers
   deduplicate by id. A crash anywhere re-cuts identical segments or none.
+* Faust's commit flushes its producer buffer with 0.1 s of patience and commits the offsets even when table
+  writes are still queued; :func:`commit_after_changelogs` makes every commit wait for the acks of all table
+  writes made so far, so a ``kill -9`` never leaves a committed event whose state change was never logged.
 * Timers cannot write tables, so the leader's timer publishes one tick per partition to
   ``segmenter-ticks``; the agent handles a tick like any event of that partition and aborts rollouts idle
   past the timeout there. Ticks are kept, so a rebuild replays the same aborts.
@@ -76,6 +79,8 @@ def build_app(settings: SegmenterSettings, partitions: int) -> faust.App:
         web_enabled=False,
         datadir=str(datadir),
         broker_commit_interval=settings.commit_interval,
+        broker_session_timeout=settings.session_timeout,
+        broker_heartbeat_interval=settings.session_timeout / 10,
         consumer_auto_offset_reset="earliest",
         producer_max_request_size=DEAD_LETTER_MAX_BYTES + 64 * 1024,
         consumer_max_fetch_size=MAX_EVENT_BYTES * 2,
@@ -91,6 +96,7 @@ def build_app(settings: SegmenterSettings, partitions: int) -> faust.App:
     for table in (states, bodies):  # values are our own bytes (JSON state, Avro turns): no Faust codec
         table.key_serializer = table.value_serializer = "raw"  # Faust derives "json" from non-model types
         table.changelog_topic = table._new_changelog_topic()  # ...and would recover with it otherwise
+    commit_after_changelogs(app, (states, bodies), settings.changelog_timeout)
     raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
     inputs = app.topic(*(topic_name(t, ns) for t in INPUTS), **raw)
     ticks = app.topic(topic_name(TICKS, ns), partitions=partitions, internal=True, **raw)
@@ -118,6 +124,37 @@ def build_app(settings: SegmenterSettings, partitions: int) -> faust.App:
     app.segmenter = segmenter  # type: ignore[attr-defined]
     del inputs
     return app
+
+
+def commit_after_changelogs(app: faust.App, tables: tuple[Any, ...], timeout: float) -> None:
+    """Make the flush that precedes every offset commit wait for the tables' changelog acks.
+
+    Why: ``ProducerBuffer.flush`` returns when one queued message takes over 0.1 s to hand over, and the
+    consumer then commits (faust/transport/consumer.py ``_commit_offsets``). A table write still queued at a
+    crash would be lost while the event that made it counts as processed: its rollout would never close.
+    Waiting for the writes' own futures (resolved by the broker's ack, failed by a send error) closes that
+    hole; a write that fails or outlasts ``timeout`` fails the commit, so the worker stops uncommitted.
+    """
+    pending: set[asyncio.Future[Any]] = set()
+    for table in tables:
+        send = table.send_changelog
+
+        def tracked(*args: Any, _send: Any = send, **kwargs: Any) -> Any:
+            written = _send(*args, **kwargs)
+            pending.add(written)
+            written.add_done_callback(pending.discard)
+            return written
+
+        table.send_changelog = tracked
+    producer = app.producer
+    flush = producer.flush
+
+    async def flush_then_wait_for_changelogs() -> None:
+        await flush()
+        if pending:
+            await asyncio.wait_for(asyncio.gather(*pending), timeout)
+
+    producer.flush = flush_then_wait_for_changelogs  # type: ignore[method-assign]
 
 
 class SegmenterAgent:

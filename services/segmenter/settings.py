@@ -32,6 +32,16 @@ class SegmenterSettings(BusSettings):
     tick_interval: float = Field(10.0, gt=0, description="seconds between timeout sweeps")
     store: str = Field("memory://", description="Faust table store: memory:// or rocksdb:// (rocksdict)")
     commit_interval: float = Field(1.0, gt=0, description="seconds between offset commits (at_least_once)")
+    session_timeout: float = Field(
+        15.0,
+        ge=6.0,
+        le=90.0,
+        description="seconds without heartbeats before the group counts a worker gone; a killed worker's "
+        "partitions wait this long for a new owner (the broker's minimum is 6)",
+    )
+    changelog_timeout: float = Field(
+        60.0, gt=0, description="seconds a commit waits for table changelog writes before the worker stops"
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="worker log level")
 
     def options(self) -> Options:
