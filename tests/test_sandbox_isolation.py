@@ -1,4 +1,4 @@
-"""The agent and grader sandboxes, attacked from inside as a policy would: real bwrap, real socat, real git.
+"""The agent and grader sandboxes, attacked from inside as a policy would: real bwrap, real git.
 
 Every probe runs inside a sandbox made by :func:`create_local` the way the runner makes it (adapter network,
 limits on) and reports what the kernel answered; a refusal must come from the sandbox's own network
@@ -133,15 +133,46 @@ def host_nameserver() -> str:
     return "10.255.255.53"
 
 
+CURL = ["curl", "-s", "-H", "X-Rollbus-Sandbox: someone-else", "-d", "ping", f"{BASE_URL}/v1/messages"]
+
+
 async def test_the_agent_reaches_the_adapter_through_its_socket_stamped_with_its_id(
     agent: BwrapSandbox, adapter: Adapter
 ) -> None:
-    curl = ["curl", "-s", "-H", "X-Rollbus-Sandbox: someone-else", "-d", "ping", f"{BASE_URL}/v1/messages"]
-    done = await agent.run(curl, ENV, timeout=60)
+    done = await agent.run(CURL, ENV, timeout=60)
     assert (done.exit_code, done.stdout) == (0, "adapter:ping")
     [head] = adapter.heads
     assert f"x-rollbus-sandbox: {agent.sandbox_id}".encode() in head
     assert b"someone-else" not in head  # the agent cannot claim another rollout
+    assert agent.enforced["network"] == "own namespace, the adapter proxy listens inside"
+    done = await agent.run(CURL, ENV, timeout=60)  # the listener outlives a command: a second one works
+    assert done.stdout == "adapter:ping" and len(adapter.heads) == 2
+
+
+async def test_without_a_namespace_of_its_own_socat_forwards_to_the_adapter_socket(
+    adapter: Adapter, tmp_path: Path, host_listener: int
+) -> None:
+    """What a host without root gets (forced here): a forwarder inside, the proxy's socket bind-mounted."""
+    from rollbus.sandbox import AdapterProxy, prepare_repo
+
+    socket_path = tmp_path / "adapter.sock"
+    box = BwrapSandbox(
+        prepare_repo(EXAMPLE_REPO, tmp_path / "repo"),
+        network="adapter",
+        adapter_socket=socket_path,
+        forward_port=4000,
+    )
+    proxy = await AdapterProxy(socket_path, adapter.url, box.sandbox_id, owner=box.host_uid).start()
+    try:
+        done = await box.run(CURL, ENV, timeout=60)
+        refused = await probe(box, f"127.0.0.1:{host_listener}", "1.1.1.1:443")
+    finally:
+        await box.close()
+        await proxy.close()
+    assert (done.exit_code, done.stdout) == (0, "adapter:ping"), done.stderr
+    assert f"x-rollbus-sandbox: {box.sandbox_id}".encode() in adapter.heads[0]
+    assert refused == ["ECONNREFUSED", "ENETUNREACH"]
+    assert box.enforced["network"] == "own namespace, socat to the adapter socket"
 
 
 async def test_nothing_but_the_adapter_is_reachable_from_the_agent(
@@ -202,7 +233,7 @@ async def test_eval_files_other_sandboxes_and_host_files_are_invisible(
         done = await first.run(["sh", "-c", script], ENV)
         grep_all = "grep -rs 'other rollout\\|GOLD = 42' / --exclude-dir=proc --exclude-dir=usr"
         grep = await first.run(["sh", "-c", grep_all], ENV, timeout=120)
-        control = await first.run(["ls", "/workspace/calc.py", "/run/adapter.sock"], ENV)
+        control = await first.run(["ls", "/workspace/calc.py", "/home/agent"], ENV)
     assert done.stdout == ""
     assert grep.stdout == ""
     assert control.exit_code == 0  # the probe does see what is meant to be there

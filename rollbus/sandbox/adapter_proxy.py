@@ -1,12 +1,14 @@
 """Host side of the agent's only way out: a per-sandbox unix socket that proxies HTTP to the adapter.
 
-The agent sandbox has its own network namespace with nothing but loopback; a forwarder inside (``socat``)
-listens on the loopback port ``ANTHROPIC_BASE_URL`` names and connects to this socket, bind-mounted at
-``/run/adapter.sock``. The proxy opens one TCP connection to the adapter per client connection and stamps
-every request with ``X-Rollbus-Sandbox: <sandbox id>`` (a copy the client sent is removed first), so the
-adapter side knows which rollout is calling whatever token the request carries. Only HTTP/1.1 requests
-pass: a head that does not parse, or is larger than ``MAX_HEAD``, gets a 400 and the connection closes;
-connections past ``MAX_CONNECTIONS`` get a 503, so one agent cannot exhaust the host's sockets.
+The agent sandbox has its own network namespace with nothing but loopback. The proxy listens either on the
+loopback port ``ANTHROPIC_BASE_URL`` names inside that namespace (a listening socket the host made there,
+:mod:`rollbus.sandbox.netns`), or on a unix socket bind-mounted at ``/run/adapter.sock`` that a ``socat``
+forwarder inside connects that port to. The proxy opens one TCP connection to the adapter per client
+connection and stamps every request with ``X-Rollbus-Sandbox: <sandbox id>`` (a copy the client sent is
+removed first), so the adapter side knows which rollout is calling whatever token the request carries.
+Only HTTP/1.1 requests pass: a head that does not parse, or is larger than ``MAX_HEAD``, gets a 400 and the
+connection closes; connections past ``MAX_CONNECTIONS`` get a 503, so one agent cannot exhaust the host's
+sockets.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -89,20 +92,27 @@ async def _copy_chunked(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
 
 
 class AdapterProxy:
-    """One sandbox's unix socket, proxying to the adapter at ``adapter_url`` (``http://host:port``)."""
+    """One sandbox's way out, proxying to the adapter at ``adapter_url`` (``http://host:port``).
+
+    It serves a unix socket at ``socket_path``, or ``listener``: a listening socket of the sandbox's own.
+    """
 
     def __init__(
         self,
-        socket_path: Path,
+        socket_path: Path | None,
         adapter_url: str,
         sandbox_id: str,
         owner: int | None = None,
         max_connections: int = MAX_CONNECTIONS,
+        listener: socket.socket | None = None,
     ) -> None:
+        if (socket_path is None) == (listener is None):
+            raise ValueError("an adapter proxy serves either a unix socket path or a listener")
         parts = urlsplit(adapter_url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"adapter URL must be http://host:port, got {adapter_url!r}")
-        self.socket_path = Path(socket_path)
+        self.socket_path = Path(socket_path) if socket_path is not None else None
+        self._listener = listener
         self.sandbox_id = sandbox_id
         self._target = (parts.hostname, parts.port or 80)
         self._owner = owner
@@ -113,6 +123,10 @@ class AdapterProxy:
         self._max_connections = max_connections
 
     async def start(self) -> AdapterProxy:
+        if self._listener is not None:
+            self._server = await asyncio.start_server(self._serve, sock=self._listener)
+            return self
+        assert self.socket_path is not None
         self._server = await asyncio.start_unix_server(self._serve, path=str(self.socket_path))
         os.chmod(self.socket_path, 0o600)
         if self._owner is not None:
@@ -128,8 +142,11 @@ class AdapterProxy:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 1.0)
             self._server = None
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
+        if self._listener is not None:
+            self._listener.close()  # also when start never ran
+        if self.socket_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

@@ -14,9 +14,11 @@ Threat model: the agent is the attacker.
   after each command) and ``--disable-userns`` forbids nested user namespaces (a seccomp filter,
   :mod:`rollbus.sandbox.seccomp`, where bwrap lacks the flag).
 - Network: every sandbox has its own network namespace. ``"none"``: loopback only, nothing else.
-  ``"adapter"``: loopback plus the adapter's unix socket at ``/run/adapter.sock`` and a ``socat`` forwarder
-  on the loopback port ``ANTHROPIC_BASE_URL`` names (started before the command, gone with it).
-  ``"loopback"`` shares the host network namespace and is for debugging only.
+  ``"adapter"``: loopback, where the port ``ANTHROPIC_BASE_URL`` names reaches the adapter proxy and nothing
+  else does. As root the host makes that namespace with the proxy's listener inside
+  (:mod:`rollbus.sandbox.netns`) and the launcher joins it: no process inside. Otherwise a ``socat``
+  forwarder inside (started before the command, gone with it) connects that port to the proxy's unix socket
+  bind-mounted at ``/run/adapter.sock``. ``"loopback"`` shares the host network namespace (debugging only).
 - Limits (:mod:`rollbus.sandbox.limits`): the launcher joins the sandbox's cgroup; a hit is named.
 - Timeouts SIGKILL the namespace's init (found through ``--info-fd``), which takes every process in the PID
   namespace with it; ``run`` returns once they are all gone.
@@ -88,7 +90,7 @@ HOST_USR = "/.rollbus/host/usr"
 OWNER_FILE = "owner.pid"
 DISK_FULL_MARGIN = 64 << 10  # a tmpfs workspace with less free space than this after a command is full
 TOOLCHAIN_SKIP = {"proc", "dev", "sys", "tmp", "run", "home", "workspace", ".rollbus"}
-CLONE_NEWNS = 0x00020000
+CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 1 << 14, 1 << 18
 
 
@@ -114,6 +116,7 @@ class BwrapLayout:
     toolchain: Path | None = None  # a root filesystem mounted read-only as /; None: the host's /usr
     inside_workdir: str = WORKSPACE
     host_loader: tuple[str, ...] = ()  # how to run the host's socat over a foreign toolchain
+    netns_joined: bool = False  # "adapter": the launcher joined the sandbox's own namespace (listener inside)
 
 
 def system_mounts(
@@ -180,8 +183,8 @@ def bwrap_argv(
         "--hostname",
         "sandbox",
     ]
-    if layout.network == "loopback":
-        argv.append("--share-net")
+    if layout.network == "loopback" or (layout.network == "adapter" and layout.netns_joined):
+        argv.append("--share-net")  # the host's (debugging), or the sandbox's own the launcher joined
     if layout.uid is not None:
         argv += ["--unshare-user", "--uid", str(layout.uid), "--gid", str(layout.uid)]
         if layout.disable_userns:
@@ -199,7 +202,7 @@ def bwrap_argv(
         ("--bind", str(layout.home), HOME),
         *(("--ro-bind", host, inside) for host, inside in layout.ro_binds.items()),
     ]
-    if layout.network == "adapter":
+    if layout.network == "adapter" and not layout.netns_joined:
         assert layout.adapter_socket is not None and layout.forward_port is not None
         mounts.append(("--ro-bind", str(layout.adapter_socket), ADAPTER_SOCKET))
         argv += ["--setenv", "RB_PORT", str(layout.forward_port)]
@@ -242,8 +245,9 @@ def make_launcher(
     binds: Sequence[tuple[str, str]],
     procs_files: Sequence[str],
     limits: Sequence[tuple[int, int]],
+    netns: int | None = None,
 ) -> Callable[[], None]:
-    """The child-side setup before bwrap: join cgroups, set rlimits, stage binds, drop to ``host_uid``.
+    """Child-side setup before bwrap: join cgroups and ``netns``, set rlimits, stage binds, drop to host_uid.
 
     Runs between fork and exec, so it only calls precomputed syscalls. The binds live in a private mount
     namespace of the launcher: the host's mount table never changes.
@@ -258,6 +262,8 @@ def make_launcher(
                 f.write(pid)
         for which, value in limits:  # CPU: SIGXCPU at the soft limit (named), SIGKILL a second later
             resource.setrlimit(which, (value, value + 1 if which == resource.RLIMIT_CPU else value))
+        if netns is not None and libc.setns(netns, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), "join the sandbox's network namespace")
         if encoded:
             if libc.unshare(CLONE_NEWNS) != 0 or libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
                 raise OSError(ctypes.get_errno(), "private mount namespace")
@@ -296,12 +302,18 @@ class BwrapSandbox(SandboxBase):
         scratch_root: Path = SCRATCH_ROOT,
         inside_workdir: str = WORKSPACE,
         userns_guard: Literal["auto", "seccomp"] = "auto",
+        netns: int | None = None,
     ) -> None:
+        """``netns``: for ``network="adapter"``, the sandbox's own network namespace with the adapter listener
+        inside (:func:`rollbus.sandbox.netns.private_netns`; the sandbox keeps a duplicate of the fd), instead
+        of ``adapter_socket`` and a forwarder on ``forward_port``."""
         found = shutil.which(bwrap)
         if found is None:
             raise SandboxUnavailable(f"{bwrap!r} not found (apt-get install bubblewrap)")
-        if network == "adapter" and (adapter_socket is None or forward_port is None):
-            raise ValueError("network='adapter' needs adapter_socket and forward_port")
+        if netns is not None and network != "adapter":
+            raise ValueError("a joined network namespace is for network='adapter' only")
+        if network == "adapter" and netns is None and (adapter_socket is None or forward_port is None):
+            raise ValueError("network='adapter' needs a netns, or adapter_socket and forward_port")
         self._bwrap = found
         self.workdir = inside_workdir
         self._on_close: list[Callable[[], Awaitable[None] | None]] = []
@@ -314,6 +326,7 @@ class BwrapSandbox(SandboxBase):
             require_traversable(scratch_root)
         self._state = make_scratch(scratch_root, self.sandbox_id)
         self.cgroups: Cgroups | None = None
+        self._netns = os.dup(netns) if netns is not None else None
         try:
             self._host_workdir = self._prepare_host(Path(workdir).resolve(), uid)
             binds = {str(Path(host).resolve()): inside for host, inside in (ro_binds or {}).items()}
@@ -323,8 +336,9 @@ class BwrapSandbox(SandboxBase):
                 "etc": self._state / "etc",
             }
             sources |= {f"ro{i}": Path(host) for i, host in enumerate(binds)}
-            if adapter_socket is not None:
-                sources["adapter"] = Path(adapter_socket)
+            forwarder = network == "adapter" and self._netns is None
+            if forwarder:
+                sources["adapter"] = Path(adapter_socket)  # type: ignore[arg-type]
             if toolchain is not None:
                 sources["toolchain"] = Path(toolchain).resolve()
             staged = self._stage(sources) if root else sources
@@ -343,15 +357,18 @@ class BwrapSandbox(SandboxBase):
                 and bwrap_supports("--disable-userns", found),
                 toolchain=toolchain,
                 inside_workdir=inside_workdir,
-                host_loader=host_socat() if toolchain is not None else (),
+                host_loader=host_socat() if toolchain is not None and forwarder else (),
+                netns_joined=self._netns is not None,
             )
             self._seccomp = None if self.layout.disable_userns else nested_userns_filter()
             self._mounts = {inside_workdir: self._host_workdir, HOME: self._state / "home"}
-            self._system = system_mounts(toolchain, network == "adapter", staged.get("toolchain"))
+            self._system = system_mounts(toolchain, forwarder, staged.get("toolchain"))
             self.cgroups = Cgroups.create(f"rollbus-{self.sandbox_id}", self.limits)
         except BaseException:
             if self.cgroups is not None:
                 self.cgroups.destroy()
+            if self._netns is not None:
+                os.close(self._netns)
             shutil.rmtree(self._state, ignore_errors=True)
             raise
         self.enforced = self._report()
@@ -380,6 +397,13 @@ class BwrapSandbox(SandboxBase):
             else "NOT blocked"
         )
         report["identity"] = f"host uid {self.host_uid}" if self.host_uid else f"caller uid {os.getuid()}"
+        report["network"] = {
+            "none": "own namespace, loopback only",
+            "loopback": "host namespace (debugging only)",
+            "adapter": "own namespace, the adapter proxy listens inside"
+            if self._netns is not None
+            else "own namespace, socat to the adapter socket",
+        }[self.layout.network]
         return report
 
     def _stage(self, sources: Mapping[str, Path]) -> dict[str, Path]:
@@ -414,6 +438,7 @@ class BwrapSandbox(SandboxBase):
             self._binds,
             self.cgroups.procs_files() if self.cgroups else [],
             rlimits(self.limits, self.cgroups),
+            self._netns,
         )
         before = self.cgroups.counters() if self.cgroups else {}
         try:
@@ -474,6 +499,9 @@ class BwrapSandbox(SandboxBase):
         if self.cgroups is not None:
             self.cgroups.destroy()
             self.cgroups = None
+        if self._netns is not None:
+            os.close(self._netns)
+            self._netns = None
         shutil.rmtree(self._state, ignore_errors=True)
 
 

@@ -13,6 +13,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ from rollbus.sandbox.bwrap import (
 from rollbus.sandbox.e2b_backend import E2B_WORKSPACE
 from rollbus.sandbox.images import cached_agent_workspace, grader_workspace, unpack
 from rollbus.sandbox.limits import CGROUP_ROOT, Cgroups, Limits, enforcement
+from rollbus.sandbox.netns import private_netns
 from rollbus.sandbox.repo import record_baseline
 
 Role = Literal["agent", "grader"]
@@ -70,15 +72,24 @@ class SandboxSpec:
 
 
 async def create_local(spec: SandboxSpec, *, scratch_root: Path = SCRATCH_ROOT) -> BwrapSandbox:
-    """Make the bwrap sandbox ``spec`` describes; on any failure nothing is left behind."""
+    """Make the bwrap sandbox ``spec`` describes; on any failure nothing is left behind.
+
+    As root an agent sandbox gets a network namespace of its own made here, with the adapter proxy listening
+    on its loopback port (:mod:`rollbus.sandbox.netns`); otherwise a forwarder inside reaches the proxy's
+    unix socket.
+    """
     sandbox_id = spec.sandbox_id or secrets.token_hex(8)
     data = scratch_root / f"{sandbox_id}.data"
     data.mkdir(parents=True, mode=0o700)
     (data / OWNER_FILE).write_text(str(os.getpid()))
-    proxy: AdapterProxy | None = None
     box: BwrapSandbox | None = None
     disk = False
+    netns: int | None = None
+    listener: socket.socket | None = None
     try:
+        if spec.network == "adapter" and os.geteuid() == 0:
+            assert spec.forward_port is not None
+            netns, listener = await private_netns(spec.forward_port)
         disk = mount_disk(data / "ws", spec.limits.disk_bytes)
         workspace = await asyncio.to_thread(_workspace, spec, scratch_root, data / "ws")
         toolchain = None
@@ -91,8 +102,9 @@ async def create_local(spec: SandboxSpec, *, scratch_root: Path = SCRATCH_ROOT) 
             network=spec.network,
             ro_binds=spec.ro_binds,
             limits=spec.limits,
-            adapter_socket=data / "adapter.sock" if spec.network == "adapter" else None,
+            adapter_socket=data / "adapter.sock" if spec.network == "adapter" and netns is None else None,
             forward_port=spec.forward_port if spec.network == "adapter" else None,
+            netns=netns,
             sandbox_id=sandbox_id,
             toolchain=toolchain,
             scratch_root=scratch_root,
@@ -103,22 +115,28 @@ async def create_local(spec: SandboxSpec, *, scratch_root: Path = SCRATCH_ROOT) 
             box.on_close(lambda: unmount(data / "ws"))  # runs before the removal above
         if spec.network == "adapter":
             assert spec.adapter_url is not None
-            proxy = AdapterProxy(data / "adapter.sock", spec.adapter_url, sandbox_id, owner=box.host_uid)
-            await proxy.start()
-            box.on_close(proxy.close)
-            box.proxy = proxy
+            path = None if listener is not None else data / "adapter.sock"
+            box.proxy = AdapterProxy(
+                path, spec.adapter_url, sandbox_id, owner=box.host_uid, listener=listener
+            )
+            listener = None  # the proxy owns it now
+            box.on_close(box.proxy.close)
+            await box.proxy.start()
         return box
     except BaseException as exc:
         if box is not None:
             await box.close()
-        elif proxy is not None:
-            await proxy.close()
         if disk and box is None:
             unmount(data / "ws")
         shutil.rmtree(data, ignore_errors=True)
+        if listener is not None:
+            listener.close()
         if isinstance(exc, SandboxUnavailable | OSError):
             raise SandboxError(f"cannot create sandbox {sandbox_id}: {exc}") from exc
         raise
+    finally:
+        if netns is not None:
+            os.close(netns)  # the sandbox keeps its own duplicate
 
 
 async def create_sandbox(spec: SandboxSpec, backend: str = "local", **options: Any) -> SandboxBase:
