@@ -23,9 +23,10 @@ import tempfile
 from pathlib import Path
 
 from rollbus.sandbox.base import SandboxError
-from rollbus.sandbox.repo import GIT_IDENTITY, _git_env, baseline_gitdir, record_baseline
+from rollbus.sandbox.repo import GIT_IDENTITY, _git_env, record_baseline, share_baseline
 
 BASE_MESSAGE = "base"
+AGENT_LAYOUT = "v2"  # what an agent cache entry holds; a new layout never reads an older entry
 
 
 def resolve_image(image: str | os.PathLike[str], dataset: Path | None = None) -> Path:
@@ -125,9 +126,10 @@ def cached_agent_workspace(src: Path, dest: Path, cache: Path) -> Path:
     """:func:`agent_workspace` plus its trusted baseline, built once per image state and copied from then on.
 
     The git work (init, add, commit, baseline) costs more than the copy; a changed image has a new
-    fingerprint, so a stale entry is never used.
+    fingerprint, so a stale entry is never used. Per sandbox: one copy of the workspace (never links: the
+    agent writes into it) and a baseline of its own that reads the entry's objects (:func:`share_baseline`).
     """
-    entry = cache / f"agent-{tree_fingerprint(src)}"
+    entry = cache / f"agent-{AGENT_LAYOUT}-{tree_fingerprint(src)}"
     if not entry.exists():
         cache.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=cache))
@@ -140,8 +142,7 @@ def cached_agent_workspace(src: Path, dest: Path, cache: Path) -> Path:
             shutil.rmtree(scratch, ignore_errors=True)
             raise
     copy_tree(entry / "ws", dest, skip_git=False)
-    copy_tree(baseline_gitdir(entry / "ws"), baseline_gitdir(dest), skip_git=False)
-    return dest
+    return share_baseline(entry / "ws", dest)
 
 
 def grader_workspace(src: Path, dest: Path) -> Path:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 GIT_IDENTITY = ("-c", "user.name=rollbus", "-c", "user.email=rollbus@localhost", "-c", "commit.gpgsign=false")
 BASELINE_MESSAGE = "rollbus baseline"
+BASELINE_HEAD = "rollbus-head"  # the baseline commit's id, in the baseline git dir
 
 
 class GitError(RuntimeError):
@@ -44,9 +45,29 @@ def prepare_repo(src_dir: Path, dest: Path) -> Path:
 
 def record_baseline(dest: Path) -> Path:
     """Record ``dest``'s files as the trusted baseline (beside it, see :func:`baseline_gitdir`)."""
-    _trusted_git(dest, ["init", "-q"])
+    _trusted_git(dest, ["init", "-q", "--template="])  # no sample hooks: hooks never run here anyway
     _trusted_git(dest, ["add", "-A"])
     _trusted_git(dest, [*GIT_IDENTITY, "commit", "-q", "--allow-empty", "-m", BASELINE_MESSAGE])
+    head = _trusted_git(dest, ["rev-parse", "--verify", "HEAD"]).strip()
+    (baseline_gitdir(dest) / BASELINE_HEAD).write_text(head + "\n")
+    return dest
+
+
+def share_baseline(template: Path, dest: Path) -> Path:
+    """Give ``dest`` a baseline of its own that starts as ``template``'s (both hold the same files).
+
+    A few small files, no copy of the objects: the new git dir reads ``template``'s baseline objects
+    through ``objects/info/alternates`` and writes every object it makes (the agent's patch) into its own
+    store; git never writes into an alternate. It has its own ``HEAD`` (the baseline commit, detached) and
+    its own copy of the index. Both baselines live on the host only, out of every sandbox's reach.
+    """
+    source, gitdir = baseline_gitdir(template), baseline_gitdir(dest)
+    head = (source / BASELINE_HEAD).read_text()
+    (gitdir / "objects" / "info").mkdir(parents=True)
+    (gitdir / "refs").mkdir()
+    (gitdir / "objects" / "info" / "alternates").write_text(f"{source / 'objects'}\n")
+    (gitdir / "HEAD").write_text(head)
+    shutil.copyfile(source / "index", gitdir / "index")
     return dest
 
 
