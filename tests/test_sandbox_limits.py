@@ -81,10 +81,13 @@ async def test_the_workspace_is_size_capped_and_a_full_disk_is_named() -> None:
 
 
 @needs_bwrap
-async def test_a_home_over_the_disk_cap_is_named_after_the_command() -> None:
-    script = "dd if=/dev/zero of=/home/agent/big bs=1M count=3 2>/dev/null"
-    _, done = await run_limited(Limits(disk_bytes=2 * MIB), script)
-    assert done.exit_code == 0 and done.failure_kind == "disk_full"
+async def test_home_is_size_capped_and_a_full_home_is_named() -> None:
+    """As root HOME is a tmpfs of the sandbox's disk size: the write fails, and the kind says why."""
+    script = "dd if=/dev/zero of=/home/agent/big bs=1M count=3; ls -s --block-size=1 /home/agent/big"
+    box, done = await run_limited(Limits(disk_bytes=2 * MIB), script)
+    assert done.exit_code == 0 and done.failure_kind == "disk_full" and "No space left" in done.stderr
+    assert int(done.stdout.split()[0]) <= 2 * MIB
+    assert box.enforced["disk"].startswith("tmpfs size (workspace and HOME)")
 
 
 @needs_bwrap
@@ -98,6 +101,7 @@ async def test_stale_sandboxes_of_a_dead_runner_are_swept(tmp_path: Path) -> Non
     (SCRATCH_ROOT / legacy.sandbox_id / "owner.pid").write_text(dead)
     assert {box.sandbox_id, legacy.sandbox_id} <= set(sweep_stale())
     assert not data.exists() and not os.path.ismount(data / "ws") and not any(c.exists() for c in cgroups)
+    assert not (SCRATCH_ROOT / box.sandbox_id).exists()  # its tmpfs unmounted too
     assert not (SCRATCH_ROOT / legacy.sandbox_id).exists() and (tmp_path / "repo").exists()
     box.cgroups = legacy.cgroups = None
     await box.close()

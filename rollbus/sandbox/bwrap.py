@@ -91,7 +91,8 @@ OWNER_FILE = "owner.pid"
 DISK_FULL_MARGIN = 64 << 10  # a tmpfs workspace with less free space than this after a command is full
 TOOLCHAIN_SKIP = {"proc", "dev", "sys", "tmp", "run", "home", "workspace", ".rollbus"}
 CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
-MS_BIND, MS_REC, MS_PRIVATE = 4096, 1 << 14, 1 << 18
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 1 << 14, 1 << 18
+MNT_DETACH = 2
 
 
 class SandboxUnavailable(RuntimeError):
@@ -324,7 +325,7 @@ class BwrapSandbox(SandboxBase):
         self.host_uid = (host_uid or HOST_UID_BASE + secrets.randbelow(HOST_UID_SPAN)) if root else None
         if root:
             require_traversable(scratch_root)
-        self._state = make_scratch(scratch_root, self.sandbox_id)
+        self._state = make_scratch(scratch_root, self.sandbox_id, self.limits.disk_bytes)
         self.cgroups: Cgroups | None = None
         self._netns = os.dup(netns) if netns is not None else None
         try:
@@ -369,7 +370,7 @@ class BwrapSandbox(SandboxBase):
                 self.cgroups.destroy()
             if self._netns is not None:
                 os.close(self._netns)
-            shutil.rmtree(self._state, ignore_errors=True)
+            remove_scratch(self._state)
             raise
         self.enforced = self._report()
 
@@ -381,6 +382,7 @@ class BwrapSandbox(SandboxBase):
             chown_tree(workdir, self.host_uid)
             os.chown(self._state / "home", self.host_uid, self.host_uid)
         self._disk_mounted = os.path.ismount(workdir)
+        self._home_capped = os.path.ismount(self._state) and self.limits.disk_bytes is not None
         return workdir
 
     def _report(self) -> dict[str, str]:
@@ -388,6 +390,8 @@ class BwrapSandbox(SandboxBase):
         disk = "checked after each command (du)"
         if self._disk_mounted:
             disk = "tmpfs size (workspace), checked after each command (HOME)"
+            if self._home_capped:
+                disk = "tmpfs size (workspace and HOME), checked after each command (both)"
         report = enforcement(self.limits, self.cgroups, disk)
         report["nested_userns"] = (
             "bwrap --disable-userns"
@@ -474,6 +478,8 @@ class BwrapSandbox(SandboxBase):
             return "cpu_limit"
         if self._disk_mounted and _free_bytes(self._host_workdir) < DISK_FULL_MARGIN:
             return "disk_full"
+        if self._home_capped and _free_bytes(self._state) < DISK_FULL_MARGIN:
+            return "disk_full"
         if self.limits.disk_bytes is not None and usage > self.limits.disk_bytes:
             return "disk_full"
         if self.limits.tmp_bytes is not None and "No space left on device" in done.stderr:
@@ -502,7 +508,7 @@ class BwrapSandbox(SandboxBase):
         if self._netns is not None:
             os.close(self._netns)
             self._netns = None
-        shutil.rmtree(self._state, ignore_errors=True)
+        remove_scratch(self._state)
 
 
 def _with_failure(done: Completed, kind: FailureKind | None) -> Completed:
@@ -513,15 +519,41 @@ def _with_failure(done: Completed, kind: FailureKind | None) -> Completed:
     )
 
 
-def make_scratch(root: Path, sandbox_id: str) -> Path:
-    """The sandbox's private host directory, under a root every sandbox uid may traverse but not list."""
+def make_scratch(root: Path, sandbox_id: str, size: int | None = None) -> Path:
+    """The sandbox's private host directory, under a root every sandbox uid may traverse but not list.
+
+    As root it is a tmpfs of its own (``size`` caps it: HOME is part of the sandbox's disk): a sandbox's
+    dozen small files and dirs cost no disk inodes, and close drops them all at once.
+    """
     root.mkdir(parents=True, exist_ok=True)
     if os.geteuid() == 0:
         root.chmod(0o711)
     path = root / sandbox_id
     path.mkdir(mode=0o711)
+    mount_tmpfs(path, 0o711, size)
     (path / OWNER_FILE).write_text(str(os.getpid()))  # for sweep_stale after a kill -9
     return path
+
+
+def mount_tmpfs(path: Path, mode: int, size: int | None = None, name: str = "rollbus-scratch") -> bool:
+    """A fresh ``nosuid,nodev`` tmpfs on the directory ``path`` (as root; False where there is none)."""
+    if os.geteuid() != 0:
+        return False
+    options = f"mode={mode:o}" + (f",size={size}" if size is not None else "")
+    flags = MS_NOSUID | MS_NODEV
+    return _libc().mount(name.encode(), str(path).encode(), b"tmpfs", flags, options.encode()) == 0
+
+
+def unmount(path: Path) -> None:
+    """Detach the mount at ``path`` and everything mounted under it."""
+    _libc().umount2(str(path).encode(), MNT_DETACH)
+
+
+def remove_scratch(path: Path) -> None:
+    """Remove a scratch directory, unmounting its tmpfs first (the files go with it, no walk)."""
+    if os.path.ismount(path):
+        unmount(path)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _free_bytes(path: Path) -> int:

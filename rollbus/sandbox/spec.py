@@ -28,8 +28,10 @@ from rollbus.sandbox.bwrap import (
     WORKSPACE,
     BwrapSandbox,
     SandboxUnavailable,
-    _libc,
     bwrap_supports,
+    mount_tmpfs,
+    remove_scratch,
+    unmount,
 )
 from rollbus.sandbox.e2b_backend import E2B_WORKSPACE
 from rollbus.sandbox.images import cached_agent_workspace, grader_workspace, unpack
@@ -38,7 +40,6 @@ from rollbus.sandbox.netns import private_netns
 from rollbus.sandbox.repo import record_baseline
 
 Role = Literal["agent", "grader"]
-MS_NOSUID, MS_NODEV, MNT_DETACH = 2, 4, 2
 
 
 @dataclass(frozen=True)
@@ -187,15 +188,10 @@ def mount_disk(path: Path, size: int | None) -> bool:
     if size is None or os.geteuid() != 0:
         return False
     path.mkdir(mode=0o700)
-    options = f"size={size},mode=0755".encode()
-    if _libc().mount(b"rollbus-disk", str(path).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options) != 0:
+    if not mount_tmpfs(path, 0o755, size, name="rollbus-disk"):
         path.rmdir()
         return False
     return True
-
-
-def unmount(path: Path) -> None:
-    _libc().umount2(str(path).encode(), MNT_DETACH)
 
 
 def sweep_stale(scratch_root: Path = SCRATCH_ROOT) -> list[str]:
@@ -217,7 +213,7 @@ def sweep_stale(scratch_root: Path = SCRATCH_ROOT) -> list[str]:
         for cgroup in [*CGROUP_ROOT.glob(f"*/rollbus-{sandbox_id}"), CGROUP_ROOT / f"rollbus-{sandbox_id}"]:
             with contextlib.suppress(OSError):
                 cgroup.rmdir()
-        shutil.rmtree(scratch_root / sandbox_id, ignore_errors=True)
+        remove_scratch(scratch_root / sandbox_id)
         shutil.rmtree(data, ignore_errors=True)
         swept.append(sandbox_id)
     return swept
