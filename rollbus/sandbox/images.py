@@ -111,14 +111,16 @@ def agent_workspace(src: Path, dest: Path) -> Path:
 
 
 def tree_fingerprint(root: Path) -> str:
-    """A digest of every path, size, mode and mtime under ``root``: changes whenever a file does."""
+    """A digest of every path, size, mode, inode, mtime and ctime under ``root``: changes whenever a file
+    or directory does (ctime too, which no one can set back: a rewrite that restores size and mtime)."""
     digest = hashlib.sha256(str(root.resolve()).encode())
     for parent, dirs, files in os.walk(root):
         dirs.sort()
-        for name in sorted(files):
+        for name in sorted(dirs + files):
             path = os.path.join(parent, name)
             st = os.lstat(path)
-            digest.update(f"{path}\0{st.st_size}\0{st.st_mode}\0{st.st_mtime_ns}\n".encode())
+            stamp = f"{st.st_size}\0{st.st_mode}\0{st.st_ino}\0{st.st_mtime_ns}\0{st.st_ctime_ns}"
+            digest.update(f"{path}\0{stamp}\n".encode())
     return digest.hexdigest()[:24]
 
 
