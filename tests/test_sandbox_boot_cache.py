@@ -192,3 +192,60 @@ def test_git_objects_of_a_diff_land_in_the_sandboxs_own_store(tmp_path: Path) ->
     assert digest(baseline_gitdir(template)) == before
     own = [p for p in (baseline_gitdir(work) / "objects").rglob("*") if p.is_file()]
     assert len(own) >= 2  # the new blob and tree are the sandbox's own (plus its alternates file)
+
+
+def odd_tree(root: Path, extra_files: int = 0) -> Path:
+    """Symlinks (relative, absolute, dangling, to a dir), an empty dir, a read-only dir, modes, old mtimes."""
+    (root / "pkg" / "sub").mkdir(parents=True)
+    (root / "empty").mkdir()
+    (root / "pkg" / "mod.py").write_text("X = 1\n")
+    (root / "run.sh").write_text("#!/bin/sh\n")
+    (root / "run.sh").chmod(0o755)
+    (root / "pkg" / "sub" / "data.bin").write_bytes(bytes(range(256)) * 64)
+    (root / "link").symlink_to("pkg/mod.py")
+    (root / "abs").symlink_to("/etc/hostname")
+    (root / "dangling").symlink_to("nowhere")
+    (root / "dirlink").symlink_to("pkg")
+    for i in range(extra_files):
+        (root / "pkg" / f"f{i}.txt").write_text(str(i))
+    (root / "locked").mkdir()
+    (root / "locked" / "inside.txt").write_text("in\n")
+    for path in [*root.rglob("*"), root]:
+        os.utime(path, ns=(1_000_000_000, 1_000_000_000), follow_symlinks=False)
+    (root / "locked").chmod(0o555)
+    return root
+
+
+def full_digest(root: Path) -> str:
+    """:func:`digest` plus every mtime (a copy keeps them, as ``cp -a`` does)."""
+    stamps = sorted(
+        f"{p.relative_to(root)}:{p.lstat().st_mtime_ns}" for p in root.rglob("*") if not p.is_symlink()
+    )
+    return digest(root) + "|".join(stamps)
+
+
+@pytest.mark.parametrize("extra_files", [0, 600])  # in-process, and past SMALL_ENTRY (cp)
+def test_copying_an_entry_equals_cp_a(tmp_path: Path, extra_files: int) -> None:
+    from rollbus.sandbox.images import _plain_listing, copy_entry
+
+    src = odd_tree(tmp_path / "src", extra_files)
+    reference, copied = tmp_path / "reference", tmp_path / "copied"
+    reference.mkdir()
+    subprocess.run(["cp", "-a", *(str(p) for p in src.iterdir()), str(reference)], check=True)
+    copy_entry(src, copied)
+    st = src.stat()
+    assert (_plain_listing(str(src), st.st_ino, st.st_ctime_ns) is None) == (extra_files > 0)
+    assert full_digest(copied) == full_digest(reference)
+    assert (copied / "link").is_symlink() and (copied / "dirlink").is_symlink()
+    (copied / "pkg" / "mod.py").write_text("changed\n")
+    assert (src / "pkg" / "mod.py").read_text() == "X = 1\n"  # a copy, not a link
+
+
+def test_an_entry_with_a_fifo_is_copied_by_cp(tmp_path: Path) -> None:
+    from rollbus.sandbox.images import copy_entry
+
+    src = odd_tree(tmp_path / "src")
+    (src / "pkg").chmod(0o755)
+    os.mkfifo(src / "pkg" / "pipe")
+    copy_entry(src, tmp_path / "copied")
+    assert stat.S_ISFIFO((tmp_path / "copied" / "pkg" / "pipe").lstat().st_mode)

@@ -14,9 +14,11 @@ object ids. The grader gets the image as it is.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import tarfile
 import tempfile
@@ -27,6 +29,7 @@ from rollbus.sandbox.repo import GIT_IDENTITY, _git_env, record_baseline, share_
 
 BASE_MESSAGE = "base"
 AGENT_LAYOUT = "v2"  # what an agent cache entry holds; a new layout never reads an older entry
+SMALL_ENTRY = 512  # paths: up to this many, copying in-process costs less than starting cp
 
 
 def resolve_image(image: str | os.PathLike[str], dataset: Path | None = None) -> Path:
@@ -92,6 +95,47 @@ def copy_tree(src: Path, dest: Path, *, skip_git: bool) -> None:
             raise SandboxError(f"cannot copy image {src}: {done.stderr.strip()}", "image_error")
 
 
+def copy_entry(src: Path, dest: Path) -> None:
+    """Copy a cache entry's workspace to ``dest``: in-process when small and plain, else :func:`copy_tree`.
+
+    Copies, never links (see :func:`copy_tree`): symlinks as symlinks, files and dirs with modes and times.
+    """
+    st = src.stat()
+    listing = _plain_listing(str(src), st.st_ino, st.st_ctime_ns)
+    if listing is None:
+        copy_tree(src, dest, skip_git=False)
+        return
+    dest.mkdir(parents=True, exist_ok=True)
+    made = []
+    for rel, is_dir in listing:  # top-down: parents first
+        source, target = os.path.join(src, rel), os.path.join(dest, rel)
+        if is_dir:
+            os.mkdir(target, 0o700)
+            made.append((source, target))
+        else:
+            shutil.copy2(source, target, follow_symlinks=False)
+    for source, target in reversed(made):  # modes last, so a read-only dir was still writable while filled
+        shutil.copystat(source, target, follow_symlinks=False)
+
+
+@functools.lru_cache(maxsize=64)
+def _plain_listing(root: str, inode: int, ctime_ns: int) -> tuple[tuple[str, bool], ...] | None:
+    """A cache entry's paths top-down (True for a directory), or None when it has more than ``SMALL_ENTRY``
+    or anything but directories, regular files and symlinks. An entry never changes once built; a rebuilt
+    one is a new directory (``inode``, ``ctime_ns``), so this is walked once per entry."""
+    found: list[tuple[str, bool]] = []
+    for parent, dirs, files in os.walk(root):
+        for name in dirs + files:  # a symlink to a directory is listed in dirs, never followed
+            path = os.path.join(parent, name)
+            mode = os.lstat(path).st_mode
+            if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+                return None
+            found.append((os.path.relpath(path, root), stat.S_ISDIR(mode)))
+            if len(found) > SMALL_ENTRY:
+                return None
+    return tuple(found)
+
+
 def agent_workspace(src: Path, dest: Path) -> Path:
     """The agent's copy of ``src``: its files, and a fresh repository holding them as the only commit.
 
@@ -143,7 +187,7 @@ def cached_agent_workspace(src: Path, dest: Path, cache: Path) -> Path:
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
             raise
-    copy_tree(entry / "ws", dest, skip_git=False)
+    copy_entry(entry / "ws", dest)
     return share_baseline(entry / "ws", dest)
 
 
