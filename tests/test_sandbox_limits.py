@@ -6,6 +6,7 @@ v1 controllers: what the kernel does with those files on a real v2 host stays un
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 from pathlib import Path
@@ -43,6 +44,23 @@ async def test_memory_limit_kills_and_is_named() -> None:
     box, done = await run_limited(Limits(memory_bytes=64 * MIB), "python3 -c 'x = bytearray(400 << 20)'")
     assert done.failure_kind == "memory_limit" and done.exit_code != 0
     assert box.enforced["memory"] == "cgroup v1"
+
+
+@needs_bwrap
+async def test_every_process_of_a_command_is_in_each_of_the_sandboxs_cgroups() -> None:
+    """The launcher joins each controller's group before bwrap starts: all it forks is counted everywhere."""
+    async with await create_local(SandboxSpec(image=EXAMPLE_REPO)) as box:
+        assert box.cgroups is not None and set(box.cgroups.dirs) == {"memory", "pids", "cpu"}
+        run = asyncio.ensure_future(box.run(["sh", "-c", "sleep 3 & sleep 3 & wait"], ENV))
+        members: dict[str, set[str]] = {}
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            members = {c: set((d / "cgroup.procs").read_text().split()) for c, d in box.cgroups.dirs.items()}
+            if all(len(pids) >= 4 for pids in members.values()):  # bwrap, its init, sh and two sleeps
+                break
+        run.cancel()
+    assert all(len(pids) >= 4 for pids in members.values()), members
+    assert members["memory"] == members["pids"] == members["cpu"]
 
 
 @needs_bwrap

@@ -257,10 +257,9 @@ def make_launcher(
     encoded = [(src.encode(), dst.encode()) for src, dst in binds]
 
     def launch() -> None:
-        pid = str(os.getpid())
-        for path in procs_files:
+        for path in procs_files:  # "0": the writer itself (the only thread of this child)
             with open(path, "w") as f:
-                f.write(pid)
+                f.write("0")
         for which, value in limits:  # CPU: SIGXCPU at the soft limit (named), SIGKILL a second later
             resource.setrlimit(which, (value, value + 1 if which == resource.RLIMIT_CPU else value))
         if netns is not None and libc.setns(netns, CLONE_NEWNET) != 0:

@@ -96,8 +96,14 @@ class Cgroups:
             _write(self.dirs["cpu"] / "cpu.cfs_quota_us", int(limits.cpus * 100_000))
 
     def procs_files(self) -> list[str]:
-        """Where the launcher writes its pid (precomputed: the child may not allocate much)."""
-        return sorted({str(d / "cgroup.procs") for d in self.dirs.values()})
+        """Where the launcher writes ``0`` (itself) to join (precomputed: the child may not allocate much).
+
+        v1: ``tasks``, which moves the writing thread alone, the whole of the single-threaded launcher; unlike
+        ``cgroup.procs`` the kernel then skips the global threadgroup lock and its RCU grace period, often the
+        slowest step of a boot. v2: ``cgroup.procs``.
+        """
+        name = "tasks" if self.version == 1 else "cgroup.procs"
+        return sorted({str(d / name) for d in self.dirs.values()})
 
     def counters(self) -> dict[str, int]:
         """OOM kills and refused forks so far (compared before/after a command)."""
