@@ -3,9 +3,11 @@
 Run: ``python bench/sandbox_boot.py [--samples 40] [--concurrency 1 8] [--quick]``.
 
 Each sample makes an agent sandbox the way the runner does (:func:`rollbus.sandbox.create_local`: the example
-repository copied and reduced to its base commit, the trusted baseline, the adapter proxy socket, cgroup
-limits, a per-sandbox host uid) and runs ``true`` in it, which starts the socat forwarder and waits for it to
-listen; the time is from the call to ``create_local`` to the command's return. Closing is not timed. The
+repository's history-free copy from the workspace cache and its trusted baseline, the sandbox's own network
+namespace with the adapter proxy listening inside (as root; else the socat forwarder, started and waited for
+in the command), cgroup limits, a per-sandbox host uid) and runs ``true`` in it; the time is from the call to
+``create_local`` to the command's return. Closing is not timed. The first sandbox (not counted) builds the
+cache entry, as the first rollout of an image does. The
 baseline is ``true`` as a plain ``asyncio`` subprocess, interleaved with the samples so both see the same
 machine load. At concurrency N, N samples run at once (N sandboxes booting together). Prints p50/p99 of
 each, the ratio and the figures to aim at (p50 < 100 ms, p99 < 500 ms at concurrency 8; E2B publishes a

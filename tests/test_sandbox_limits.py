@@ -185,3 +185,14 @@ def test_without_cgroups_rlimits_stand_in(tmp_path: Path) -> None:
     report = enforcement(limits, None, "du")
     assert report["memory"].startswith("rlimit") and report["pids"].startswith("rlimit")
     assert os.getuid() == 0 or report  # the report exists whoever runs it
+
+
+def test_the_start_up_report_names_every_boundary_as_a_sandbox_would_have_it() -> None:
+    from rollbus.sandbox import probe_enforcement
+
+    report = probe_enforcement(Limits())
+    assert {"memory", "pids", "cpu", "disk", "nested_userns", "identity", "network"} <= set(report)
+    assert report["network"].startswith("own namespace")
+    if os.geteuid() == 0:  # what an agent sandbox made here reports
+        assert report["disk"] == "tmpfs size (workspace and HOME)"
+        assert report["network"] == "own namespace, the adapter proxy listens inside"

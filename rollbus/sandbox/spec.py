@@ -167,7 +167,7 @@ def probe_enforcement(limits: Limits) -> dict[str, str]:
     """Which limits a local sandbox would enforce here, for a service's start-up log (makes no sandbox)."""
     cgroups = Cgroups.create(f"rollbus-probe-{secrets.token_hex(4)}", limits)
     try:
-        disk = "tmpfs size (workspace)" if os.geteuid() == 0 else "checked after each command (du)"
+        disk = "tmpfs size (workspace and HOME)" if os.geteuid() == 0 else "checked after each command (du)"
         report = enforcement(limits, cgroups, disk)
     finally:
         if cgroups is not None:
@@ -176,6 +176,9 @@ def probe_enforcement(limits: Limits) -> dict[str, str]:
         "bwrap --disable-userns" if bwrap_supports("--disable-userns") else "NOT blocked"
     )
     report["identity"] = "per-sandbox host uid" if os.geteuid() == 0 else f"caller uid {os.getuid()}"
+    report["network"] = "own namespace, " + (
+        "the adapter proxy listens inside" if os.geteuid() == 0 else "socat to the adapter socket"
+    )
     return report
 
 
