@@ -326,8 +326,9 @@ class BwrapSandbox(SandboxBase):
             require_traversable(scratch_root)
         self._state = make_scratch(scratch_root, self.sandbox_id, self.limits.disk_bytes)
         self.cgroups: Cgroups | None = None
-        self._netns = os.dup(netns) if netns is not None else None
+        self._netns: int | None = None
         try:
+            self._netns = os.dup(netns) if netns is not None else None
             self._host_workdir = self._prepare_host(Path(workdir).resolve(), uid)
             binds = {str(Path(host).resolve()): inside for host, inside in (ro_binds or {}).items()}
             sources = {
