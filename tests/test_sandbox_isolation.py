@@ -342,6 +342,26 @@ async def test_the_real_cli_works_through_the_forwarder_and_nothing_else() -> No
             assert calls and all(c.headers["x-rollbus-sandbox"] == box.sandbox_id for c in calls)
 
 
+async def test_each_agent_reaches_only_its_own_listener_and_cannot_reconfigure_its_network(
+    adapter: Adapter,
+) -> None:
+    """Two live agents on the same port: each request arrives stamped with its own sandbox's id. The agent's
+    namespace belongs to the host: taking loopback down, adding an address or a route is refused."""
+    spec = SandboxSpec(image=EXAMPLE_REPO, adapter_url=adapter.url, base_url=BASE_URL)
+    tamper = (
+        "ip link set lo down 2>&1; ip addr add 10.9.9.9/24 dev lo 2>&1; ip route add default dev lo 2>&1;"
+        "ip link add dummy0 type dummy 2>&1; true"
+    )
+    async with await create_local(spec) as first, await create_local(spec) as second:
+        tampered = await first.run(["sh", "-c", tamper], ENV)
+        replies = await asyncio.gather(first.run(CURL, ENV, timeout=60), second.run(CURL, ENV, timeout=60))
+        ids = {first.sandbox_id, second.sandbox_id}
+    assert tampered.stdout.count("Operation not permitted") == 4, tampered.stdout
+    assert [r.stdout for r in replies] == ["adapter:ping", "adapter:ping"]
+    stamped = {h.split(b"x-rollbus-sandbox: ")[1].split(b"\r\n")[0].decode() for h in adapter.heads}
+    assert stamped == ids and len(adapter.heads) == 2
+
+
 async def test_another_rollouts_processes_and_token_are_invisible(adapter: Adapter) -> None:
     spec = SandboxSpec(image=EXAMPLE_REPO, adapter_url=adapter.url, base_url=BASE_URL)
     async with await create_local(spec) as first, await create_local(spec) as second:
