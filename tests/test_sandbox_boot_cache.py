@@ -249,3 +249,40 @@ def test_an_entry_with_a_fifo_is_copied_by_cp(tmp_path: Path) -> None:
     os.mkfifo(src / "pkg" / "pipe")
     copy_entry(src, tmp_path / "copied")
     assert stat.S_ISFIFO((tmp_path / "copied" / "pkg" / "pipe").lstat().st_mode)
+
+
+async def test_a_rewritten_tarball_image_gets_a_new_entry_and_an_unchanged_one_is_not_walked(
+    tmp_path: Path, scratch: Path
+) -> None:
+    import tarfile
+
+    from rollbus.sandbox import images
+
+    image = tmp_path / "image.tar"
+
+    def pack(extra: str) -> None:
+        (tmp_path / "src").mkdir(exist_ok=True)
+        shutil.copytree(EXAMPLE_REPO, tmp_path / "src" / "repo", dirs_exist_ok=True)
+        (tmp_path / "src" / "repo" / "calc.py").write_text(f"# {extra}\n")
+        with tarfile.open(image, "w") as tar:
+            tar.add(tmp_path / "src" / "repo", arcname="repo")
+
+    pack("first")
+    spec = SandboxSpec(image=image)
+    walked: list[Path] = []
+    real_walk = images.tree_fingerprint
+    images.tree_fingerprint = lambda root: walked.append(root) or real_walk(root)  # type: ignore[assignment]
+    try:
+        for _ in range(2):
+            async with await create_local(spec, scratch_root=scratch) as box:
+                assert (box.host_workdir / "calc.py").read_text() == "# first\n"
+        st = image.stat()
+        pack("secnd")  # rewritten in place: the same size, and the old mtime put back
+        os.utime(image, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert image.stat().st_size == st.st_size
+        async with await create_local(spec, scratch_root=scratch) as box:
+            assert (box.host_workdir / "calc.py").read_text() == "# secnd\n"
+            assert git_diff(box.host_workdir) == ""
+    finally:
+        images.tree_fingerprint = real_walk  # type: ignore[assignment]
+    assert walked == [] and len(entries(scratch)) == 2

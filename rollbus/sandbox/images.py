@@ -3,8 +3,8 @@
 ``metadata.image`` is a repository directory or a tarball of one (the repository is the archive's root, or
 its single top-level directory); a relative path resolves against the dataset file's directory. A toolchain
 is a root filesystem directory or tarball (``docker export`` of a SWE-style image, an ``mmdebstrap`` tree).
-Tarballs are unpacked once into a cache keyed by path, size and mtime, with tarfile's ``data`` filter (no
-absolute paths, no ``..``, no devices, no setuid bits).
+Tarballs are unpacked once into a cache keyed by path, size, mtime, inode and ctime, with tarfile's ``data``
+filter (no absolute paths, no ``..``, no devices, no setuid bits).
 
 Threat model: the agent must not see the future. Images often hold the fix commit (SWE-bench Pro checks the
 target tests out of it at grading time), so the agent's workspace is a *new* repository whose only commit is
@@ -49,7 +49,8 @@ def unpack(image: Path, cache: Path, *, repository: bool) -> Path:
     if not tarfile.is_tarfile(image):
         raise SandboxError(f"image {image} is neither a directory nor a tarball", "image_error")
     st = image.stat()
-    key = hashlib.sha256(f"{image.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:20]
+    stamp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}:{st.st_ctime_ns}"  # ctime: no rewrite hides from it
+    key = hashlib.sha256(f"{image.resolve()}:{stamp}".encode()).hexdigest()[:20]
     target = cache / key
     if not target.exists():
         cache.mkdir(parents=True, exist_ok=True)
@@ -168,6 +169,16 @@ def tree_fingerprint(root: Path) -> str:
     return digest.hexdigest()[:24]
 
 
+def image_fingerprint(src: Path, cache: Path) -> str:
+    """What names an image's state: a tarball unpacked into ``cache`` never changes (its directory is named
+    after the tarball's path, size and mtime, see :func:`unpack`), so its path is enough; a directory image
+    is walked every time (:func:`tree_fingerprint`), since any file in it may have changed."""
+    resolved = src.resolve()
+    if resolved.is_relative_to(cache.resolve()):
+        return hashlib.sha256(f"unpacked:{resolved}".encode()).hexdigest()[:24]
+    return tree_fingerprint(src)
+
+
 def cached_agent_workspace(src: Path, dest: Path, cache: Path) -> Path:
     """:func:`agent_workspace` plus its trusted baseline, built once per image state and copied from then on.
 
@@ -175,7 +186,7 @@ def cached_agent_workspace(src: Path, dest: Path, cache: Path) -> Path:
     fingerprint, so a stale entry is never used. Per sandbox: one copy of the workspace (never links: the
     agent writes into it) and a baseline of its own that reads the entry's objects (:func:`share_baseline`).
     """
-    entry = cache / f"agent-{AGENT_LAYOUT}-{tree_fingerprint(src)}"
+    entry = cache / f"agent-{AGENT_LAYOUT}-{image_fingerprint(src, cache)}"
     if not entry.exists():
         cache.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=cache))
