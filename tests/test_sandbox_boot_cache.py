@@ -1,9 +1,9 @@
 """The agent-workspace cache behind fast boots, attacked as a policy would: real bwrap, real git.
 
-Each agent sandbox copies a cached, history-free workspace and gets a baseline that reads the cache entry's
-objects through git alternates. What must hold: nothing a sandbox does (in its workspace, in its own
-``.git``, or through the host's diff of it) changes the entry or what the next sandbox gets, and an image
-that changed in any way gets a new entry.
+Each agent sandbox copies a cached, history-free workspace and gets a baseline that shares the cache
+entry's one pack of objects (linked; git never rewrites a pack). What must hold: nothing a sandbox does (in
+its workspace, in its own ``.git``, or through the host's diff of it) changes the entry or what the next
+sandbox gets, and an image that changed in any way gets a new entry.
 """
 
 from __future__ import annotations
@@ -177,11 +177,14 @@ async def test_the_cache_entry_is_out_of_every_sandboxs_reach(image: Path, scrat
 
 
 def test_git_objects_of_a_diff_land_in_the_sandboxs_own_store(tmp_path: Path) -> None:
-    """The mechanism itself, without a sandbox: alternates are read, never written."""
+    """The mechanism without a sandbox: the shared pack is read, never written, and outlives its entry."""
     from rollbus.sandbox.images import agent_workspace
-    from rollbus.sandbox.repo import baseline_gitdir, record_baseline, share_baseline
+    from rollbus.sandbox.repo import GitError, baseline_gitdir, pack_baseline, record_baseline, share_baseline
 
-    template = record_baseline(agent_workspace(EXAMPLE_REPO, tmp_path / "template"))
+    unpacked = record_baseline(agent_workspace(EXAMPLE_REPO, tmp_path / "unpacked"))
+    with pytest.raises(GitError):
+        share_baseline(unpacked, tmp_path / "nowhere")
+    template = pack_baseline(record_baseline(agent_workspace(EXAMPLE_REPO, tmp_path / "template")))
     before = digest(baseline_gitdir(template))
     work = tmp_path / "work"
     subprocess.run(["cp", "-a", f"{template}/.", str(work)], check=True)
@@ -190,8 +193,12 @@ def test_git_objects_of_a_diff_land_in_the_sandboxs_own_store(tmp_path: Path) ->
     (work / "calc.py").write_text("CHANGED = 1\n")
     assert "+CHANGED = 1" in git_diff(work)
     assert digest(baseline_gitdir(template)) == before
-    own = [p for p in (baseline_gitdir(work) / "objects").rglob("*") if p.is_file()]
-    assert len(own) >= 2  # the new blob and tree are the sandbox's own (plus its alternates file)
+    own = [p for p in (baseline_gitdir(work) / "objects").rglob("*") if p.is_file() and "pack" not in p.parts]
+    assert len(own) == 1  # the changed file's new blob: a loose object of the sandbox's own
+    shutil.rmtree(template.parent / "template.baseline.git")  # the cache entry removed under a live sandbox
+    (work / "new.txt").write_text("n\n")
+    patch = git_diff(work)
+    assert "+CHANGED = 1" in patch and "+++ b/new.txt" in patch
 
 
 def odd_tree(root: Path, extra_files: int = 0) -> Path:

@@ -25,10 +25,10 @@ import tempfile
 from pathlib import Path
 
 from rollbus.sandbox.base import SandboxError
-from rollbus.sandbox.repo import GIT_IDENTITY, _git_env, record_baseline, share_baseline
+from rollbus.sandbox.repo import GIT_IDENTITY, _git_env, pack_baseline, record_baseline, share_baseline
 
 BASE_MESSAGE = "base"
-AGENT_LAYOUT = "v2"  # what an agent cache entry holds; a new layout never reads an older entry
+AGENT_LAYOUT = "v3"  # what an agent cache entry holds; a new layout never reads an older entry
 SMALL_ENTRY = 512  # paths: up to this many, copying in-process costs less than starting cp
 
 
@@ -184,14 +184,14 @@ def cached_agent_workspace(src: Path, dest: Path, cache: Path) -> Path:
 
     The git work (init, add, commit, baseline) costs more than the copy; a changed image has a new
     fingerprint, so a stale entry is never used. Per sandbox: one copy of the workspace (never links: the
-    agent writes into it) and a baseline of its own that reads the entry's objects (:func:`share_baseline`).
+    agent writes into it) and a baseline of its own sharing the entry's one pack (:func:`share_baseline`).
     """
     entry = cache / f"agent-{AGENT_LAYOUT}-{image_fingerprint(src, cache)}"
     if not entry.exists():
         cache.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=cache))
         try:
-            record_baseline(agent_workspace(src, scratch / "ws"))
+            pack_baseline(record_baseline(agent_workspace(src, scratch / "ws")))
             os.rename(scratch, entry)
         except OSError:  # another sandbox built it first
             shutil.rmtree(scratch, ignore_errors=True)

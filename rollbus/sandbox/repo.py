@@ -53,19 +53,33 @@ def record_baseline(dest: Path) -> Path:
     return dest
 
 
+def pack_baseline(template: Path) -> Path:
+    """Pack ``template``'s baseline objects into one pack (done once, so sharing it is a link or two)."""
+    _trusted_git(template, ["repack", "-a", "-d", "-q"])
+    return template
+
+
 def share_baseline(template: Path, dest: Path) -> Path:
     """Give ``dest`` a baseline of its own that starts as ``template``'s (both hold the same files).
 
-    A few small files, no copy of the objects: the new git dir reads ``template``'s baseline objects
-    through ``objects/info/alternates`` and writes every object it makes (the agent's patch) into its own
-    store; git never writes into an alternate. It has its own ``HEAD`` (the baseline commit, detached) and
-    its own copy of the index. Both baselines live on the host only, out of every sandbox's reach.
+    A few small files: its own ``HEAD`` (the baseline commit, detached), its own copy of the index, and the
+    template's pack (:func:`pack_baseline`) hard-linked, or copied across filesystems. git never rewrites a
+    pack, and writes every object it makes (the agent's patch) as a new file of ``dest``'s own; removing the
+    template later does not touch ``dest``. Both baselines live on the host only, out of every sandbox's
+    reach (no sandbox can write either, so the link is never a way between them).
     """
     source, gitdir = baseline_gitdir(template), baseline_gitdir(dest)
     head = (source / BASELINE_HEAD).read_text()
-    (gitdir / "objects" / "info").mkdir(parents=True)
+    packs = list((source / "objects" / "pack").iterdir())
+    if not packs:
+        raise GitError(f"{source} is not packed (pack_baseline)")
+    (gitdir / "objects" / "pack").mkdir(parents=True)
     (gitdir / "refs").mkdir()
-    (gitdir / "objects" / "info" / "alternates").write_text(f"{source / 'objects'}\n")
+    for pack in packs:
+        try:
+            os.link(pack, gitdir / "objects" / "pack" / pack.name)
+        except OSError:
+            shutil.copy2(pack, gitdir / "objects" / "pack" / pack.name)
     (gitdir / "HEAD").write_text(head)
     shutil.copyfile(source / "index", gitdir / "index")
     return dest
