@@ -48,14 +48,15 @@ def record_baseline(dest: Path) -> Path:
     _trusted_git(dest, ["init", "-q", "--template="])  # no sample hooks: hooks never run here anyway
     _trusted_git(dest, ["add", "-A"])
     _trusted_git(dest, [*GIT_IDENTITY, "commit", "-q", "--allow-empty", "-m", BASELINE_MESSAGE])
-    head = _trusted_git(dest, ["rev-parse", "--verify", "HEAD"]).strip()
-    (baseline_gitdir(dest) / BASELINE_HEAD).write_text(head + "\n")
     return dest
 
 
 def pack_baseline(template: Path) -> Path:
-    """Pack ``template``'s baseline objects into one pack (done once, so sharing it is a link or two)."""
+    """Make ``template``'s baseline shareable (done once): its objects in one pack, so sharing it is a link
+    or two, and its commit's id written down for :func:`share_baseline`."""
     _trusted_git(template, ["repack", "-a", "-d", "-q"])
+    head = _trusted_git(template, ["rev-parse", "--verify", "HEAD"]).strip()
+    (baseline_gitdir(template) / BASELINE_HEAD).write_text(head + "\n")
     return template
 
 
@@ -69,10 +70,10 @@ def share_baseline(template: Path, dest: Path) -> Path:
     reach (no sandbox can write either, so the link is never a way between them).
     """
     source, gitdir = baseline_gitdir(template), baseline_gitdir(dest)
-    head = (source / BASELINE_HEAD).read_text()
     packs = list((source / "objects" / "pack").iterdir())
-    if not packs:
-        raise GitError(f"{source} is not packed (pack_baseline)")
+    if not packs or not (source / BASELINE_HEAD).exists():
+        raise GitError(f"{source} was not made shareable (pack_baseline)")
+    head = (source / BASELINE_HEAD).read_text()
     (gitdir / "objects" / "pack").mkdir(parents=True)
     (gitdir / "refs").mkdir()
     for pack in packs:
