@@ -502,13 +502,18 @@ class BwrapSandbox(SandboxBase):
                 result = self._on_close.pop()()
                 if inspect.isawaitable(result):
                     await result
-        if self.cgroups is not None:
-            self.cgroups.destroy()
-            self.cgroups = None
-        if self._netns is not None:
-            os.close(self._netns)
-            self._netns = None
-        remove_scratch(self._state)
+        cgroups, self.cgroups = self.cgroups, None
+        netns, self._netns = self._netns, None
+        await asyncio.to_thread(_release, cgroups, netns, self._state)
+
+
+def _release(cgroups: Cgroups | None, netns: int | None, state: Path) -> None:
+    """A closed sandbox's host resources, off the event loop (unmounts and removals block on the disk)."""
+    if cgroups is not None:
+        cgroups.destroy()
+    if netns is not None:
+        os.close(netns)
+    remove_scratch(state)
 
 
 def _with_failure(done: Completed, kind: FailureKind | None) -> Completed:

@@ -111,9 +111,7 @@ async def create_local(spec: SandboxSpec, *, scratch_root: Path = SCRATCH_ROOT) 
             scratch_root=scratch_root,
             inside_workdir=spec.workdir,
         )
-        box.on_close(lambda: shutil.rmtree(data, ignore_errors=True))
-        if disk:
-            box.on_close(lambda: unmount(data / "ws"))  # runs before the removal above
+        box.on_close(lambda: asyncio.to_thread(_remove_data, data, disk))
         if spec.network == "adapter":
             assert spec.adapter_url is not None
             path = None if listener is not None else data / "adapter.sock"
@@ -220,6 +218,13 @@ def sweep_stale(scratch_root: Path = SCRATCH_ROOT) -> list[str]:
         shutil.rmtree(data, ignore_errors=True)
         swept.append(sandbox_id)
     return swept
+
+
+def _remove_data(data: Path, disk: bool) -> None:
+    """The workspace mount, then the data dir (baseline included); run off the event loop at close."""
+    if disk:
+        unmount(data / "ws")
+    shutil.rmtree(data, ignore_errors=True)
 
 
 def _workspace(spec: SandboxSpec, scratch_root: Path, dest: Path) -> Path:
