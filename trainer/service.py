@@ -4,7 +4,8 @@ The order of one step is the whole durability argument:
 
 1. take the first ``rollout_batch_size`` complete groups (in the order they completed in the log);
 2. train them (every rank its share);
-3. write checkpoint ``v<N>`` atomically: weights, optimiser, and the set of finished groups;
+3. write checkpoint ``v<N>`` atomically: weights, optimiser, and the finished groups (of the last
+   ``--forget-finished-after`` seconds);
 4. publish version N to ``policy`` and ask the engine to load it;
 5. commit, per partition, the first offset that still has an untrained segment behind it.
 
@@ -61,6 +62,7 @@ class Trainer:
         self.policy_topic = topic_name("policy", self.settings.namespace)
         self.buffer = GroupBuffer(self.settings.group_size)
         self.buffer.finished.update(learner.state.finished_groups)
+        self.buffer.clock_ms = max(self.buffer.finished.values(), default=0)
         self.counters: Counter[str] = Counter(learner.state.counters)
         self.position: dict[TopicPartition, int] = {}
         self.where: dict[str, tuple[TopicPartition, int]] = {}  # buffered segment id -> its place
@@ -193,7 +195,10 @@ class Trainer:
         row = self._row(groups, result, trained_on)
         state.version += 1
         state.step += 1
-        state.finished_groups = sorted(self.buffer.finished)
+        if settings.forget_finished_after:
+            forgotten = self.buffer.forget(int(settings.forget_finished_after * 1000))
+            self.counters["finished_groups_forgotten"] += forgotten
+        state.finished_groups = dict(sorted(self.buffer.finished.items()))
         state.counters = dict(self.counters)
         infos = info_rows((s for g in groups for s in g.segments()), state.step, state.version)
         state.metrics = row
