@@ -175,7 +175,7 @@ class RunnerSettings(BusSettings):
         )  # fmt: skip
 
     def agent_base_url(self) -> str:
-        """``ANTHROPIC_BASE_URL`` as the agent sees it: the forwarder on the sandbox's own loopback."""
+        """``ANTHROPIC_BASE_URL`` as the agent sees it: the adapter listener on the sandbox's own loopback."""
         return f"http://127.0.0.1:{self.agent_port}"
 
     def admin(self) -> str:
