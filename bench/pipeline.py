@@ -225,12 +225,20 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def start_workers(bootstrap: str, ns: str, state: Path, count: int) -> list[subprocess.Popen[bytes]]:
+def start_workers(
+    bootstrap: str, ns: str, state: Path, count: int, profile: str = ""
+) -> list[subprocess.Popen[bytes]]:
+    """``count`` workers in one group; with ``profile`` each runs under cProfile, its stats written to
+    ``<profile>/segmenter-<ns>-<n>.prof`` when it is terminated (Faust exits through SystemExit)."""
     workers = []
     for number in range(count):
         log = (state / f"segmenter-{number}.log").open("wb")
+        python = [sys.executable]
+        if profile:
+            Path(profile).mkdir(parents=True, exist_ok=True)
+            python += ["-m", "cProfile", "-o", str(Path(profile) / f"segmenter-{ns}-{number}.prof")]
         workers.append(subprocess.Popen(
-            [sys.executable, "-m", "rollbus", "segmenter", "--bootstrap-servers", bootstrap,
+            [*python, "-m", "rollbus", "segmenter", "--bootstrap-servers", bootstrap,
              "--namespace", ns,
              "--state-dir", str(state / f"w{number}"), "--log-level", "warning"],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -246,7 +254,7 @@ async def bench(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
         ns = f"bench-{uuid.uuid4().hex[:6]}"
         await create_topics(bootstrap, PARTITIONS, ns)
         rollouts = [synth(rng, f"r{rate}-{i}", turns=turns, opening=19_000) for i in range(args.rollouts)]
-        workers = start_workers(bootstrap, ns, state, args.workers)
+        workers = start_workers(bootstrap, ns, state, args.workers, args.profile)
         await asyncio.sleep(12)  # the Faust worker(s) join the group before the clock starts
         before = sum(rss_mb(w.pid) for w in workers)
         try:
@@ -273,7 +281,7 @@ async def soak(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
     segmenter's RSS sampled every 10 s should stay flat (state is bounded by rollouts in flight)."""
     ns, rng = f"soak-{uuid.uuid4().hex[:6]}", random.Random(11)
     await create_topics(bootstrap, PARTITIONS, ns)
-    workers = start_workers(bootstrap, ns, state, args.workers)
+    workers = start_workers(bootstrap, ns, state, args.workers, args.profile)
     await asyncio.sleep(12)
     consumer = AIOKafkaConsumer(topic_name("segments", ns), bootstrap_servers=bootstrap, group_id=None,
                                 auto_offset_reset="earliest",
@@ -330,6 +338,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="segmenter workers in one consumer group")
     parser.add_argument("--soak", type=float, default=0, help="instead: a soak of this many seconds")
     parser.add_argument("--in-flight", type=int, default=1000, help="rollouts open at once in the soak")
+    parser.add_argument("--profile", default="", help="run the workers under cProfile, stats into this folder")
     parser.add_argument(
         "--bootstrap-servers", default="", help="use this cluster instead of an embedded broker"
     )

@@ -93,7 +93,11 @@ class RolloutState:
     duplicates: int = 0
 
     def to_bytes(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        """The table value; written after every event, so built from ``vars`` (``asdict`` deep-copies
+        every digest and cost more than the rest of a turn's handling)."""
+        raw = dict(vars(self))
+        raw["attempts"] = {a: {c: vars(f) for c, f in cs.items()} for a, cs in self.attempts.items()}
+        return json.dumps(raw, separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> RolloutState:
