@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import os
 import random
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -226,10 +227,12 @@ def rss_mb(pid: int) -> float:
 
 
 def start_workers(
-    bootstrap: str, ns: str, state: Path, count: int, profile: str = ""
+    bootstrap: str, ns: str, state: Path, args: argparse.Namespace
 ) -> list[subprocess.Popen[bytes]]:
-    """``count`` workers in one group; with ``profile`` each runs under cProfile, its stats written to
-    ``<profile>/segmenter-<ns>-<n>.prof`` when it is terminated (Faust exits through SystemExit)."""
+    """``args.workers`` workers in one group, given ``args.segmenter_args``; with ``args.profile`` each runs
+    under cProfile, its stats written to ``<profile>/segmenter-<ns>-<n>.prof`` when it is terminated (Faust
+    exits through SystemExit)."""
+    count, profile = args.workers, args.profile
     workers = []
     for number in range(count):
         log = (state / f"segmenter-{number}.log").open("wb")
@@ -240,7 +243,8 @@ def start_workers(
         workers.append(subprocess.Popen(
             [*python, "-m", "rollbus", "segmenter", "--bootstrap-servers", bootstrap,
              "--namespace", ns,
-             "--state-dir", str(state / f"w{number}"), "--log-level", "warning"],
+             "--state-dir", str(state / f"w{number}"), "--log-level", "warning",
+             *shlex.split(args.segmenter_args)],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
         ))  # fmt: skip
     return workers
@@ -254,7 +258,7 @@ async def bench(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
         ns = f"bench-{uuid.uuid4().hex[:6]}"
         await create_topics(bootstrap, PARTITIONS, ns)
         rollouts = [synth(rng, f"r{rate}-{i}", turns=turns, opening=19_000) for i in range(args.rollouts)]
-        workers = start_workers(bootstrap, ns, state, args.workers, args.profile)
+        workers = start_workers(bootstrap, ns, state, args)
         await asyncio.sleep(12)  # the Faust worker(s) join the group before the clock starts
         before = sum(rss_mb(w.pid) for w in workers)
         try:
@@ -281,7 +285,7 @@ async def soak(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
     segmenter's RSS sampled every 10 s should stay flat (state is bounded by rollouts in flight)."""
     ns, rng = f"soak-{uuid.uuid4().hex[:6]}", random.Random(11)
     await create_topics(bootstrap, PARTITIONS, ns)
-    workers = start_workers(bootstrap, ns, state, args.workers, args.profile)
+    workers = start_workers(bootstrap, ns, state, args)
     await asyncio.sleep(12)
     consumer = AIOKafkaConsumer(topic_name("segments", ns), bootstrap_servers=bootstrap, group_id=None,
                                 auto_offset_reset="earliest",
@@ -300,6 +304,7 @@ async def soak(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
     started = tokens = 0
     start = next_sample = time.perf_counter()
     print(f"{'t s':>5} {'RSS MB':>8} {'rollouts started':>17} {'segments out':>13} {'tokens/s in':>12}")
+    samples: list[tuple[float, float]] = []
     try:
         async with Publisher(bootstrap, client_id="bench-soak") as publisher:
             while time.perf_counter() - start < args.soak:
@@ -321,6 +326,7 @@ async def soak(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
                     rss = sum(rss_mb(w.pid) for w in workers)
                     rate = tokens / max(elapsed, 1e-9)
                     print(f"{elapsed:>5.0f} {rss:>8.0f} {started:>17} {segments:>13} {rate:>12,.0f}")
+                    samples.append((elapsed, rss))
                     next_sample += 10
     finally:
         reader.cancel()
@@ -328,6 +334,17 @@ async def soak(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
         for worker in workers:
             worker.terminate()
             worker.wait(30)
+    print(f"RSS slope over the second half: {slope(samples[len(samples) // 2 :]):.2f} MB/min")
+
+
+def slope(samples: list[tuple[float, float]]) -> float:
+    """Least-squares MB per minute of (seconds, MB) samples; NaN with fewer than two."""
+    if len(samples) < 2:
+        return float("nan")
+    mean_t = sum(t for t, _ in samples) / len(samples)
+    mean_m = sum(m for _, m in samples) / len(samples)
+    spread = sum((t - mean_t) ** 2 for t, _ in samples)
+    return 60 * sum((t - mean_t) * (m - mean_m) for t, m in samples) / spread
 
 
 def main() -> None:
@@ -338,7 +355,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="segmenter workers in one consumer group")
     parser.add_argument("--soak", type=float, default=0, help="instead: a soak of this many seconds")
     parser.add_argument("--in-flight", type=int, default=1000, help="rollouts open at once in the soak")
-    parser.add_argument("--profile", default="", help="run the workers under cProfile, stats into this folder")
+    parser.add_argument("--segmenter-args", default="", help="more worker flags: '--forget-after 60'")
+    parser.add_argument("--profile", default="", help="workers run under cProfile, stats here")
     parser.add_argument(
         "--bootstrap-servers", default="", help="use this cluster instead of an embedded broker"
     )

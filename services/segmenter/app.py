@@ -21,7 +21,9 @@ Why it is shaped like this (Faust facts it respects):
   writes made so far, so a ``kill -9`` never leaves a committed event whose state change was never logged.
 * Timers cannot write tables, so the leader's timer publishes one tick per partition to
   ``segmenter-ticks``; the agent handles a tick like any event of that partition and aborts rollouts idle
-  past the timeout there. Ticks are kept, so a rebuild replays the same aborts.
+  past the timeout there. Ticks are kept, so a rebuild replays the same aborts. The segmenter finds due
+  rollouts through an in-memory clock index of the states it wrote; each assignment resets it (recovery
+  rewrites the table), and the next tick rebuilds it from the table.
 * Poison bytes (undecodable, wrong type, wrong key, oversized) go to ``dead-letters`` with the original
   bytes and the reason, and processing continues.
 """
@@ -120,6 +122,11 @@ def build_app(settings: SegmenterSettings, partitions: int) -> faust.App:
         now = json.dumps({"now": int(time.time() * 1000)}).encode()
         for partition in range(partitions):
             await ticks.send(key=b"tick", value=now, partition=partition)
+
+    @app.on_partitions_assigned.connect
+    async def reindex(sender: Any, assigned: Any, **kwargs: Any) -> None:
+        """Changelog recovery may now rewrite the tables: the tick's clock index is rebuilt from them."""
+        segmenter.reindex()
 
     app.segmenter = segmenter  # type: ignore[attr-defined]
     del inputs
