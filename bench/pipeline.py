@@ -9,7 +9,8 @@ Synthetic rollouts are sized like Claude Code traffic: a ~19k-token opening prom
 published (turns, sessions, diff, then the reward) at the offered rate; a consumer reads ``segments`` and
 records, per rollout, the time from its reward's ack to its last segment. The baseline is the same event
 bytes produced by aiokafka to a plain topic and consumed back, in the same run on the same broker.
-Reported: tokens/s, p50/p99 latency, and the segmenter's RSS before and after.
+Reported: tokens/s, p50/p99 latency, the segmenter's RSS before and after, and tokens per second of the
+worker's own CPU time (user + system), which other load on the machine disturbs far less than tokens/s.
 """
 
 from __future__ import annotations
@@ -226,6 +227,15 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time a process has used: what the segmenter costs whatever else runs."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
 def start_workers(
     bootstrap: str, ns: str, state: Path, args: argparse.Namespace
 ) -> list[subprocess.Popen[bytes]]:
@@ -253,7 +263,8 @@ def start_workers(
 async def bench(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
     rng = random.Random(7)
     turns = (10, 20) if args.quick else (10, 100)
-    print(f"{'rate/s':>7} {'path':<10} {'tokens/s':>11} {'p50 s':>7} {'p99 s':>7} {'RSS MB':>13}")
+    print(f"{'rate/s':>7} {'path':<10} {'tokens/s':>11} {'p50 s':>7} {'p99 s':>7} {'RSS MB':>13} "
+          f"{'tokens/CPU s':>13}")  # fmt: skip
     for rate in args.rates:
         ns = f"bench-{uuid.uuid4().hex[:6]}"
         await create_topics(bootstrap, PARTITIONS, ns)
@@ -261,18 +272,23 @@ async def bench(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
         workers = start_workers(bootstrap, ns, state, args)
         await asyncio.sleep(12)  # the Faust worker(s) join the group before the clock starts
         before = sum(rss_mb(w.pid) for w in workers)
+        cpu = sum(cpu_seconds(w.pid) for w in workers)
         try:
             ours = await through_segmenter(bootstrap, ns, rollouts, rate)
             after = sum(rss_mb(w.pid) for w in workers)
+            cpu = sum(cpu_seconds(w.pid) for w in workers) - cpu
         finally:
             for worker in workers:
                 worker.terminate()
                 worker.wait(30)
         raw = await raw_aiokafka(bootstrap, ns, rollouts, rate)
-        for name, row, rss in (("segmenter", ours, f"{before:.0f} -> {after:.0f}"), ("raw", raw, "")):
+        tokens = sum(r.tokens for r in rollouts)
+        rss = f"{before:.0f} -> {after:.0f}"
+        rows = (("segmenter", ours, rss, f"{tokens / cpu:,.0f}"), ("raw", raw, "", ""))
+        for name, row, rss, per_cpu in rows:
             print(f"{rate:>7g} {name:<10} {row['tokens_per_s']:>11,.0f} {row['p50']:>7.2f} "
                   f"{row['p99']:>7.2f} "
-                  f"{rss:>13}")  # fmt: skip
+                  f"{rss:>13} {per_cpu:>13}")  # fmt: skip
         print(
             f"{'':>7} ratio      {ours['tokens_per_s'] / raw['tokens_per_s']:>11.2f} of raw throughput "
             f"({len(rollouts)} rollouts, {sum(r.tokens for r in rollouts):,} tokens, "
