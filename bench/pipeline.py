@@ -8,7 +8,9 @@ Synthetic rollouts are sized like Claude Code traffic: a ~19k-token opening prom
 50-500 sampled tokens a turn, 10-100 turns, some sub-agents and compactions. Each rollout's events are
 published (turns, sessions, diff, then the reward) at the offered rate; a consumer reads ``segments`` and
 records, per rollout, the time from its reward's ack to its last segment. The baseline is the same event
-bytes produced by aiokafka to a plain topic and consumed back, in the same run on the same broker.
+bytes produced by aiokafka to a plain topic and consumed back, in the same run on the same broker. Both
+paths send bytes encoded before their clock starts, and neither consumer decodes: the load generator shares
+the machine, and its own encoding and decoding are not what is measured.
 Reported: tokens/s, p50/p99 latency, the segmenter's RSS before and after, and tokens per second of the
 worker's own CPU time (user + system), which other load on the machine disturbs far less than tokens/s.
 """
@@ -38,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from rollbus.broker import EmbeddedBroker, free_port  # noqa: E402
 from rollbus.bus import Publisher  # noqa: E402
-from rollbus.codec import decode, encode  # noqa: E402
+from rollbus.codec import encode  # noqa: E402
 from rollbus.topics import create_topics, spec_for, topic_name  # noqa: E402
 
 PARTITIONS = 6
@@ -127,48 +129,80 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+Payload = list[tuple[str, bytes, bytes]]  # one rollout's (base topic, key, encoded event), reward last
+
+
+def encoded(rollouts: list[Rollout]) -> list[Payload]:
+    """Every rollout's events encoded once, before either clock starts: both paths send the same bytes and
+    neither pays for making them (the load generator is not what is measured)."""
+    return [
+        [(t, r.rollout_id.encode(), encode(spec_for(t).event_type, rec)) for t, rec in r.events]
+        for r in rollouts
+    ]
+
+
+def segments_expected(rollout: Rollout) -> int:
+    """One segment per main or sub-agent chain that ended (frozen or closed): what fan_out cuts here."""
+    return sum(
+        1
+        for topic, record in rollout.events
+        if topic == "sessions" and record["kind"] != "opened" and record["chain_kind"] in ("main", "subagent")
+    )
+
+
+def producer(bootstrap: str) -> AIOKafkaProducer:
+    """The load generator's producer, one for both paths (the adapter's settings: acks=all, idempotent)."""
+    return AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
+                            max_request_size=9 * 2**20)  # fmt: skip
+
+
 async def through_segmenter(
-    bootstrap: str, ns: str, rollouts: list[Rollout], rate: float
+    bootstrap: str, ns: str, rollouts: list[Rollout], payloads: list[Payload], rate: float
 ) -> dict[str, float]:
-    """Publish at ``rate`` rollouts/s; latency = reward acked -> the rollout's last segment consumed."""
+    """Publish at ``rate`` rollouts/s (each rollout's events, acked, then its reward); latency = reward acked
+    -> the rollout's last segment consumed. The consumer counts segments by key and decodes nothing, like
+    the raw path's."""
     rewarded: dict[str, float] = {}
-    done: dict[str, float] = {}
+    done: dict[bytes, float] = {}
+    expected = {r.rollout_id.encode(): segments_expected(r) for r in rollouts}
     consumer = AIOKafkaConsumer(topic_name("segments", ns), bootstrap_servers=bootstrap, group_id=None,
                                 auto_offset_reset="earliest", fetch_max_bytes=64 * 2**20,
                                 max_partition_fetch_bytes=16 * 2**20)  # fmt: skip
     await consumer.start()
-    seen: dict[str, int] = {}
+    seen: dict[bytes, int] = {}
 
     async def consume() -> None:
         while len(done) < len(rollouts):
             batch = await consumer.getmany(timeout_ms=200)
             for message in (m for ms in batch.values() for m in ms):
-                segment = decode(message.value).record
-                seen[segment["rollout_id"]] = seen.get(segment["rollout_id"], 0) + 1
-                if seen[segment["rollout_id"]] == segment["num_segments"]:
-                    done.setdefault(segment["rollout_id"], time.perf_counter())
+                seen[message.key] = seen.get(message.key, 0) + 1
+                if seen[message.key] == expected[message.key]:
+                    done.setdefault(message.key, time.perf_counter())
 
     reader = asyncio.create_task(consume())
+    load = producer(bootstrap)
+    await load.start()
     start = time.perf_counter()
-    async with Publisher(bootstrap, client_id="bench-load") as publisher:
-        for number, rollout in enumerate(rollouts):
+    try:
+        for number, (rollout, messages) in enumerate(zip(rollouts, payloads, strict=True)):
             await asyncio.sleep(max(0.0, start + number / rate - time.perf_counter()))
-            by_topic: dict[str, list[dict[str, Any]]] = {}
-            for topic, record in rollout.events[:-1]:
-                by_topic.setdefault(topic, []).append(record)
-            for topic in ("turns", "sessions", "diffs"):
-                await publisher.publish_many(topic_name(topic, ns), by_topic.get(topic, []))
-            await publisher.publish(topic_name("rewards", ns), rollout.events[-1][1])
+            *events, (reward_topic, key, reward) = messages
+            await asyncio.gather(*[await load.send(topic_name(t, ns), v, key=k) for t, k, v in events])
+            await (await load.send(topic_name(reward_topic, ns), reward, key=key))
             rewarded[rollout.rollout_id] = time.perf_counter()
-    await asyncio.wait_for(reader, timeout=600)
-    await consumer.stop()
-    latencies = [done[r] - rewarded[r] for r in rewarded]
+        await asyncio.wait_for(reader, timeout=600)
+    finally:
+        await load.stop()
+        await consumer.stop()
+    latencies = [done[r.encode()] - rewarded[r] for r in rewarded]
     elapsed = max(done.values()) - start
     return {"tokens_per_s": sum(r.tokens for r in rollouts) / elapsed, "p50": percentile(latencies, 0.5),
             "p99": percentile(latencies, 0.99), "elapsed": elapsed}  # fmt: skip
 
 
-async def raw_aiokafka(bootstrap: str, ns: str, rollouts: list[Rollout], rate: float) -> dict[str, float]:
+async def raw_aiokafka(
+    bootstrap: str, ns: str, rollouts: list[Rollout], payloads: list[Payload], rate: float
+) -> dict[str, float]:
     """The same encoded bytes produced to a plain topic and consumed back: what the bus alone costs."""
     topic = topic_name(f"raw-{uuid.uuid4().hex[:6]}", ns)
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
@@ -177,16 +211,11 @@ async def raw_aiokafka(bootstrap: str, ns: str, rollouts: list[Rollout], rate: f
         [NewTopic(topic, PARTITIONS, 1, topic_configs={"max.message.bytes": str(8 * 2**20)})]
     )
     await admin.close()
-    payloads = [
-        [(r.rollout_id.encode(), encode(spec_for(t).event_type, rec)) for t, rec in r.events]
-        for r in rollouts
-    ]
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
-                                max_request_size=9 * 2**20)  # fmt: skip
+    load = producer(bootstrap)
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None,
                                 auto_offset_reset="earliest",
                                 fetch_max_bytes=64 * 2**20, max_partition_fetch_bytes=16 * 2**20)  # fmt: skip
-    await producer.start()
+    await load.start()
     await consumer.start()
     sent: dict[bytes, float] = {}
     arrived: dict[bytes, float] = {}
@@ -204,11 +233,11 @@ async def raw_aiokafka(bootstrap: str, ns: str, rollouts: list[Rollout], rate: f
     start = time.perf_counter()
     for number, messages in enumerate(payloads):
         await asyncio.sleep(max(0.0, start + number / rate - time.perf_counter()))
-        futures = [await producer.send(topic, value, key=key) for key, value in messages]
+        futures = [await load.send(topic, value, key=key) for _, key, value in messages]
         await asyncio.gather(*futures)
-        sent[messages[0][0]] = time.perf_counter()
+        sent[messages[0][1]] = time.perf_counter()
     await asyncio.wait_for(reader, timeout=600)
-    await producer.stop()
+    await load.stop()
     await consumer.stop()
     latencies = [arrived[k] - sent[k] for k in sent]
     elapsed = max(arrived.values()) - start
@@ -269,19 +298,20 @@ async def bench(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
         ns = f"bench-{uuid.uuid4().hex[:6]}"
         await create_topics(bootstrap, PARTITIONS, ns)
         rollouts = [synth(rng, f"r{rate}-{i}", turns=turns, opening=19_000) for i in range(args.rollouts)]
+        payloads = encoded(rollouts)
         workers = start_workers(bootstrap, ns, state, args)
         await asyncio.sleep(12)  # the Faust worker(s) join the group before the clock starts
         before = sum(rss_mb(w.pid) for w in workers)
         cpu = sum(cpu_seconds(w.pid) for w in workers)
         try:
-            ours = await through_segmenter(bootstrap, ns, rollouts, rate)
+            ours = await through_segmenter(bootstrap, ns, rollouts, payloads, rate)
             after = sum(rss_mb(w.pid) for w in workers)
             cpu = sum(cpu_seconds(w.pid) for w in workers) - cpu
         finally:
             for worker in workers:
                 worker.terminate()
                 worker.wait(30)
-        raw = await raw_aiokafka(bootstrap, ns, rollouts, rate)
+        raw = await raw_aiokafka(bootstrap, ns, rollouts, payloads, rate)
         tokens = sum(r.tokens for r in rollouts)
         rss = f"{before:.0f} -> {after:.0f}"
         rows = (("segmenter", ours, rss, f"{tokens / cpu:,.0f}"), ("raw", raw, "", ""))
