@@ -101,6 +101,9 @@ def build_app(settings: SegmenterSettings, partitions: int) -> faust.App:
         table.key_serializer = table.value_serializer = "raw"  # Faust derives "json" from non-model types
         table.changelog_topic = table._new_changelog_topic()  # ...and would recover with it otherwise
     buffers = (ChangelogBuffer(states), ChangelogBuffer(bodies))
+    # A commit hands the buffers' changes to Faust's producer buffer at once (a key each, ~2 per rollout in
+    # flight); past its default of 100 queued messages Faust stops feeding the agent and warns until it ebbs.
+    app.producer.buffer.max_messages = 10_000
     commit_after_changelogs(app, (states, bodies), settings.changelog_timeout, buffers)
     raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
     inputs = app.topic(*(topic_name(t, ns) for t in INPUTS), **raw)
