@@ -330,6 +330,21 @@ def test_update_weights_from_disk_changes_logprobs_and_version(tokenizer, tmp_pa
         assert client.get("/get_model_info").json()["weight_version"] == "1"
 
 
+def test_a_late_push_of_an_older_version_never_rolls_the_weights_back(tokenizer, tmp_path: Path):
+    """A trainer gave up waiting for version 3's load and pushed 4; 3's load then ends: it is refused."""
+    engine = make_engine(tokenizer, SamplePolicy())
+    make_engine(tokenizer, SamplePolicy(), seed=99).model.save_pretrained(tmp_path / "step")
+    with serving(engine) as client:
+        push = {"model_path": str(tmp_path / "step")}
+        first = client.post("/update_weights_from_disk", json={**push, "weight_version": "4"})
+        assert first.json()["success"]
+        late = client.post("/update_weights_from_disk", json={**push, "weight_version": "3"})
+        assert late.status_code == 400 and "older than the served 4" in late.json()["message"]
+        assert client.get("/get_model_info").json()["weight_version"] == "4"
+        again = client.post("/update_weights_from_disk", json={**push, "weight_version": "4"})
+        assert again.json()["success"]  # a retried push of the served version is a reload, not a rollback
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [

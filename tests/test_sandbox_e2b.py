@@ -160,6 +160,13 @@ async def vm(tmp_path: Path) -> AsyncIterator[tuple[E2BSandbox, FakeVM]]:
     await box.close()
 
 
+async def until(condition: Any, timeout: float = 30.0) -> None:
+    """Poll ``condition`` until it holds or ``timeout`` passes (the assertion after it says what failed)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.02)
+
+
 def processes_named(marker: str) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -264,6 +271,31 @@ async def test_a_sandbox_whose_setup_fails_is_killed(tmp_path: Path) -> None:
     assert sdk.vms[0].kills == 1  # the VM does not leak
 
 
+class SlowSDK(FakeSDK):
+    """``create`` that is still in flight when its caller gives up, and returns a VM afterwards."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def create(self, **kwargs: Any) -> FakeVM:
+        await self.release.wait()
+        return await super().create(**kwargs)
+
+
+async def test_a_vm_that_starts_after_its_caller_was_cancelled_is_killed(tmp_path: Path) -> None:
+    sdk = SlowSDK()
+    creating = asyncio.create_task(
+        E2BSandbox.create(role="grader", workdir=str(tmp_path / "w"), options=options(tmp_path), sdk=sdk)
+    )
+    await asyncio.sleep(0.05)  # the request is in flight
+    creating.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await creating
+    sdk.release.set()  # the cloud answers after all: a VM exists that nobody holds
+    await until(lambda: bool(sdk.vms and sdk.vms[0].kills))
+    assert len(sdk.vms) == 1 and sdk.vms[0].kills == 1
+
 async def test_exit_code_output_env_and_quoting(vm: tuple[E2BSandbox, FakeVM]) -> None:
     box, fake = vm
     done = await box.run(
@@ -311,14 +343,11 @@ async def test_a_cancelled_run_kills_the_remote_command(vm: tuple[E2BSandbox, Fa
     box, fake = vm
     marker = f"rollbus-e2b-{uuid.uuid4().hex[:8]}"
     task = asyncio.ensure_future(box.run(["bash", "-c", f"exec -a {marker} sleep 300"], {}, timeout=600))
-    for _ in range(100):
-        if processes_named(marker):
-            break
-        await asyncio.sleep(0.02)
+    await until(lambda: bool(processes_named(marker)))  # polls only; a loaded machine just takes longer
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await asyncio.sleep(0.2)
+    await until(lambda: not processes_named(marker))
     assert fake.commands.killed and processes_named(marker) == []
 
 

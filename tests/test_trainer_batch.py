@@ -198,3 +198,16 @@ def test_abandoning_a_poisoned_group_makes_its_other_segments_late() -> None:
     assert gone is not None and buffer.pending == {} and buffer.buffered() == []
     assert buffer.add(segment("g", "a", 1, 2)) is Admission.LATE
     assert buffer.abandon("never-seen") is None and buffer.add(segment("never-seen")) is Admission.LATE
+
+
+def test_finished_groups_are_forgotten_after_the_horizon_in_segment_time_only() -> None:
+    buffer = GroupBuffer(group_size=1)
+    buffer.add(segment("g", "a", created_at=1_000))
+    buffer.take(1)
+    buffer.add(segment("h", "b", created_at=5_000))
+    assert buffer.forget(horizon_ms=4_000) == 0  # g finished at 1 000, the clock is at 5 000: kept
+    assert buffer.add(segment("g", "a2", created_at=5_000)) is Admission.LATE
+    buffer.add(segment("i", "c", created_at=5_001))
+    assert buffer.forget(horizon_ms=4_000) == 1 and "g" not in buffer.finished
+    assert buffer.add(segment("g", "a3", created_at=5_002)) is Admission.GROUP_COMPLETE  # a new group now
+    assert buffer.finished == {} and [g.group_id for g in buffer.complete] == ["h", "i", "g"]

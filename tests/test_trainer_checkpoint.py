@@ -35,7 +35,9 @@ def test_a_half_written_version_is_ignored_and_cleaned(tmp_path: Path) -> None:
 
 def test_a_loaded_checkpoint_has_the_same_weights_optimizer_and_state(tmp_path: Path) -> None:
     model, optimizer = stepped()
-    state = TrainerState(version=7, step=3, finished_groups=["a", "b"], counters={"duplicates_dropped": 2})
+    state = TrainerState(
+        version=7, step=3, finished_groups={"a": 5, "b": 9}, counters={"duplicates_dropped": 2}
+    )
     path = checkpoint.save(tmp_path, model, optimizer, state, keep=2)
     loaded, optimizer_state, loaded_state = checkpoint.load(path)
     assert loaded_state == state
@@ -45,6 +47,12 @@ def test_a_loaded_checkpoint_has_the_same_weights_optimizer_and_state(tmp_path: 
     again.load_state_dict(optimizer_state)
     for a, b in zip(optimizer.state.values(), again.state.values(), strict=True):
         assert torch.equal(a["exp_avg"], b["exp_avg"]) and torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
+
+
+def test_a_state_written_before_finish_times_keeps_its_groups_from_load_time() -> None:
+    state = TrainerState.from_json({"version": 2, "step": 2, "finished_groups": ["a", "b"]})
+    assert sorted(state.finished_groups) == ["a", "b"]
+    assert min(state.finished_groups.values()) > 1_700_000_000_000  # wall-clock ms: a horizon starts now
 
 
 def test_old_versions_are_pruned_to_keep(tmp_path: Path) -> None:

@@ -87,7 +87,9 @@ class GroupBuffer:
         self.group_size = group_size
         self.pending: dict[str, Group] = {}
         self.complete: list[Group] = []
-        self.finished: set[str] = set()  # groups trained, dropped or skipped: later segments are late
+        # groups trained, dropped or skipped -> the event time (ms) they finished at: later segments are late
+        self.finished: dict[str, int] = {}
+        self.clock_ms = 0  # the newest segment time seen: finishing and forgetting replay identically
         self._ids: set[str] = set()
 
     def add(self, segment: Segment) -> Admission:
@@ -105,6 +107,7 @@ class GroupBuffer:
         self._check_fits(rollout, segment)
         rollout[segment["index"]] = segment
         created = int(segment.get("created_at", 0))
+        self.clock_ms = max(self.clock_ms, created)
         group.first_created_at = min(created, group.first_created_at or created)
         self._ids.add(segment["segment_id"])
         if self._is_complete(group):
@@ -136,7 +139,7 @@ class GroupBuffer:
         return taken
 
     def finish(self, group: Group) -> None:
-        self.finished.add(group.group_id)
+        self.finished[group.group_id] = self.clock_ms
         for segment in group.segments():
             self._ids.discard(segment["segment_id"])
 
@@ -151,8 +154,16 @@ class GroupBuffer:
         if group is not None:
             self.finish(group)
         else:
-            self.finished.add(group_id)
+            self.finished[group_id] = self.clock_ms
         return group
+
+    def forget(self, horizon_ms: int) -> int:
+        """Forget groups finished more than ``horizon_ms`` (segment time) ago, so the set stays bounded; a
+        segment of one arriving after that would start a new group. The number forgotten."""
+        old = [g for g, at in self.finished.items() if at < self.clock_ms - horizon_ms]
+        for group_id in old:
+            del self.finished[group_id]
+        return len(old)
 
     def expire(self, now_ms: int, timeout_ms: int) -> list[Group]:
         """Abandon incomplete groups whose first segment is more than ``timeout_ms`` older than ``now_ms``

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,12 +32,17 @@ class TrainerState:
 
     version: int = 0
     step: int = 0
-    finished_groups: list[str] = field(default_factory=list)  # trained, dropped as stale, or skipped
+    # trained, dropped as stale, or skipped -> the segment time (ms) they finished at
+    finished_groups: dict[str, int] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)  # this step's log row, rewritten if lost in a crash
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TrainerState:
+        finished = data.get("finished_groups", {})
+        if isinstance(finished, list):  # written before groups carried their finish time: remembered from now
+            now = int(time.time() * 1000)
+            data = {**data, "finished_groups": dict.fromkeys(finished, now)}
         return cls(**data)
 
 

@@ -4,7 +4,8 @@ The order of one step is the whole durability argument:
 
 1. take the first ``rollout_batch_size`` complete groups (in the order they completed in the log);
 2. train them (every rank its share);
-3. write checkpoint ``v<N>`` atomically: weights, optimiser, and the set of finished groups;
+3. write checkpoint ``v<N>`` atomically: weights, optimiser, and the finished groups (of the last
+   ``--forget-finished-after`` seconds);
 4. publish version N to ``policy`` and ask the engine to load it;
 5. commit, per partition, the first offset that still has an untrained segment behind it.
 
@@ -61,6 +62,7 @@ class Trainer:
         self.policy_topic = topic_name("policy", self.settings.namespace)
         self.buffer = GroupBuffer(self.settings.group_size)
         self.buffer.finished.update(learner.state.finished_groups)
+        self.buffer.clock_ms = max(self.buffer.finished.values(), default=0)
         self.counters: Counter[str] = Counter(learner.state.counters)
         self.position: dict[TopicPartition, int] = {}
         self.where: dict[str, tuple[TopicPartition, int]] = {}  # buffered segment id -> its place
@@ -150,6 +152,7 @@ class Trainer:
         """Drop a just-completed group that is too stale, or (if so set) has no reward variance."""
         segments = group.segments()
         limit = self.settings.max_staleness
+        # the version it will be trained on: a completed group is trained by the step it completes for
         oldest = max(staleness(s, self.learner.state.version) for s in segments)
         if limit is not None and oldest > limit:
             self.counters["stale_groups_dropped"] += 1
@@ -179,6 +182,7 @@ class Trainer:
     async def _step(self, feed: SegmentFeed) -> None:
         learner, settings = self.learner, self.settings
         ready = time.monotonic()
+        trained_on = learner.state.version  # staleness is measured here, as the screen measured it
         groups = self.buffer.take(settings.rollout_batch_size)
         for group in groups:
             self._finish(group)
@@ -188,10 +192,13 @@ class Trainer:
         result = await asyncio.to_thread(learner.step, shares)
         trained = time.monotonic()
         state = learner.state
-        row = self._row(groups, result)  # staleness against the version these groups were trained on
+        row = self._row(groups, result, trained_on)
         state.version += 1
         state.step += 1
-        state.finished_groups = sorted(self.buffer.finished)
+        if settings.forget_finished_after:
+            forgotten = self.buffer.forget(int(settings.forget_finished_after * 1000))
+            self.counters["finished_groups_forgotten"] += forgotten
+        state.finished_groups = dict(sorted(self.buffer.finished.items()))
         state.counters = dict(self.counters)
         infos = info_rows((s for g in groups for s in g.segments()), state.step, state.version)
         state.metrics = row
@@ -210,10 +217,12 @@ class Trainer:
         self.fault("after_commit")
         self._waiting_since = time.monotonic()
 
-    def _row(self, groups: list[Group], result: StepResult) -> dict[str, Any]:
+    def _row(self, groups: list[Group], result: StepResult, trained_on: int) -> dict[str, Any]:
+        """The step's log row; staleness against ``trained_on``, the version the batch was trained from
+        (the row's ``version`` is the one the step produced: ``trained_on + 1``), so on-policy reads 0."""
         segments = [s for g in groups for s in g.segments()]
         rewards = [r for g in groups for r in g.rewards().values()]
-        stale = [staleness(s, self.learner.state.version) for s in segments]
+        stale = [staleness(s, trained_on) for s in segments]
         response_tokens = sum(len(s["response_ids"]) for s in segments)
         masked = sum(sum(mask_of(s)) for s in segments)
         tokens = max(result.stats.tokens, 1.0)

@@ -32,6 +32,12 @@ class TrainerSettings(ModelSettings, BusSettings):
         description="abandon a group still incomplete this many seconds (segment time) after "
         "its first segment; 0: wait forever",
     )
+    forget_finished_after: float = Field(
+        604800.0,
+        ge=0,
+        description="seconds (segment time) a finished group is remembered, so its late or re-cut segments "
+        "are dropped, not trained again; bounds the checkpoint's list; 0: remember forever",
+    )
     solve_threshold: float = Field(1.0, description="trajectory reward at which a rollout counts as solved")
     # -- the loss
     policy_loss: Literal["ppo", "gspo"] = Field(

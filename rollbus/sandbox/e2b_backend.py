@@ -8,7 +8,8 @@ host only (``network.allow_out``), or nothing.
 
 Robustness: creation passes the sandbox id as the idempotency key, so a retried create cannot start two VMs;
 only transient transport errors (unreachable, rate limit, busy, connection errors) are retried; a VM whose
-setup fails after ``create`` is killed before the error propagates. Commands start detached with output
+setup fails after ``create`` is killed before the error propagates, and one whose caller is cancelled while
+``create`` is in flight is killed as soon as it exists. Commands start detached with output
 redirected to files in the VM and are polled for an exit-code file, so a 30-minute agent run survives a
 dropped stream; a deadline or a cancelled ``run`` kills the remote process group.
 """
@@ -113,6 +114,25 @@ async def with_retries(call: Callable[[], Awaitable[T]], options: E2BOptions) ->
     raise AssertionError("unreachable")
 
 
+_orphan_kills: set[asyncio.Task[Any]] = set()  # strong references until each kill is done
+
+
+async def _kill_quietly(sbx: Any) -> None:
+    try:
+        await sbx.kill()
+    except Exception:  # noqa: BLE001 - the VM's own lifetime (options.lifetime_s) ends it anyway
+        pass
+
+
+def _kill_if_started(creating: asyncio.Future[Any]) -> None:
+    """Done callback of a ``create`` whose caller was cancelled: kill the VM if one was started."""
+    if creating.cancelled() or creating.exception() is not None:
+        return
+    kill = asyncio.ensure_future(_kill_quietly(creating.result()))
+    _orphan_kills.add(kill)
+    kill.add_done_callback(_orphan_kills.discard)
+
+
 def routing(
     spec_metadata: Mapping[str, Any], role: str, sandbox_id: str, options: E2BOptions
 ) -> dict[str, Any]:
@@ -181,8 +201,12 @@ class E2BSandbox(SandboxBase):
             "idempotency_key": sandbox_id,
             **sdk_options,
         }
+        creating = asyncio.ensure_future(with_retries(lambda: sdk.create(**kwargs), options))
         try:
-            sbx = await with_retries(lambda: sdk.create(**kwargs), options)
+            sbx = await asyncio.shield(creating)
+        except asyncio.CancelledError:
+            creating.add_done_callback(_kill_if_started)  # a VM that starts after all must not leak
+            raise
         except Exception as exc:
             raise SandboxError(f"E2B create failed: {exc}") from exc
         box = cls(sbx, workdir=workdir, options=options, sandbox_id=sandbox_id)

@@ -83,6 +83,11 @@ class _Decode:
         return None
 
 
+def older(version: str | None, served: str) -> bool:
+    """Whether ``version`` is a number below the served one (labels that are not numbers are never older)."""
+    return version is not None and version.isdigit() and served.isdigit() and int(version) < int(served)
+
+
 def next_version(version: str) -> str:
     return str(int(version) + 1) if version.isdigit() else f"{version}+1"
 
@@ -291,9 +296,16 @@ class Engine:
     # ------------------------------------------------------------ weights and cache
 
     def update_weights(self, model_path: str, weight_version: str | None = None) -> str:
-        """Load a checkpoint, swap it in between requests, flush the prefix cache; the new version."""
+        """Load a checkpoint, swap it in between requests, flush the prefix cache; the new version.
+
+        A numbered version older than the one served is refused (ValueError) even after its load: a push the
+        trainer gave up on, finishing after a newer one, must not roll the weights back.
+        """
         model = load_model(model_path, self.vocab_size)
         with self._lock:
+            if older(weight_version, self.weight_version):
+                served = self.weight_version
+                raise ValueError(f"weight version {weight_version} is older than the served {served}")
             self.model = model
             self.model_path = str(model_path)
             self.weight_version = weight_version or next_version(self.weight_version)
