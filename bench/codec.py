@@ -30,7 +30,7 @@ def segment(tokens: int) -> dict:
         "response_ids": [(i * 7919) % 151_000 for i in range(tokens)], "loss_mask": mask,
         "rollout_logprobs": [-(i % 97) / 8 for i in range(tokens)], "reward": 1.0, "trajectory_reward": 1.0,
         "policy_versions": [12 if m else -1 for m in mask], "created_at": 1_700_000_000_000,
-        "attempt_id": "a-1", "chain_id": "main",
+        "attempt_id": "a-1", "chain_id": "main", "infos": "[]",
         "schema_version": codec.schema("segment")["version"],
     }
 

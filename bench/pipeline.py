@@ -8,8 +8,11 @@ Synthetic rollouts are sized like Claude Code traffic: a ~19k-token opening prom
 50-500 sampled tokens a turn, 10-100 turns, some sub-agents and compactions. Each rollout's events are
 published (turns, sessions, diff, then the reward) at the offered rate; a consumer reads ``segments`` and
 records, per rollout, the time from its reward's ack to its last segment. The baseline is the same event
-bytes produced by aiokafka to a plain topic and consumed back, in the same run on the same broker.
-Reported: tokens/s, p50/p99 latency, and the segmenter's RSS before and after.
+bytes produced by aiokafka to a plain topic and consumed back, in the same run on the same broker. Both
+paths send bytes encoded before their clock starts, and neither consumer decodes: the load generator shares
+the machine, and its own encoding and decoding are not what is measured.
+Reported: tokens/s, p50/p99 latency, the segmenter's RSS before and after, and tokens per second of the
+worker's own CPU time (user + system), which other load on the machine disturbs far less than tokens/s.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import asyncio
 import os
 import random
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -36,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from rollbus.broker import EmbeddedBroker, free_port  # noqa: E402
 from rollbus.bus import Publisher  # noqa: E402
-from rollbus.codec import decode, encode  # noqa: E402
+from rollbus.codec import encode  # noqa: E402
 from rollbus.topics import create_topics, spec_for, topic_name  # noqa: E402
 
 PARTITIONS = 6
@@ -125,48 +129,80 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+Payload = list[tuple[str, bytes, bytes]]  # one rollout's (base topic, key, encoded event), reward last
+
+
+def encoded(rollouts: list[Rollout]) -> list[Payload]:
+    """Every rollout's events encoded once, before either clock starts: both paths send the same bytes and
+    neither pays for making them (the load generator is not what is measured)."""
+    return [
+        [(t, r.rollout_id.encode(), encode(spec_for(t).event_type, rec)) for t, rec in r.events]
+        for r in rollouts
+    ]
+
+
+def segments_expected(rollout: Rollout) -> int:
+    """One segment per main or sub-agent chain that ended (frozen or closed): what fan_out cuts here."""
+    return sum(
+        1
+        for topic, record in rollout.events
+        if topic == "sessions" and record["kind"] != "opened" and record["chain_kind"] in ("main", "subagent")
+    )
+
+
+def producer(bootstrap: str) -> AIOKafkaProducer:
+    """The load generator's producer, one for both paths (the adapter's settings: acks=all, idempotent)."""
+    return AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
+                            max_request_size=9 * 2**20)  # fmt: skip
+
+
 async def through_segmenter(
-    bootstrap: str, ns: str, rollouts: list[Rollout], rate: float
+    bootstrap: str, ns: str, rollouts: list[Rollout], payloads: list[Payload], rate: float
 ) -> dict[str, float]:
-    """Publish at ``rate`` rollouts/s; latency = reward acked -> the rollout's last segment consumed."""
+    """Publish at ``rate`` rollouts/s (each rollout's events, acked, then its reward); latency = reward acked
+    -> the rollout's last segment consumed. The consumer counts segments by key and decodes nothing, like
+    the raw path's."""
     rewarded: dict[str, float] = {}
-    done: dict[str, float] = {}
+    done: dict[bytes, float] = {}
+    expected = {r.rollout_id.encode(): segments_expected(r) for r in rollouts}
     consumer = AIOKafkaConsumer(topic_name("segments", ns), bootstrap_servers=bootstrap, group_id=None,
                                 auto_offset_reset="earliest", fetch_max_bytes=64 * 2**20,
                                 max_partition_fetch_bytes=16 * 2**20)  # fmt: skip
     await consumer.start()
-    seen: dict[str, int] = {}
+    seen: dict[bytes, int] = {}
 
     async def consume() -> None:
         while len(done) < len(rollouts):
             batch = await consumer.getmany(timeout_ms=200)
             for message in (m for ms in batch.values() for m in ms):
-                segment = decode(message.value).record
-                seen[segment["rollout_id"]] = seen.get(segment["rollout_id"], 0) + 1
-                if seen[segment["rollout_id"]] == segment["num_segments"]:
-                    done.setdefault(segment["rollout_id"], time.perf_counter())
+                seen[message.key] = seen.get(message.key, 0) + 1
+                if seen[message.key] == expected[message.key]:
+                    done.setdefault(message.key, time.perf_counter())
 
     reader = asyncio.create_task(consume())
+    load = producer(bootstrap)
+    await load.start()
     start = time.perf_counter()
-    async with Publisher(bootstrap, client_id="bench-load") as publisher:
-        for number, rollout in enumerate(rollouts):
+    try:
+        for number, (rollout, messages) in enumerate(zip(rollouts, payloads, strict=True)):
             await asyncio.sleep(max(0.0, start + number / rate - time.perf_counter()))
-            by_topic: dict[str, list[dict[str, Any]]] = {}
-            for topic, record in rollout.events[:-1]:
-                by_topic.setdefault(topic, []).append(record)
-            for topic in ("turns", "sessions", "diffs"):
-                await publisher.publish_many(topic_name(topic, ns), by_topic.get(topic, []))
-            await publisher.publish(topic_name("rewards", ns), rollout.events[-1][1])
+            *events, (reward_topic, key, reward) = messages
+            await asyncio.gather(*[await load.send(topic_name(t, ns), v, key=k) for t, k, v in events])
+            await (await load.send(topic_name(reward_topic, ns), reward, key=key))
             rewarded[rollout.rollout_id] = time.perf_counter()
-    await asyncio.wait_for(reader, timeout=600)
-    await consumer.stop()
-    latencies = [done[r] - rewarded[r] for r in rewarded]
+        await asyncio.wait_for(reader, timeout=600)
+    finally:
+        await load.stop()
+        await consumer.stop()
+    latencies = [done[r.encode()] - rewarded[r] for r in rewarded]
     elapsed = max(done.values()) - start
     return {"tokens_per_s": sum(r.tokens for r in rollouts) / elapsed, "p50": percentile(latencies, 0.5),
             "p99": percentile(latencies, 0.99), "elapsed": elapsed}  # fmt: skip
 
 
-async def raw_aiokafka(bootstrap: str, ns: str, rollouts: list[Rollout], rate: float) -> dict[str, float]:
+async def raw_aiokafka(
+    bootstrap: str, ns: str, rollouts: list[Rollout], payloads: list[Payload], rate: float
+) -> dict[str, float]:
     """The same encoded bytes produced to a plain topic and consumed back: what the bus alone costs."""
     topic = topic_name(f"raw-{uuid.uuid4().hex[:6]}", ns)
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
@@ -175,16 +211,11 @@ async def raw_aiokafka(bootstrap: str, ns: str, rollouts: list[Rollout], rate: f
         [NewTopic(topic, PARTITIONS, 1, topic_configs={"max.message.bytes": str(8 * 2**20)})]
     )
     await admin.close()
-    payloads = [
-        [(r.rollout_id.encode(), encode(spec_for(t).event_type, rec)) for t, rec in r.events]
-        for r in rollouts
-    ]
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
-                                max_request_size=9 * 2**20)  # fmt: skip
+    load = producer(bootstrap)
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None,
                                 auto_offset_reset="earliest",
                                 fetch_max_bytes=64 * 2**20, max_partition_fetch_bytes=16 * 2**20)  # fmt: skip
-    await producer.start()
+    await load.start()
     await consumer.start()
     sent: dict[bytes, float] = {}
     arrived: dict[bytes, float] = {}
@@ -202,11 +233,11 @@ async def raw_aiokafka(bootstrap: str, ns: str, rollouts: list[Rollout], rate: f
     start = time.perf_counter()
     for number, messages in enumerate(payloads):
         await asyncio.sleep(max(0.0, start + number / rate - time.perf_counter()))
-        futures = [await producer.send(topic, value, key=key) for key, value in messages]
+        futures = [await load.send(topic, value, key=key) for _, key, value in messages]
         await asyncio.gather(*futures)
-        sent[messages[0][0]] = time.perf_counter()
+        sent[messages[0][1]] = time.perf_counter()
     await asyncio.wait_for(reader, timeout=600)
-    await producer.stop()
+    await load.stop()
     await consumer.stop()
     latencies = [arrived[k] - sent[k] for k in sent]
     elapsed = max(arrived.values()) - start
@@ -225,14 +256,51 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def start_workers(bootstrap: str, ns: str, state: Path, count: int) -> list[subprocess.Popen[bytes]]:
+# ``rollbus`` under cProfile timed by the process's CPU clock (a wall-clock profile of a worker sharing two
+# cores counts every moment another process ran as the worker's); stats written when Faust exits.
+PROFILED = """
+import cProfile, runpy, sys, time
+out, sys.argv = sys.argv[1], ["rollbus", *sys.argv[2:]]
+profile = cProfile.Profile(time.process_time)
+profile.enable()
+try:
+    runpy.run_module("rollbus", run_name="__main__", alter_sys=True)
+except SystemExit:
+    pass
+finally:
+    profile.disable()
+    profile.dump_stats(out)
+"""
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time a process has used: what the segmenter costs whatever else runs."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def start_workers(
+    bootstrap: str, ns: str, state: Path, args: argparse.Namespace
+) -> list[subprocess.Popen[bytes]]:
+    """``args.workers`` workers in one group, given ``args.segmenter_args``; with ``args.profile`` each runs
+    under cProfile, its stats written to ``<profile>/segmenter-<ns>-<n>.prof`` when it is terminated (Faust
+    exits through SystemExit)."""
+    count, profile = args.workers, args.profile
     workers = []
     for number in range(count):
         log = (state / f"segmenter-{number}.log").open("wb")
+        python = [sys.executable]
+        if profile:
+            Path(profile).mkdir(parents=True, exist_ok=True)
+            python += ["-c", PROFILED, str(Path(profile) / f"segmenter-{ns}-{number}.prof")]
         workers.append(subprocess.Popen(
-            [sys.executable, "-m", "rollbus", "segmenter", "--bootstrap-servers", bootstrap,
+            [*python, *([] if profile else ["-m", "rollbus"]), "segmenter", "--bootstrap-servers", bootstrap,
              "--namespace", ns,
-             "--state-dir", str(state / f"w{number}"), "--log-level", "warning"],
+             "--state-dir", str(state / f"w{number}"), "--log-level", "warning",
+             *shlex.split(args.segmenter_args)],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
         ))  # fmt: skip
     return workers
@@ -241,26 +309,33 @@ def start_workers(bootstrap: str, ns: str, state: Path, count: int) -> list[subp
 async def bench(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
     rng = random.Random(7)
     turns = (10, 20) if args.quick else (10, 100)
-    print(f"{'rate/s':>7} {'path':<10} {'tokens/s':>11} {'p50 s':>7} {'p99 s':>7} {'RSS MB':>13}")
+    print(f"{'rate/s':>7} {'path':<10} {'tokens/s':>11} {'p50 s':>7} {'p99 s':>7} {'RSS MB':>13} "
+          f"{'tokens/CPU s':>13}")  # fmt: skip
     for rate in args.rates:
         ns = f"bench-{uuid.uuid4().hex[:6]}"
         await create_topics(bootstrap, PARTITIONS, ns)
         rollouts = [synth(rng, f"r{rate}-{i}", turns=turns, opening=19_000) for i in range(args.rollouts)]
-        workers = start_workers(bootstrap, ns, state, args.workers)
+        payloads = encoded(rollouts)
+        workers = start_workers(bootstrap, ns, state, args)
         await asyncio.sleep(12)  # the Faust worker(s) join the group before the clock starts
         before = sum(rss_mb(w.pid) for w in workers)
+        cpu = sum(cpu_seconds(w.pid) for w in workers)
         try:
-            ours = await through_segmenter(bootstrap, ns, rollouts, rate)
+            ours = await through_segmenter(bootstrap, ns, rollouts, payloads, rate)
             after = sum(rss_mb(w.pid) for w in workers)
+            cpu = sum(cpu_seconds(w.pid) for w in workers) - cpu
         finally:
             for worker in workers:
                 worker.terminate()
                 worker.wait(30)
-        raw = await raw_aiokafka(bootstrap, ns, rollouts, rate)
-        for name, row, rss in (("segmenter", ours, f"{before:.0f} -> {after:.0f}"), ("raw", raw, "")):
+        raw = await raw_aiokafka(bootstrap, ns, rollouts, payloads, rate)
+        tokens = sum(r.tokens for r in rollouts)
+        rss = f"{before:.0f} -> {after:.0f}"
+        rows = (("segmenter", ours, rss, f"{tokens / cpu:,.0f}"), ("raw", raw, "", ""))
+        for name, row, rss, per_cpu in rows:
             print(f"{rate:>7g} {name:<10} {row['tokens_per_s']:>11,.0f} {row['p50']:>7.2f} "
                   f"{row['p99']:>7.2f} "
-                  f"{rss:>13}")  # fmt: skip
+                  f"{rss:>13} {per_cpu:>13}")  # fmt: skip
         print(
             f"{'':>7} ratio      {ours['tokens_per_s'] / raw['tokens_per_s']:>11.2f} of raw throughput "
             f"({len(rollouts)} rollouts, {sum(r.tokens for r in rollouts):,} tokens, "
@@ -273,7 +348,7 @@ async def soak(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
     segmenter's RSS sampled every 10 s should stay flat (state is bounded by rollouts in flight)."""
     ns, rng = f"soak-{uuid.uuid4().hex[:6]}", random.Random(11)
     await create_topics(bootstrap, PARTITIONS, ns)
-    workers = start_workers(bootstrap, ns, state, args.workers)
+    workers = start_workers(bootstrap, ns, state, args)
     await asyncio.sleep(12)
     consumer = AIOKafkaConsumer(topic_name("segments", ns), bootstrap_servers=bootstrap, group_id=None,
                                 auto_offset_reset="earliest",
@@ -292,6 +367,7 @@ async def soak(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
     started = tokens = 0
     start = next_sample = time.perf_counter()
     print(f"{'t s':>5} {'RSS MB':>8} {'rollouts started':>17} {'segments out':>13} {'tokens/s in':>12}")
+    samples: list[tuple[float, float]] = []
     try:
         async with Publisher(bootstrap, client_id="bench-soak") as publisher:
             while time.perf_counter() - start < args.soak:
@@ -313,6 +389,7 @@ async def soak(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
                     rss = sum(rss_mb(w.pid) for w in workers)
                     rate = tokens / max(elapsed, 1e-9)
                     print(f"{elapsed:>5.0f} {rss:>8.0f} {started:>17} {segments:>13} {rate:>12,.0f}")
+                    samples.append((elapsed, rss))
                     next_sample += 10
     finally:
         reader.cancel()
@@ -320,6 +397,17 @@ async def soak(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
         for worker in workers:
             worker.terminate()
             worker.wait(30)
+    print(f"RSS slope over the second half: {slope(samples[len(samples) // 2 :]):.2f} MB/min")
+
+
+def slope(samples: list[tuple[float, float]]) -> float:
+    """Least-squares MB per minute of (seconds, MB) samples; NaN with fewer than two."""
+    if len(samples) < 2:
+        return float("nan")
+    mean_t = sum(t for t, _ in samples) / len(samples)
+    mean_m = sum(m for _, m in samples) / len(samples)
+    spread = sum((t - mean_t) ** 2 for t, _ in samples)
+    return 60 * sum((t - mean_t) * (m - mean_m) for t, m in samples) / spread
 
 
 def main() -> None:
@@ -330,6 +418,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="segmenter workers in one consumer group")
     parser.add_argument("--soak", type=float, default=0, help="instead: a soak of this many seconds")
     parser.add_argument("--in-flight", type=int, default=1000, help="rollouts open at once in the soak")
+    parser.add_argument("--segmenter-args", default="", help="more worker flags: '--forget-after 60'")
+    parser.add_argument("--profile", default="", help="workers run under cProfile, stats here")
     parser.add_argument(
         "--bootstrap-servers", default="", help="use this cluster instead of an embedded broker"
     )

@@ -16,17 +16,19 @@ interleave:
   other attempts, side chains and unattributed chains never train;
 * a rollout that never completes is aborted by a clock fact (:func:`expire`), emitting nothing.
 
-Terminal states (emitted, aborted, dead) keep their digests for a while (tombstones), so a redelivered
-event is recognised as a duplicate after a crash, and a new turn or reward for a finished rollout is
-dead-lettered instead of silently starting a second life.
+Terminal states (emitted, aborted, dead) are kept for a while as tombstones, so a redelivered event is
+recognised as a duplicate after a crash, and a new turn or reward for a finished rollout is dead-lettered
+instead of silently starting a second life. A tombstone is compact (:func:`entomb`): its turn and session
+digests shrink to one 8-byte fingerprint per fact, about a fifth of the open state's size.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from collections.abc import Callable, Mapping, MutableMapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from rollbus.codec import CodecError, decode
@@ -91,9 +93,14 @@ class RolloutState:
     diffs: dict[str, list[Any]] = field(default_factory=dict)  # attempt -> [digest, group_id, group_size]
     reward: dict[str, Any] | None = None
     duplicates: int = 0
+    seen: str = ""  # a tombstone's facts: base64 of 8-byte fingerprints (see entomb)
 
     def to_bytes(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        """The table value; written after every event, so built from ``vars`` (``asdict`` deep-copies
+        every digest and cost more than the rest of a turn's handling)."""
+        raw = dict(vars(self))
+        raw["attempts"] = {a: {c: vars(f) for c, f in cs.items()} for a, cs in self.attempts.items()}
+        return json.dumps(raw, separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> RolloutState:
@@ -181,6 +188,42 @@ def kill(state: RolloutState, reason: str) -> None:
     state.status, state.reason = "dead", reason
 
 
+FINGERPRINT = 8  # bytes; a false "duplicate" needs a 64-bit collision within one rollout's facts
+
+
+def fingerprint(*identity: Any) -> bytes:
+    """A fact's identity and digest in 8 bytes: what a tombstone keeps to recognise a redelivery."""
+    return hashlib.blake2b(json.dumps(identity).encode(), digest_size=FINGERPRINT).digest()
+
+
+def _fingerprints(state: RolloutState) -> set[bytes]:
+    raw = base64.b64decode(state.seen)
+    return {raw[i : i + FINGERPRINT] for i in range(0, len(raw), FINGERPRINT)}
+
+
+def _remember(state: RolloutState, *prints: bytes) -> None:
+    state.seen = base64.b64encode(base64.b64decode(state.seen) + b"".join(prints)).decode()
+
+
+def entomb(state: RolloutState) -> None:
+    """Shrink a terminal state to what late events are judged by: every turn and session digest becomes a
+    fingerprint (a redelivery is still a duplicate), the reward keeps its digest and attempt only.
+
+    Why: tombstones live ``forget_after`` (rollouts finish steadily, so they are most of the table), and
+    an open state's digests cost ~60 bytes a turn. Bodies must be dropped first (they need the turn keys).
+    """
+    prints = [
+        fingerprint("turn", attempt, chain_id, int(index), digest)
+        for attempt, chains in state.attempts.items()
+        for chain_id, chain in chains.items()
+        for index, digest in chain.turns.items()
+    ] + [fingerprint("session", identity, digest) for identity, digest in state.sessions.items()]
+    _remember(state, *prints)
+    state.attempts, state.sessions = {}, {}
+    if state.reward is not None:
+        state.reward = {"digest": state.reward["digest"], "attempt_id": state.reward["attempt_id"]}
+
+
 def _finished(state: RolloutState, what: str) -> str:
     return (
         f"{what} for rollout {state.rollout_id}, which is already {state.status} ({state.reason or 'done'})"
@@ -202,6 +245,8 @@ def _turn(state: RolloutState, record: Mapping[str, Any]) -> Step:
     if seen == digest:
         return Step("duplicate")
     if not state.open:
+        if fingerprint("turn", attempt, chain_id, index, digest) in _fingerprints(state):
+            return Step("duplicate")
         return _late_turn(state, record, key, digest)
     if seen is not None:
         raise ConflictingTurn(f"turn {describe(key)} was sent twice with different content")
@@ -219,8 +264,7 @@ def _late_turn(state: RolloutState, record: Mapping[str, Any], key: TurnKey, dig
     rewarded = state.reward is not None and state.reward["attempt_id"] == attempt
     if rewarded and record["chain_kind"] in TRAINABLE or state.status == "dead":
         return Step("late", dead_letter=_finished(state, f"turn {describe(key)}"))
-    chain = state.attempts.setdefault(attempt, {}).setdefault(chain_id, ChainFacts(record["chain_kind"]))
-    chain.turns[str(index)] = digest  # so a redelivery of it is a duplicate
+    _remember(state, fingerprint("turn", attempt, chain_id, index, digest))  # a redelivery: duplicate
     return Step("late")
 
 
@@ -231,7 +275,10 @@ def _session(state: RolloutState, record: Mapping[str, Any]) -> Step:
     if seen == digest:
         return Step("duplicate")
     if not state.open:
-        state.sessions[identity] = digest
+        late = fingerprint("session", identity, digest)
+        if late in _fingerprints(state):
+            return Step("duplicate")
+        _remember(state, late)
         return Step("late")
     if seen is not None:
         raise Conflict(f"session event {kind} of chain {chain_id} was sent twice with different content")
@@ -433,7 +480,7 @@ class Options:
     loss_scope: LossScope = "all_turns"
     history_mode: str = "canonical"
     timeout_ms: int = 3_600_000
-    forget_after_ms: int = 86_400_000
+    forget_after_ms: int = 3_600_000
 
 
 @dataclass
@@ -461,6 +508,11 @@ class Segmenter:
     Every write assigns a whole value (Faust tables only log assignments). ``handle`` never marks a rollout
     emitted: the caller publishes the outcome's segments, waits for the acks, then calls ``settle``, so a
     crash in between re-cuts the same segments from intact state instead of losing them.
+
+    A clock index (partition -> rollout id -> (last event time, open)) mirrors every state this object
+    writes, so a tick reads only the states that are due instead of parsing the whole table once per
+    partition. It is rebuilt from ``states`` on the first tick and after :meth:`reindex`, which the worker
+    calls when a rebalance may have changed the table behind its back (changelog recovery).
     """
 
     def __init__(
@@ -473,6 +525,7 @@ class Segmenter:
         self.states, self.bodies, self.decode_body = states, bodies, decode_body
         self.options = options or Options()
         self.counts: dict[str, int] = {}
+        self._clock: dict[int, dict[str, tuple[int, bool]]] | None = None
 
     def count(self, name: str, n: int = 1) -> None:
         self.counts[name] = self.counts.get(name, 0) + n
@@ -480,6 +533,20 @@ class Segmenter:
     def load(self, rollout_id: str, partition: int = -1) -> RolloutState:
         raw = self.states.get(rollout_id)
         return RolloutState.from_bytes(raw) if raw is not None else RolloutState(rollout_id, partition)
+
+    def reindex(self) -> None:
+        """Forget the clock index: the next tick rebuilds it from ``states``."""
+        self._clock = None
+
+    def _store(self, state: RolloutState) -> None:
+        self.states[state.rollout_id] = state.to_bytes()
+        if self._clock is not None:
+            self._clock.setdefault(state.partition, {})[state.rollout_id] = (state.last_at, state.open)
+
+    def _forget(self, state: RolloutState) -> None:
+        del self.states[state.rollout_id]
+        if self._clock is not None:
+            self._clock.get(state.partition, {}).pop(state.rollout_id, None)
 
     def handle(self, fact: Fact, raw: bytes, partition: int = -1) -> Outcome:
         """Merge one event (``raw`` is its message bytes, kept as the turn body) and cut if complete."""
@@ -496,9 +563,9 @@ class Segmenter:
         if was_open and state.status == "dead":
             outcome.finished = "dead"
             self.count("dead")
-        self.states[rollout_id] = state.to_bytes()
-        if outcome.finished == "dead":
             self._drop_bodies(state)
+            entomb(state)
+        self._store(state)
         return outcome
 
     def _cut(self, state: RolloutState, outcome: Outcome) -> None:
@@ -524,27 +591,44 @@ class Segmenter:
         if not state.open:
             return
         state.status, state.reason = "emitted", f"{len(outcome.segments)} segment(s)"
-        self.states[outcome.rollout_id] = state.to_bytes()
         self._drop_bodies(state)
+        entomb(state)
+        self._store(state)
         self.count("emitted")
         self.count("segments", len(outcome.segments))
 
     def tick(self, now: int, partition: int | None = None) -> list[RolloutState]:
         """Abort rollouts idle past the timeout (returned, for counting) and forget old tombstones."""
         aborted = []
-        for rollout_id, raw in list(self.states.items()):
-            state = RolloutState.from_bytes(raw)
-            if partition is not None and state.partition not in (partition, -1):
-                continue
+        for state in self._due(now, partition):
             verdict = expire(state, now, self.options.timeout_ms, self.options.forget_after_ms)
             if verdict == "abort":
                 self._drop_bodies(state)
-                self.states[rollout_id] = state.to_bytes()
+                entomb(state)
+                self._store(state)
                 self.count("aborted")
                 aborted.append(state)
             elif verdict == "forget":
-                del self.states[rollout_id]
+                self._forget(state)
         return aborted
+
+    def _due(self, now: int, partition: int | None) -> list[RolloutState]:
+        """States of ``partition`` (all when None; those stored without one on every tick) that the clock
+        index says are due to abort or be forgotten, read from ``states``."""
+        if self._clock is None:
+            self._clock = {}
+            for raw in self.states.values():
+                state = RolloutState.from_bytes(raw)
+                self._clock.setdefault(state.partition, {})[state.rollout_id] = (state.last_at, state.open)
+        timeout, forget = self.options.timeout_ms, self.options.forget_after_ms
+        wanted = self._clock.keys() if partition is None else {partition, -1}
+        due = [
+            rollout_id
+            for p in list(wanted)
+            for rollout_id, (last_at, is_open) in self._clock.get(p, {}).items()
+            if now - last_at >= (timeout if is_open else forget)
+        ]
+        return [RolloutState.from_bytes(raw) for raw in map(self.states.get, due) if raw is not None]
 
     def _drop_bodies(self, state: RolloutState) -> None:
         for key in state.body_keys():

@@ -207,3 +207,67 @@ def test_a_bad_number_in_a_long_array_is_still_named(value, shown):
 def test_tuples_and_other_sequences_still_encode_through_fastavro():
     record = {**SAMPLES["segment"], "response_ids": (1, 2, 3), "loss_mask": b"\x01\x01\x00"}
     assert codec.decode(codec.encode("segment", record)).record["response_ids"] == [1, 2, 3]
+
+
+def _codecs() -> tuple[codec.Codec, codec.Codec]:
+    """The same schemas read element by element (fastavro) and with numpy wherever possible."""
+    slow, fast = codec.Codec(), codec.Codec()
+    slow.fast_decode_from, fast.fast_decode_from = 2**62, 0
+    return slow, fast
+
+
+SLOW, FAST = _codecs()
+NUMBERED = [e for e in EVENT_TYPES if any(f["type"] in ("int", "long", "float", "double") or (
+    isinstance(f["type"], dict) and f["type"].get("items") in ("int", "long", "float", "double"))
+    for f in codec.schema(e)["fields"])]  # fmt: skip
+
+
+def _outcome(reader: codec.Codec, data: bytes) -> object:
+    try:
+        return reader.decode(data)
+    except CodecError as error:
+        return type(error)
+
+
+@pytest.mark.parametrize("event_type", ["turn", "segment"])
+@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(data=st.data())
+def test_the_numpy_decode_equals_fastavros_on_random_records(event_type, data):
+    record = data.draw(records(codec.schema(event_type)))
+    encoded = codec.encode(event_type, record)
+    expected = Decoded(event_type, record["schema_version"], record)
+    assert FAST.decode(encoded) == SLOW.decode(encoded) == expected
+
+
+def test_the_numpy_decode_reads_every_varint_width_and_sign():
+    ids = [0, 1, -1, 63, 64, -65, 2**31 - 1, -(2**31), 151_000, *range(-300, 300, 7)]
+    record = segment(3) | {"prompt_ids": ids, "policy_versions": [2**63 - 1, -(2**63), 0]}
+    encoded = codec.encode("segment", record)
+    assert FAST.decode(encoded).record["prompt_ids"] == ids == SLOW.decode(encoded).record["prompt_ids"]
+    assert FAST.decode(encoded).record["policy_versions"] == [2**63 - 1, -(2**63), 0]
+
+
+def test_the_numpy_decode_reads_blocks_with_a_negative_count_and_their_byte_size():
+    """Other Avro writers may split an array into blocks (a negative count is followed by the block's byte
+    size); ours write one block, but a reader must take any."""
+    encoded = codec.encode("turn", turn(prompt_ids=[5, 6, 7]))
+    one_block = b"\x06\x0a\x0c\x0e\x00"  # count 3, then zigzag 5, 6, 7, end
+    assert one_block in encoded
+    two_blocks = b"\x03\x04\x0a\x0c" + b"\x02\x0e\x00"  # count -2 (size 2 bytes): 5, 6; count 1: 7
+    split = encoded.replace(one_block, two_blocks, 1)
+    assert FAST.decode(split).record["prompt_ids"] == [5, 6, 7] == SLOW.decode(split).record["prompt_ids"]
+
+
+@pytest.mark.parametrize("event_type", NUMBERED)
+@settings(max_examples=150, deadline=None)
+@given(body=st.binary(max_size=120))
+def test_the_numpy_decode_refuses_what_fastavro_refuses(event_type, body):
+    data = HEADER.pack(MAGIC, EVENT_TYPES.index(event_type), codec.schema(event_type)["version"]) + body
+    assert _outcome(FAST, data) == _outcome(SLOW, data)  # the same record, or both a CodecError
+
+
+def test_every_truncation_of_a_large_message_is_rejected_by_the_numpy_decode():
+    data = codec.encode("turn", turn(prompt_ids=list(range(400)), output_ids=list(range(300, 0, -1))))
+    for length in range(0, len(data), 7):
+        with pytest.raises(CodecError):
+            FAST.decode(data[:length])

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from rollbus.codec import decode, encode
 from rollbus.events import spec
-from rollbus.segmentation import FACT_KINDS, Fact, Options, RolloutState, Segmenter, segment_id
+from rollbus.segmentation import FACT_KINDS, Fact, Options, RolloutState, Segmenter, apply, segment_id
 from rollbus.trajectory import fan_out
 from rollbus.turn_log import ConflictingTurn, TurnResolver, chain_tokens, resolve_turns
 from tests.synthetic_rollouts import Event, RolloutWriter, simple_rollout
@@ -428,3 +428,86 @@ def test_a_state_kept_before_rewards_carried_infos_still_cuts_with_an_empty_list
     segmenter.states["g-old-state"] = json.dumps(raw).encode()
     _, segments, dead = run([close], segmenter)
     assert dead == [] and [s["infos"] for s in segments] == ["[]"]
+
+
+# --- tombstones and the clock ---------------------------------------------------------------------
+
+
+def test_a_tombstone_is_a_fraction_of_the_open_state_and_still_knows_every_redelivery() -> None:
+    writer = simple_rollout("t1", turns=40)
+    segmenter, _, _ = run(writer.events[:-1])
+    open_size = len(segmenter.states["t1"])
+    run(writer.events[-1:], segmenter)
+    tomb = RolloutState.from_bytes(segmenter.states["t1"])
+    assert tomb.status == "emitted" and tomb.attempts == {} and tomb.sessions == {}
+    assert len(segmenter.states["t1"]) * 3 < open_size  # 8 bytes a fact instead of ~60
+    _, again, dead = run(writer.events, segmenter)  # a crash or a replay redelivers every event
+    assert again == [] and dead == [] and segmenter.counts["duplicate"] == len(writer.events)
+    late = RolloutWriter("t1", attempt_id="a1")
+    late.turn("main.1", "main", [1], 2)  # the emitted attempt's chain grows: the cut would have differed
+    _, _, dead = run([e for e in late.events if e[0] == "turns"] + [("rewards", late.reward(0.5))], segmenter)
+    assert len(dead) == 2 and all("already emitted" in reason for reason in dead)
+
+
+def test_a_tombstone_kept_before_compaction_still_tells_duplicates_from_late_events() -> None:
+    """A segmenter upgraded over a changelog of full tombstones (digests per turn, no fingerprints)."""
+    import json
+
+    writer = simple_rollout("t2")
+    segmenter, _, _ = run(writer.events[:-1])
+    state = RolloutState.from_bytes(segmenter.states["t2"])
+    *_, (_, reward) = writer.events
+    apply(state, Fact("reward", decode(encode("reward", reward)).record, 99))
+    state.status, state.reason = "emitted", "3 segment(s)"
+    old = json.loads(state.to_bytes())
+    del old["seen"]
+    segmenter.states["t2"], segmenter.bodies = json.dumps(old).encode(), {}
+    _, again, dead = run(writer.events, segmenter)
+    assert again == [] and dead == []
+    stale = RolloutWriter("t2", attempt_id="a0")
+    stale.turn("main", "main", [1], 2)  # another attempt's lagging turn: counted, then a duplicate
+    _, _, dead = run([stale.events[1], stale.events[1], ("rewards", dict(reward, reward=0.0))], segmenter)
+    assert len(dead) == 1 and "already emitted" in dead[0] and segmenter.counts["late"] == 2
+
+
+def test_late_events_are_dead_lettered_within_forget_after_and_the_tombstone_goes_after_it() -> None:
+    writer = simple_rollout("t3")
+    segmenter = Segmenter({}, {}, lambda raw: decode(raw).record, Options(forget_after_ms=5_000))
+    run(writer.events, segmenter)  # events at 0..n-1
+    last = len(writer.events) - 1
+    assert segmenter.tick(now=last + 4_999) == [] and "t3" in segmenter.states
+    *_, (_, reward) = writer.events
+    _, _, dead = run([("rewards", dict(reward, reward=0.0))], segmenter)  # at 0: no younger tombstone
+    assert len(dead) == 1 and "already emitted" in dead[0]
+    segmenter.tick(now=last + 5_000)
+    assert segmenter.states == {} and segmenter.bodies == {}
+
+
+def open_rollout(segmenter: Segmenter, rollout_id: str, partition: int, at: int = 0) -> None:
+    writer = RolloutWriter(rollout_id)
+    writer.turn("main", "main", [1, 2], 3)
+    for topic, record in writer.events:
+        raw = encode(TOPIC_EVENT[topic], record)
+        segmenter.handle(Fact(FACT_KINDS[topic], decode(raw).record, at), raw, partition)
+
+
+def test_a_tick_aborts_only_its_partitions_idle_rollouts() -> None:
+    segmenter = Segmenter({}, {}, lambda raw: decode(raw).record, Options(timeout_ms=1_000))
+    open_rollout(segmenter, "p0", 0)
+    open_rollout(segmenter, "p1", 1)
+    assert segmenter.tick(now=999, partition=0) == []
+    assert [s.rollout_id for s in segmenter.tick(now=1_000, partition=0)] == ["p0"]
+    assert segmenter.tick(now=5_000, partition=0) == []  # p0 is a tombstone now, p1 is not its to judge
+    assert [s.rollout_id for s in segmenter.tick(now=5_000, partition=1)] == ["p1"]
+
+
+def test_states_recovered_behind_the_segmenters_back_are_ticked_after_reindex() -> None:
+    """What the worker does on every partition assignment: Faust's changelog recovery writes the table
+    directly, so the clock index, built from the table at the first tick, must be rebuilt."""
+    states: dict[str, bytes] = {}
+    segmenter = Segmenter(states, {}, lambda raw: decode(raw).record, Options(timeout_ms=1_000))
+    assert segmenter.tick(now=0) == []  # the index is built (empty)
+    other = Segmenter(states, {}, lambda raw: decode(raw).record)  # another worker, via the changelog
+    open_rollout(other, "moved", 3)
+    segmenter.reindex()
+    assert [s.rollout_id for s in segmenter.tick(now=1_000, partition=3)] == ["moved"]

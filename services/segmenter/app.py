@@ -7,8 +7,9 @@ Why it is shaped like this (Faust facts it respects):
   :class:`rollbus.segmentation.Segmenter`, the same state machine ``rollbus rebuild segments`` and the
   tests use. ``rollouts`` (rollout id -> small JSON state) is the state machine; ``turn-bodies`` holds each
   trainable turn once, as the bytes published (the prompt-reference encoding), so changelog bytes grow
-  with tokens, not with their square. Values are always assigned whole (Faust only logs assignments);
-  bodies are deleted once the rollout's segments are out.
+  with tokens, not with their square. Values are always assigned whole; bodies are deleted once the
+  rollout's segments are out. Both tables are written through a :class:`ChangelogBuffer`: the local
+  store at once, the changelog once per key per commit (its latest value), like Kafka Streams' cache.
 * Faust writes a table change to the changelog partition of the event being processed; every input has
   the same partition count and murmur2 keys by rollout id, so a rollout's state, bodies and events share
   one partition number everywhere, and a rebalanced or restarted worker recovers exactly its rollouts.
@@ -21,7 +22,9 @@ Why it is shaped like this (Faust facts it respects):
   writes made so far, so a ``kill -9`` never leaves a committed event whose state change was never logged.
 * Timers cannot write tables, so the leader's timer publishes one tick per partition to
   ``segmenter-ticks``; the agent handles a tick like any event of that partition and aborts rollouts idle
-  past the timeout there. Ticks are kept, so a rebuild replays the same aborts.
+  past the timeout there. Ticks are kept, so a rebuild replays the same aborts. The segmenter finds due
+  rollouts through an in-memory clock index of the states it wrote; each assignment resets it (recovery
+  rewrites the table), and the next tick rebuilds it from the table.
 * Poison bytes (undecodable, wrong type, wrong key, oversized) go to ``dead-letters`` with the original
   bytes and the reason, and processing continues.
 """
@@ -40,6 +43,7 @@ from rollbus.bus import dead_letter
 from rollbus.codec import CodecError, decode, encode
 from rollbus.segmentation import Outcome, Segmenter, decode_fact
 from rollbus.topics import DEAD_LETTER_MAX_BYTES, MAX_EVENT_BYTES, dead_letters_for, topic_name
+from services.segmenter.changelog import ChangelogBuffer
 from services.segmenter.settings import SegmenterSettings
 
 log = logging.getLogger("rollbus.segmenter")
@@ -96,13 +100,17 @@ def build_app(settings: SegmenterSettings, partitions: int) -> faust.App:
     for table in (states, bodies):  # values are our own bytes (JSON state, Avro turns): no Faust codec
         table.key_serializer = table.value_serializer = "raw"  # Faust derives "json" from non-model types
         table.changelog_topic = table._new_changelog_topic()  # ...and would recover with it otherwise
-    commit_after_changelogs(app, (states, bodies), settings.changelog_timeout)
+    buffers = (ChangelogBuffer(states), ChangelogBuffer(bodies))
+    # A commit hands the buffers' changes to Faust's producer buffer at once (a key each, ~2 per rollout in
+    # flight); past its default of 100 queued messages Faust stops feeding the agent and warns until it ebbs.
+    app.producer.buffer.max_messages = 10_000
+    commit_after_changelogs(app, (states, bodies), settings.changelog_timeout, buffers)
     raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
     inputs = app.topic(*(topic_name(t, ns) for t in INPUTS), **raw)
     ticks = app.topic(topic_name(TICKS, ns), partitions=partitions, internal=True, **raw)
     segments = app.topic(topic_name("segments", ns), **raw)
     letters = app.topic(dead_letters_for(topic_name("segments", ns)), **raw)
-    segmenter = Segmenter(states, bodies, lambda data: decode(data).record, settings.options())
+    segmenter = Segmenter(*buffers, lambda data: decode(data).record, settings.options())
     worker = SegmenterAgent(segmenter, segments, letters, topic_name(TICKS, ns))
 
     @app.agent(app.topic(*(topic_name(t, ns) for t in (*INPUTS, TICKS)), **raw), concurrency=1)
@@ -121,13 +129,21 @@ def build_app(settings: SegmenterSettings, partitions: int) -> faust.App:
         for partition in range(partitions):
             await ticks.send(key=b"tick", value=now, partition=partition)
 
+    @app.on_partitions_assigned.connect
+    async def reindex(sender: Any, assigned: Any, **kwargs: Any) -> None:
+        """Changelog recovery may now rewrite the tables: the tick's clock index is rebuilt from them."""
+        segmenter.reindex()
+
     app.segmenter = segmenter  # type: ignore[attr-defined]
     del inputs
     return app
 
 
-def commit_after_changelogs(app: faust.App, tables: tuple[Any, ...], timeout: float) -> None:
-    """Make the flush that precedes every offset commit wait for the tables' changelog acks.
+def commit_after_changelogs(
+    app: faust.App, tables: tuple[Any, ...], timeout: float, buffers: tuple[ChangelogBuffer, ...] = ()
+) -> None:
+    """Make the flush that precedes every offset commit log the ``buffers``' changes, then wait for the
+    tables' changelog acks.
 
     Why: ``ProducerBuffer.flush`` returns when one queued message takes over 0.1 s to hand over, and the
     consumer then commits (faust/transport/consumer.py ``_commit_offsets``). A table write still queued at a
@@ -150,6 +166,8 @@ def commit_after_changelogs(app: faust.App, tables: tuple[Any, ...], timeout: fl
     flush = producer.flush
 
     async def flush_then_wait_for_changelogs() -> None:
+        for buffer in buffers:  # the offsets to commit were chosen before this: their changes are all here
+            buffer.flush()
         await flush()
         if pending:
             await asyncio.wait_for(asyncio.gather(*pending), timeout)

@@ -27,7 +27,11 @@ class SegmenterSettings(BusSettings):
         description="seconds a rollout may stay incomplete after its last event before it aborts",
     )
     forget_after: float = Field(
-        86400.0, gt=0, description="seconds a finished rollout's tombstone is kept to recognise late events"
+        3600.0,
+        gt=0,
+        description="seconds after its last event a finished rollout's tombstone is kept to recognise late "
+        "events (~1 KB each: memory grows with finished rollouts per second times this); a later event "
+        "starts a new rollout, which times out with nothing trainable",
     )
     tick_interval: float = Field(10.0, gt=0, description="seconds between timeout sweeps")
     store: str = Field("memory://", description="Faust table store: memory:// or rocksdb:// (rocksdict)")
