@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -132,3 +134,12 @@ async def topics(kafka_bootstrap: str) -> dict[str, str]:
     namespace = unique_namespace()
     await create_topics(kafka_bootstrap, TEST_PARTITIONS, namespace)
     return {spec.name: topic_name(spec.name, namespace) for spec in TOPICS}
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    """A scratch root of its own (the sandbox uids must traverse it, so not under pytest's 0700 tmp)."""
+    path = Path(tempfile.mkdtemp(prefix="rollbus-test-", dir="/tmp"))
+    path.chmod(0o711)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

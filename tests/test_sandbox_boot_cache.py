@@ -14,8 +14,6 @@ import os
 import shutil
 import stat
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,15 +31,6 @@ VANDAL = (
     "git -c user.name=a -c user.email=a@a add -A; git -c user.name=a -c user.email=a@a commit -qm evil;"
     "for f in $(find .git/objects -type f); do chmod u+w $f; echo junk > $f; done; echo junk > .git/index"
 )
-
-
-@pytest.fixture
-def scratch() -> Iterator[Path]:
-    """A scratch root of its own (the sandbox uids must traverse it, so not under pytest's 0700 tmp)."""
-    path = Path(tempfile.mkdtemp(prefix="rollbus-test-", dir="/tmp"))
-    path.chmod(0o711)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -6,8 +6,6 @@ import asyncio
 import shutil
 import subprocess
 import tarfile
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,15 +24,6 @@ from rollbus.sandbox.adapter_proxy import BadRequest, stamp_head
 EXAMPLE_REPO = Path(__file__).resolve().parents[1] / "examples" / "buggy_repo"
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 needs_bwrap = pytest.mark.skipif(not bwrap_usable(), reason="bubblewrap cannot create namespaces here")
-
-
-@pytest.fixture
-def scratch() -> Iterator[Path]:
-    """A scratch root of its own (the sandbox uids must traverse it, so not under pytest's 0700 tmp)."""
-    path = Path(tempfile.mkdtemp(prefix="rollbus-test-", dir="/tmp"))
-    path.chmod(0o711)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def tarball(tmp_path: Path, *, top_dir: bool) -> Path:
