@@ -235,9 +235,10 @@ class SegmenterAgent:
                 "ignoring a malformed tick at %s[%d]@%d", message.topic, message.partition, message.offset
             )
             return
-        for state in self.segmenter.tick(now, message.partition):
+        aborted = self.segmenter.tick(now, message.partition)
+        for state in aborted:
             log.warning("rollout %s aborted, nothing trainable: %s", state.rollout_id, state.reason)
-        if time.monotonic() - self._last_report > 5:
+        if aborted or time.monotonic() - self._last_report > 5:  # an abort's count is shown with it
             self._last_report = time.monotonic()
             log.info("counts %s", json.dumps(self.segmenter.counts, sort_keys=True))
 
