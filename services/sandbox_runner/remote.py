@@ -37,11 +37,11 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from rollbus.sandbox import Completed, SandboxBase, SandboxError, SandboxSpec, create_sandbox
+from rollbus.sandbox import Completed, SandboxBase, SandboxSpec, create_sandbox
 from rollbus.sandbox.bwrap import WORKSPACE
 from services.sandbox_runner import outcome as kinds
 from services.sandbox_runner.outcome import Outcome, agent_turns, cap_patch, classify, drop_paths
-from services.sandbox_runner.rollout import AttemptFailed, RunnerKit, parse_metadata, run_agent
+from services.sandbox_runner.rollout import AttemptFailed, RunnerKit, boot_retrying, parse_metadata, run_agent
 from services.sandbox_runner.settings import RunnerSettings
 
 log = logging.getLogger("rollbus.sandbox_runner")
@@ -189,23 +189,12 @@ async def attempt(kit: RunnerKit, task: dict[str, Any], attempt_id: str) -> Outc
 
 async def boot(kit: RunnerKit, spec: SandboxSpec) -> SandboxBase:
     """A VM under the boot cap; a failed boot (already killed by the backend) is retried with a new id."""
-    settings = kit.settings
-    async with kit.boot_gate:
-        failure: Exception | None = None
-        for n in range(settings.boot_attempts):
-            if n:
-                await asyncio.sleep(settings.boot_backoff * 2 ** (n - 1))
-            try:
-                one = dataclasses.replace(spec, sandbox_id=f"{spec.sandbox_id}-{n}")
-                sandbox = await create_sandbox(one, "e2b", options=kit.e2b_options, sdk=kit.sdk)
-                if not kit.limits_logged:  # what holds there, said once: the VM's size is the template's
-                    kit.limits_logged = True
-                    log.info("sandbox limits enforced (e2b): %s; memory, pids, CPU and disk: the template's",
-                             dict(sandbox.enforced))  # fmt: skip
-                return sandbox
-            except (SandboxError, OSError, ValueError) as exc:
-                failure = exc
-    raise AttemptFailed(kinds.BOOT_FAILED, f"{getattr(failure, 'failure_kind', 'sandbox_error')}: {failure}")
+
+    async def start(n: int) -> SandboxBase:
+        one = dataclasses.replace(spec, sandbox_id=f"{spec.sandbox_id}-{n}")
+        return await create_sandbox(one, "e2b", options=kit.e2b_options, sdk=kit.sdk)
+
+    return await boot_retrying(kit, start, " (e2b; memory, pids, CPU and disk are the template's)")
 
 
 async def base_commit(sandbox: SandboxBase, settings: RunnerSettings) -> str:

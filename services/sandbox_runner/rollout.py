@@ -21,9 +21,10 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -217,29 +218,48 @@ def sandbox_spec(
 async def boot(kit: RunnerKit, metadata: dict[str, Any], binary: Path, attempt_id: str) -> BwrapSandbox:
     """The agent's sandbox, probed with one command; retried (with a new sandbox) under the boot cap."""
     settings = kit.settings
+
+    async def start(n: int) -> BwrapSandbox:
+        spec = sandbox_spec(settings, metadata, binary, f"{attempt_id}-{n}")
+        sandbox = await create_local(spec, scratch_root=settings.sandbox_root)
+        try:
+            probe = await sandbox.run(["true"], {"PATH": "/usr/bin:/bin"}, timeout=PROBE_TIMEOUT_S)
+            if probe.exit_code != 0 or probe.timed_out:
+                raise SandboxError(f"probe exited {probe.exit_code}: {probe.stderr.strip()[-500:]}")
+        except BOOT_ERRORS:  # a failed boot is killed before it is retried
+            with contextlib.suppress(Exception):
+                await sandbox.close()
+            raise
+        return sandbox
+
+    return await boot_retrying(kit, start, "")
+
+
+BOOT_ERRORS = (SandboxError, OSError, ValueError)
+S = TypeVar("S", bound=SandboxBase)
+
+
+async def boot_retrying(kit: RunnerKit, start: Callable[[int], Awaitable[S]], limits_note: str) -> S:
+    """``start(n)`` for n = 0, 1, ... under the boot cap, with exponential backoff between tries, until one
+    boots (each backend's ``start`` kills what it made before raising). An image error is final: a missing
+    or unreadable image will not appear on retry. What the sandboxes enforce is logged once per runner."""
+    settings = kit.settings
     async with kit.boot_gate:
         failure: Exception | None = None
-        for attempt in range(settings.boot_attempts):
-            if attempt:
-                await asyncio.sleep(settings.boot_backoff * 2 ** (attempt - 1))
-            sandbox: BwrapSandbox | None = None
+        for n in range(settings.boot_attempts):
+            if n:
+                await asyncio.sleep(settings.boot_backoff * 2 ** (n - 1))
             try:
-                spec = sandbox_spec(settings, metadata, binary, f"{attempt_id}-{attempt}")
-                sandbox = await create_local(spec, scratch_root=settings.sandbox_root)
-                probe = await sandbox.run(["true"], {"PATH": "/usr/bin:/bin"}, timeout=PROBE_TIMEOUT_S)
-                if probe.exit_code != 0 or probe.timed_out:
-                    raise SandboxError(f"probe exited {probe.exit_code}: {probe.stderr.strip()[-500:]}")
-                if not kit.limits_logged:  # what holds on this host, said once
-                    kit.limits_logged = True
-                    log.info("sandbox limits enforced: %s", dict(getattr(sandbox, "enforced", {})))
-                return sandbox
-            except (SandboxError, OSError, ValueError) as exc:  # a failed boot is killed and retried
+                sandbox = await start(n)
+            except BOOT_ERRORS as exc:
                 failure = exc
-                if sandbox is not None:
-                    with contextlib.suppress(Exception):
-                        await sandbox.close()
                 if getattr(exc, "failure_kind", None) == "image_error":
-                    break  # a missing or unreadable image will not appear on retry
+                    break
+                continue
+            if not kit.limits_logged:
+                kit.limits_logged = True
+                log.info("sandbox limits enforced%s: %s", limits_note, dict(getattr(sandbox, "enforced", {})))
+            return sandbox
     kind = getattr(failure, "failure_kind", "sandbox_error")
     raise AttemptFailed(kinds.BOOT_FAILED, f"{kind}: {failure}")
 
