@@ -104,7 +104,7 @@ def build_app(settings: SegmenterSettings, partitions: int) -> faust.App:
     # A commit hands the buffers' changes to Faust's producer buffer at once (a key each, ~2 per rollout in
     # flight); past its default of 100 queued messages Faust stops feeding the agent and warns until it ebbs.
     app.producer.buffer.max_messages = 10_000
-    commit_after_changelogs(app, (states, bodies), settings.changelog_timeout, buffers)
+    commit_after_changelogs(app, buffers, settings.changelog_timeout)
     raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
     inputs = app.topic(*(topic_name(t, ns) for t in INPUTS), **raw)
     ticks = app.topic(topic_name(TICKS, ns), partitions=partitions, internal=True, **raw)
@@ -139,10 +139,8 @@ def build_app(settings: SegmenterSettings, partitions: int) -> faust.App:
     return app
 
 
-def commit_after_changelogs(
-    app: faust.App, tables: tuple[Any, ...], timeout: float, buffers: tuple[ChangelogBuffer, ...] = ()
-) -> None:
-    """Make the flush that precedes every offset commit log the ``buffers``' changes, then wait for the
+def commit_after_changelogs(app: faust.App, buffers: tuple[ChangelogBuffer, ...], timeout: float) -> None:
+    """Make the flush that precedes every offset commit log the ``buffers``' changes, then wait for their
     tables' changelog acks.
 
     Why: ``ProducerBuffer.flush`` returns when one queued message takes over 0.1 s to hand over, and the
@@ -152,7 +150,7 @@ def commit_after_changelogs(
     hole; a write that fails or outlasts ``timeout`` fails the commit, so the worker stops uncommitted.
     """
     pending: set[asyncio.Future[Any]] = set()
-    for table in tables:
+    for table in (buffer.table for buffer in buffers):
         send = table.send_changelog
 
         def tracked(*args: Any, _send: Any = send, **kwargs: Any) -> Any:
