@@ -114,23 +114,7 @@ async def with_retries(call: Callable[[], Awaitable[T]], options: E2BOptions) ->
     raise AssertionError("unreachable")
 
 
-_orphan_kills: set[asyncio.Task[Any]] = set()  # strong references until each kill is done
-
-
-async def _kill_quietly(sbx: Any) -> None:
-    try:
-        await sbx.kill()
-    except Exception:  # noqa: BLE001 - the VM's own lifetime (options.lifetime_s) ends it anyway
-        pass
-
-
-def _kill_if_started(creating: asyncio.Future[Any]) -> None:
-    """Done callback of a ``create`` whose caller was cancelled: kill the VM if one was started."""
-    if creating.cancelled() or creating.exception() is not None:
-        return
-    kill = asyncio.ensure_future(_kill_quietly(creating.result()))
-    _orphan_kills.add(kill)
-    kill.add_done_callback(_orphan_kills.discard)
+_orphan_kills: set[asyncio.Future[None]] = set()  # strong references until each kill is done
 
 
 def routing(
@@ -205,7 +189,17 @@ class E2BSandbox(SandboxBase):
         try:
             sbx = await asyncio.shield(creating)
         except asyncio.CancelledError:
-            creating.add_done_callback(_kill_if_started)  # a VM that starts after all must not leak
+
+            def kill_if_started(done: asyncio.Future[Any]) -> None:
+                """A VM that starts after all must not leak: closed like any other (kill, retried)."""
+                if done.cancelled() or done.exception() is not None:
+                    return
+                orphan = cls(done.result(), workdir=workdir, options=options, sandbox_id=sandbox_id)
+                killing = asyncio.ensure_future(orphan.close())
+                _orphan_kills.add(killing)
+                killing.add_done_callback(_orphan_kills.discard)
+
+            creating.add_done_callback(kill_if_started)
             raise
         except Exception as exc:
             raise SandboxError(f"E2B create failed: {exc}") from exc

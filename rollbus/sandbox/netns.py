@@ -24,9 +24,8 @@ import socket
 import struct
 from concurrent.futures import ThreadPoolExecutor
 
-from rollbus.sandbox.bwrap import _libc
+from rollbus.sandbox.bwrap import CLONE_NEWNET, _libc
 
-CLONE_NEWNET = 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 BACKLOG = 128
 
