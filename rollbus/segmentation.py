@@ -27,11 +27,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from rollbus.codec import CodecError, decode
+from rollbus.codec import CodecError, Scanned, decode_many, scan
 from rollbus.topics import MAX_EVENT_BYTES, spec_for, split_name
 from rollbus.trajectory import ChainBroken, ChainTokens, FrozenChain, LossScope, Segment, fan_out
 from rollbus.turn_log import (
@@ -42,6 +42,7 @@ from rollbus.turn_log import (
     describe,
     resolve_turns,
     turn_digest,
+    turn_digest_v1,
     turn_key,
 )
 
@@ -58,11 +59,14 @@ FACT_KINDS: dict[str, FactKind] = {
 
 @dataclass(frozen=True)
 class Fact:
-    """One decoded event of a rollout and when the broker stored it (milliseconds)."""
+    """One decoded event of a rollout and when the broker stored it (milliseconds). A turn read off the
+    wire is only ``scanned``: its ``record`` lacks the token arrays, which nothing here needs but the
+    digest (hashed from their bytes) and, when a rollout is cut, the body kept as bytes."""
 
     kind: FactKind
     record: Mapping[str, Any]
     at: int
+    scanned: Scanned | None = None
 
 
 @dataclass
@@ -169,7 +173,7 @@ def apply(state: RolloutState, fact: Fact) -> Step:
     state.last_at = max(state.last_at, fact.at)
     try:
         if fact.kind == "turn":
-            step = _turn(state, fact.record)
+            step = _turn(state, fact)
         elif fact.kind == "session":
             step = _session(state, fact.record)
         elif fact.kind == "diff":
@@ -237,15 +241,19 @@ def _chain(state: RolloutState, attempt: str, chain_id: str, kind: str) -> Chain
     return chain
 
 
-def _turn(state: RolloutState, record: Mapping[str, Any]) -> Step:
-    key, digest = turn_key(record), turn_digest(record)
+def _turn(state: RolloutState, fact: Fact) -> Step:
+    record = fact.record
+    key, digest = turn_key(record), turn_digest(record, fact.scanned)
     attempt, chain_id, index = key
     known = state.attempts.get(attempt, {}).get(chain_id)
     seen = known.turns.get(str(index)) if known is not None else None
-    if seen == digest:
+    if seen == digest or seen is not None and len(seen) == V1_DIGEST and seen == _v1_digest(fact):
         return Step("duplicate")
     if not state.open:
-        if fingerprint("turn", attempt, chain_id, index, digest) in _fingerprints(state):
+        prints = _fingerprints(state)
+        if fingerprint("turn", attempt, chain_id, index, digest) in prints:
+            return Step("duplicate")
+        if fingerprint("turn", attempt, chain_id, index, _v1_digest(fact)) in prints:
             return Step("duplicate")
         return _late_turn(state, record, key, digest)
     if seen is not None:
@@ -255,6 +263,15 @@ def _turn(state: RolloutState, record: Mapping[str, Any]) -> Step:
         raise Conflict(f"turn {describe(key)} came after its chain ended with {chain.turn_count} turns")
     chain.turns[str(index)] = digest
     return Step("new", store=key if chain.kind in TRAINABLE else None)
+
+
+V1_DIGEST = 32  # hex digits of turn_digest_v1, which states kept before turn_digest v2 hold
+
+
+def _v1_digest(fact: Fact) -> str:
+    """The turn's digest as states written before :func:`turn_digest` v2 kept it: asked only when a turn
+    does not match under v2 (a redelivery after an upgrade over a live changelog is still a duplicate)."""
+    return turn_digest_v1(fact.scanned.decoded().record if fact.scanned is not None else fact.record)
 
 
 def _late_turn(state: RolloutState, record: Mapping[str, Any], key: TurnKey, digest: str) -> Step:
@@ -390,12 +407,15 @@ def segment_id(rollout_id: str, attempt_id: str, index: int) -> str:
 
 def cut(
     state: RolloutState,
-    body: Callable[[TurnKey], Mapping[str, Any]],
+    bodies: Callable[[list[TurnKey]], Sequence[Mapping[str, Any]]],
     *,
     loss_scope: LossScope = "all_turns",
     history_mode: str = "canonical",
 ) -> list[dict[str, Any]]:
     """The complete rollout's ``segment`` records. Raises UnresolvedTurn/ChainBroken on a bad chain.
+
+    ``bodies`` gives the turn records of a list of turn keys, all asked at once (so a reader of raw
+    bytes decodes a rollout's turns in one batch).
 
     ``loss_scope`` is the default; a reward that names its own (``details.loss_scope``) wins, so one
     segmenter serves coding-agent rollouts and gym episodes run with ``--loss-scope last_turn``.
@@ -404,10 +424,17 @@ def cut(
     assert reward is not None, "cut() needs a rewarded rollout"
     loss_scope = reward.get("loss_scope") or loss_scope
     attempt = reward["attempt_id"]
+    order = freeze_order(state)
+    keys = [
+        (attempt, chain_id, i)
+        for chain_id, _ in order
+        for i in range(state.attempts[attempt][chain_id].turn_count or 0)
+    ]
+    by_key = dict(zip(keys, bodies(keys), strict=True))
     chains = []
-    for chain_id, kind in freeze_order(state):
+    for chain_id, kind in order:
         count = state.attempts[attempt][chain_id].turn_count or 0
-        records = [body((attempt, chain_id, i)) for i in range(count)]
+        records = [by_key[(attempt, chain_id, i)] for i in range(count)]
         if history_mode == "rerender":
             rerendered = FrozenChain(kind, resolve_turns(records), "rerender", chain_id)  # type: ignore[arg-type]
             sequences = rerendered.sequences()
@@ -494,7 +521,12 @@ class Outcome:
     finished: Status | None = None  # the state to settle into once outputs are out
 
 
-Decoder = Callable[[bytes], Mapping[str, Any]]
+Decoder = Callable[[list[bytes]], Sequence[Mapping[str, Any]]]
+
+
+def decode_records(messages: list[bytes]) -> list[dict[str, Any]]:
+    """Turn bodies -> records, their token arrays decoded in one numpy pass for all of them."""
+    return [decoded.record for decoded in decode_many(messages)]
 
 
 def body_key(rollout_id: str, key: TurnKey) -> str:
@@ -519,32 +551,47 @@ class Segmenter:
         self,
         states: MutableMapping[str, bytes],
         bodies: MutableMapping[str, bytes],
-        decode_body: Decoder,
         options: Options | None = None,
+        *,
+        decode_bodies: Decoder = decode_records,
     ) -> None:
-        self.states, self.bodies, self.decode_body = states, bodies, decode_body
+        self.states, self.bodies, self.decode_bodies = states, bodies, decode_bodies
         self.options = options or Options()
         self.counts: dict[str, int] = {}
         self._clock: dict[int, dict[str, tuple[int, bool]]] | None = None
+        self._open: dict[str, RolloutState] = {}  # open states as last stored, so no event parses one
+
 
     def count(self, name: str, n: int = 1) -> None:
         self.counts[name] = self.counts.get(name, 0) + n
 
     def load(self, rollout_id: str, partition: int = -1) -> RolloutState:
+        """The rollout's state, the caller's to change and :meth:`_store`: taken out of the cache of open
+        states, so a handler that fails half-way leaves only the stored bytes, which are still right."""
+        cached = self._open.pop(rollout_id, None)
+        if cached is not None:
+            return cached
         raw = self.states.get(rollout_id)
         return RolloutState.from_bytes(raw) if raw is not None else RolloutState(rollout_id, partition)
 
     def reindex(self) -> None:
-        """Forget the clock index: the next tick rebuilds it from ``states``."""
+        """Forget the clock index and the cached states: ``states`` was changed behind this object's back
+        (changelog recovery after a rebalance); the next tick rebuilds the index from it."""
         self._clock = None
+        self._open.clear()
 
     def _store(self, state: RolloutState) -> None:
         self.states[state.rollout_id] = state.to_bytes()
+        if state.open:
+            self._open[state.rollout_id] = state
+        else:
+            self._open.pop(state.rollout_id, None)
         if self._clock is not None:
             self._clock.setdefault(state.partition, {})[state.rollout_id] = (state.last_at, state.open)
 
     def _forget(self, state: RolloutState) -> None:
         del self.states[state.rollout_id]
+        self._open.pop(state.rollout_id, None)
         if self._clock is not None:
             self._clock.get(state.partition, {}).pop(state.rollout_id, None)
 
@@ -569,12 +616,12 @@ class Segmenter:
         return outcome
 
     def _cut(self, state: RolloutState, outcome: Outcome) -> None:
-        def body(key: TurnKey) -> Mapping[str, Any]:
-            return self.decode_body(self.bodies[body_key(state.rollout_id, key)])
+        def bodies(keys: list[TurnKey]) -> Sequence[Mapping[str, Any]]:
+            return self.decode_bodies([self.bodies[body_key(state.rollout_id, key)] for key in keys])
 
         try:
             outcome.segments = cut(
-                state, body, loss_scope=self.options.loss_scope, history_mode=self.options.history_mode
+                state, bodies, loss_scope=self.options.loss_scope, history_mode=self.options.history_mode
             )
         except (UnresolvedTurn, ChainBroken, ValueError, KeyError) as error:
             kill(state, f"cannot cut segments: {type(error).__name__}: {error}")
@@ -647,11 +694,13 @@ def decode_fact(topic: str, value: bytes | None, key: bytes | None, timestamp_ms
     data = value or b""
     if len(data) > MAX_EVENT_BYTES:
         raise CodecError(f"message of {len(data)} bytes is over the limit of {MAX_EVENT_BYTES}")
-    decoded = decode(data)
+    scanned = scan(data)  # refused exactly as a decode would be; a turn's tokens stay undecoded
     expected = spec_for(topic).event_type
-    if decoded.event_type != expected:
-        raise CodecError(f"{decoded.event_type} event on {topic!r}, which carries {expected} events")
-    rollout_id = decoded.record["rollout_id"]
+    if scanned.event_type != expected:
+        raise CodecError(f"{scanned.event_type} event on {topic!r}, which carries {expected} events")
+    rollout_id = scanned.record["rollout_id"]
     if key != rollout_id.encode():
         raise WrongKey(f"message key {key!r} is not its rollout id {rollout_id!r}")
-    return Fact(FACT_KINDS[split_name(topic)[1]], decoded.record, timestamp_ms)
+    if scanned.event_type != "turn":
+        return Fact(FACT_KINDS[split_name(topic)[1]], scanned.decoded().record, timestamp_ms)
+    return Fact("turn", scanned.record, timestamp_ms, scanned)

@@ -13,6 +13,7 @@ from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from rollbus.codec import Scanned, number_bytes
 from rollbus.trajectory import ChainTokens, FrozenChain, Turn, segment_chain
 
 TurnKey = tuple[str, str, int]  # (attempt_id, chain_id, turn_index): a turn's identity within its rollout
@@ -44,18 +45,45 @@ def turn_key(record: Mapping[str, Any]) -> TurnKey:
     return record.get("attempt_id", ""), record["chain_id"], record["turn_index"]
 
 
-def turn_digest(record: Mapping[str, Any]) -> str:
+TURN_NUMBERS = (("prompt_ids", "int"), ("output_ids", "int"), ("output_logprobs", "float"))
+
+
+def turn_digest(record: Mapping[str, Any], scanned: Scanned | None = None) -> str:
     """A stable digest of what a turn event says (all but its schema version and timings).
 
-    Stable across processes (it is kept in the segmenter's changelog) and cheap on long token lists.
-    Timings are left out: a writer's retry of one call may stamp them again, the tokens cannot change.
+    Stable across processes (it is kept in the segmenter's changelog) and cheap on long token lists: the
+    token arrays are hashed as their Avro bytes (:func:`~rollbus.codec.number_bytes`), so the segmenter,
+    which only scans a turn (``scanned``, whose ``record`` lacks them), hashes the bytes as they arrived
+    and decodes no token; a decoded record gives the same digest. Timings are left out: a writer's retry
+    of one call may stamp them again, the tokens cannot change. 40 hex digits (the v1 digest,
+    :func:`turn_digest_v1`, has 32, so a state kept before this one is recognised).
     """
-    h = hashlib.blake2b(digest_size=16)
+    h = _header_hash(record, digest_size=20)
+    for name, items in TURN_NUMBERS:
+        if scanned is None:
+            count, raw = len(record[name]), number_bytes(record[name], items)
+        else:
+            count, raw = scanned.item_bytes(name, items)
+        h.update(struct.pack(">q", count))
+        h.update(raw)
+    return h.hexdigest()
+
+
+def _header_hash(record: Mapping[str, Any], digest_size: int) -> Any:
+    """A blake2b fed with everything a turn digest covers but the token arrays."""
+    h = hashlib.blake2b(digest_size=digest_size)
     ref = record.get("prompt_ref_turn")
     ref = -1 if ref is None else ref
     h.update(struct.pack(">qqq", ref, record["prompt_tokens"], record["policy_version"]))
     for text in (record.get("chain_kind", ""), record["finish_reason"], record.get("request_id", "")):
         h.update(text.encode() + b"\x00")
+    return h
+
+
+def turn_digest_v1(record: Mapping[str, Any]) -> str:
+    """The digest segmenter states kept before :func:`turn_digest` (numbers as int64/float32 machine
+    bytes): only to recognise a redelivered turn against such a state after an upgrade."""
+    h = _header_hash(record, digest_size=16)
     for ids in (record["prompt_ids"], record["output_ids"]):
         h.update(struct.pack(">q", len(ids)))
         h.update(array("q", ids).tobytes())

@@ -271,3 +271,68 @@ def test_every_truncation_of_a_large_message_is_rejected_by_the_numpy_decode():
     for length in range(0, len(data), 7):
         with pytest.raises(CodecError):
             FAST.decode(data[:length])
+
+
+# Scanning (arrays located, not decoded) and batch decoding: what the segmenter reads every event with.
+
+
+def _scan_outcome(reader: codec.Codec, data: bytes) -> object:
+    try:
+        scanned = reader.scan(data)
+    except CodecError as error:
+        return type(error)
+    names = [name for name, _, _ in scanned.arrays]
+    arrays = {name: array.tolist() for name, array in zip(names, scanned.numbers(*names), strict=True)}
+    return Decoded(scanned.event_type, scanned.schema_version, {**scanned.record, **arrays})
+
+
+@pytest.mark.parametrize("event_type", NUMBERED)
+@settings(max_examples=150, deadline=None)
+@given(body=st.binary(max_size=120))
+def test_a_scan_refuses_exactly_what_a_decode_refuses(event_type, body):
+    """Poison is poison whether a reader scans or decodes: the segmenter dead-letters it at once, never
+    later when a rollout's bodies are decoded for cutting."""
+    data = HEADER.pack(MAGIC, EVENT_TYPES.index(event_type), codec.schema(event_type)["version"]) + body
+    assert _scan_outcome(FAST, data) == _outcome(SLOW, data)
+
+
+@pytest.mark.parametrize("event_type", ["turn", "segment"])
+@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(data=st.data())
+def test_a_scanned_record_and_its_numbers_are_the_decoded_record(event_type, data):
+    record = data.draw(records(codec.schema(event_type)))
+    encoded = codec.encode(event_type, record)
+    scanned = codec.scan(encoded)
+    names = [n for n, _, _ in scanned.arrays]
+    assert names and not set(names) & set(scanned.record)  # the arrays are located, not in the record
+    assert _scan_outcome(FAST, encoded) == SLOW.decode(encoded)
+    assert list(scanned.order) == list(SLOW.decode(encoded).record)
+
+
+@settings(max_examples=30, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(data=st.data(), count=st.integers(0, 6))
+def test_decode_many_is_decode_one_by_one(data, count):
+    """Many messages of several types (turns, segments, number-less events) in one batch: the same records,
+    each array cut back to its own message."""
+    kinds = data.draw(st.lists(st.sampled_from(["turn", "segment", "session", "reward"]), min_size=count,
+                               max_size=count))  # fmt: skip
+    messages = [codec.encode(kind, data.draw(records(codec.schema(kind)))) for kind in kinds]
+    assert codec.decode_many(messages) == [SLOW.decode(m) for m in messages]
+
+
+def test_scan_and_decode_many_read_split_blocks_and_older_versions():
+    import fastavro
+
+    encoded = codec.encode("turn", turn(prompt_ids=[5, 6, 7]))
+    split = encoded.replace(b"\x06\x0a\x0c\x0e\x00", b"\x03\x04\x0a\x0c" + b"\x02\x0e\x00", 1)
+    v1 = codec.schema("turn", 1)
+    sample = turn(prompt_ids=[9, 8])
+    old_record = {f["name"]: sample[f["name"]] for f in v1["fields"] if f["name"] != "schema_version"}
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, fastavro.parse_schema(v1), {**old_record, "schema_version": 1})
+    old = HEADER.pack(MAGIC, EVENT_TYPES.index("turn"), 1) + body.getvalue()
+    batch = [split, old, encoded]
+    assert codec.decode_many(batch) == [SLOW.decode(m) for m in batch]
+    assert codec.scan(split).numbers("prompt_ids")[0].tolist() == [5, 6, 7]
+    scanned_old = codec.scan(old)  # an older version is decoded whole: its arrays are in the record
+    assert scanned_old.arrays == () and scanned_old.numbers("prompt_ids")[0].tolist() == [9, 8]

@@ -12,7 +12,16 @@ from hypothesis import strategies as st
 
 from rollbus.codec import decode, encode
 from rollbus.events import spec
-from rollbus.segmentation import FACT_KINDS, Fact, Options, RolloutState, Segmenter, apply, segment_id
+from rollbus.segmentation import (
+    FACT_KINDS,
+    Fact,
+    Options,
+    RolloutState,
+    Segmenter,
+    apply,
+    decode_fact,
+    segment_id,
+)
 from rollbus.trajectory import fan_out
 from rollbus.turn_log import ConflictingTurn, TurnResolver, chain_tokens, resolve_turns
 from tests.synthetic_rollouts import Event, RolloutWriter, simple_rollout
@@ -21,12 +30,13 @@ TOPIC_EVENT = {e.topic: e.event_type for e in (spec("turn"), spec("session"), sp
 
 
 def run(events: list[Event], segmenter: Segmenter | None = None) -> tuple[Segmenter, list[dict], list[str]]:
-    """Feed events (at = position) through a dict-backed segmenter; segments and dead-letter reasons."""
-    segmenter = segmenter or Segmenter({}, {}, lambda raw: decode(raw).record)
+    """Feed events (at = position) through a dict-backed segmenter as the worker does (read off the wire by
+    :func:`decode_fact`: turns scanned, not decoded); segments and dead-letter reasons."""
+    segmenter = segmenter or Segmenter({}, {})
     segments, dead = [], []
     for at, (topic, record) in enumerate(events):
         raw = encode(TOPIC_EVENT[topic], record)
-        outcome = segmenter.handle(Fact(FACT_KINDS[topic], decode(raw).record, at), raw)
+        outcome = segmenter.handle(decode_fact(topic, raw, record["rollout_id"].encode(), at), raw)
         segments += outcome.segments
         dead += [outcome.dead_letter] if outcome.dead_letter else []
         segmenter.settle(outcome)
@@ -194,7 +204,7 @@ def test_only_the_rewarded_attempt_trains() -> None:
 def test_an_idle_rollout_times_out_into_an_abort_with_a_reason_then_is_forgotten() -> None:
     writer = simple_rollout("r7")
     opts = Options(timeout_ms=1000, forget_after_ms=5000)
-    segmenter = Segmenter({}, {}, lambda raw: decode(raw).record, opts)
+    segmenter = Segmenter({}, {}, opts)
     run([e for e in writer.events if e[0] == "turns"], segmenter)
     assert segmenter.bodies and segmenter.tick(now=500) == []
     aborted = segmenter.tick(now=2000)
@@ -330,7 +340,7 @@ def test_a_reward_naming_last_turn_trains_only_the_last_reply_whatever_the_segme
 
 def test_a_reward_naming_all_turns_overrides_a_last_turn_segmenter() -> None:
     writer = gym_episode("g2", '{"kind": "gym", "loss_scope": "all_turns"}')
-    segmenter = Segmenter({}, {}, lambda raw: decode(raw).record, Options(loss_scope="last_turn"))
+    segmenter = Segmenter({}, {}, Options(loss_scope="last_turn"))
     _, (segment,), _ = run(writer.events, segmenter)
     replies = [t.output_ids for t in writer.live["main"].turns]
     assert trained(segment) == [t for reply in replies for t in reply]
@@ -343,7 +353,7 @@ def test_a_reward_naming_all_turns_overrides_a_last_turn_segmenter() -> None:
 @pytest.mark.parametrize("default", ["all_turns", "last_turn"])
 def test_a_reward_naming_no_scope_gets_the_segmenters(details: str, default: str) -> None:
     writer = gym_episode("g3", details)
-    segmenter = Segmenter({}, {}, lambda raw: decode(raw).record, Options(loss_scope=default))
+    segmenter = Segmenter({}, {}, Options(loss_scope=default))
     _, segments, dead = run(writer.events, segmenter)
     assert dead == []
     assert comparable(segments) == expected(writer, 1.0, default)
@@ -375,7 +385,7 @@ def test_the_named_scope_else_the_default_cuts_like_fan_out_in_any_interleaving(
     writer, events, reward = scenario
     details = json.dumps({"loss_scope": named} if named else {})
     events = [*events[:-1], ("rewards", dict(events[-1][1], details=details))]
-    segmenter = Segmenter({}, {}, lambda raw: decode(raw).record, Options(loss_scope=default))
+    segmenter = Segmenter({}, {}, Options(loss_scope=default))
     _, segments, dead = run(interleave(random.Random(seed), events, 2), segmenter)
     assert dead == []
     scope = named or default
@@ -462,6 +472,7 @@ def test_a_tombstone_kept_before_compaction_still_tells_duplicates_from_late_eve
     old = json.loads(state.to_bytes())
     del old["seen"]
     segmenter.states["t2"], segmenter.bodies = json.dumps(old).encode(), {}
+    segmenter.reindex()  # the table was rewritten behind its back, as changelog recovery does
     _, again, dead = run(writer.events, segmenter)
     assert again == [] and dead == []
     stale = RolloutWriter("t2", attempt_id="a0")
@@ -472,7 +483,7 @@ def test_a_tombstone_kept_before_compaction_still_tells_duplicates_from_late_eve
 
 def test_late_events_are_dead_lettered_within_forget_after_and_the_tombstone_goes_after_it() -> None:
     writer = simple_rollout("t3")
-    segmenter = Segmenter({}, {}, lambda raw: decode(raw).record, Options(forget_after_ms=5_000))
+    segmenter = Segmenter({}, {}, Options(forget_after_ms=5_000))
     run(writer.events, segmenter)  # events at 0..n-1
     last = len(writer.events) - 1
     assert segmenter.tick(now=last + 4_999) == [] and "t3" in segmenter.states
@@ -492,7 +503,7 @@ def open_rollout(segmenter: Segmenter, rollout_id: str, partition: int, at: int 
 
 
 def test_a_tick_aborts_only_its_partitions_idle_rollouts() -> None:
-    segmenter = Segmenter({}, {}, lambda raw: decode(raw).record, Options(timeout_ms=1_000))
+    segmenter = Segmenter({}, {}, Options(timeout_ms=1_000))
     open_rollout(segmenter, "p0", 0)
     open_rollout(segmenter, "p1", 1)
     assert segmenter.tick(now=999, partition=0) == []
@@ -505,9 +516,64 @@ def test_states_recovered_behind_the_segmenters_back_are_ticked_after_reindex() 
     """What the worker does on every partition assignment: Faust's changelog recovery writes the table
     directly, so the clock index, built from the table at the first tick, must be rebuilt."""
     states: dict[str, bytes] = {}
-    segmenter = Segmenter(states, {}, lambda raw: decode(raw).record, Options(timeout_ms=1_000))
+    segmenter = Segmenter(states, {}, Options(timeout_ms=1_000))
     assert segmenter.tick(now=0) == []  # the index is built (empty)
-    other = Segmenter(states, {}, lambda raw: decode(raw).record)  # another worker, via the changelog
+    other = Segmenter(states, {})  # another worker, via the changelog
     open_rollout(other, "moved", 3)
     segmenter.reindex()
     assert [s.rollout_id for s in segmenter.tick(now=1_000, partition=3)] == ["moved"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_a_scanned_turns_digest_is_the_decoded_turns(data) -> None:
+    """The worker digests a turn from its scanned bytes, a replay or a test from the decoded record: a
+    redelivery is a duplicate, not a conflict, whichever way each copy was read."""
+    from rollbus.codec import schema
+    from rollbus.turn_log import turn_digest
+    from tests.avro_strategies import records
+
+    record = data.draw(records(schema("turn")))
+    raw = encode("turn", record)
+    fact = decode_fact("turns", raw, record["rollout_id"].encode(), 0)
+    assert "prompt_ids" not in fact.record and fact.scanned is not None
+    assert turn_digest(fact.record, fact.scanned) == turn_digest(decode(raw).record) == turn_digest(record)
+
+
+def _as_v1(segmenter: Segmenter, rollout_id: str, events: list[Event]) -> None:
+    """Rewrite the rollout's stored turn digests as a segmenter before turn digest v2 kept them."""
+    import json
+
+    from rollbus.turn_log import turn_digest_v1, turn_key
+
+    v1 = {turn_key(r): turn_digest_v1(r) for t, r in events if t == "turns"}
+    raw = json.loads(segmenter.states[rollout_id])
+    for attempt, chains in raw["attempts"].items():
+        for chain_id, chain in chains.items():
+            chain["turns"] = {i: v1[(attempt, chain_id, int(i))] for i in chain["turns"]}
+    segmenter.states[rollout_id] = json.dumps(raw).encode()
+    segmenter.reindex()
+
+
+def test_an_upgrade_over_states_with_v1_digests_still_tells_redeliveries_from_conflicts() -> None:
+    """A worker upgraded while rollouts are in flight re-reads its uncommitted events against states whose
+    turn digests are v1: they are duplicates, the rollout is cut as before, and a changed turn still kills
+    it. Redelivered to the tombstone (fingerprints of v1 digests), a turn is still a duplicate."""
+    writer = simple_rollout("up")
+    *before, reward = writer.events
+    segmenter, _, _ = run(before)
+    _as_v1(segmenter, "up", before)
+    _, segments, dead = run([*before, reward], segmenter)
+    assert dead == [] and comparable(segments) == expected(writer, 1.0)
+    assert segmenter.counts["duplicate"] == len(before)
+    _, again, dead = run(before, segmenter)
+    assert again == [] and dead == [] and segmenter.counts["duplicate"] == 2 * len(before)
+
+    forged = simple_rollout("up2")
+    *before, _ = forged.events
+    segmenter, _, _ = run(before)
+    _as_v1(segmenter, "up2", before)
+    first = next(i for i, (t, r) in enumerate(before) if t == "turns" and r["chain_kind"] == "main")
+    changed = dict(before[first][1], output_ids=[*before[first][1]["output_ids"][:-1], 4242])
+    _, _, dead = run([("turns", changed)], segmenter)
+    assert len(dead) == 1 and "different content" in dead[0]

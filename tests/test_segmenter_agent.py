@@ -43,7 +43,7 @@ class Topic:
 
 def agent(segmenter: Segmenter | None = None) -> tuple[SegmenterAgent, Topic, Topic]:
     segments, letters = Topic(), Topic()
-    segmenter = segmenter or Segmenter({}, {}, lambda raw: decode(raw).record)
+    segmenter = segmenter or Segmenter({}, {})
     return SegmenterAgent(segmenter, segments, letters, "ns.segmenter-ticks"), segments, letters
 
 
@@ -64,7 +64,7 @@ async def test_a_state_machine_failure_dead_letters_the_message_and_processing_g
                 raise RuntimeError("a bug")
             return super().handle(fact, raw, partition)
 
-    worker, segments, letters = agent(Broken({}, {}, lambda raw: decode(raw).record))
+    worker, segments, letters = agent(Broken({}, {}))
     for topic, record in simple_rollout("r2").events:
         await worker.handle(Message(f"ns.{topic}", encode(EVENT[topic], record), b"r2"))
     assert len(segments.sent) == 3  # the diff is not needed to cut

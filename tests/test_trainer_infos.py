@@ -21,7 +21,7 @@ TOPIC_EVENT = {e.topic: e.event_type for e in (spec("turn"), spec("session"), sp
 
 def cut(writer: RolloutWriter, infos: str | None) -> list[dict]:
     """The segments the real segmenter emits for ``writer``'s rollout, through the wire format both ways."""
-    segmenter = Segmenter({}, {}, lambda raw: decode(raw).record)
+    segmenter = Segmenter({}, {})
     events = writer.events
     if infos is not None:
         events = [*events[:-1], ("rewards", dict(events[-1][1], infos=infos))]

@@ -40,7 +40,7 @@ from typing import Any
 import faust
 
 from rollbus.bus import dead_letter
-from rollbus.codec import CodecError, decode, encode
+from rollbus.codec import CodecError, encode
 from rollbus.segmentation import Outcome, Segmenter, decode_fact
 from rollbus.topics import DEAD_LETTER_MAX_BYTES, MAX_EVENT_BYTES, dead_letters_for, topic_name
 from services.segmenter.changelog import ChangelogBuffer
@@ -110,7 +110,7 @@ def build_app(settings: SegmenterSettings, partitions: int) -> faust.App:
     ticks = app.topic(topic_name(TICKS, ns), partitions=partitions, internal=True, **raw)
     segments = app.topic(topic_name("segments", ns), **raw)
     letters = app.topic(dead_letters_for(topic_name("segments", ns)), **raw)
-    segmenter = Segmenter(*buffers, lambda data: decode(data).record, settings.options())
+    segmenter = Segmenter(*buffers, settings.options())
     worker = SegmenterAgent(segmenter, segments, letters, topic_name(TICKS, ns))
 
     @app.agent(app.topic(*(topic_name(t, ns) for t in (*INPUTS, TICKS)), **raw), concurrency=1)

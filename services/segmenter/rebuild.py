@@ -23,7 +23,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from pydantic import Field
 
 from rollbus.bus import Publisher
-from rollbus.codec import CodecError, decode, encode
+from rollbus.codec import CodecError, encode
 from rollbus.segmentation import Segmenter, decode_fact
 from rollbus.topics import (
     MAX_EVENT_BYTES,
@@ -70,7 +70,7 @@ async def rebuild(settings: SegmenterSettings, into: str | None = None) -> dict[
     partitions = next(n for name, n in counts.items() if spec_for(name).rollout_keyed)
     await create_fresh(settings.bootstrap_servers, into, partitions)
     messages = await read_raw(settings)
-    segmenter = Segmenter({}, {}, lambda data: decode(data).record, settings.options())
+    segmenter = Segmenter({}, {}, settings.options())
     segments = [s for p in sorted(messages) for s in replay_partition(segmenter, p, messages[p], settings)]
     async with Publisher(
         settings.bootstrap_servers, client_id="rollbus-rebuild", max_event_bytes=MAX_EVENT_BYTES
