@@ -131,7 +131,7 @@ class TurnResolver:
         return Turn(
             prompt_ids=prompt,
             output_ids=list(record["output_ids"]),
-            output_logprobs=[float(x) for x in record["output_logprobs"]],
+            output_logprobs=list(map(float, record["output_logprobs"])),
             finish_reason=record["finish_reason"],
             policy_version=record["policy_version"],
             chain_id=chain,
@@ -199,7 +199,7 @@ def _turn_view(record: Mapping[str, Any]) -> Turn:
     return Turn(
         prompt_ids=[],
         output_ids=list(record["output_ids"]),
-        output_logprobs=[float(x) for x in record["output_logprobs"]],
+        output_logprobs=list(map(float, record["output_logprobs"])),
         finish_reason=record["finish_reason"],
         policy_version=record["policy_version"],
         chain_id=record["chain_id"],
