@@ -55,10 +55,11 @@ def turn_digest(record: Mapping[str, Any], scanned: Scanned | None = None) -> st
     token arrays are hashed as their Avro bytes (:func:`~rollbus.codec.number_bytes`), so the segmenter,
     which only scans a turn (``scanned``, whose ``record`` lacks them), hashes the bytes as they arrived
     and decodes no token; a decoded record gives the same digest. Timings are left out: a writer's retry
-    of one call may stamp them again, the tokens cannot change. 40 hex digits (the v1 digest,
-    :func:`turn_digest_v1`, has 32, so a state kept before this one is recognised).
+    of one call may stamp them again, the tokens cannot change. 24 hex digits (the v1 digest,
+    :func:`turn_digest_v1`, has 32, so a state kept before this one is recognised): 96 bits, so passing a
+    changed turn off as a retry would take a second preimage of blake2b.
     """
-    h = _header_hash(record, digest_size=20)
+    h = _header_hash(record, digest_size=12)
     for name, items in TURN_NUMBERS:
         if scanned is None:
             count, raw = len(record[name]), number_bytes(record[name], items)
