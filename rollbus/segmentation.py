@@ -81,6 +81,9 @@ class ChainFacts:
     closed_seq: int | None = None  # position of a ``closed`` event for it
 
 
+_STATE_JSON = json.JSONEncoder(separators=(",", ":"), check_circular=False)  # a state has no cycles
+
+
 @dataclass
 class RolloutState:
     """Everything the segmenter keeps for one rollout, small and JSON-able (the table's value)."""
@@ -104,7 +107,7 @@ class RolloutState:
         every digest and cost more than the rest of a turn's handling)."""
         raw = dict(vars(self))
         raw["attempts"] = {a: {c: vars(f) for c, f in cs.items()} for a, cs in self.attempts.items()}
-        return json.dumps(raw, separators=(",", ":")).encode()
+        return _STATE_JSON.encode(raw).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> RolloutState:
