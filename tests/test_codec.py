@@ -232,11 +232,14 @@ def _outcome(reader: codec.Codec, data: bytes) -> object:
 @pytest.mark.parametrize("event_type", ["turn", "segment"])
 @settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(data=st.data())
-def test_the_numpy_decode_equals_fastavros_on_random_records(event_type, data):
+def test_the_numpy_decode_and_a_scan_equal_fastavros_on_random_records(event_type, data):
     record = data.draw(records(codec.schema(event_type)))
     encoded = codec.encode(event_type, record)
     expected = Decoded(event_type, record["schema_version"], record)
     assert FAST.decode(encoded) == SLOW.decode(encoded) == expected
+    scanned = codec.scan(encoded)  # the arrays located, not in the record; decoded on demand, all the same
+    assert scanned.arrays and not {n for n, _, _ in scanned.arrays} & set(scanned.record)
+    assert _scan_outcome(FAST, encoded) == expected and list(scanned.order) == list(record)
 
 
 def test_the_numpy_decode_reads_every_varint_width_and_sign():
@@ -294,19 +297,6 @@ def test_a_scan_refuses_exactly_what_a_decode_refuses(event_type, body):
     later when a rollout's bodies are decoded for cutting."""
     data = HEADER.pack(MAGIC, EVENT_TYPES.index(event_type), codec.schema(event_type)["version"]) + body
     assert _scan_outcome(FAST, data) == _outcome(SLOW, data)
-
-
-@pytest.mark.parametrize("event_type", ["turn", "segment"])
-@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow], deadline=None)
-@given(data=st.data())
-def test_a_scanned_record_and_its_numbers_are_the_decoded_record(event_type, data):
-    record = data.draw(records(codec.schema(event_type)))
-    encoded = codec.encode(event_type, record)
-    scanned = codec.scan(encoded)
-    names = [n for n, _, _ in scanned.arrays]
-    assert names and not set(names) & set(scanned.record)  # the arrays are located, not in the record
-    assert _scan_outcome(FAST, encoded) == SLOW.decode(encoded)
-    assert list(scanned.order) == list(SLOW.decode(encoded).record)
 
 
 @settings(max_examples=30, suppress_health_check=[HealthCheck.too_slow], deadline=None)
