@@ -62,7 +62,8 @@ ArraySpans = tuple[tuple[str, str, "Blocks"], ...]  # (field, item type, blocks)
 class Scanned:
     """A message read all but its arrays of numbers, which are only located and checked: what a reader
     needs to route, deduplicate and keep an event costs no Python int per token. ``record`` holds every
-    other field; :meth:`numbers` decodes chosen arrays to numpy, :meth:`Codec.decode_many` whole records."""
+    other field; :meth:`item_bytes` gives an array's bytes, :meth:`decoded` (or, for many messages at once,
+    :meth:`Codec.decode_many`) the whole record."""
 
     event_type: str
     schema_version: int
@@ -83,25 +84,6 @@ class Scanned:
             if field == name:
                 return sum(n for n, _, _ in blocks), b"".join(self.data[a:b] for _, a, b in blocks)
         return len(self.record[name]), number_bytes(self.record[name], items)
-
-    def numbers(self, *names: str) -> list[np.ndarray]:
-        """The named arrays as numpy (int64, or the float type's width), one pass per item type; an array
-        already in ``record`` (a message of an older schema version, decoded whole) is converted."""
-        spans = {name: (items, blocks) for name, items, blocks in self.arrays}
-        located = [spans[name] for name in names if name in spans]
-        batches = {items: _numbers(items, [(self.data, b) for i, b in located if i == items])
-                   for items in {items for items, _ in located}}  # fmt: skip
-        offsets = dict.fromkeys(batches, 0)
-        arrays = []
-        for name in names:
-            if name not in spans:
-                arrays.append(np.asarray(self.record[name]))
-                continue
-            items, blocks = spans[name]
-            count = sum(n for n, _, _ in blocks)
-            arrays.append(batches[items][offsets[items] : offsets[items] + count])
-            offsets[items] += count
-        return arrays
 
 
 _INT_RANGES = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}

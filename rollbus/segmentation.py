@@ -564,7 +564,6 @@ class Segmenter:
         self._clock: dict[int, dict[str, tuple[int, bool]]] | None = None
         self._open: dict[str, RolloutState] = {}  # open states as last stored, so no event parses one
 
-
     def count(self, name: str, n: int = 1) -> None:
         self.counts[name] = self.counts.get(name, 0) + n
 

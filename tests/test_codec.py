@@ -285,9 +285,7 @@ def _scan_outcome(reader: codec.Codec, data: bytes) -> object:
         scanned = reader.scan(data)
     except CodecError as error:
         return type(error)
-    names = [name for name, _, _ in scanned.arrays]
-    arrays = {name: array.tolist() for name, array in zip(names, scanned.numbers(*names), strict=True)}
-    return Decoded(scanned.event_type, scanned.schema_version, {**scanned.record, **arrays})
+    return scanned.decoded()
 
 
 @pytest.mark.parametrize("event_type", NUMBERED)
@@ -324,6 +322,8 @@ def test_scan_and_decode_many_read_split_blocks_and_older_versions():
     old = HEADER.pack(MAGIC, EVENT_TYPES.index("turn"), 1) + body.getvalue()
     batch = [split, old, encoded]
     assert codec.decode_many(batch) == [SLOW.decode(m) for m in batch]
-    assert codec.scan(split).numbers("prompt_ids")[0].tolist() == [5, 6, 7]
+    assert codec.scan(split).decoded().record["prompt_ids"] == [5, 6, 7]
+    assert codec.scan(split).item_bytes("prompt_ids", "int") == (3, b"\x0a\x0c\x0e")  # no block framing
     scanned_old = codec.scan(old)  # an older version is decoded whole: its arrays are in the record
-    assert scanned_old.arrays == () and scanned_old.numbers("prompt_ids")[0].tolist() == [9, 8]
+    assert scanned_old.arrays == () and scanned_old.decoded().record["prompt_ids"] == [9, 8]
+    assert scanned_old.item_bytes("prompt_ids", "int") == (2, codec.number_bytes([9, 8], "int"))
