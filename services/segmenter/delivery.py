@@ -58,8 +58,8 @@ async def resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Any:
             yielded._asyncio_future_blocking = False
             try:
                 await yielded
-            except BaseException:  # the future's own outcome, which ``coro`` reads again; or a cancellation
-                cancelled = not yielded.done()
+            except (Exception, asyncio.CancelledError):  # the future's outcome, read again by ``coro``; or
+                cancelled = not yielded.done()  # this task's cancellation (KeyboardInterrupt etc. propagate)
         else:
             raise RuntimeError(f"a delivery yielded {yielded!r}, which is not a future")
         try:
