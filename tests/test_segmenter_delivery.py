@@ -1,17 +1,21 @@
 """quick_delivery: Faust's per-message hand-over finished inline when it need not wait, Faust's own path
-(cut short by a suspended flow) when it must; the same results, exceptions and cancellations either way."""
+(cut short by a suspended flow) when it must; the same results, exceptions and cancellations either way.
+seek_before_streams_resume: the end of a recovery (the streams' seek) waits for a stopped flow and for the
+hand-over under way to end."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 import warnings
+from types import SimpleNamespace
 
 import pytest
 from mode import Service
 from mode.utils.locks import Event
+from mode.utils.queues import FlowControlEvent
 
-from services.segmenter.delivery import quick_delivery
+from services.segmenter.delivery import quick_delivery, seek_before_streams_resume
 
 
 class Consumer(Service):
@@ -28,7 +32,10 @@ class Consumer(Service):
             return await original(*coros, timeout=timeout)
 
         self.wait_first = counted
-        quick_delivery(self)
+        self.handover = quick_delivery(self)
+
+    def stop_flow(self) -> None:
+        self.suspend_flow.set()
 
     async def deliver(self, coro) -> object:
         """As Faust's fetcher does it (faust/transport/consumer.py ``_drain_messages``)."""
@@ -119,3 +126,92 @@ async def test_a_failing_delivery_raises_as_faust_s_path_raises(waits: bool) -> 
             await consumer.deliver(fail())
         gc.collect()
     assert consumer.slow_path == int(waits)
+
+
+async def test_the_streams_seek_waits_for_a_stopped_flow_and_the_hand_over_under_way_to_end() -> None:
+    """Faust's end of recovery seeks the stream partitions with the flow on: a message handed over meanwhile
+    was read past, then dropped with the queues. Patched, it runs only once the flow is stopped, the queues'
+    flow control suspended, and a delivery stuck on a full queue cut short (so nothing lands after)."""
+    consumer, queue, steps = Consumer(), asyncio.Queue(maxsize=1), []
+    queue.put_nowait("full")
+
+    class Recovery:
+        async def on_recovery_completed(self, generation_id: int = 0) -> None:
+            steps.append(("completed", generation_id, consumer.suspend_flow.is_set(),
+                          app.flow_control.is_active(), consumer.handover.idle.is_set()))  # fmt: skip
+
+    app = SimpleNamespace(consumer=consumer, flow_control=FlowControlEvent(), tables=SimpleNamespace())
+    app.tables.recovery = Recovery()
+    seek_before_streams_resume(app, consumer.handover)
+
+    async def put(message: str) -> str:
+        try:
+            await queue.put(message)
+        except asyncio.CancelledError:
+            steps.append("delivery cut short")
+            raise
+        return message
+
+    delivery = asyncio.ensure_future(consumer.deliver(put("m")))
+    await asyncio.sleep(0.01)
+    assert not consumer.handover.idle.is_set()  # stuck on the full queue
+    await app.tables.recovery.on_recovery_completed(7)
+    await delivery
+    assert steps == ["delivery cut short", ("completed", 7, True, False, True)]
+    assert queue.qsize() == 1 and queue.get_nowait() == "full"
+
+
+async def test_without_a_hand_over_under_way_the_streams_seek_follows_at_once() -> None:
+    consumer, ran = Consumer(), []
+
+    class Recovery:
+        async def on_recovery_completed(self, generation_id: int = 0) -> None:
+            ran.append(generation_id)
+
+    app = SimpleNamespace(consumer=consumer, flow_control=FlowControlEvent(), tables=SimpleNamespace())
+    app.tables.recovery = Recovery()
+    seek_before_streams_resume(app, consumer.handover)
+    await asyncio.wait_for(app.tables.recovery.on_recovery_completed(), timeout=1)
+    assert ran == [0] and consumer.suspend_flow.is_set()
+
+
+async def test_a_seek_to_committed_offsets_also_rewinds_changelogs_to_what_their_recovery_applied() -> None:
+    """Faust drops a batch fetched as a rebalance stops the flow and seeks back to committed offsets, which
+    changelog partitions have none of: they go back to the recovery's applied offsets (re-reading is
+    idempotent), never -1, only where assigned, and a seek the assignment refused is left to the next
+    recovery."""
+    from aiokafka.errors import IllegalStateError
+    from faust.types import TP
+
+    from services.segmenter.delivery import rewind_changelogs_on_seek
+
+    active, promoted, standby, gone = (TP("rollouts-changelog", p) for p in range(4))
+    calls: list[object] = []
+
+    class FakeConsumer:
+        refuse = False
+
+        async def perform_seek(self) -> None:
+            calls.append("streams to committed")
+
+        def assignment(self) -> set[TP]:
+            return {active, promoted, standby}
+
+        async def seek_wait(self, offsets: dict[TP, int]) -> None:
+            if self.refuse:
+                raise IllegalStateError("No current assignment for partition")
+            calls.append(offsets)
+
+    recovery = SimpleNamespace(
+        active_tps={active, promoted, gone},
+        active_offsets={active: 41, promoted: -1, gone: 7},
+        standby_tps={standby},
+        standby_offsets={standby: None},
+    )
+    consumer = FakeConsumer()
+    rewind_changelogs_on_seek(SimpleNamespace(consumer=consumer, tables=SimpleNamespace(recovery=recovery)))
+    await consumer.perform_seek()
+    assert calls == ["streams to committed", {active: 41, promoted: 0, standby: 0}]
+    consumer.refuse = True
+    await consumer.perform_seek()
+    assert calls[2:] == ["streams to committed"]

@@ -28,6 +28,11 @@ Why it is shaped like this (Faust facts it respects):
 * Faust hands each fetched message over through ``wait_first`` (four tasks a message); the consumer's is
   replaced by :func:`~services.segmenter.delivery.quick_delivery`, which finishes a hand-over inline when
   it does not have to wait and takes Faust's path, unchanged, when it does.
+* Faust loses messages in two places when partitions move (seen with a second worker joining, then the first
+  leaving): the end of a recovery seeks the streams with the flow on and then empties their queues, and a
+  batch fetched as a rebalance stops the flow is dropped with only the streams sought back (changelogs have
+  no committed offset: the recovery then waits forever). :func:`~services.segmenter.delivery.
+  seek_before_streams_resume` and :func:`~services.segmenter.delivery.rewind_changelogs_on_seek` close both.
 * Poison bytes (undecodable, wrong type, wrong key, oversized) go to ``dead-letters`` with the original
   bytes and the reason, and processing continues.
 """
@@ -47,7 +52,11 @@ from rollbus.codec import CodecError, encode
 from rollbus.segmentation import Outcome, Segmenter, decode_fact
 from rollbus.topics import DEAD_LETTER_MAX_BYTES, MAX_EVENT_BYTES, dead_letters_for, topic_name
 from services.segmenter.changelog import ChangelogBuffer
-from services.segmenter.delivery import quick_delivery
+from services.segmenter.delivery import (
+    quick_delivery,
+    rewind_changelogs_on_seek,
+    seek_before_streams_resume,
+)
 from services.segmenter.settings import SegmenterSettings
 
 log = logging.getLogger("rollbus.segmenter")
@@ -108,7 +117,9 @@ def build_app(settings: SegmenterSettings, partitions: int) -> faust.App:
     # A commit hands the buffers' changes to Faust's producer buffer at once (a key each, ~2 per rollout in
     # flight); past its default of 100 queued messages Faust stops feeding the agent and warns until it ebbs.
     app.producer.buffer.max_messages = 10_000
-    quick_delivery(app.consumer)  # each message reaches the agent without four tasks of Faust's
+    handover = quick_delivery(app.consumer)  # each message reaches the agent without four tasks of Faust's
+    seek_before_streams_resume(app, handover)  # ...and none is lost when a rebalance resumes the streams
+    rewind_changelogs_on_seek(app)  # ...or when a fetch comes back after a rebalance stopped the flow
     commit_after_changelogs(app, buffers, settings.changelog_timeout)
     raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
     inputs = app.topic(*(topic_name(t, ns) for t in INPUTS), **raw)
