@@ -42,6 +42,16 @@ class Consumer(Service):
         return await self.wait_first(coro, self.suspend_flow.wait())
 
 
+async def put_noting_cancellation(queue: asyncio.Queue, message: str, seen: list[object]) -> str:
+    """A delivery onto ``queue`` that notes in ``seen`` a cancellation where it waited."""
+    try:
+        await queue.put(message)
+    except asyncio.CancelledError:
+        seen.append("cancelled")
+        raise
+    return message
+
+
 async def test_a_delivery_that_need_not_wait_is_finished_inline_and_leaves_nothing_unawaited() -> None:
     consumer, queue = Consumer(), asyncio.Queue(maxsize=4)
 
@@ -84,18 +94,9 @@ async def test_a_suspended_flow_cuts_a_blocked_delivery_short_and_cancels_it() -
     sees a cancellation where it waited, and nothing is put."""
     consumer, queue = Consumer(), asyncio.Queue(maxsize=1)
     queue.put_nowait("full")
-    seen: list[str] = []
-
-    async def put(message: str) -> str:
-        try:
-            await queue.put(message)
-        except asyncio.CancelledError:
-            seen.append("cancelled")
-            raise
-        return message
-
+    seen: list[object] = []
     asyncio.get_running_loop().call_later(0.05, consumer.suspend_flow.set)
-    result = await consumer.deliver(put("m"))
+    result = await consumer.deliver(put_noting_cancellation(queue, "m", seen))
     await asyncio.sleep(0.01)
     assert result.results == [True] and seen == ["cancelled"]  # the suspend_flow waiter won
     assert queue.qsize() == 1 and queue.get_nowait() == "full"
@@ -144,20 +145,12 @@ async def test_the_streams_seek_waits_for_a_stopped_flow_and_the_hand_over_under
     app.tables.recovery = Recovery()
     seek_before_streams_resume(app, consumer.handover)
 
-    async def put(message: str) -> str:
-        try:
-            await queue.put(message)
-        except asyncio.CancelledError:
-            steps.append("delivery cut short")
-            raise
-        return message
-
-    delivery = asyncio.ensure_future(consumer.deliver(put("m")))
+    delivery = asyncio.ensure_future(consumer.deliver(put_noting_cancellation(queue, "m", steps)))
     await asyncio.sleep(0.01)
     assert not consumer.handover.idle.is_set()  # stuck on the full queue
     await app.tables.recovery.on_recovery_completed(7)
     await delivery
-    assert steps == ["delivery cut short", ("completed", 7, True, False, True)]
+    assert steps == ["cancelled", ("completed", 7, True, False, True)]
     assert queue.qsize() == 1 and queue.get_nowait() == "full"
 
 
