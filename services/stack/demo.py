@@ -76,14 +76,15 @@ async def demo(settings: DemoSettings) -> dict[str, int]:
 
 async def rounds(settings: DemoSettings, stack: Stack, supervisor: Supervisor, progress: Progress) -> None:
     """One round per training step: submit the dataset, wait for its step and for the engine to serve it,
-    so every round after the first generates with the policy the previous rounds trained."""
+    so every round after the first generates with the policy the previous rounds trained, and the demo
+    ends with the engine serving the last policy (the trainer publishes it before the push lands)."""
     started = time.monotonic()
     for number in range(1, max(1, settings.steps) + 1):
         await asyncio.to_thread(submit, settings, stack)
         deadline = settings.timeout - (time.monotonic() - started)
         if not await follow(settings, progress, deadline, steps=number if settings.steps else 0):
             return
-        if settings.steps and number < settings.steps:
+        if settings.steps:  # the last round's too: the demo ends serving the policy it trained
             await wait_served(stack, number, deadline)
 
 
