@@ -81,8 +81,9 @@ async def publish(bootstrap: str, topics: dict[str, str], events: Iterable[Event
 async def read_all(
     bootstrap: str, topic: str, *, until: int | None = None, timeout: float = 60.0, worker: Any = None
 ) -> list[Any]:
-    """Decoded records of ``topic`` from the beginning: once ``until`` arrived (then a little more, so that
-    duplicates show), or, with ``until`` None, what is there now. Fails fast if ``worker`` died."""
+    """Decoded records of ``topic`` from the beginning: once ``until`` distinct ones arrived (a segment counts
+    once per id: after a crash its duplicates are no progress), then a little more so that duplicates show;
+    or, with ``until`` None, what is there now. Fails fast if ``worker`` died."""
     consumer = AIOKafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
@@ -104,7 +105,7 @@ async def read_all(
                 records += [decode(m.value).record for m in messages]
             if until is None and not batch:
                 break
-            if until is not None and len(records) >= until:
+            if until is not None and distinct(records) >= until:
                 await asyncio.sleep(0.5)  # let strays (duplicates) arrive too
                 batch = await consumer.getmany(timeout_ms=300)
                 records += [decode(m.value).record for ms in batch.values() for m in ms]
@@ -121,6 +122,12 @@ async def wait_for(predicate: Any, timeout: float = 60.0, what: str = "condition
             return
         await asyncio.sleep(0.3)
     raise AssertionError(f"timed out waiting for {what}:\n{log()[-6000:]}")
+
+
+def distinct(records: list[Any]) -> int:
+    """How many records differ: segments by id, anything else each."""
+    ids = {r["segment_id"] for r in records if isinstance(r, dict) and "segment_id" in r}
+    return len(ids) + sum(1 for r in records if not (isinstance(r, dict) and "segment_id" in r))
 
 
 def unique_segments(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
