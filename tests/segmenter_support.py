@@ -126,8 +126,7 @@ async def wait_for(predicate: Any, timeout: float = 60.0, what: str = "condition
 
 def distinct(records: list[Any]) -> int:
     """How many records differ: segments by id, anything else each."""
-    ids = {r["segment_id"] for r in records if isinstance(r, dict) and "segment_id" in r}
-    return len(ids) + sum(1 for r in records if not (isinstance(r, dict) and "segment_id" in r))
+    return len({record.get("segment_id", index) for index, record in enumerate(records)})
 
 
 def unique_segments(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

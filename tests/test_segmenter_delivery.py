@@ -1,7 +1,7 @@
 """quick_delivery: Faust's per-message hand-over finished inline when it need not wait, Faust's own path
 (cut short by a suspended flow) when it must; the same results, exceptions and cancellations either way.
 seek_before_streams_resume: the end of a recovery (the streams' seek) waits for a stopped flow and for the
-hand-over under way to end."""
+hand-over under way to end. rewind_changelogs_on_seek: a seek to committed offsets also rewinds changelogs."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ import warnings
 from types import SimpleNamespace
 
 import pytest
+from aiokafka.errors import IllegalStateError
+from faust.types import TP
 from mode import Service
 from mode.utils.locks import Event
 from mode.utils.queues import FlowControlEvent
 
-from services.segmenter.delivery import quick_delivery, seek_before_streams_resume
+from services.segmenter.delivery import quick_delivery, rewind_changelogs_on_seek, seek_before_streams_resume
 
 
 class Consumer(Service):
@@ -32,7 +34,7 @@ class Consumer(Service):
             return await original(*coros, timeout=timeout)
 
         self.wait_first = counted
-        self.handover = quick_delivery(self)
+        self.idle = quick_delivery(self)
 
     def stop_flow(self) -> None:
         self.suspend_flow.set()
@@ -139,15 +141,15 @@ async def test_the_streams_seek_waits_for_a_stopped_flow_and_the_hand_over_under
     class Recovery:
         async def on_recovery_completed(self, generation_id: int = 0) -> None:
             steps.append(("completed", generation_id, consumer.suspend_flow.is_set(),
-                          app.flow_control.is_active(), consumer.handover.idle.is_set()))  # fmt: skip
+                          app.flow_control.is_active(), consumer.idle.is_set()))  # fmt: skip
 
     app = SimpleNamespace(consumer=consumer, flow_control=FlowControlEvent(), tables=SimpleNamespace())
     app.tables.recovery = Recovery()
-    seek_before_streams_resume(app, consumer.handover)
+    seek_before_streams_resume(app, consumer.idle)
 
     delivery = asyncio.ensure_future(consumer.deliver(put_noting_cancellation(queue, "m", steps)))
     await asyncio.sleep(0.01)
-    assert not consumer.handover.idle.is_set()  # stuck on the full queue
+    assert not consumer.idle.is_set()  # stuck on the full queue
     await app.tables.recovery.on_recovery_completed(7)
     await delivery
     assert steps == ["cancelled", ("completed", 7, True, False, True)]
@@ -163,7 +165,7 @@ async def test_without_a_hand_over_under_way_the_streams_seek_follows_at_once() 
 
     app = SimpleNamespace(consumer=consumer, flow_control=FlowControlEvent(), tables=SimpleNamespace())
     app.tables.recovery = Recovery()
-    seek_before_streams_resume(app, consumer.handover)
+    seek_before_streams_resume(app, consumer.idle)
     await asyncio.wait_for(app.tables.recovery.on_recovery_completed(), timeout=1)
     assert ran == [0] and consumer.suspend_flow.is_set()
 
@@ -173,11 +175,6 @@ async def test_a_seek_to_committed_offsets_also_rewinds_changelogs_to_what_their
     changelog partitions have none of: they go back to the recovery's applied offsets (re-reading is
     idempotent), never -1, only where assigned, and a seek the assignment refused is left to the next
     recovery."""
-    from aiokafka.errors import IllegalStateError
-    from faust.types import TP
-
-    from services.segmenter.delivery import rewind_changelogs_on_seek
-
     active, promoted, standby, gone = (TP("rollouts-changelog", p) for p in range(4))
     calls: list[object] = []
 

@@ -117,8 +117,8 @@ def build_app(settings: SegmenterSettings, partitions: int) -> faust.App:
     # A commit hands the buffers' changes to Faust's producer buffer at once (a key each, ~2 per rollout in
     # flight); past its default of 100 queued messages Faust stops feeding the agent and warns until it ebbs.
     app.producer.buffer.max_messages = 10_000
-    handover = quick_delivery(app.consumer)  # each message reaches the agent without four tasks of Faust's
-    seek_before_streams_resume(app, handover)  # ...and none is lost when a rebalance resumes the streams
+    delivery_idle = quick_delivery(app.consumer)  # each message reaches the agent without four Faust tasks
+    seek_before_streams_resume(app, delivery_idle)  # ...and none is lost when a rebalance resumes the streams
     rewind_changelogs_on_seek(app)  # ...or when a fetch comes back after a rebalance stopped the flow
     commit_after_changelogs(app, buffers, settings.changelog_timeout)
     raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}

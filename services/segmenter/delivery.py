@@ -21,47 +21,37 @@ from aiokafka.errors import IllegalStateError
 from mode.services import WaitResults
 
 
-class Handover:
-    """Whether the fetcher is handing a message over: set while none is (``idle``)."""
-
-    def __init__(self) -> None:
-        self.idle = asyncio.Event()
-        self.idle.set()
-
-
-def quick_delivery(consumer: Any) -> Handover:
+def quick_delivery(consumer: Any) -> asyncio.Event:
     """Give ``consumer`` (a Faust consumer) a ``wait_first`` that finishes a delivery inline when it can;
-    the returned :class:`Handover` tells when no delivery is under way."""
+    the returned event is set while no delivery is under way."""
     original = consumer.wait_first
     suspend_flow = consumer.suspend_flow
-    handover = Handover()
+    idle = asyncio.Event()
+    idle.set()
 
     async def wait_first(*coros: Any, timeout: float | None = None) -> WaitResults:
-        handover.idle.clear()
+        idle.clear()
         try:
-            return await deliver(*coros, timeout=timeout)
+            if len(coros) != 2 or suspend_flow.is_set() or not inspect.iscoroutine(coros[0]):
+                return await original(*coros, timeout=timeout)
+            delivery, suspended = coros
+            try:
+                yielded = delivery.send(None)
+            except BaseException as finished:
+                if inspect.iscoroutine(suspended):
+                    suspended.close()  # never started: nothing to cancel
+                if isinstance(finished, StopIteration):
+                    return WaitResults([delivery], [finished.value], False)
+                raise
+            return await original(resume(delivery, yielded), suspended, timeout=timeout)
         finally:
-            handover.idle.set()
-
-    async def deliver(*coros: Any, timeout: float | None) -> WaitResults:
-        if len(coros) != 2 or suspend_flow.is_set() or not inspect.iscoroutine(coros[0]):
-            return await original(*coros, timeout=timeout)
-        delivery, suspended = coros
-        try:
-            yielded = delivery.send(None)
-        except BaseException as finished:
-            if inspect.iscoroutine(suspended):
-                suspended.close()  # never started: nothing to cancel
-            if isinstance(finished, StopIteration):
-                return WaitResults([delivery], [finished.value], False)
-            raise
-        return await original(resume(delivery, yielded), suspended, timeout=timeout)
+            idle.set()
 
     consumer.wait_first = wait_first
-    return handover
+    return idle
 
 
-def seek_before_streams_resume(app: Any, handover: Handover) -> None:
+def seek_before_streams_resume(app: Any, delivery_idle: asyncio.Event) -> None:
     """Stop the flow of messages while Faust resumes the stream partitions after a recovery and seeks them
     to their committed offsets.
 
@@ -81,7 +71,7 @@ def seek_before_streams_resume(app: Any, handover: Handover) -> None:
     async def on_recovery_completed(generation_id: int = 0) -> None:
         app.consumer.stop_flow()
         app.flow_control.suspend()
-        await handover.idle.wait()
+        await delivery_idle.wait()
         await completed(generation_id)
 
     recovery.on_recovery_completed = on_recovery_completed
