@@ -209,9 +209,24 @@ def _varint_values(data: np.ndarray, ends: np.ndarray) -> np.ndarray:
 Blocks = tuple[tuple[int, int, int], ...]  # an array's blocks: (item count, first item byte, end byte)
 
 
-def _locate_numbers(data: bytes, array: np.ndarray, pos: int, items: str) -> tuple[Blocks, int]:
+def _varints_end(stops: np.ndarray, pos: int, count: int) -> int:
+    """The position after ``count`` Avro longs from ``pos``, given ``stops``: the positions of every byte of
+    the message below 0x80 (where a varint ends), found once for all its arrays. Raises as
+    :func:`_varint_ends` does."""
+    first = int(np.searchsorted(stops, pos))
+    last = first + count - 1
+    if last >= len(stops):
+        raise EOFError(f"an array of {count} numbers runs past the end of the message")
+    end = int(stops[last])
+    if stops[first] - pos >= 10 or (end - pos >= count + 9 and np.diff(stops[first : last + 1]).max() > 10):
+        raise ValueError("a varint is longer than 10 bytes")  # (a span under count + 9 bytes has none)
+    return end + 1
+
+
+def _locate_numbers(data: bytes, stops: np.ndarray, pos: int, items: str) -> tuple[Blocks, int]:
     """Where an Avro array of numbers lies (any number of blocks, a negative count carrying its byte size),
-    checked as decoding it would check it but not decoded: (its blocks, the position after it)."""
+    checked as decoding it would check it but not decoded: (its blocks, the position after it). ``stops``:
+    see :func:`_varints_end`."""
     blocks = []
     while True:
         count, pos = _read_long(data, pos)
@@ -225,7 +240,7 @@ def _locate_numbers(data: bytes, array: np.ndarray, pos: int, items: str) -> tup
             if end > len(data):
                 raise EOFError(f"an array of {count} {items}s runs past the end of the message")
         else:
-            end = pos + int(_varint_ends(array, pos, count)[-1]) + 1
+            end = _varints_end(stops, pos, count)
         blocks.append((count, pos, end))
         pos = end
 
@@ -260,7 +275,10 @@ def _vouch(value: Any, items: str) -> np.ndarray | None:
     """``value`` as a numpy array if a C-speed check shows it valid for ``array<items>`` as fastavro's
     validator would judge it (ints, not bools, in range; ints or floats for float/double, a float within
     32 bits); None means "not sure": the caller then runs the full validation, which decides and names the
-    problem, and fastavro writes the field."""
+    problem, and fastavro writes the field. A numpy array (what the segmenter stitches) is judged by its
+    dtype and range, so none of its items becomes a Python object."""
+    if isinstance(value, np.ndarray):
+        return _vouch_array(value, items)
     if type(value) is not list:
         return None
     types = set(map(type, value))
@@ -279,6 +297,22 @@ def _vouch(value: Any, items: str) -> np.ndarray | None:
         array = np.asarray(value, dtype="<f4" if items == "float" else "<f8")
     except OverflowError:
         return None
+    return None if items == "float" and np.isinf(array).any() else array
+
+
+def _vouch_array(value: np.ndarray, items: str) -> np.ndarray | None:
+    """:func:`_vouch` for a one-dimensional numpy array: integer dtypes for ints, integer or float dtypes for
+    float/double (never bool); None sends it, as a list, to the full validation."""
+    kind = value.dtype.kind
+    if value.ndim != 1 or kind not in ("iu" if items in _INT_RANGES else "iuf"):
+        return None
+    if items in _INT_RANGES:
+        if kind == "u" and len(value) and int(value.max()) > _INT_RANGES["long"][1]:
+            return None
+        array = value.astype(np.int64, copy=False)
+        low, high = _INT_RANGES[items]
+        return array if not len(array) or (low <= array.min() and array.max() <= high) else None
+    array = value.astype("<f4" if items == "float" else "<f8", copy=False)
     return None if items == "float" and np.isinf(array).any() else array
 
 
@@ -428,11 +462,15 @@ class Codec:
         _check_consumed(event_type, version, body, data)
         return Scanned(event_type, version, record, data, arrays, writer.field_names)
 
-    def decode_many(self, messages: Sequence[bytes | bytearray | memoryview]) -> list[Decoded]:
+    def decode_many(
+        self, messages: Sequence[bytes | bytearray | memoryview], *, arrays: bool = False
+    ) -> list[Decoded]:
         """``[decode(m) for m in messages]``, with every array of numbers of every message decoded in one
-        numpy pass per item type: a rollout's turns cost a few passes, not a few per turn."""
+        numpy pass per item type: a rollout's turns cost a few passes, not a few per turn. ``arrays`` leaves
+        those arrays as numpy arrays (int64, or the float type's width) instead of lists: no Python object
+        per item, for a reader that computes on them (messages of older schema versions still give lists)."""
         scans = [self.scan(m) for m in messages]
-        records = iter(_materialize([s for s in scans if s.arrays]))
+        records = iter(_materialize([s for s in scans if s.arrays], arrays=arrays))
         return [Decoded(s.event_type, s.schema_version, next(records) if s.arrays else s.record)
                 for s in scans]  # fmt: skip
 
@@ -463,6 +501,9 @@ class Codec:
                              f"that schema v{current.version} does not define")
         arrays = {n: _vouch(datum[n], items) for n, items in current.number_arrays if n in datum}
         vouched = {n: array for n, array in arrays.items() if array is not None}
+        for name in arrays.keys() - vouched.keys():  # judged, and written, as the list it holds
+            if isinstance(datum[name], np.ndarray):
+                datum[name] = datum[name].tolist()
         try:  # the validator walks every element in Python: it only sees the arrays nobody vouched for
             validate({**datum, **dict.fromkeys(vouched, [])}, current.parsed, raise_errors=True)
         except ValidationError as exc:
@@ -477,25 +518,27 @@ def _scan_plan(data: bytes, body: io.BytesIO, schema: _Schema) -> tuple[dict[str
     numbers only located and checked (see :func:`_locate_numbers`)."""
     record: dict[str, Any] = {}
     spans = []
-    array = np.frombuffer(data, np.uint8)
+    stops = np.flatnonzero(np.frombuffer(data, np.uint8) < 0x80)  # where every varint of the message ends
     for step in schema.plan:
         if step[0] == "run":
             record.update(fastavro.schemaless_reader(body, step[1], None))
         else:
-            blocks, end = _locate_numbers(data, array, body.tell(), step[2])
+            blocks, end = _locate_numbers(data, stops, body.tell(), step[2])
             spans.append((step[1], step[2], blocks))
             body.seek(end)
     return record, tuple(spans)
 
 
-def _materialize(scans: list[Scanned]) -> list[dict[str, Any]]:
+def _materialize(scans: list[Scanned], *, arrays: bool = False) -> list[dict[str, Any]]:
     """Records with every located array decoded: one numpy pass per item type over all ``scans`` (a
-    rollout's turn bodies decode in a few passes, not a few per turn), fields in the schema's order."""
+    rollout's turn bodies decode in a few passes, not a few per turn), fields in the schema's order; as
+    lists, or as numpy arrays with ``arrays``."""
     by_items: dict[str, list[tuple[bytes, Blocks]]] = {}
     for scan in scans:
         for _, items, blocks in scan.arrays:
             by_items.setdefault(items, []).append((scan.data, blocks))
-    values = {items: iter(_split(_numbers(items, pieces).tolist(), pieces))
+    values = {items: iter(_split(_numbers(items, pieces) if arrays else _numbers(items, pieces).tolist(),
+                                 pieces))
               for items, pieces in by_items.items()}  # fmt: skip
     records = []
     for scan in scans:
@@ -504,7 +547,7 @@ def _materialize(scans: list[Scanned]) -> list[dict[str, Any]]:
     return records
 
 
-def _split(values: list[Any], pieces: list[tuple[bytes, Blocks]]) -> Iterator[list[Any]]:
+def _split(values: Any, pieces: list[tuple[bytes, Blocks]]) -> Iterator[Any]:
     """``values`` cut back into the arrays of ``pieces``, in order."""
     start = 0
     for _, blocks in pieces:
@@ -548,8 +591,8 @@ def decode(data: bytes | bytearray | memoryview) -> Decoded:
     return default_codec().decode(data)
 
 
-def decode_many(messages: Sequence[bytes | bytearray | memoryview]) -> list[Decoded]:
-    return default_codec().decode_many(messages)
+def decode_many(messages: Sequence[bytes | bytearray | memoryview], *, arrays: bool = False) -> list[Decoded]:
+    return default_codec().decode_many(messages, arrays=arrays)
 
 
 def scan(data: bytes | bytearray | memoryview) -> Scanned:

@@ -31,14 +31,14 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from rollbus.codec import CodecError, Scanned, decode_many, scan
+from rollbus.codec import CodecError, Scanned, decode_many, encode, scan
 from rollbus.topics import MAX_EVENT_BYTES, spec_for, split_name
-from rollbus.trajectory import ChainBroken, ChainTokens, FrozenChain, LossScope, Segment, fan_out
+from rollbus.trajectory import ChainBroken, ChainTokens, FrozenChain, LossScope, Segment, fan_out, trains
 from rollbus.turn_log import (
     ConflictingTurn,
     TurnKey,
     UnresolvedTurn,
-    chain_tokens,
+    chain_arrays,
     describe,
     resolve_turns,
     turn_digest,
@@ -418,7 +418,9 @@ def cut(
     """The complete rollout's ``segment`` records. Raises UnresolvedTurn/ChainBroken on a bad chain.
 
     ``bodies`` gives the turn records of a list of turn keys, all asked at once (so a reader of raw
-    bytes decodes a rollout's turns in one batch).
+    bytes decodes a rollout's turns in one batch). Canonical chains are cut as numpy arrays
+    (:func:`~rollbus.turn_log.chain_arrays`): the records' token fields are arrays, which the codec
+    encodes as it encodes lists.
 
     ``loss_scope`` is the default; a reward that names its own (``details.loss_scope``) wins, so one
     segmenter serves coding-agent rollouts and gym episodes run with ``--loss-scope last_turn``.
@@ -442,8 +444,8 @@ def cut(
             rerendered = FrozenChain(kind, resolve_turns(records), "rerender", chain_id)  # type: ignore[arg-type]
             sequences = rerendered.sequences()
         else:
-            tokens = chain_tokens(records)
-            sequences = [tokens] if any(tokens.loss_mask) else []
+            tokens = chain_arrays(records)
+            sequences = [tokens] if trains(tokens) else []
         chains.append(_Stitched(kind, chain_id, sequences))
     segments = fan_out(chains, state.rollout_id, reward["reward"], loss_scope=loss_scope)
     return [segment_record(s, state, attempt) for s in segments]
@@ -515,11 +517,13 @@ class Options:
 
 @dataclass
 class Outcome:
-    """What handling one event produced. ``segments`` must be acknowledged before :meth:`Segmenter.settle`."""
+    """What handling one event produced. ``segments`` (records, and ``messages``, the same encoded) must be
+    acknowledged before :meth:`Segmenter.settle`."""
 
     rollout_id: str
     verdict: str
     segments: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[bytes] = field(default_factory=list)
     dead_letter: str | None = None
     finished: Status | None = None  # the state to settle into once outputs are out
 
@@ -528,8 +532,9 @@ Decoder = Callable[[list[bytes]], Sequence[Mapping[str, Any]]]
 
 
 def decode_records(messages: list[bytes]) -> list[dict[str, Any]]:
-    """Turn bodies -> records, their token arrays decoded in one numpy pass for all of them."""
-    return [decoded.record for decoded in decode_many(messages)]
+    """Turn bodies -> records, their token arrays decoded in one numpy pass for all of them, kept as numpy
+    arrays (stitched and encoded without a Python int per token)."""
+    return [decoded.record for decoded in decode_many(messages, arrays=True)]
 
 
 def body_key(rollout_id: str, key: TurnKey) -> str:
@@ -625,7 +630,10 @@ class Segmenter:
             outcome.segments = cut(
                 state, bodies, loss_scope=self.options.loss_scope, history_mode=self.options.history_mode
             )
-        except (UnresolvedTurn, ChainBroken, ValueError, KeyError) as error:
+            outcome.messages = [encode("segment", segment) for segment in outcome.segments]
+        except (UnresolvedTurn, ChainBroken, ValueError, KeyError, OverflowError) as error:
+            # a segment the codec refuses (a token id out of range in a turn) is as bad as a broken chain
+            outcome.segments, outcome.messages = [], []
             kill(state, f"cannot cut segments: {type(error).__name__}: {error}")
             outcome.dead_letter = f"rollout {state.rollout_id} dead-lettered: {state.reason}"
             outcome.finished = "dead"

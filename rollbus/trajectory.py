@@ -23,6 +23,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, TypeVar
 
+import numpy as np
+
 log = logging.getLogger(__name__)
 
 CONTEXT_VERSION = -1
@@ -51,6 +53,9 @@ class ChainTokens:
     ``output_spans`` holds ``(start, end)`` of each sampled output still trained, in response
     coordinates, oldest first: what ``last_turn`` loss scope needs. ``misaligned_tokens`` counts sampled
     tokens left untrained (mask 0) because their turn's logprobs did not line up with its ids.
+
+    Built turn by turn, the fields are lists. :func:`rollbus.turn_log.chain_arrays` builds a finished one
+    whose fields are numpy arrays (ids and versions int64, logprobs float32, mask uint8), never appended to.
     """
 
     prompt_ids: list[int]
@@ -75,11 +80,7 @@ class ChainTokens:
             return
         logprobs = list(turn.output_logprobs)
         mask = 1
-        if len(logprobs) != len(ids):
-            log.warning(
-                "turn %s of chain %s has %d logprobs for %d output tokens; not training them",
-                turn.turn_index, turn.chain_id, len(logprobs), len(ids),
-            )
+        if not aligned(len(ids), len(logprobs), turn.turn_index, turn.chain_id):
             logprobs, mask = [0.0] * len(ids), 0
             self.misaligned_tokens += len(ids)
         start = len(self.response_ids)
@@ -103,6 +104,18 @@ class ChainTokens:
         del self.loss_mask[length:]
         del self.rollout_logprobs[length:]
         del self.policy_versions[length:]
+
+
+def aligned(outputs: int, logprobs: int, turn_index: int | None, chain_id: str | None) -> bool:
+    """Whether a turn's ``logprobs`` line up with its ``outputs`` ids; a turn whose do not is logged (its
+    output is kept as context, untrained: a made-up logprob would corrupt the importance ratio)."""
+    if logprobs == outputs:
+        return True
+    log.warning(
+        "turn %s of chain %s has %d logprobs for %d output tokens; not training them",
+        turn_index, chain_id, logprobs, outputs,
+    )
+    return False
 
 
 T = TypeVar("T", bound=ChainTokens)
@@ -174,7 +187,7 @@ def merge_turns_all(turns: Iterable[Turn]) -> list[ChainTokens]:
         current.append_output(turn)
     if current is not None:
         sequences.append(current)
-    return [s for s in sequences if any(s.loss_mask)]
+    return [s for s in sequences if trains(s)]
 
 
 def merge_turns(turns: Iterable[Turn], *, loss_scope: LossScope = "all_turns") -> ChainTokens | None:
@@ -183,15 +196,24 @@ def merge_turns(turns: Iterable[Turn], *, loss_scope: LossScope = "all_turns") -
     return apply_loss_scope(sequences[-1], loss_scope) if sequences else None
 
 
+def trains(tokens: ChainTokens) -> bool:
+    """Whether any token of ``tokens`` carries loss (lists or numpy arrays alike)."""
+    mask = tokens.loss_mask
+    return bool(mask.any()) if isinstance(mask, np.ndarray) else any(mask)
+
+
 def apply_loss_scope(tokens: T, scope: LossScope) -> T:
-    """``all_turns`` trains every kept output; ``last_turn`` only the last one (returns a copy)."""
+    """``all_turns`` trains every kept output; ``last_turn`` only the last one (returns a copy). Tokens held
+    as lists or as numpy arrays (:func:`rollbus.turn_log.chain_arrays`) keep their representation."""
     if scope == "all_turns":
         return tokens
     if scope != "last_turn":
         raise ValueError(f"unknown loss scope {scope!r}")
     keep = tokens.output_spans[-1:] if tokens.output_spans else []
-    mask = [0] * len(tokens.loss_mask)
-    logprobs = [0.0] * len(tokens.rollout_logprobs)
+    if isinstance(tokens.loss_mask, np.ndarray):
+        mask, logprobs = np.zeros_like(tokens.loss_mask), np.zeros_like(tokens.rollout_logprobs)
+    else:
+        mask, logprobs = [0] * len(tokens.loss_mask), [0.0] * len(tokens.rollout_logprobs)
     for start, end in keep:
         mask[start:end] = tokens.loss_mask[start:end]
         logprobs[start:end] = tokens.rollout_logprobs[start:end]
@@ -229,7 +251,7 @@ class FrozenChain:
             return []
         if self.history_mode == "canonical":
             tokens = segment_chain(self.turns)
-            return [tokens] if any(tokens.loss_mask) else []
+            return [tokens] if trains(tokens) else []
         return merge_turns_all(self.turns)
 
 

@@ -13,8 +13,10 @@ from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from rollbus.codec import Scanned, number_bytes
-from rollbus.trajectory import ChainTokens, FrozenChain, Turn, segment_chain
+from rollbus.trajectory import CONTEXT_VERSION, ChainTokens, FrozenChain, Turn, aligned, segment_chain
 
 TurnKey = tuple[str, str, int]  # (attempt_id, chain_id, turn_index): a turn's identity within its rollout
 
@@ -174,13 +176,7 @@ def chain_tokens(records: Sequence[Mapping[str, Any]]) -> ChainTokens:
     the chain's tokens, no prompt is ever resolved. Any other shape falls back to resolving and
     :func:`~rollbus.trajectory.segment_chain`. Equal to ``segment_chain(resolve_turns(records))``.
     """
-    if not records:
-        raise ValueError("a chain needs at least one turn")
-    linked = records[0]["prompt_ref_turn"] is None and all(
-        later["prompt_ref_turn"] == earlier["turn_index"]
-        for earlier, later in zip(records, records[1:], strict=False)
-    )
-    if not linked:
+    if not _linked(records):
         return segment_chain(resolve_turns(records))
     first = records[0]
     check_prompt_tokens(turn_key(first), len(first["prompt_ids"]), first["prompt_tokens"])
@@ -193,6 +189,64 @@ def chain_tokens(records: Sequence[Mapping[str, Any]]) -> ChainTokens:
         tokens.append_output(_turn_view(record))
         stream = len(tokens.prompt_ids) + len(tokens.response_ids)
     return tokens
+
+
+def _linked(records: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether every turn after the first refers to the one before it (what a canonical writer sends)."""
+    if not records:
+        raise ValueError("a chain needs at least one turn")
+    return records[0]["prompt_ref_turn"] is None and all(
+        later["prompt_ref_turn"] == earlier["turn_index"]
+        for earlier, later in zip(records, records[1:], strict=False)
+    )
+
+
+def chain_arrays(records: Sequence[Mapping[str, Any]]) -> ChainTokens:
+    """:func:`chain_tokens` as numpy arrays (ids and versions int64, logprobs float32, mask uint8): what the
+    segmenter cuts, so no token of a linked chain ever becomes a Python object. The records' token arrays
+    may be lists or numpy arrays (``decode_many(..., arrays=True)``). Equal, item for item, to
+    :func:`chain_tokens`; a chain that is not linked is stitched by it, then converted."""
+    if not _linked(records):
+        tokens = chain_tokens(records)
+        pieces = [(tokens.response_ids, tokens.loss_mask, tokens.rollout_logprobs, tokens.policy_versions)]
+        return _arrays(tokens.prompt_ids, pieces, tokens.output_spans, tokens.misaligned_tokens)
+    first = records[0]
+    prompt = np.asarray(first["prompt_ids"], np.int64)
+    check_prompt_tokens(turn_key(first), len(prompt), first["prompt_tokens"])
+    pieces: list[tuple[Any, Any, Any, Any]] = []
+    spans, length, misaligned = [], 0, 0  # length: of the response so far
+    for index, record in enumerate(records):
+        if index:
+            context = np.asarray(record["prompt_ids"], np.int64)
+            length += len(context)
+            check_prompt_tokens(turn_key(record), len(prompt) + length, record["prompt_tokens"])
+            pieces.append((context, np.zeros(len(context), np.uint8), np.zeros(len(context), np.float32),
+                           np.full(len(context), CONTEXT_VERSION, np.int64)))  # fmt: skip
+        output, logprobs = record["output_ids"], record["output_logprobs"]
+        count = len(output)
+        if not count:
+            continue
+        trained = aligned(count, len(logprobs), record["turn_index"], record["chain_id"])
+        if not trained:
+            logprobs, misaligned = np.zeros(count, np.float32), misaligned + count
+        pieces.append((output, np.full(count, int(trained), np.uint8), logprobs,
+                       np.full(count, record["policy_version"], np.int64)))  # fmt: skip
+        spans.append((length, length + count))
+        length += count
+    return _arrays(prompt, pieces, spans, misaligned)
+
+
+def _arrays(prompt: Any, pieces: list[tuple[Any, Any, Any, Any]], spans: list[tuple[int, int]],
+            misaligned: int) -> ChainTokens:  # fmt: skip
+    """A ChainTokens of numpy arrays from its prompt and its response's pieces (ids, mask, logprobs,
+    versions), each field concatenated once."""
+    dtypes = (np.int64, np.uint8, np.float32, np.int64)
+    fields = [
+        np.concatenate([np.asarray(piece[i], dtype) for piece in pieces]) if pieces else np.empty(0, dtype)
+        for i, dtype in enumerate(dtypes)
+    ]
+    return ChainTokens(np.asarray(prompt, np.int64), *fields, output_spans=spans,  # type: ignore[arg-type]
+                       misaligned_tokens=misaligned)  # fmt: skip
 
 
 def _turn_view(record: Mapping[str, Any]) -> Turn:

@@ -15,6 +15,7 @@ from tests.avro_strategies import records
 from tests.event_samples import SAMPLES, segment, turn
 
 SEGMENT_TOKENS = 96_000
+NUMBERS = ("int", "long", "float", "double")
 
 
 def test_event_types_match_the_topic_catalogue():
@@ -204,6 +205,48 @@ def test_a_bad_number_in_a_long_array_is_still_named(value, shown):
         codec.encode("segment", record)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    ids=st.lists(st.integers(-(2**31), 2**31 - 1), max_size=40),
+    versions=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=20),
+    logprobs=st.lists(st.floats(width=32, allow_nan=False), max_size=20),
+    id_type=st.sampled_from(["int64", "int32", "uint32"]),
+    logprob_type=st.sampled_from(["float32", "float64"]),
+)
+def test_numpy_arrays_encode_as_the_lists_they_hold(ids, versions, logprobs, id_type, logprob_type):
+    """The segmenter hands the codec numpy arrays: any integer dtype for ids, any float dtype for logprobs,
+    the same bytes as the lists (an id a dtype cannot hold is left out of that draw)."""
+    import numpy as np
+
+    ids = [i for i in ids if np.iinfo(id_type).min <= i <= np.iinfo(id_type).max]
+    lists = {**SAMPLES["segment"], "response_ids": ids, "policy_versions": versions,
+             "rollout_logprobs": logprobs, "loss_mask": bytes(len(ids))}  # fmt: skip
+    arrays = {**lists, "response_ids": np.array(ids, id_type),
+              "policy_versions": np.array(versions, np.int64),
+              "rollout_logprobs": np.array(logprobs, logprob_type)}  # fmt: skip
+    assert codec.encode("segment", arrays) == codec.encode("segment", lists)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "shown"),
+    [("response_ids", "np.array([1, 2**31])", "got int 2147483648"),
+     ("response_ids", "np.array([True, False])", "got bool True"),
+     ("response_ids", "np.array([1.0, 2.5])", "got float 1.0"),
+     ("response_ids", "np.array([[1, 2]])", "got list \\[1, 2\\]"),
+     ("policy_versions", "np.array([2**64 - 1], np.uint64)", "got int 18446744073709551615"),
+     ("rollout_logprobs", "np.array(['a'])", "got str 'a'")],
+    ids=["int32-overflow", "bools", "floats-as-ids", "two-dimensional", "uint64-overflow", "strings"],
+)
+def test_a_numpy_array_the_codec_cannot_vouch_for_is_judged_as_its_list(field, value, shown):
+    """Never a silent cast: an array whose dtype or range does not fit is validated item by item, and the
+    error names the field and the first bad item, as for a list."""
+    import numpy as np
+
+    record = {**SAMPLES["segment"], field: eval(value, {"np": np})}
+    with pytest.raises(CodecError, match=rf"^segment record .*'{field}': {shown}"):
+        codec.encode("segment", record)
+
+
 def test_tuples_and_other_sequences_still_encode_through_fastavro():
     record = {**SAMPLES["segment"], "response_ids": (1, 2, 3), "loss_mask": b"\x01\x01\x00"}
     assert codec.decode(codec.encode("segment", record)).record["response_ids"] == [1, 2, 3]
@@ -307,6 +350,21 @@ def test_decode_many_is_decode_one_by_one(data, count):
                                max_size=count))  # fmt: skip
     messages = [codec.encode(kind, data.draw(records(codec.schema(kind)))) for kind in kinds]
     assert codec.decode_many(messages) == [SLOW.decode(m) for m in messages]
+    as_arrays = codec.decode_many(messages, arrays=True)  # numbers as numpy arrays, everything else alike
+    assert [_listed(d) for d in as_arrays] == [SLOW.decode(m) for m in messages]
+
+
+def _listed(decoded: Decoded) -> Decoded:
+    """``decoded`` with every numpy array (int64 ids, float32/64 logprobs) turned back into a list."""
+    import numpy as np
+
+    record = {name: value.tolist() if isinstance(value, np.ndarray) else value
+              for name, value in decoded.record.items()}  # fmt: skip
+    arrays = [v for v in decoded.record.values() if isinstance(v, np.ndarray)]
+    assert all(v.dtype in (np.int64, np.float32, np.float64) for v in arrays)
+    assert bool(arrays) == any(isinstance(f["type"], dict) and f["type"].get("items") in NUMBERS
+                               for f in codec.schema(decoded.event_type)["fields"])  # fmt: skip
+    return Decoded(decoded.event_type, decoded.schema_version, record)
 
 
 def test_scan_and_decode_many_read_split_blocks_and_older_versions():

@@ -3,15 +3,18 @@ segments (those fan_out cuts from the writer's own chains); conflicts, late even
 
 from __future__ import annotations
 
+import io
 import random
+from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollbus.codec import decode, encode
-from rollbus.events import spec
+from rollbus.codec import HEADER, MAGIC, decode, decode_many, encode, schema
+from rollbus.events import EVENT_TYPES, spec
 from rollbus.segmentation import (
     FACT_KINDS,
     Fact,
@@ -22,8 +25,8 @@ from rollbus.segmentation import (
     decode_fact,
     segment_id,
 )
-from rollbus.trajectory import fan_out
-from rollbus.turn_log import ConflictingTurn, TurnResolver, chain_tokens, resolve_turns
+from rollbus.trajectory import ChainBroken, ChainTokens, apply_loss_scope, fan_out, trains
+from rollbus.turn_log import ConflictingTurn, TurnResolver, chain_arrays, chain_tokens, resolve_turns
 from tests.synthetic_rollouts import Event, RolloutWriter, simple_rollout
 
 TOPIC_EVENT = {e.topic: e.event_type for e in (spec("turn"), spec("session"), spec("diff"), spec("reward"))}
@@ -31,13 +34,16 @@ TOPIC_EVENT = {e.topic: e.event_type for e in (spec("turn"), spec("session"), sp
 
 def run(events: list[Event], segmenter: Segmenter | None = None) -> tuple[Segmenter, list[dict], list[str]]:
     """Feed events (at = position) through a dict-backed segmenter as the worker does (read off the wire by
-    :func:`decode_fact`: turns scanned, not decoded); segments and dead-letter reasons."""
+    :func:`decode_fact`: turns scanned, not decoded); segments as published (decoded from the outcome's
+    messages) and dead-letter reasons."""
     segmenter = segmenter or Segmenter({}, {})
     segments, dead = [], []
     for at, (topic, record) in enumerate(events):
-        raw = encode(TOPIC_EVENT[topic], record)
-        outcome = segmenter.handle(decode_fact(topic, raw, record["rollout_id"].encode(), at), raw)
-        segments += outcome.segments
+        raw = record if isinstance(record, bytes) else encode(TOPIC_EVENT[topic], record)  # bytes: as forged
+        key = decode(raw).record["rollout_id"].encode()
+        outcome = segmenter.handle(decode_fact(topic, raw, key, at), raw)
+        assert len(outcome.messages) == len(outcome.segments)
+        segments += [decode(message).record for message in outcome.messages]
         dead += [outcome.dead_letter] if outcome.dead_letter else []
         segmenter.settle(outcome)
     return segmenter, segments, dead
@@ -228,6 +234,28 @@ def test_an_unresolvable_prompt_reference_dead_letters_the_rollout() -> None:
     assert RolloutState.from_bytes(segmenter.states["r8"]).status == "dead"
 
 
+def test_a_turn_the_codec_reads_but_no_segment_may_carry_dead_letters_the_rollout() -> None:
+    """An output id past int32 reads (an Avro int is a varint, and a read does not range-check it), but no
+    segment may carry it: the rollout is dead-lettered with the codec's reason, no segment goes out, and the
+    next rollout is cut (the refused encode once came after the cut, in the worker, and stopped it)."""
+    import fastavro
+
+    writer = simple_rollout("r8b")
+    index = next(i for i, (t, r) in enumerate(writer.events) if t == "turns" and r["chain_kind"] == "main")
+    record = writer.events[index][1]
+    version = schema("turn")["version"]
+    forged = dict(record, output_ids=[2**31, *record["output_ids"][1:]], schema_version=version)
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, fastavro.parse_schema(schema("turn")), forged)  # no validation
+    raw = HEADER.pack(MAGIC, EVENT_TYPES.index("turn"), forged["schema_version"]) + body.getvalue()
+    assert decode(raw).record["output_ids"][0] == 2**31
+    events = [*writer.events[:index], ("turns", raw), *writer.events[index + 1 :]]
+    segmenter, segments, dead = run([*events, *simple_rollout("r8c").events])
+    assert {s["rollout_id"] for s in segments} == {"r8c"}
+    assert "cannot cut segments: CodecError" in dead[-1] and "'response_ids': got int 2147483648" in dead[-1]
+    assert RolloutState.from_bytes(segmenter.states["r8b"]).status == "dead"
+
+
 def test_chain_kind_disagreement_between_sessions_and_turns_is_a_conflict() -> None:
     writer = simple_rollout("r9")
     lying = [(t, dict(r, chain_kind="subagent")) if t == "sessions" and r["chain_id"] == "main" else (t, r)
@@ -257,6 +285,51 @@ def test_stitching_from_references_equals_resolving_then_segmenting(steps) -> No
         w.turn("main", "main", new, output)
     records = [r for t, r in w.events if t == "turns"]
     assert chain_tokens(records) == segment_chain(resolve_turns(records))
+
+
+def as_lists(tokens: ChainTokens) -> ChainTokens:
+    """The same tokens with every field a list of Python numbers, logprobs at the wire's 32 bits."""
+    fields = {"prompt_ids": np.int64, "response_ids": np.int64, "loss_mask": np.uint8,
+              "rollout_logprobs": np.float32, "policy_versions": np.int64}  # fmt: skip
+    return replace(tokens, **{name: np.asarray(getattr(tokens, name), dtype).tolist()
+                              for name, dtype in fields.items()})  # fmt: skip
+
+
+@given(
+    st.lists(
+        st.tuples(st.lists(st.integers(0, 2**31 - 1), max_size=4), st.integers(0, 3), st.booleans(),
+                  st.booleans()),
+        min_size=1, max_size=6,
+    ),
+    st.sampled_from(["all_turns", "last_turn"]),
+)  # fmt: skip
+def test_stitching_into_arrays_equals_stitching_into_lists(steps, scope) -> None:
+    """What the segmenter cuts (numpy arrays, from records decoded as arrays or as lists) is chain_tokens item
+    for item, whatever the chain: linked or re-sent whole (fresh: broken unless it happens to extend the
+    stream, and then broken for both), outputs empty, logprobs that do not line up (kept as untrained
+    context), either loss scope."""
+    w = RolloutWriter("r")
+    for index, (new, output, fresh, short) in enumerate(steps):
+        w.turn("main", "main", new, output, fresh=fresh and index > 0)
+        if short and output:
+            w.events[-1][1]["output_logprobs"] = w.events[-1][1]["output_logprobs"][:-1]
+    records = [r for t, r in w.events if t == "turns"]
+    decoded = [d.record for d in decode_many([encode("turn", r) for r in records], arrays=True)]
+    assert isinstance(decoded[0]["output_ids"], np.ndarray)
+    try:
+        reference = apply_loss_scope(chain_tokens(records), scope)
+    except ChainBroken:
+        for source in (records, decoded):
+            with pytest.raises(ChainBroken):
+                chain_arrays(source)
+        return
+    for source in (records, decoded):
+        tokens = apply_loss_scope(chain_arrays(source), scope)
+        names = ("prompt_ids", "response_ids", "loss_mask", "rollout_logprobs", "policy_versions")
+        dtypes = [getattr(tokens, name).dtype for name in names]
+        assert dtypes == [np.int64, np.int64, np.uint8, np.float32, np.int64]
+        assert as_lists(tokens) == as_lists(reference)
+        assert trains(tokens) == trains(reference) == any(reference.loss_mask)
 
 
 @pytest.mark.parametrize(

@@ -226,15 +226,12 @@ class SegmenterAgent:
 
     async def publish(self, outcome: Outcome) -> None:
         """Send the segments and wait for every ack: only then may the rollout be marked emitted."""
-        if not outcome.segments:
+        if not outcome.messages:
             return
         key = outcome.rollout_id.encode()
-        sent = [
-            await self.segments.send(key=key, value=encode("segment", s), force=True)
-            for s in outcome.segments
-        ]
+        sent = [await self.segments.send(key=key, value=segment, force=True) for segment in outcome.messages]
         await asyncio.gather(*sent)
-        log.info("rollout %s: %d segment(s) out", outcome.rollout_id, len(outcome.segments))
+        log.info("rollout %s: %d segment(s) out", outcome.rollout_id, len(outcome.messages))
 
     async def dead_letter(self, message: Any, error: Exception) -> None:
         record = dead_letter(message, error, SERVICE)

@@ -23,7 +23,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from pydantic import Field
 
 from rollbus.bus import Publisher
-from rollbus.codec import CodecError, encode
+from rollbus.codec import CodecError
 from rollbus.segmentation import Segmenter, decode_fact
 from rollbus.topics import (
     MAX_EVENT_BYTES,
@@ -75,15 +75,16 @@ async def rebuild(settings: SegmenterSettings, into: str | None = None) -> dict[
     async with Publisher(
         settings.bootstrap_servers, client_id="rollbus-rebuild", max_event_bytes=MAX_EVENT_BYTES
     ) as out:
-        for record in segments:
-            await out.publish_bytes(into, encode("segment", record), key=record["rollout_id"])
+        for rollout_id, segment in segments:
+            await out.publish_bytes(into, segment, key=rollout_id)
     return {"into": into, "segments": len(segments), **segmenter.counts}
 
 
 def replay_partition(
     segmenter: Segmenter, partition: int, streams: list[list[ConsumerRecord]], settings: SegmenterSettings
-) -> Iterator[dict[str, Any]]:
-    """The partition's messages in timestamp order (each topic's order kept) through the state machine."""
+) -> Iterator[tuple[str, bytes]]:
+    """The partition's messages in timestamp order (each topic's order kept) through the state machine:
+    (rollout id, encoded segment) of every segment cut, as the worker publishes them."""
     ticks = topic_name(TICKS, settings.namespace)
     for message in heapq.merge(*streams, key=lambda m: m.timestamp):
         if message.topic == ticks:
@@ -98,7 +99,8 @@ def replay_partition(
             segmenter.count("poison")
             continue
         outcome = segmenter.handle(fact, message.value, partition)
-        yield from outcome.segments
+        for segment in outcome.messages:
+            yield outcome.rollout_id, segment
         segmenter.settle(outcome)
 
 
