@@ -42,6 +42,7 @@ from rollbus.broker import EmbeddedBroker, free_port  # noqa: E402
 from rollbus.bus import Publisher  # noqa: E402
 from rollbus.codec import encode  # noqa: E402
 from rollbus.topics import create_topics, spec_for, topic_name  # noqa: E402
+from services.segmenter.app import app_id  # noqa: E402
 
 PARTITIONS = 6
 Event = tuple[str, dict[str, Any]]
@@ -245,6 +246,27 @@ async def raw_aiokafka(
             "p99": percentile(latencies, 0.99), "elapsed": elapsed}  # fmt: skip
 
 
+async def group_stable(bootstrap: str, group: str, members: int, timeout: float = 180) -> None:
+    """Wait until the workers' consumer group is ``Stable`` with ``members`` members: a worker that joins
+    while the clock runs makes a rebalance (and a recovery) part of the figure."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            try:
+                [response] = await admin.describe_consumer_groups([group])
+                _, _, status, _, _, found, *_ = response.groups[0]
+                if status == "Stable" and len(found) == members:
+                    return
+            except Exception:  # the group does not exist yet, its coordinator is still loading
+                pass
+            await asyncio.sleep(0.5)
+    finally:
+        await admin.close()
+    raise TimeoutError(f"consumer group {group} not stable with {members} member(s) after {timeout:.0f} s")
+
+
 def rss_mb(pid: int) -> float:
     """Resident memory of a process and its children (the worker runs in the ``rollbus`` process)."""
     try:
@@ -317,7 +339,8 @@ async def bench(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
         rollouts = [synth(rng, f"r{rate}-{i}", turns=turns, opening=19_000) for i in range(args.rollouts)]
         payloads = encoded(rollouts)
         workers = start_workers(bootstrap, ns, state, args)
-        await asyncio.sleep(12)  # the Faust worker(s) join the group before the clock starts
+        await group_stable(bootstrap, app_id(ns), len(workers))  # the clock starts after the join, not in it
+        await asyncio.sleep(3)  # ...and after the tables' (empty) recovery
         before = sum(rss_mb(w.pid) for w in workers)
         cpu = sum(cpu_seconds(w.pid) for w in workers)
         try:
@@ -349,7 +372,7 @@ async def soak(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
     ns, rng = f"soak-{uuid.uuid4().hex[:6]}", random.Random(11)
     await create_topics(bootstrap, PARTITIONS, ns)
     workers = start_workers(bootstrap, ns, state, args)
-    await asyncio.sleep(12)
+    await group_stable(bootstrap, app_id(ns), len(workers))
     consumer = AIOKafkaConsumer(topic_name("segments", ns), bootstrap_servers=bootstrap, group_id=None,
                                 auto_offset_reset="earliest",
                                 max_partition_fetch_bytes=16 * 2**20)  # fmt: skip

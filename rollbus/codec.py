@@ -31,8 +31,8 @@ from fastavro.validation import ValidationError, validate
 from rollbus.events import EVENT_TYPES
 
 __all__ = [
-    "EVENT_TYPES", "Codec", "CodecError", "Decoded", "Scanned", "decode", "decode_many", "encode",
-    "number_bytes", "read_header", "scan", "schema",
+    "EVENT_TYPES", "Codec", "CodecError", "Decoded", "Scanned", "decode", "decode_many", "decode_scans",
+    "encode", "number_bytes", "read_header", "scan", "schema",
 ]  # fmt: skip
 
 MAGIC = b"RB"
@@ -142,6 +142,8 @@ def _varints(values: np.ndarray) -> bytes:
     """Avro longs (zigzag, then 7 bits a byte, least significant first) of an int64 array, vectorised."""
     zigzag = ((values << 1) ^ (values >> 63)).view(np.uint64)
     width = max(1, (int(zigzag.max()).bit_length() + 6) // 7)
+    if width == 1:  # every value in -64..63 (policy versions, context's -1): a byte each, as it is
+        return zigzag.astype(np.uint8).tobytes()
     groups = np.empty((len(zigzag), width), np.uint8)
     lengths = np.ones(len(zigzag), np.int64)
     rest = zigzag.copy()
@@ -469,10 +471,7 @@ class Codec:
         numpy pass per item type: a rollout's turns cost a few passes, not a few per turn. ``arrays`` leaves
         those arrays as numpy arrays (int64, or the float type's width) instead of lists: no Python object
         per item, for a reader that computes on them (messages of older schema versions still give lists)."""
-        scans = [self.scan(m) for m in messages]
-        records = iter(_materialize([s for s in scans if s.arrays], arrays=arrays))
-        return [Decoded(s.event_type, s.schema_version, next(records) if s.arrays else s.record)
-                for s in scans]  # fmt: skip
+        return decode_scans([self.scan(m) for m in messages], arrays=arrays)
 
     def _versions(self, event_type: str) -> dict[int, _Schema]:
         try:
@@ -545,6 +544,14 @@ def _materialize(scans: list[Scanned], *, arrays: bool = False) -> list[dict[str
         decoded = {name: next(values[items]) for name, items, _ in scan.arrays}
         records.append({name: decoded[name] if name in decoded else scan.record[name] for name in scan.order})
     return records
+
+
+def decode_scans(scans: Sequence[Scanned], *, arrays: bool = False) -> list[Decoded]:
+    """The messages behind ``scans``, decoded as :meth:`Codec.decode_many` decodes them: for a reader that
+    scanned them already (the segmenter, as each turn arrived) and keeps the scans."""
+    records = iter(_materialize([s for s in scans if s.arrays], arrays=arrays))
+    return [Decoded(s.event_type, s.schema_version, next(records) if s.arrays else s.record)
+            for s in scans]  # fmt: skip
 
 
 def _split(values: Any, pieces: list[tuple[bytes, Blocks]]) -> Iterator[Any]:

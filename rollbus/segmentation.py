@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from rollbus.codec import CodecError, Scanned, decode_many, encode, scan
+from rollbus.codec import CodecError, Scanned, decode_scans, encode, scan
 from rollbus.topics import MAX_EVENT_BYTES, spec_for, split_name
 from rollbus.trajectory import ChainBroken, ChainTokens, FrozenChain, LossScope, Segment, fan_out, trains
 from rollbus.turn_log import (
@@ -528,15 +528,6 @@ class Outcome:
     finished: Status | None = None  # the state to settle into once outputs are out
 
 
-Decoder = Callable[[list[bytes]], Sequence[Mapping[str, Any]]]
-
-
-def decode_records(messages: list[bytes]) -> list[dict[str, Any]]:
-    """Turn bodies -> records, their token arrays decoded in one numpy pass for all of them, kept as numpy
-    arrays (stitched and encoded without a Python int per token)."""
-    return [decoded.record for decoded in decode_many(messages, arrays=True)]
-
-
 def body_key(rollout_id: str, key: TurnKey) -> str:
     """The turn-bodies key: JSON, so no id, whatever characters it holds, can collide with another's."""
     return json.dumps([rollout_id, *key])
@@ -553,6 +544,10 @@ class Segmenter:
     writes, so a tick reads only the states that are due instead of parsing the whole table once per
     partition. It is rebuilt from ``states`` on the first tick and after :meth:`reindex`, which the worker
     calls when a rebalance may have changed the table behind its back (changelog recovery).
+
+    The scan of every body kept since then is kept with it (its record and where its arrays lie, ~2 KB a
+    turn next to the body's own bytes, which it shares): the cut then decodes the rollout's bodies without
+    reading any of them again. A body without one (stored before a restart or a rebalance) is scanned anew.
     """
 
     def __init__(
@@ -560,14 +555,13 @@ class Segmenter:
         states: MutableMapping[str, bytes],
         bodies: MutableMapping[str, bytes],
         options: Options | None = None,
-        *,
-        decode_bodies: Decoder = decode_records,
     ) -> None:
-        self.states, self.bodies, self.decode_bodies = states, bodies, decode_bodies
+        self.states, self.bodies = states, bodies
         self.options = options or Options()
         self.counts: dict[str, int] = {}
         self._clock: dict[int, dict[str, tuple[int, bool]]] | None = None
         self._open: dict[str, RolloutState] = {}  # open states as last stored, so no event parses one
+        self._scans: dict[str, Scanned] = {}  # body key -> the scan of the bytes stored there
 
     def count(self, name: str, n: int = 1) -> None:
         self.counts[name] = self.counts.get(name, 0) + n
@@ -586,6 +580,7 @@ class Segmenter:
         (changelog recovery after a rebalance); the next tick rebuilds the index from it."""
         self._clock = None
         self._open.clear()
+        self._scans.clear()
 
     def _store(self, state: RolloutState) -> None:
         self.states[state.rollout_id] = state.to_bytes()
@@ -610,7 +605,10 @@ class Segmenter:
         step = apply(state, fact)
         self.count(step.verdict)
         if step.store is not None:
-            self.bodies[body_key(rollout_id, step.store)] = raw
+            key = body_key(rollout_id, step.store)
+            self.bodies[key] = raw
+            if fact.scanned is not None and fact.scanned.data == raw:
+                self._scans[key] = fact.scanned
         outcome = Outcome(rollout_id, step.verdict, dead_letter=step.dead_letter)
         if complete(state):
             self._cut(state, outcome)
@@ -624,7 +622,10 @@ class Segmenter:
 
     def _cut(self, state: RolloutState, outcome: Outcome) -> None:
         def bodies(keys: list[TurnKey]) -> Sequence[Mapping[str, Any]]:
-            return self.decode_bodies([self.bodies[body_key(state.rollout_id, key)] for key in keys])
+            """The turns' records, token arrays decoded as numpy arrays in one pass for all of them."""
+            named = [body_key(state.rollout_id, key) for key in keys]
+            scans = [self._scans.get(name) or scan(self.bodies[name]) for name in named]
+            return [decoded.record for decoded in decode_scans(scans, arrays=True)]
 
         try:
             outcome.segments = cut(
@@ -689,7 +690,9 @@ class Segmenter:
 
     def _drop_bodies(self, state: RolloutState) -> None:
         for key in state.body_keys():
-            self.bodies.pop(body_key(state.rollout_id, key), None)
+            name = body_key(state.rollout_id, key)
+            self.bodies.pop(name, None)
+            self._scans.pop(name, None)
 
 
 # --- from the wire ----------------------------------------------------------------------------------

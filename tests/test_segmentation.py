@@ -597,6 +597,43 @@ def test_states_recovered_behind_the_segmenters_back_are_ticked_after_reindex() 
     assert [s.rollout_id for s in segmenter.tick(now=1_000, partition=3)] == ["moved"]
 
 
+@pytest.mark.parametrize("split", [0.3, 0.6, 0.9])
+def test_a_restarted_segmenter_cuts_what_an_uninterrupted_one_cuts_and_keeps_no_scan(split) -> None:
+    """The segmenter keeps each body's scan from its arrival to its cut; one that restarts (or takes over a
+    partition) has only the table's bytes for the earlier bodies and scans them again: same segments. Once
+    a rollout is out, nothing of it stays in memory but its tombstone."""
+    events = simple_rollout("r-restart").events
+    _, whole, _ = run(events)
+    states, bodies = {}, {}
+    cut_at = int(len(events) * split)
+    first = Segmenter(states, bodies)
+    run(events[:cut_at], first)
+    assert len(first._scans) == len(bodies) > 0  # a scan per body kept
+    second = Segmenter(states, bodies)  # the restart: the tables survive, the process memory does not
+    again, again_segments, dead = run(events[cut_at:], second)
+    assert dead == [] and again_segments == whole
+    assert bodies == {} and again._scans == {}
+
+
+def test_a_body_rewritten_behind_the_segmenters_back_is_read_from_the_table_after_reindex() -> None:
+    """Changelog recovery may write a body the worker kept a scan of; the worker reindexes on every
+    assignment, so the cut reads what the table holds, never a stale scan."""
+    writer = simple_rollout("r-stale")
+    turns = [i for i, (t, r) in enumerate(writer.events) if t == "turns" and r["chain_kind"] == "main"]
+    segmenter = Segmenter({}, {})
+    run(writer.events[: turns[0] + 1], segmenter)
+    [key] = segmenter.bodies
+    original = writer.events[turns[0]][1]
+    changed = dict(original, output_ids=[i + 1 for i in original["output_ids"]])  # what the table now says
+    segmenter.bodies[key] = encode("turn", changed)
+    segmenter.reindex()
+    _, segments, _ = run(writer.events[turns[0] + 1 :], segmenter)
+    rewritten = [*writer.events[: turns[0]], ("turns", changed), *writer.events[turns[0] + 1 :]]
+    _, expected_segments, _ = run(rewritten)
+    _, stale, _ = run(writer.events)
+    assert segments == expected_segments != stale
+
+
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_a_scanned_turns_digest_is_the_decoded_turns(data) -> None:
