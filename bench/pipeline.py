@@ -331,6 +331,7 @@ def start_workers(
 async def bench(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
     rng = random.Random(7)
     turns = (10, 20) if args.quick else (10, 100)
+    results = []
     print(f"{'rate/s':>7} {'path':<10} {'tokens/s':>11} {'p50 s':>7} {'p99 s':>7} {'RSS MB':>13} "
           f"{'tokens/CPU s':>13}")  # fmt: skip
     for rate in args.rates:
@@ -364,6 +365,21 @@ async def bench(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
             f"({len(rollouts)} rollouts, {sum(r.tokens for r in rollouts):,} tokens, "
             f"{args.workers} worker(s))"
         )
+        results.append((rate, ours, raw))
+    print(summary(results))
+
+
+def summary(results: list[tuple[float, dict[str, float], dict[str, float]]]) -> str:
+    """The issue's two figures: best segmenter throughput over raw's best in the run, and the highest
+    offered rate whose p99 stayed under a second."""
+    best = max(ours["tokens_per_s"] for _, ours, _ in results)
+    best_raw = max(raw["tokens_per_s"] for _, _, raw in results)
+    under = [rate for rate, ours, _ in results if ours["p99"] < 1.0]
+    return (
+        f"best: segmenter {best:,.0f} tokens/s, raw {best_raw:,.0f} (raw's best at these rates; its ceiling "
+        f"may be higher): {best / best_raw:.2f}; p99 under 1 s up to "
+        + (f"{max(under):g} rollouts/s" if under else "none of these rates")
+    )
 
 
 async def soak(args: argparse.Namespace, bootstrap: str, state: Path) -> None:

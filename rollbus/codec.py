@@ -31,8 +31,8 @@ from fastavro.validation import ValidationError, validate
 from rollbus.events import EVENT_TYPES
 
 __all__ = [
-    "EVENT_TYPES", "Codec", "CodecError", "Decoded", "Scanned", "decode", "decode_many", "decode_scans",
-    "encode", "number_bytes", "read_header", "scan", "schema",
+    "EVENT_TYPES", "Codec", "CodecError", "Decoded", "Scanned", "Varints", "decode", "decode_many",
+    "decode_scans", "encode", "number_bytes", "read_header", "scan", "schema",
 ]  # fmt: skip
 
 MAGIC = b"RB"
@@ -86,8 +86,35 @@ class Scanned:
         return len(self.record[name]), number_bytes(self.record[name], items)
 
 
+@dataclass(frozen=True)
+class Varints:
+    """``count`` ints as their Avro bytes: zigzag varints back to back, no block framing. What a reader that
+    scanned messages (:meth:`Scanned.item_bytes`) hands a writer to copy arrays of ints from them into
+    another message without decoding one (the segmenter's token ids). The encoder still checks them: each
+    varint whole, ``count`` of them, every value within the field's range."""
+
+    count: int
+    data: bytes
+
+    def __len__(self) -> int:
+        return self.count
+
+    @classmethod
+    def join(cls, parts: Sequence[Varints]) -> Varints:
+        """The arrays one after another (each part is whole varints, so their bytes simply concatenate)."""
+        return cls(sum(part.count for part in parts), b"".join(part.data for part in parts))
+
+    def values(self) -> np.ndarray:
+        """The ints, decoded (int64); CodecError if the bytes are not ``count`` whole varints."""
+        try:
+            return _numbers("long", [(self.data, ((self.count, 0, len(self.data)),))])
+        except _BODY_ERRORS as exc:
+            raise CodecError(f"{self.count} varints in {len(self.data)} bytes do not decode: {exc}") from exc
+
+
 _INT_RANGES = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
 _NUMBER_ITEMS = ("int", "long", "float", "double")
+_VARINT_WIDTHS = {"int": 4, "long": 9}  # bytes a varint may take and hold any value of the type
 
 
 @dataclass(frozen=True)
@@ -156,12 +183,15 @@ def _varints(values: np.ndarray) -> bytes:
     return groups[np.arange(width) < lengths[:, None]].tobytes()
 
 
-def _number_block(values: np.ndarray) -> bytes:
-    """One Avro array block (count, items, end marker) of numbers :func:`_vouch` converted."""
+def _number_block(values: np.ndarray | Varints) -> bytes:
+    """One Avro array block (count, items, end marker) of numbers :func:`_vouch` converted or vouched for."""
     if not len(values):
         return b"\x00"
     count = _varints(np.array([len(values)], np.int64))
-    body = _varints(values) if values.dtype == np.int64 else values.tobytes()
+    if isinstance(values, Varints):
+        body = values.data
+    else:
+        body = _varints(values) if values.dtype == np.int64 else values.tobytes()
     return count + body + b"\x00"
 
 
@@ -281,6 +311,8 @@ def _vouch(value: Any, items: str) -> np.ndarray | None:
     dtype and range, so none of its items becomes a Python object."""
     if isinstance(value, np.ndarray):
         return _vouch_array(value, items)
+    if isinstance(value, Varints):
+        return _vouch_varints(value, items)
     if type(value) is not list:
         return None
     types = set(map(type, value))
@@ -316,6 +348,44 @@ def _vouch_array(value: np.ndarray, items: str) -> np.ndarray | None:
         return array if not len(array) or (low <= array.min() and array.max() <= high) else None
     array = value.astype("<f4" if items == "float" else "<f8", copy=False)
     return None if items == "float" and np.isinf(array).any() else array
+
+
+def _vouch_varints(value: Varints, items: str) -> Varints | None:
+    """:func:`_vouch` for :class:`Varints`: ``count`` whole varints, none wider than what holds only values of
+    the type (4 bytes for int, 9 for long); None (not sure) for anything else, which is then decoded and
+    judged item by item."""
+    if items not in _VARINT_WIDTHS:
+        return None
+    ends = np.flatnonzero(np.frombuffer(value.data, np.uint8) < 0x80)
+    if len(ends) != value.count or (value.count and ends[-1] != len(value.data) - 1):
+        return None
+    if value.count and np.diff(ends, prepend=-1).max() > _VARINT_WIDTHS[items]:
+        return None
+    return value
+
+
+def _listed(value: Any) -> Any:
+    """What the full validation judges, and fastavro writes, for an array :func:`_vouch` was not sure of."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, Varints):
+        return _varints_as_list(value)
+    return value
+
+
+def _varints_as_list(value: Varints) -> list[int]:
+    """Every varint of ``value``, read one by one as fastavro reads them (no width limit, so an out-of-range
+    value is shown as it is); CodecError if the bytes are not ``count`` whole varints."""
+    values, pos = [], 0
+    try:
+        while pos < len(value.data):
+            number, pos = _read_long(value.data, pos)
+            values.append(number)
+    except _BODY_ERRORS as exc:
+        raise CodecError(f"{value.count} varints in {len(value.data)} bytes do not decode: {exc}") from exc
+    if len(values) != value.count:
+        raise CodecError(f"{len(value.data)} bytes hold {len(values)} varints, not {value.count}")
+    return values
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -501,8 +571,10 @@ class Codec:
         arrays = {n: _vouch(datum[n], items) for n, items in current.number_arrays if n in datum}
         vouched = {n: array for n, array in arrays.items() if array is not None}
         for name in arrays.keys() - vouched.keys():  # judged, and written, as the list it holds
-            if isinstance(datum[name], np.ndarray):
-                datum[name] = datum[name].tolist()
+            try:
+                datum[name] = _listed(datum[name])
+            except CodecError as exc:
+                raise CodecError(f"{event_type} record field {name!r}: {exc}") from exc
         try:  # the validator walks every element in Python: it only sees the arrays nobody vouched for
             validate({**datum, **dict.fromkeys(vouched, [])}, current.parsed, raise_errors=True)
         except ValidationError as exc:
@@ -528,17 +600,24 @@ def _scan_plan(data: bytes, body: io.BytesIO, schema: _Schema) -> tuple[dict[str
     return record, tuple(spans)
 
 
-def _materialize(scans: list[Scanned], *, arrays: bool = False) -> list[dict[str, Any]]:
+def _materialize(
+    scans: list[Scanned], *, arrays: bool = False, varints: bool = False
+) -> list[dict[str, Any]]:
     """Records with every located array decoded: one numpy pass per item type over all ``scans`` (a
     rollout's turn bodies decode in a few passes, not a few per turn), fields in the schema's order; as
-    lists, or as numpy arrays with ``arrays``."""
+    lists, or as numpy arrays with ``arrays``; with ``varints``, arrays of ints are not decoded at all but
+    given as their bytes (:class:`Varints`)."""
     by_items: dict[str, list[tuple[bytes, Blocks]]] = {}
     for scan in scans:
         for _, items, blocks in scan.arrays:
             by_items.setdefault(items, []).append((scan.data, blocks))
-    values = {items: iter(_split(_numbers(items, pieces) if arrays else _numbers(items, pieces).tolist(),
-                                 pieces))
-              for items, pieces in by_items.items()}  # fmt: skip
+    values: dict[str, Iterator[Any]] = {}
+    for items, pieces in by_items.items():
+        if varints and items in _INT_RANGES:
+            values[items] = map(_as_varints, pieces)
+        else:
+            numbers = _numbers(items, pieces)
+            values[items] = _split(numbers if arrays else numbers.tolist(), pieces)
     records = []
     for scan in scans:
         decoded = {name: next(values[items]) for name, items, _ in scan.arrays}
@@ -546,10 +625,16 @@ def _materialize(scans: list[Scanned], *, arrays: bool = False) -> list[dict[str
     return records
 
 
-def decode_scans(scans: Sequence[Scanned], *, arrays: bool = False) -> list[Decoded]:
+def _as_varints(piece: tuple[bytes, Blocks]) -> Varints:
+    data, count = _joined([piece])
+    return Varints(count, data)
+
+
+def decode_scans(scans: Sequence[Scanned], *, arrays: bool = False, varints: bool = False) -> list[Decoded]:
     """The messages behind ``scans``, decoded as :meth:`Codec.decode_many` decodes them: for a reader that
-    scanned them already (the segmenter, as each turn arrived) and keeps the scans."""
-    records = iter(_materialize([s for s in scans if s.arrays], arrays=arrays))
+    scanned them already (the segmenter, as each turn arrived) and keeps the scans. ``varints`` leaves their
+    arrays of ints as bytes (:class:`Varints`) and implies ``arrays`` for the others."""
+    records = iter(_materialize([s for s in scans if s.arrays], arrays=arrays or varints, varints=varints))
     return [Decoded(s.event_type, s.schema_version, next(records) if s.arrays else s.record)
             for s in scans]  # fmt: skip
 

@@ -418,9 +418,9 @@ def cut(
     """The complete rollout's ``segment`` records. Raises UnresolvedTurn/ChainBroken on a bad chain.
 
     ``bodies`` gives the turn records of a list of turn keys, all asked at once (so a reader of raw
-    bytes decodes a rollout's turns in one batch). Canonical chains are cut as numpy arrays
-    (:func:`~rollbus.turn_log.chain_arrays`): the records' token fields are arrays, which the codec
-    encodes as it encodes lists.
+    bytes decodes a rollout's turns in one batch). Canonical chains are cut as numpy arrays, ids given as
+    :class:`~rollbus.codec.Varints` spliced as bytes (:func:`~rollbus.turn_log.chain_arrays`): the codec
+    encodes both as it encodes lists, and checks them as strictly.
 
     ``loss_scope`` is the default; a reward that names its own (``details.loss_scope``) wins, so one
     segmenter serves coding-agent rollouts and gym episodes run with ``--loss-scope last_turn``.
@@ -622,10 +622,10 @@ class Segmenter:
 
     def _cut(self, state: RolloutState, outcome: Outcome) -> None:
         def bodies(keys: list[TurnKey]) -> Sequence[Mapping[str, Any]]:
-            """The turns' records, token arrays decoded as numpy arrays in one pass for all of them."""
+            """The turns' records: ids as the bytes they arrived as, logprobs as numpy arrays."""
             named = [body_key(state.rollout_id, key) for key in keys]
             scans = [self._scans.get(name) or scan(self.bodies[name]) for name in named]
-            return [decoded.record for decoded in decode_scans(scans, arrays=True)]
+            return [decoded.record for decoded in decode_scans(scans, varints=True)]
 
         try:
             outcome.segments = cut(

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rollbus.codec import Scanned, number_bytes
+from rollbus.codec import Scanned, Varints, number_bytes
 from rollbus.trajectory import CONTEXT_VERSION, ChainTokens, FrozenChain, Turn, aligned, segment_chain
 
 TurnKey = tuple[str, str, int]  # (attempt_id, chain_id, turn_index): a turn's identity within its rollout
@@ -204,25 +204,27 @@ def _linked(records: Sequence[Mapping[str, Any]]) -> bool:
 def chain_arrays(records: Sequence[Mapping[str, Any]]) -> ChainTokens:
     """:func:`chain_tokens` as numpy arrays (ids and versions int64, logprobs float32, mask uint8): what the
     segmenter cuts, so no token of a linked chain ever becomes a Python object. The records' token arrays
-    may be lists or numpy arrays (``decode_many(..., arrays=True)``). Equal, item for item, to
-    :func:`chain_tokens`; a chain that is not linked is stitched by it, then converted."""
+    may be lists, numpy arrays (``decode_many(..., arrays=True)``) or, for ids, :class:`Varints`
+    (``decode_scans(..., varints=True)``): a linked chain's ids are then spliced as the bytes they arrived
+    as, never decoded. Equal, item for item, to :func:`chain_tokens`; a chain that is not linked is
+    stitched by it, then converted."""
     if not _linked(records):
-        tokens = chain_tokens(records)
+        tokens = chain_tokens([_decoded_ids(record) for record in records])
         pieces = [(tokens.response_ids, tokens.loss_mask, tokens.rollout_logprobs, tokens.policy_versions)]
         return _arrays(tokens.prompt_ids, pieces, tokens.output_spans, tokens.misaligned_tokens)
     first = records[0]
-    prompt = np.asarray(first["prompt_ids"], np.int64)
+    prompt = _ids(first["prompt_ids"])
     check_prompt_tokens(turn_key(first), len(prompt), first["prompt_tokens"])
     pieces: list[tuple[Any, Any, Any, Any]] = []
     spans, length, misaligned = [], 0, 0  # length: of the response so far
     for index, record in enumerate(records):
         if index:
-            context = np.asarray(record["prompt_ids"], np.int64)
+            context = _ids(record["prompt_ids"])
             length += len(context)
             check_prompt_tokens(turn_key(record), len(prompt) + length, record["prompt_tokens"])
             pieces.append((context, np.zeros(len(context), np.uint8), np.zeros(len(context), np.float32),
                            np.full(len(context), CONTEXT_VERSION, np.int64)))  # fmt: skip
-        output, logprobs = record["output_ids"], record["output_logprobs"]
+        output, logprobs = _ids(record["output_ids"]), record["output_logprobs"]
         count = len(output)
         if not count:
             continue
@@ -240,13 +242,34 @@ def _arrays(prompt: Any, pieces: list[tuple[Any, Any, Any, Any]], spans: list[tu
             misaligned: int) -> ChainTokens:  # fmt: skip
     """A ChainTokens of numpy arrays from its prompt and its response's pieces (ids, mask, logprobs,
     versions), each field concatenated once."""
-    dtypes = (np.int64, np.uint8, np.float32, np.int64)
+    dtypes = (np.uint8, np.float32, np.int64)
     fields = [
         np.concatenate([np.asarray(piece[i], dtype) for piece in pieces]) if pieces else np.empty(0, dtype)
-        for i, dtype in enumerate(dtypes)
+        for i, dtype in enumerate(dtypes, start=1)
     ]
-    return ChainTokens(np.asarray(prompt, np.int64), *fields, output_spans=spans,  # type: ignore[arg-type]
-                       misaligned_tokens=misaligned)  # fmt: skip
+    return ChainTokens(_ids(prompt), _joined_ids([piece[0] for piece in pieces]), *fields,  # type: ignore[arg-type]
+                       output_spans=spans, misaligned_tokens=misaligned)  # fmt: skip
+
+
+def _ids(ids: Any) -> Varints | np.ndarray:
+    """Token ids as they came if they are bytes (:class:`Varints`), else an int64 array."""
+    return ids if isinstance(ids, Varints) else np.asarray(ids, np.int64)
+
+
+def _joined_ids(pieces: list[Any]) -> Varints | np.ndarray:
+    """Pieces of ids one after another: spliced as bytes when all are :class:`Varints` (a rollout's bodies of
+    one schema version), else decoded and concatenated."""
+    if pieces and all(isinstance(piece, Varints) for piece in pieces):
+        return Varints.join(pieces)
+    arrays = [piece.values() if isinstance(piece, Varints) else _ids(piece) for piece in pieces]
+    return np.concatenate(arrays) if arrays else np.empty(0, np.int64)
+
+
+def _decoded_ids(record: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``record`` with ids given as :class:`Varints` decoded (for the stitching that compares tokens)."""
+    if not any(isinstance(value, Varints) for value in record.values()):
+        return record
+    return {name: value.values() if isinstance(value, Varints) else value for name, value in record.items()}
 
 
 def _turn_view(record: Mapping[str, Any]) -> Turn:

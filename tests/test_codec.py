@@ -247,6 +247,49 @@ def test_a_numpy_array_the_codec_cannot_vouch_for_is_judged_as_its_list(field, v
         codec.encode("segment", record)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    ids=st.lists(st.integers(-(2**31), 2**31 - 1), max_size=40),
+    versions=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=20),
+)
+def test_varints_encode_as_the_lists_they_hold(ids, versions):
+    """Ids spliced as the bytes they arrived as write what the same ids as a list write, whatever their width
+    (a varint wider than any value of the type needs is decoded and judged, then written as fastavro does)."""
+    record = {**SAMPLES["segment"], "response_ids": ids, "policy_versions": versions,
+              "loss_mask": bytes(len(ids))}  # fmt: skip
+    spliced = {**record, "response_ids": codec.Varints(len(ids), codec.number_bytes(ids, "int")),
+               "policy_versions": codec.Varints(len(versions),
+                                                codec.number_bytes(versions, "long"))}  # fmt: skip
+    assert codec.encode("segment", spliced) == codec.encode("segment", record)
+    halves = [codec.Varints(len(part), codec.number_bytes(part, "int")) for part in (ids[:3], ids[3:])]
+    assert codec.Varints.join(halves) == spliced["response_ids"]
+    assert codec.Varints.join(halves).values().tolist() == ids
+
+
+@pytest.mark.parametrize(
+    ("varints", "shown"),
+    [(codec.Varints(2, b"\x02\x04\x06"), "3 varints, not 2"),
+     (codec.Varints(3, b"\x02\x04"), "2 varints, not 3"),
+     (codec.Varints(1, b"\x82"), "do not decode: a varint runs past the end"),
+     (codec.Varints(1, b"\xff" * 11 + b"\x01"), "do not decode: a varint is longer than 10 bytes"),
+     (codec.Varints(1, b"\x80\x80\x80\x80\x10"), "got int 2147483648, expected int")],
+    ids=["more-than-count", "fewer-than-count", "cut-short", "over-10-bytes", "past-int32"],
+)
+def test_varints_the_codec_cannot_vouch_for_are_refused_naming_the_field(varints, shown):
+    """Spliced bytes get no trust the list would not get: a count that does not match, a varint cut short
+    or over 10 bytes, a value past the field's range are each a CodecError naming the field."""
+    record = {**SAMPLES["segment"], "response_ids": varints, "loss_mask": bytes(varints.count)}
+    with pytest.raises(CodecError, match=rf"^segment record .*'response_ids'.*{shown}"):
+        codec.encode("segment", record)
+
+
+def test_a_wide_varint_of_a_small_value_is_judged_by_its_value():
+    """Five bytes for 0 (non-minimal, as another writer may send it): in range, so written, minimally."""
+    record = {**SAMPLES["segment"], "response_ids": codec.Varints(2, b"\x80\x80\x80\x80\x00\x02"),
+              "loss_mask": bytes(2)}  # fmt: skip
+    assert codec.decode(codec.encode("segment", record)).record["response_ids"] == [0, 1]
+
+
 def test_tuples_and_other_sequences_still_encode_through_fastavro():
     record = {**SAMPLES["segment"], "response_ids": (1, 2, 3), "loss_mask": b"\x01\x01\x00"}
     assert codec.decode(codec.encode("segment", record)).record["response_ids"] == [1, 2, 3]

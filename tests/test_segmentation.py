@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollbus.codec import HEADER, MAGIC, decode, decode_many, encode, schema
+from rollbus.codec import HEADER, MAGIC, Varints, decode, decode_many, decode_scans, encode, scan, schema
 from rollbus.events import EVENT_TYPES, spec
 from rollbus.segmentation import (
     FACT_KINDS,
@@ -291,8 +291,12 @@ def as_lists(tokens: ChainTokens) -> ChainTokens:
     """The same tokens with every field a list of Python numbers, logprobs at the wire's 32 bits."""
     fields = {"prompt_ids": np.int64, "response_ids": np.int64, "loss_mask": np.uint8,
               "rollout_logprobs": np.float32, "policy_versions": np.int64}  # fmt: skip
-    return replace(tokens, **{name: np.asarray(getattr(tokens, name), dtype).tolist()
+    return replace(tokens, **{name: np.asarray(ids(getattr(tokens, name)), dtype).tolist()
                               for name, dtype in fields.items()})  # fmt: skip
+
+
+def ids(values: object) -> object:
+    return values.values() if isinstance(values, Varints) else values
 
 
 @given(
@@ -314,20 +318,25 @@ def test_stitching_into_arrays_equals_stitching_into_lists(steps, scope) -> None
         if short and output:
             w.events[-1][1]["output_logprobs"] = w.events[-1][1]["output_logprobs"][:-1]
     records = [r for t, r in w.events if t == "turns"]
-    decoded = [d.record for d in decode_many([encode("turn", r) for r in records], arrays=True)]
-    assert isinstance(decoded[0]["output_ids"], np.ndarray)
+    messages = [encode("turn", r) for r in records]
+    decoded = [d.record for d in decode_many(messages, arrays=True)]
+    spliced = [d.record for d in decode_scans([scan(m) for m in messages], varints=True)]
+    assert isinstance(decoded[0]["output_ids"], np.ndarray) and isinstance(spliced[0]["output_ids"], Varints)
+    mixed = [r if i % 2 else spliced[i] for i, r in enumerate(records)]  # as bodies of two schema versions
+    sources = (records, decoded, spliced, mixed)
     try:
         reference = apply_loss_scope(chain_tokens(records), scope)
     except ChainBroken:
-        for source in (records, decoded):
+        for source in sources:
             with pytest.raises(ChainBroken):
                 chain_arrays(source)
         return
-    for source in (records, decoded):
+    for source in sources:
         tokens = apply_loss_scope(chain_arrays(source), scope)
-        names = ("prompt_ids", "response_ids", "loss_mask", "rollout_logprobs", "policy_versions")
-        dtypes = [getattr(tokens, name).dtype for name in names]
-        assert dtypes == [np.int64, np.int64, np.uint8, np.float32, np.int64]
+        names = ("loss_mask", "rollout_logprobs", "policy_versions")
+        assert [getattr(tokens, name).dtype for name in names] == [np.uint8, np.float32, np.int64]
+        for ids in (tokens.prompt_ids, tokens.response_ids):  # spliced bytes, or decoded ids
+            assert isinstance(ids, Varints) or ids.dtype == np.int64
         assert as_lists(tokens) == as_lists(reference)
         assert trains(tokens) == trains(reference) == any(reference.loss_mask)
 
