@@ -241,24 +241,32 @@ def _varint_values(data: np.ndarray, ends: np.ndarray) -> np.ndarray:
 Blocks = tuple[tuple[int, int, int], ...]  # an array's blocks: (item count, first item byte, end byte)
 
 
-def _varints_end(stops: np.ndarray, pos: int, count: int) -> int:
-    """The position after ``count`` Avro longs from ``pos``, given ``stops``: the positions of every byte of
-    the message below 0x80 (where a varint ends), found once for all its arrays. Raises as
+Stops = tuple[np.ndarray, np.ndarray]  # a message's varint ends (bytes below 0x80) and the gaps between them
+
+
+def _stops(data: bytes) -> Stops:
+    """Where every varint of a message could end, found once for all its arrays (:func:`_varints_end`)."""
+    stops = np.flatnonzero(np.frombuffer(data, np.uint8) < 0x80)
+    return stops, np.diff(stops)
+
+
+def _varints_end(stops: Stops, pos: int, count: int) -> int:
+    """The position after ``count`` Avro longs from ``pos``, given the message's :func:`_stops`. Raises as
     :func:`_varint_ends` does."""
-    first = int(np.searchsorted(stops, pos))
+    ends, gaps = stops
+    first = int(np.searchsorted(ends, pos))
     last = first + count - 1
-    if last >= len(stops):
+    if last >= len(ends):
         raise EOFError(f"an array of {count} numbers runs past the end of the message")
-    end = int(stops[last])
-    if stops[first] - pos >= 10 or (end - pos >= count + 9 and np.diff(stops[first : last + 1]).max() > 10):
+    end = int(ends[last])
+    if ends[first] - pos >= 10 or (end - pos >= count + 9 and gaps[first:last].max() > 10):
         raise ValueError("a varint is longer than 10 bytes")  # (a span under count + 9 bytes has none)
     return end + 1
 
 
-def _locate_numbers(data: bytes, stops: np.ndarray, pos: int, items: str) -> tuple[Blocks, int]:
+def _locate_numbers(data: bytes, stops: Stops, pos: int, items: str) -> tuple[Blocks, int]:
     """Where an Avro array of numbers lies (any number of blocks, a negative count carrying its byte size),
-    checked as decoding it would check it but not decoded: (its blocks, the position after it). ``stops``:
-    see :func:`_varints_end`."""
+    checked as decoding it would check it but not decoded: (its blocks, the position after it)."""
     blocks = []
     while True:
         count, pos = _read_long(data, pos)
@@ -589,7 +597,7 @@ def _scan_plan(data: bytes, body: io.BytesIO, schema: _Schema) -> tuple[dict[str
     numbers only located and checked (see :func:`_locate_numbers`)."""
     record: dict[str, Any] = {}
     spans = []
-    stops = np.flatnonzero(np.frombuffer(data, np.uint8) < 0x80)  # where every varint of the message ends
+    stops = _stops(data)
     for step in schema.plan:
         if step[0] == "run":
             record.update(fastavro.schemaless_reader(body, step[1], None))
