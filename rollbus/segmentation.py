@@ -372,7 +372,20 @@ def missing(state: RolloutState) -> list[str]:
 
 
 def complete(state: RolloutState) -> bool:
-    return state.open and not missing(state)
+    """``state.open and not missing(state)``, asked on every event: a chain still short of turns is seen
+    from its count alone, so a reward that arrives before a long chain's turns (another topic, read in any
+    order) does not make each later turn walk every turn index."""
+    if not state.open or state.reward is None or state.reward["attempt_id"] not in state.closed:
+        return False
+    for chain in state.attempts.get(state.reward["attempt_id"], {}).values():
+        if chain.kind not in TRAINABLE:
+            continue
+        count = chain.turn_count or 0
+        if chain.end is None or len(chain.turns) < count:
+            return False
+        if any(str(index) not in chain.turns for index in range(count)):
+            return False
+    return True
 
 
 def freeze_order(state: RolloutState) -> list[tuple[str, str]]:

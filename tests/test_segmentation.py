@@ -22,7 +22,9 @@ from rollbus.segmentation import (
     RolloutState,
     Segmenter,
     apply,
+    complete,
     decode_fact,
+    missing,
     segment_id,
 )
 from rollbus.trajectory import ChainBroken, ChainTokens, apply_loss_scope, fan_out, trains
@@ -142,12 +144,29 @@ def test_any_interleaving_with_duplicates_cuts_the_same_segments(
     scenario, seed: int, duplicates: int
 ) -> None:
     writer, events, reward = scenario
-    segmenter, segments, dead = run(interleave(random.Random(seed), events, duplicates))
+    order = interleave(random.Random(seed), events, duplicates)
+    segmenter, segments, dead = run(order)
     assert dead == []
     assert comparable(segments) == expected(writer, reward)  # only the rewarded (last) attempt trains
     assert {s["attempt_id"] for s in segments} <= {writer.attempt_id}
     assert segmenter.counts.get("duplicate", 0) == duplicates
     assert segmenter.bodies == {}
+
+
+@settings(max_examples=40, deadline=None)
+@given(scenarios(), st.integers(0, 2**32 - 1))
+def test_the_quick_completeness_check_agrees_with_what_is_missing_after_every_event(scenario, seed) -> None:
+    """``complete`` (asked on every event, short-circuited) says yes exactly when ``missing`` names nothing,
+    whatever the order, turns with gaps included (some turns held back to the end)."""
+    _, events, _ = scenario
+    order = interleave(random.Random(seed), events, 0)
+    held = [e for i, e in enumerate(order) if e[0] == "turns" and i % 3 == 0]
+    order = [e for e in order if e not in held] + held
+    state = RolloutState(order[0][1]["rollout_id"])
+    for at, (topic, record) in enumerate(order):
+        raw = encode(TOPIC_EVENT[topic], record)
+        apply(state, decode_fact(topic, raw, record["rollout_id"].encode(), at))
+        assert complete(state) == (state.open and not missing(state))
 
 
 def test_nothing_is_cut_before_the_attempt_closed_and_every_counted_turn_arrived() -> None:
