@@ -229,12 +229,12 @@ def test_numpy_arrays_encode_as_the_lists_they_hold(ids, versions, logprobs, id_
 
 @pytest.mark.parametrize(
     ("field", "value", "shown"),
-    [("response_ids", "np.array([1, 2**31])", "got int 2147483648"),
-     ("response_ids", "np.array([True, False])", "got bool True"),
-     ("response_ids", "np.array([1.0, 2.5])", "got float 1.0"),
-     ("response_ids", "np.array([[1, 2]])", "got list \\[1, 2\\]"),
-     ("policy_versions", "np.array([2**64 - 1], np.uint64)", "got int 18446744073709551615"),
-     ("rollout_logprobs", "np.array(['a'])", "got str 'a'")],
+    [("response_ids", lambda np: np.array([1, 2**31]), "got int 2147483648"),
+     ("response_ids", lambda np: np.array([True, False]), "got bool True"),
+     ("response_ids", lambda np: np.array([1.0, 2.5]), "got float 1.0"),
+     ("response_ids", lambda np: np.array([[1, 2]]), "got list \\[1, 2\\]"),
+     ("policy_versions", lambda np: np.array([2**64 - 1], np.uint64), "got int 18446744073709551615"),
+     ("rollout_logprobs", lambda np: np.array(["a"]), "got str 'a'")],
     ids=["int32-overflow", "bools", "floats-as-ids", "two-dimensional", "uint64-overflow", "strings"],
 )
 def test_a_numpy_array_the_codec_cannot_vouch_for_is_judged_as_its_list(field, value, shown):
@@ -242,7 +242,7 @@ def test_a_numpy_array_the_codec_cannot_vouch_for_is_judged_as_its_list(field, v
     error names the field and the first bad item, as for a list."""
     import numpy as np
 
-    record = {**SAMPLES["segment"], field: eval(value, {"np": np})}
+    record = {**SAMPLES["segment"], field: value(np)}
     with pytest.raises(CodecError, match=rf"^segment record .*'{field}': {shown}"):
         codec.encode("segment", record)
 
