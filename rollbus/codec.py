@@ -105,11 +105,14 @@ class Varints:
         return cls(sum(part.count for part in parts), b"".join(part.data for part in parts))
 
     def values(self) -> np.ndarray:
-        """The ints, decoded (int64); CodecError if the bytes are not ``count`` whole varints."""
-        try:
-            return _numbers("long", [(self.data, ((self.count, 0, len(self.data)),))])
-        except _BODY_ERRORS as exc:
-            raise CodecError(f"{self.count} varints in {len(self.data)} bytes do not decode: {exc}") from exc
+        """The ints, decoded (int64); CodecError if the bytes are not ``count`` whole varints of at most 10
+        bytes."""
+        found = _whole_varints(self)
+        if found is None or _widest(found) > 10:
+            raise CodecError(f"{len(self.data)} bytes are not {self.count} whole varints")
+        if not self.count:
+            return np.empty(0, np.int64)
+        return _varint_values(np.frombuffer(self.data, np.uint8), found[0])
 
 
 _INT_RANGES = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
@@ -364,12 +367,22 @@ def _vouch_varints(value: Varints, items: str) -> Varints | None:
     judged item by item."""
     if items not in _VARINT_WIDTHS:
         return None
-    ends = np.flatnonzero(np.frombuffer(value.data, np.uint8) < 0x80)
+    found = _whole_varints(value)
+    return value if found is not None and _widest(found) <= _VARINT_WIDTHS[items] else None
+
+
+def _whole_varints(value: Varints) -> Stops | None:
+    """The :func:`_stops` of ``value``'s bytes if they are exactly ``count`` varints, else None."""
+    ends, gaps = _stops(value.data)
     if len(ends) != value.count or (value.count and ends[-1] != len(value.data) - 1):
         return None
-    if value.count and np.diff(ends, prepend=-1).max() > _VARINT_WIDTHS[items]:
-        return None
-    return value
+    return ends, gaps
+
+
+def _widest(stops: Stops) -> int:
+    """The bytes the widest of a run of whole varints takes (0 for none), from its :func:`_stops`."""
+    ends, gaps = stops
+    return max(int(ends[0]) + 1, int(gaps.max(initial=0))) if len(ends) else 0
 
 
 def _listed(value: Any) -> Any:

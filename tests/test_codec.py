@@ -283,6 +283,17 @@ def test_varints_the_codec_cannot_vouch_for_are_refused_naming_the_field(varints
         codec.encode("segment", record)
 
 
+@pytest.mark.parametrize(
+    "varints",
+    [codec.Varints(1, b"\x02\x04"), codec.Varints(3, b"\x02\x04"), codec.Varints(1, b"\x82"),
+     codec.Varints(1, b"\xff" * 11 + b"\x01"), codec.Varints(0, b"\x02")],
+    ids=["trailing-bytes", "fewer-than-count", "cut-short", "over-10-bytes", "bytes-for-none"],
+)
+def test_decoding_varints_refuses_bytes_that_are_not_count_whole_varints(varints):
+    with pytest.raises(CodecError, match="are not .* whole varints"):
+        varints.values()
+
+
 def test_a_wide_varint_of_a_small_value_is_judged_by_its_value():
     """Five bytes for 0 (non-minimal, as another writer may send it): in range, so written, minimally."""
     record = {**SAMPLES["segment"], "response_ids": codec.Varints(2, b"\x80\x80\x80\x80\x00\x02"),
