@@ -25,6 +25,9 @@ Why it is shaped like this (Faust facts it respects):
   past the timeout there. Ticks are kept, so a rebuild replays the same aborts. The segmenter finds due
   rollouts through an in-memory clock index of the states it wrote; each assignment resets it (recovery
   rewrites the table), and the next tick rebuilds it from the table.
+* Faust's consumer fetches with aiokafka's one-byte minimum: a fetch round trip per event or two under a
+  trickle. :func:`~services.segmenter.delivery.batched_fetches` gives it ``--fetch-min-bytes`` and
+  ``--fetch-max-wait``.
 * Faust hands each fetched message over through ``wait_first`` (four tasks a message); the consumer's is
   replaced by :func:`~services.segmenter.delivery.quick_delivery`, which finishes a hand-over inline when
   it does not have to wait and takes Faust's path, unchanged, when it does.
@@ -53,6 +56,7 @@ from rollbus.segmentation import Outcome, Segmenter, decode_fact
 from rollbus.topics import DEAD_LETTER_MAX_BYTES, MAX_EVENT_BYTES, dead_letters_for, topic_name
 from services.segmenter.changelog import ChangelogBuffer
 from services.segmenter.delivery import (
+    batched_fetches,
     quick_delivery,
     rewind_changelogs_on_seek,
     seek_before_streams_resume,
@@ -117,6 +121,7 @@ def build_app(settings: SegmenterSettings, partitions: int) -> faust.App:
     # A commit hands the buffers' changes to Faust's producer buffer at once (a key each, ~2 per rollout in
     # flight); past its default of 100 queued messages Faust stops feeding the agent and warns until it ebbs.
     app.producer.buffer.max_messages = 10_000
+    batched_fetches(app.consumer, settings.fetch_min_bytes, settings.fetch_max_wait)  # not a fetch an event
     delivery_idle = quick_delivery(app.consumer)  # each message reaches the agent without four Faust tasks
     seek_before_streams_resume(app, delivery_idle)  # ...and none is lost when a rebalance resumes the streams
     rewind_changelogs_on_seek(app)  # ...or when a fetch comes back after a rebalance stopped the flow

@@ -92,3 +92,25 @@ async def test_buffered_table_writes_reach_the_changelog_at_the_flush_once_per_k
         await app.producer.stop()
     assert logged_states == [(2, b"r-1", b'{"seq":2}')]
     assert logged_bodies == [(2, b"kept", b"body-1"), (2, b"gone", b"body-2"), (2, b"gone", None)]
+
+
+async def test_the_worker_s_consumer_fetches_with_the_settings_minimum_and_wait(
+    kafka_bootstrap: str, topics: dict[str, str], tmp_path: Path
+) -> None:
+    """Faust builds its aiokafka consumer with a one-byte minimum and no setting for it: the fetcher the
+    worker's consumer starts (what its fetch requests are built from) carries the settings' values."""
+    settings = SegmenterSettings(
+        bootstrap_servers=kafka_bootstrap,
+        namespace=namespace_of(topics),
+        state_dir=tmp_path,
+        fetch_min_bytes=123_456,
+        fetch_max_wait=0.25,
+    )
+    app = build_app(settings, partitions=3)
+    thread = app.consumer._thread
+    consumer = thread._create_worker_consumer(thread.transport)
+    await consumer.start()
+    try:
+        assert (consumer._fetcher._fetch_min_bytes, consumer._fetcher._fetch_max_wait_ms) == (123_456, 250)
+    finally:
+        await consumer.stop()
