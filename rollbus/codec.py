@@ -169,11 +169,16 @@ def _encode_plan(declared: dict[str, Any]) -> tuple[tuple[Any, ...], ...]:
 
 
 def _varints(values: np.ndarray) -> bytes:
-    """Avro longs (zigzag, then 7 bits a byte, least significant first) of an int64 array, vectorised."""
+    """Avro longs (zigzag, then 7 bits a byte, least significant first) of an integer array, vectorised."""
+    if not len(values):
+        return b""
+    low, high = int(values.min()), int(values.max())
+    if low >= -64 and high <= 63:  # policy versions, context's -1: a byte each, no int64 copy
+        small = values.astype(np.int8, copy=False)
+        return ((small << np.int8(1)) ^ (small >> np.int8(7))).view(np.uint8).tobytes()
+    values = values.astype(np.int64, copy=False)
     zigzag = ((values << 1) ^ (values >> 63)).view(np.uint64)
     width = max(1, (int(zigzag.max()).bit_length() + 6) // 7)
-    if width == 1:  # every value in -64..63 (policy versions, context's -1): a byte each, as it is
-        return zigzag.astype(np.uint8).tobytes()
     groups = np.empty((len(zigzag), width), np.uint8)
     lengths = np.ones(len(zigzag), np.int64)
     rest = zigzag.copy()
@@ -186,16 +191,29 @@ def _varints(values: np.ndarray) -> bytes:
     return groups[np.arange(width) < lengths[:, None]].tobytes()
 
 
-def _number_block(values: np.ndarray | Varints) -> bytes:
-    """One Avro array block (count, items, end marker) of numbers :func:`_vouch` converted or vouched for."""
+def _long(value: int) -> bytes:
+    """One Avro long (a block's item count): no numpy call for a single number."""
+    zigzag = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while zigzag > 0x7F:
+        out.append((zigzag & 0x7F) | 0x80)
+        zigzag >>= 7
+    out.append(zigzag)
+    return bytes(out)
+
+
+def _write_number_block(buffer: io.BytesIO, values: np.ndarray | Varints) -> None:
+    """One Avro array block (count, items, end marker) of numbers :func:`_vouch` converted or vouched for,
+    written piece by piece (a segment's arrays are copied once, into ``buffer``)."""
     if not len(values):
-        return b"\x00"
-    count = _varints(np.array([len(values)], np.int64))
+        buffer.write(b"\x00")
+        return
+    buffer.write(_long(len(values)))
     if isinstance(values, Varints):
-        body = values.data
+        buffer.write(values.data)
     else:
-        body = _varints(values) if values.dtype == np.int64 else values.tobytes()
-    return count + body + b"\x00"
+        buffer.write(_varints(values) if values.dtype.kind in "iu" else values.tobytes())
+    buffer.write(b"\x00")
 
 
 _NUMBER_DTYPES = {"float": "<f4", "double": "<f8"}
@@ -351,12 +369,9 @@ def _vouch_array(value: np.ndarray, items: str) -> np.ndarray | None:
     kind = value.dtype.kind
     if value.ndim != 1 or kind not in ("iu" if items in _INT_RANGES else "iuf"):
         return None
-    if items in _INT_RANGES:
-        if kind == "u" and len(value) and int(value.max()) > _INT_RANGES["long"][1]:
-            return None
-        array = value.astype(np.int64, copy=False)
+    if items in _INT_RANGES:  # kept in its own dtype: the writer reads small ints a byte each
         low, high = _INT_RANGES[items]
-        return array if not len(array) or (low <= array.min() and array.max() <= high) else None
+        return value if not len(value) or (low <= int(value.min()) and int(value.max()) <= high) else None
     array = value.astype("<f4" if items == "float" else "<f8", copy=False)
     return None if items == "float" and np.isinf(array).any() else array
 
@@ -364,11 +379,24 @@ def _vouch_array(value: np.ndarray, items: str) -> np.ndarray | None:
 def _vouch_varints(value: Varints, items: str) -> Varints | None:
     """:func:`_vouch` for :class:`Varints`: ``count`` whole varints, none wider than what holds only values of
     the type (4 bytes for int, 9 for long); None (not sure) for anything else, which is then decoded and
-    judged item by item."""
+    judged item by item. Byte-wide boolean passes only: a segment's ids are checked at the cost of a few
+    copies of their bytes, not of an int64 per token."""
     if items not in _VARINT_WIDTHS:
         return None
-    found = _whole_varints(value)
-    return value if found is not None and _widest(found) <= _VARINT_WIDTHS[items] else None
+    data = np.frombuffer(value.data, np.uint8)
+    if not len(data):
+        return value if not value.count else None
+    more = data >= 0x80  # a byte another follows in its varint
+    if more[-1] or len(data) - np.count_nonzero(more) != value.count:
+        return None
+    width = _VARINT_WIDTHS[items]
+    if len(data) >= width:  # a run of ``width`` continuation bytes is a varint wider than ``width``
+        run = more[: len(data) - width + 1].copy()
+        for shift in range(1, width):
+            run &= more[shift : len(data) - width + 1 + shift]
+        if run.any():
+            return None
+    return value
 
 
 def _whole_varints(value: Varints) -> Stops | None:
@@ -514,7 +542,7 @@ class Codec:
         buffer.write(HEADER.pack(MAGIC, EVENT_TYPES.index(event_type), current.version))
         for step in current.plan:
             if step[0] == "numbers" and step[1] in vouched:
-                buffer.write(_number_block(vouched[step[1]]))
+                _write_number_block(buffer, vouched[step[1]])
             else:
                 fastavro.schemaless_writer(buffer, step[-1], datum)
         return buffer.getvalue()

@@ -215,27 +215,50 @@ def chain_arrays(records: Sequence[Mapping[str, Any]]) -> ChainTokens:
     first = records[0]
     prompt = _ids(first["prompt_ids"])
     check_prompt_tokens(turn_key(first), len(prompt), first["prompt_tokens"])
-    pieces: list[tuple[Any, Any, Any, Any]] = []
+    # the response's pieces, each a run of one mask value and one policy version: the per-token arrays are
+    # built once at the end (np.repeat), not a few small arrays a turn
+    ids: list[Any] = []
+    lengths: list[int] = []
+    masks: list[int] = []
+    versions: list[int] = []
+    logprobs: list[Any] = []  # None: zeros (context, or an output whose logprobs do not line up)
     spans, length, misaligned = [], 0, 0  # length: of the response so far
     for index, record in enumerate(records):
         if index:
             context = _ids(record["prompt_ids"])
             length += len(context)
             check_prompt_tokens(turn_key(record), len(prompt) + length, record["prompt_tokens"])
-            pieces.append((context, np.zeros(len(context), np.uint8), np.zeros(len(context), np.float32),
-                           np.full(len(context), CONTEXT_VERSION, np.int64)))  # fmt: skip
-        output, logprobs = _ids(record["output_ids"]), record["output_logprobs"]
+            ids.append(context)
+            lengths.append(len(context))
+            masks.append(0)
+            versions.append(CONTEXT_VERSION)
+            logprobs.append(None)
+        output = _ids(record["output_ids"])
         count = len(output)
         if not count:
             continue
-        trained = aligned(count, len(logprobs), record["turn_index"], record["chain_id"])
+        trained = aligned(count, len(record["output_logprobs"]), record["turn_index"], record["chain_id"])
         if not trained:
-            logprobs, misaligned = np.zeros(count, np.float32), misaligned + count
-        pieces.append((output, np.full(count, int(trained), np.uint8), logprobs,
-                       np.full(count, record["policy_version"], np.int64)))  # fmt: skip
+            misaligned += count
+        ids.append(output)
+        lengths.append(count)
+        masks.append(int(trained))
+        versions.append(record["policy_version"])
+        logprobs.append(record["output_logprobs"] if trained else None)
         spans.append((length, length + count))
         length += count
-    return _arrays(prompt, pieces, spans, misaligned)
+    zeros = np.zeros(max(lengths, default=0), np.float32)
+    as_read = zip(logprobs, lengths, strict=True)
+    pieces = [zeros[:n] if lp is None else np.asarray(lp, np.float32) for lp, n in as_read]
+    return ChainTokens(
+        prompt,
+        _joined_ids(ids),
+        np.repeat(np.array(masks, np.uint8), lengths),
+        np.concatenate(pieces) if pieces else np.empty(0, np.float32),
+        np.repeat(np.array(versions, np.int64), lengths),
+        output_spans=spans,
+        misaligned_tokens=misaligned,
+    )
 
 
 def _arrays(prompt: Any, pieces: list[tuple[Any, Any, Any, Any]], spans: list[tuple[int, int]],
