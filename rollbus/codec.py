@@ -262,25 +262,26 @@ def _varint_values(data: np.ndarray, ends: np.ndarray) -> np.ndarray:
 Blocks = tuple[tuple[int, int, int], ...]  # an array's blocks: (item count, first item byte, end byte)
 
 
+_MAX = np.maximum.reduce  # the ufunc itself: ndarray.max's Python wrappers cost more than a short array
 Stops = tuple[np.ndarray, np.ndarray]  # a message's varint ends (bytes below 0x80) and the gaps between them
 
 
 def _stops(data: bytes) -> Stops:
     """Where every varint of a message could end, found once for all its arrays (:func:`_varints_end`)."""
-    stops = np.flatnonzero(np.frombuffer(data, np.uint8) < 0x80)
-    return stops, np.diff(stops)
+    stops = (np.frombuffer(data, np.uint8) < 0x80).nonzero()[0]
+    return stops, stops[1:] - stops[:-1]
 
 
 def _varints_end(stops: Stops, pos: int, count: int) -> int:
     """The position after ``count`` Avro longs from ``pos``, given the message's :func:`_stops`. Raises as
     :func:`_varint_ends` does."""
     ends, gaps = stops
-    first = int(np.searchsorted(ends, pos))
+    first = int(ends.searchsorted(pos))
     last = first + count - 1
     if last >= len(ends):
         raise EOFError(f"an array of {count} numbers runs past the end of the message")
     end = int(ends[last])
-    if ends[first] - pos >= 10 or (end - pos >= count + 9 and gaps[first:last].max() > 10):
+    if int(ends[first]) - pos >= 10 or (end - pos >= count + 9 and _MAX(gaps[first:last]) > 10):
         raise ValueError("a varint is longer than 10 bytes")  # (a span under count + 9 bytes has none)
     return end + 1
 

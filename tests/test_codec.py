@@ -396,6 +396,22 @@ def test_a_scan_refuses_exactly_what_a_decode_refuses(event_type, body):
     assert _scan_outcome(FAST, data) == _outcome(SLOW, data)
 
 
+@pytest.mark.parametrize("position", [0, 1, 2])
+def test_a_scan_refuses_a_varint_over_10_bytes_anywhere_in_an_array(position):
+    """fastavro reads an 11-byte varint as some number; a scan refuses it, wherever it sits in the array,
+    since the numpy decode at the cut would shift its bits past 64. A well-formed message either side
+    of it is read as before."""
+    record = {**SAMPLES["turn"], "output_ids": [5, 300, 7], "output_logprobs": [-0.1, -0.2, -0.3]}
+    data = codec.encode("turn", record)
+    ((_, start, end),) = next(blocks for name, _, blocks in codec.scan(data).arrays if name == "output_ids")
+    varints = [data[start : start + 1], data[start + 1 : start + 3], data[start + 3 : end]]
+    varints[position] = b"\x80" * 10 + b"\x00"
+    bad = data[:start] + b"".join(varints) + data[end:]
+    with pytest.raises(CodecError, match="longer than 10 bytes"):
+        codec.scan(bad)
+    assert codec.scan(data).decoded().record["output_ids"] == [5, 300, 7]
+
+
 @settings(max_examples=30, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(data=st.data(), count=st.integers(0, 6))
 def test_decode_many_is_decode_one_by_one(data, count):
