@@ -11,8 +11,10 @@ records, per rollout, the time from its reward's ack to its last segment. The ba
 bytes produced by aiokafka to a plain topic and consumed back, in the same run on the same broker. Both
 paths send bytes encoded before their clock starts, and neither consumer decodes: the load generator shares
 the machine, and its own encoding and decoding are not what is measured.
-Reported: tokens/s, p50/p99 latency, the segmenter's RSS before and after, and tokens per second of the
-worker's own CPU time (user + system), which other load on the machine disturbs far less than tokens/s.
+Reported: rollouts sent per second (the load generator waits for each rollout's acks, so on a saturated
+machine it sends fewer than offered), tokens/s, p50/p99 latency, the segmenter's RSS before and after, and
+tokens per second of the worker's own CPU time (user + system), which other load on the machine disturbs far
+less than tokens/s.
 """
 
 from __future__ import annotations
@@ -198,7 +200,8 @@ async def through_segmenter(
     latencies = [done[r.encode()] - rewarded[r] for r in rewarded]
     elapsed = max(done.values()) - start
     return {"tokens_per_s": sum(r.tokens for r in rollouts) / elapsed, "p50": percentile(latencies, 0.5),
-            "p99": percentile(latencies, 0.99), "elapsed": elapsed}  # fmt: skip
+            "p99": percentile(latencies, 0.99), "elapsed": elapsed,
+            "published_per_s": len(rollouts) / (max(rewarded.values()) - start)}  # fmt: skip
 
 
 async def raw_aiokafka(
@@ -243,7 +246,8 @@ async def raw_aiokafka(
     latencies = [arrived[k] - sent[k] for k in sent]
     elapsed = max(arrived.values()) - start
     return {"tokens_per_s": sum(r.tokens for r in rollouts) / elapsed, "p50": percentile(latencies, 0.5),
-            "p99": percentile(latencies, 0.99), "elapsed": elapsed}  # fmt: skip
+            "p99": percentile(latencies, 0.99), "elapsed": elapsed,
+            "published_per_s": len(payloads) / (max(sent.values()) - start)}  # fmt: skip
 
 
 async def group_stable(bootstrap: str, group: str, members: int, timeout: float = 180) -> None:
@@ -332,8 +336,8 @@ async def bench(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
     rng = random.Random(7)
     turns = (10, 20) if args.quick else (10, 100)
     results = []
-    print(f"{'rate/s':>7} {'path':<10} {'tokens/s':>11} {'p50 s':>7} {'p99 s':>7} {'RSS MB':>13} "
-          f"{'tokens/CPU s':>13}")  # fmt: skip
+    print(f"{'rate/s':>7} {'path':<10} {'sent/s':>7} {'tokens/s':>11} {'p50 s':>7} {'p99 s':>7} "
+          f"{'RSS MB':>13} {'tokens/CPU s':>13}")  # fmt: skip
     for rate in args.rates:
         ns = f"bench-{uuid.uuid4().hex[:6]}"
         await create_topics(bootstrap, PARTITIONS, ns)
@@ -357,11 +361,13 @@ async def bench(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
         rss = f"{before:.0f} -> {after:.0f}"
         rows = (("segmenter", ours, rss, f"{tokens / cpu:,.0f}"), ("raw", raw, "", ""))
         for name, row, rss, per_cpu in rows:
-            print(f"{rate:>7g} {name:<10} {row['tokens_per_s']:>11,.0f} {row['p50']:>7.2f} "
+            print(f"{rate:>7g} {name:<10} {row['published_per_s']:>7.1f} {row['tokens_per_s']:>11,.0f} "
+                  f"{row['p50']:>7.2f} "
                   f"{row['p99']:>7.2f} "
                   f"{rss:>13} {per_cpu:>13}")  # fmt: skip
+        ratio = ours["tokens_per_s"] / raw["tokens_per_s"]
         print(
-            f"{'':>7} ratio      {ours['tokens_per_s'] / raw['tokens_per_s']:>11.2f} of raw throughput "
+            f"{'':>7} ratio      {'':>7} {ratio:>11.2f} of raw throughput "
             f"({len(rollouts)} rollouts, {sum(r.tokens for r in rollouts):,} tokens, "
             f"{args.workers} worker(s))"
         )
@@ -370,15 +376,16 @@ async def bench(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
 
 
 def summary(results: list[tuple[float, dict[str, float], dict[str, float]]]) -> str:
-    """The issue's two figures: best segmenter throughput over raw's best in the run, and the highest
-    offered rate whose p99 stayed under a second."""
+    """The issue's two figures: best segmenter throughput over raw's best in the run, and the highest rate
+    whose p99 stayed under a second: the rate rollouts were sent at, which falls short of the one offered
+    once the load generator, which waits for each rollout's acks, shares a saturated machine."""
     best = max(ours["tokens_per_s"] for _, ours, _ in results)
     best_raw = max(raw["tokens_per_s"] for _, _, raw in results)
-    under = [rate for rate, ours, _ in results if ours["p99"] < 1.0]
+    under = [ours["published_per_s"] for _, ours, _ in results if ours["p99"] < 1.0]
     return (
         f"best: segmenter {best:,.0f} tokens/s, raw {best_raw:,.0f} (raw's best at these rates; its ceiling "
         f"may be higher): {best / best_raw:.2f}; p99 under 1 s up to "
-        + (f"{max(under):g} rollouts/s" if under else "none of these rates")
+        + (f"{max(under):.1f} rollouts/s sent" if under else "none of these rates")
     )
 
 
