@@ -4,6 +4,7 @@ segments (those fan_out cuts from the writer's own chains); conflicts, late even
 from __future__ import annotations
 
 import io
+import json
 import random
 from dataclasses import replace
 from typing import Any
@@ -17,6 +18,7 @@ from rollbus.codec import HEADER, MAGIC, Varints, decode, decode_many, decode_sc
 from rollbus.events import EVENT_TYPES, spec
 from rollbus.segmentation import (
     FACT_KINDS,
+    ChainFacts,
     Fact,
     Options,
     RolloutState,
@@ -396,6 +398,33 @@ def test_a_bad_segmenter_setting_is_one_line_and_exit_2() -> None:
     done = subprocess.run([sys.executable, "-m", "rollbus", "segmenter", "--rollout-timeout", "-1"],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 2 and "--rollout-timeout='-1'" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("reward", "last_at"),
+    [(0.5, 1), (float("nan"), 1), (float("-inf"), 1), (0.5, 2**70)],
+    ids=["finite", "nan", "inf", "int-past-64-bits"],
+)
+def test_a_state_reads_back_as_it_was_written(reward, last_at) -> None:
+    """orjson writes states, the standard encoder what orjson would get wrong (NaN as null) or refuses
+    (an int past 64 bits): either way the state reads back equal, non-ASCII ids included."""
+    state = RolloutState("r-é✓", partition=3, last_at=last_at, seq=7, closed=["a"])
+    state.reward = {"digest": "d", "attempt_id": "a", "reward": reward, "group_id": "g", "group_size": 2}
+    state.attempts = {"a": {"main": ChainFacts("main", {"0": "x" * 24}, "closed", 1, 2, 3)}}
+    back = RolloutState.from_bytes(state.to_bytes())
+    got = back.reward.pop("reward")
+    assert got == reward or (got != got and reward != reward)  # NaN stays NaN, not None
+    state.reward.pop("reward")
+    assert back == state
+
+
+@settings(max_examples=200, deadline=None)
+@given(rollout=st.text(), attempt=st.text(), chain=st.text(), index=st.integers(-(2**40), 2**40))
+def test_a_body_key_is_the_json_it_always_was(rollout, attempt, chain, index) -> None:
+    """Keys already in turn-bodies changelogs must still be found: any characters, any index."""
+    from rollbus.segmentation import body_key
+
+    assert body_key(rollout, (attempt, chain, index)) == json.dumps([rollout, attempt, chain, index])
 
 
 def test_ids_with_separator_characters_never_share_a_body_or_session_slot() -> None:
