@@ -57,10 +57,10 @@ def batched_fetches(consumer: Any, min_bytes: int, max_wait: float) -> None:
 
     Why: Faust builds its consumer with aiokafka's default of one byte (faust/transport/drivers/aiokafka.py
     ``_create_worker_consumer`` offers no setting), so under a steady trickle of events every fetch comes
-    back with one or two messages and the next is sent at once. On this machine that round trip, across
-    Faust's consumer thread, cost more than the rest of a no-op agent: 221 -> 135 µs of worker CPU per event
-    with 256 KiB / 100 ms (``bench/pipeline.py``). The price is up to ``max_wait`` of latency when less than
-    ``min_bytes`` is waiting.
+    back with one or two messages and the next is sent at once. On this machine those round trips, across
+    Faust's consumer thread, were ~40% of a no-op agent's CPU: 221 -> 135 µs of worker CPU per event with
+    256 KiB / 100 ms (a no-op agent fed ``bench/pipeline.py``'s rollouts at 48/s). The price is up to
+    ``max_wait`` of latency when less than ``min_bytes`` is waiting.
     """
     thread = consumer._thread
     create = thread._create_worker_consumer
