@@ -107,12 +107,12 @@ class Varints:
     def values(self) -> np.ndarray:
         """The ints, decoded (int64); CodecError if the bytes are not ``count`` whole varints of at most 10
         bytes."""
-        found = _whole_varints(self)
-        if found is None or _widest(found) > 10:
+        data = np.frombuffer(self.data, np.uint8)
+        if not _whole_varints(data, self.count, 10):
             raise CodecError(f"{len(self.data)} bytes are not {self.count} whole varints")
         if not self.count:
             return np.empty(0, np.int64)
-        return _varint_values(np.frombuffer(self.data, np.uint8), found[0])
+        return _varint_values(data, (data < 0x80).nonzero()[0])
 
 
 _INT_RANGES = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
@@ -380,38 +380,27 @@ def _vouch_array(value: np.ndarray, items: str) -> np.ndarray | None:
 def _vouch_varints(value: Varints, items: str) -> Varints | None:
     """:func:`_vouch` for :class:`Varints`: ``count`` whole varints, none wider than what holds only values of
     the type (4 bytes for int, 9 for long); None (not sure) for anything else, which is then decoded and
-    judged item by item. Byte-wide boolean passes only: a segment's ids are checked at the cost of a few
-    copies of their bytes, not of an int64 per token."""
+    judged item by item."""
     if items not in _VARINT_WIDTHS:
         return None
-    data = np.frombuffer(value.data, np.uint8)
+    whole = _whole_varints(np.frombuffer(value.data, np.uint8), value.count, _VARINT_WIDTHS[items])
+    return value if whole else None
+
+
+def _whole_varints(data: np.ndarray, count: int, width: int) -> bool:
+    """Whether ``data`` is exactly ``count`` varints, none over ``width`` bytes. Byte-wide boolean passes
+    only: a segment's ids are checked at the cost of a few copies of their bytes, not of an int64 a token."""
     if not len(data):
-        return value if not value.count else None
+        return not count
     more = data >= 0x80  # a byte another follows in its varint
-    if more[-1] or len(data) - np.count_nonzero(more) != value.count:
-        return None
-    width = _VARINT_WIDTHS[items]
-    if len(data) >= width:  # a run of ``width`` continuation bytes is a varint wider than ``width``
-        run = more[: len(data) - width + 1].copy()
-        for shift in range(1, width):
-            run &= more[shift : len(data) - width + 1 + shift]
-        if run.any():
-            return None
-    return value
-
-
-def _whole_varints(value: Varints) -> Stops | None:
-    """The :func:`_stops` of ``value``'s bytes if they are exactly ``count`` varints, else None."""
-    ends, gaps = _stops(value.data)
-    if len(ends) != value.count or (value.count and ends[-1] != len(value.data) - 1):
-        return None
-    return ends, gaps
-
-
-def _widest(stops: Stops) -> int:
-    """The bytes the widest of a run of whole varints takes (0 for none), from its :func:`_stops`."""
-    ends, gaps = stops
-    return max(int(ends[0]) + 1, int(gaps.max(initial=0))) if len(ends) else 0
+    if more[-1] or len(data) - np.count_nonzero(more) != count:
+        return False
+    if len(data) < width:
+        return True
+    run = more[: len(data) - width + 1].copy()  # a run of ``width`` continuation bytes: a wider varint
+    for shift in range(1, width):
+        run &= more[shift : len(data) - width + 1 + shift]
+    return not run.any()
 
 
 def _listed(value: Any) -> Any:
