@@ -210,8 +210,15 @@ def chain_arrays(records: Sequence[Mapping[str, Any]]) -> ChainTokens:
     stitched by it, then converted."""
     if not _linked(records):
         tokens = chain_tokens([_decoded_ids(record) for record in records])
-        pieces = [(tokens.response_ids, tokens.loss_mask, tokens.rollout_logprobs, tokens.policy_versions)]
-        return _arrays(tokens.prompt_ids, pieces, tokens.output_spans, tokens.misaligned_tokens)
+        return ChainTokens(
+            _ids(tokens.prompt_ids),
+            _ids(tokens.response_ids),
+            np.asarray(tokens.loss_mask, np.uint8),
+            np.asarray(tokens.rollout_logprobs, np.float32),
+            np.asarray(tokens.policy_versions, np.int64),
+            output_spans=tokens.output_spans,
+            misaligned_tokens=tokens.misaligned_tokens,
+        )
     first = records[0]
     prompt = _ids(first["prompt_ids"])
     check_prompt_tokens(turn_key(first), len(prompt), first["prompt_tokens"])
@@ -259,19 +266,6 @@ def chain_arrays(records: Sequence[Mapping[str, Any]]) -> ChainTokens:
         output_spans=spans,
         misaligned_tokens=misaligned,
     )
-
-
-def _arrays(prompt: Any, pieces: list[tuple[Any, Any, Any, Any]], spans: list[tuple[int, int]],
-            misaligned: int) -> ChainTokens:  # fmt: skip
-    """A ChainTokens of numpy arrays from its prompt and its response's pieces (ids, mask, logprobs,
-    versions), each field concatenated once."""
-    dtypes = (np.uint8, np.float32, np.int64)
-    fields = [
-        np.concatenate([np.asarray(piece[i], dtype) for piece in pieces]) if pieces else np.empty(0, dtype)
-        for i, dtype in enumerate(dtypes, start=1)
-    ]
-    return ChainTokens(_ids(prompt), _joined_ids([piece[0] for piece in pieces]), *fields,  # type: ignore[arg-type]
-                       output_spans=spans, misaligned_tokens=misaligned)  # fmt: skip
 
 
 def _ids(ids: Any) -> Varints | np.ndarray:
