@@ -229,6 +229,8 @@ async def test_a_seek_to_committed_offsets_also_rewinds_changelogs_to_what_their
 
 
 class Message(SimpleNamespace):
+    tp = TP("ns.turns", 0)
+
     def __hash__(self) -> int:
         return id(self)
 
@@ -241,7 +243,8 @@ def inline_app(handle, ebb=ebbed) -> SimpleNamespace:
     """A Faust app as far as handle_inline reads it, its flow on (as after a recovery)."""
     app = SimpleNamespace(consumer=Consumer(), flow_control=FlowControlEvent(initially_suspended=False),
                           producer=SimpleNamespace(buffer=SimpleNamespace(wait_until_ebb=ebb)),
-                          consumer_generation_id=3)  # fmt: skip
+                          consumer_generation_id=3,
+                          monitor=SimpleNamespace(stream_inbound_time={}))  # fmt: skip
     handle_inline(app, {"ns.turns"}, handle)
     return app
 
@@ -259,7 +262,8 @@ async def test_an_input_is_handled_inline_and_acked_and_other_topics_go_to_the_c
         handled.append(message)
 
     app = inline_app(handle)
-    turn, changelog = Message(topic="ns.turns"), Message(topic="ns-rollouts-changelog")
+    turn = Message(topic="ns.turns", tp=TP("ns.turns", 4))
+    changelog = Message(topic="ns-rollouts-changelog", tp=TP("ns-rollouts-changelog", 4))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert (await fetch(app, turn)).results == [None]
@@ -267,6 +271,8 @@ async def test_an_input_is_handled_inline_and_acked_and_other_topics_go_to_the_c
         gc.collect()
     assert handled == [turn] and app.consumer.acked == [turn] and not app.consumer.unacked
     assert app.consumer.slow_path == 0
+    # Faust's liveness check sees the partition's stream taking messages in (it would log an error)
+    assert set(app.monitor.stream_inbound_time) == {TP("ns.turns", 4)}
 
 
 async def test_a_rebalance_waits_for_the_message_under_way_which_is_handled_to_its_end_and_acked() -> None:
