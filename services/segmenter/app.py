@@ -139,8 +139,9 @@ def build_app(settings: SegmenterSettings, partitions: int) -> faust.App:
 
     # No agent: the fetcher hands each input straight to the worker (one at a time: the tables' only
     # writer); the channel is only added so that the conductor subscribes the consumer to its topics.
-    app.topics.add(app.topic(*(topic_name(t, ns) for t in (*INPUTS, TICKS)), **raw))
-    handle_inline(app, {topic_name(t, ns) for t in (*INPUTS, TICKS)}, worker.handle_or_crash)
+    handled = [topic_name(t, ns) for t in (*INPUTS, TICKS)]
+    app.topics.add(app.topic(*handled, **raw))
+    handle_inline(app, handled, worker.handle_or_crash)
 
     @app.timer(settings.tick_interval, on_leader=True)
     async def tick() -> None:
