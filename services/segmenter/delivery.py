@@ -98,19 +98,21 @@ def quick_delivery(consumer: Any) -> asyncio.Event:
     async def wait_first(*coros: Any, timeout: float | None = None) -> WaitResults:
         idle.clear()
         try:
-            if len(coros) == 2 and getattr(coros[0], "cr_code", None) is _HAND_OVER:
-                return await to_the_end(*coros)
-            if len(coros) != 2 or suspend_flow.is_set() or not inspect.iscoroutine(coros[0]):
+            # a hand-over to the handler checks the flow itself and is never cut short by it
+            own = len(coros) == 2 and getattr(coros[0], "cr_code", None) is _HAND_OVER
+            if not own and (len(coros) != 2 or suspend_flow.is_set() or not inspect.iscoroutine(coros[0])):
                 return await original(*coros, timeout=timeout)
             delivery, suspended = coros
             try:
                 yielded = delivery.send(None)
             except BaseException as finished:
-                if inspect.iscoroutine(suspended):
-                    suspended.close()  # never started: nothing to cancel
+                _close(suspended)
                 if isinstance(finished, StopIteration):
                     return WaitResults([delivery], [finished.value], False)
                 raise
+            if own:  # to its end, whatever the flow does meanwhile
+                _close(suspended)
+                return WaitResults([delivery], [await resume(delivery, yielded)], False)
             return await original(resume(delivery, yielded), suspended, timeout=timeout)
         finally:
             idle.set()
@@ -119,15 +121,9 @@ def quick_delivery(consumer: Any) -> asyncio.Event:
     return idle
 
 
-async def to_the_end(delivery: Coroutine[Any, Any, Any], suspended: Any) -> WaitResults:
-    """Run ``delivery`` inline to its end, whatever the flow does meanwhile (it checks the flow itself)."""
+def _close(suspended: Any) -> None:
     if inspect.iscoroutine(suspended):
         suspended.close()  # never started: nothing to cancel
-    try:
-        yielded = delivery.send(None)
-    except StopIteration as finished:
-        return WaitResults([delivery], [finished.value], False)
-    return WaitResults([delivery], [await resume(delivery, yielded)], False)
 
 
 def batched_fetches(consumer: Any, min_bytes: int, max_wait: float) -> None:
