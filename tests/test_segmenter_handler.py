@@ -44,14 +44,14 @@ class Topic:
         return done
 
 
-def agent(segmenter: Segmenter | None = None) -> tuple[SegmenterHandler, Topic, Topic]:
+def handler(segmenter: Segmenter | None = None) -> tuple[SegmenterHandler, Topic, Topic]:
     segments, letters = Topic(), Topic()
     segmenter = segmenter or Segmenter({}, {})
     return SegmenterHandler(segmenter, segments, letters, "ns.segmenter-ticks"), segments, letters
 
 
 async def test_a_rollout_goes_out_and_settles_poison_is_dead_lettered() -> None:
-    worker, segments, letters = agent()
+    worker, segments, letters = handler()
     await worker.handle(Message("ns.turns", b"junk", b"r1"))
     for topic, record in simple_rollout("r1").events:
         await worker.handle(Message(f"ns.{topic}", encode(EVENT[topic], record), b"r1"))
@@ -67,7 +67,7 @@ async def test_a_state_machine_failure_dead_letters_the_message_and_processing_g
                 raise RuntimeError("a bug")
             return super().handle(fact, raw, partition)
 
-    worker, segments, letters = agent(Broken({}, {}))
+    worker, segments, letters = handler(Broken({}, {}))
     for topic, record in simple_rollout("r2").events:
         await worker.handle(Message(f"ns.{topic}", encode(EVENT[topic], record), b"r2"))
     assert len(segments.sent) == 3  # the diff is not needed to cut
@@ -110,7 +110,7 @@ async def test_table_changes_are_logged_to_the_handled_message_s_partition_and_o
             logged.append((partition, key))
 
     states, bodies = ChangelogBuffer(Table()), ChangelogBuffer(Table())
-    worker, _, _ = agent(Segmenter(states, bodies))
+    worker, _, _ = handler(Segmenter(states, bodies))
     with pytest.raises(RuntimeError, match="while a message is handled"):
         states["r4"] = b"{}"
     assert "r4" not in states
