@@ -332,6 +332,21 @@ def start_workers(
     return workers
 
 
+def stop_workers(workers: list[subprocess.Popen[bytes]], grace: float = 30) -> None:
+    """SIGTERM each worker, SIGKILL one still running after ``grace`` seconds (a worker far behind its input
+    can take longer to stop): a bench never leaves a worker behind."""
+    for worker in workers:
+        worker.terminate()
+    deadline = time.monotonic() + grace
+    for worker in workers:
+        try:
+            worker.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            print(f"worker {worker.pid} still running {grace:.0f} s after SIGTERM: killed", file=sys.stderr)
+            worker.kill()
+            worker.wait()
+
+
 async def bench(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
     rng = random.Random(7)
     turns = (10, 20) if args.quick else (10, 100)
@@ -353,9 +368,7 @@ async def bench(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
             after = sum(rss_mb(w.pid) for w in workers)
             cpu = sum(cpu_seconds(w.pid) for w in workers) - cpu
         finally:
-            for worker in workers:
-                worker.terminate()
-                worker.wait(30)
+            stop_workers(workers)
         raw = await raw_aiokafka(bootstrap, ns, rollouts, payloads, rate)
         tokens = sum(r.tokens for r in rollouts)
         rss = f"{before:.0f} -> {after:.0f}"
@@ -440,9 +453,7 @@ async def soak(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
     finally:
         reader.cancel()
         await consumer.stop()
-        for worker in workers:
-            worker.terminate()
-            worker.wait(30)
+        stop_workers(workers)
     print(f"RSS slope over the second half: {slope(samples[len(samples) // 2 :]):.2f} MB/min")
 
 
