@@ -45,6 +45,7 @@ from rollbus.bus import Publisher  # noqa: E402
 from rollbus.codec import encode  # noqa: E402
 from rollbus.topics import create_topics, spec_for, topic_name  # noqa: E402
 from services.segmenter.app import app_id  # noqa: E402
+from services.stack.supervisor import stop_group  # noqa: E402
 
 PARTITIONS = 6
 Event = tuple[str, dict[str, Any]]
@@ -328,23 +329,16 @@ def start_workers(
              "--state-dir", str(state / f"w{number}"), "--log-level", "warning",
              *shlex.split(args.segmenter_args)],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+            start_new_session=True,  # its own process group, which stop_workers signals
         ))  # fmt: skip
     return workers
 
 
 def stop_workers(workers: list[subprocess.Popen[bytes]], grace: float = 30) -> None:
-    """SIGTERM each worker, SIGKILL one still running after ``grace`` seconds (a worker far behind its input
-    can take longer to stop): a bench never leaves a worker behind."""
+    """Stop each worker as ``rollbus up`` does (SIGTERM to its group, SIGKILL after ``grace``): a worker far
+    behind its input can take longer than that, and a bench never leaves one behind."""
     for worker in workers:
-        worker.terminate()
-    deadline = time.monotonic() + grace
-    for worker in workers:
-        try:
-            worker.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            print(f"worker {worker.pid} still running {grace:.0f} s after SIGTERM: killed", file=sys.stderr)
-            worker.kill()
-            worker.wait()
+        stop_group(worker, grace)
 
 
 async def bench(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
