@@ -1,7 +1,8 @@
 """quick_delivery: Faust's per-message hand-over finished inline when it need not wait, Faust's own path
 (cut short by a suspended flow) when it must; the same results, exceptions and cancellations either way.
 seek_before_streams_resume: the end of a recovery (the streams' seek) waits for a stopped flow and for the
-hand-over under way to end. rewind_changelogs_on_seek: a seek to committed offsets also rewinds changelogs."""
+hand-over under way to end. rewind_changelogs_on_seek: a seek to committed offsets also rewinds changelogs.
+rewind_uncommitted_on_seek: ...and starts again input partitions never committed."""
 
 from __future__ import annotations
 
@@ -17,7 +18,12 @@ from mode import Service
 from mode.utils.locks import Event
 from mode.utils.queues import FlowControlEvent
 
-from services.segmenter.delivery import quick_delivery, rewind_changelogs_on_seek, seek_before_streams_resume
+from services.segmenter.delivery import (
+    quick_delivery,
+    rewind_changelogs_on_seek,
+    rewind_uncommitted_on_seek,
+    seek_before_streams_resume,
+)
 
 
 class Consumer(Service):
@@ -205,3 +211,21 @@ async def test_a_seek_to_committed_offsets_also_rewinds_changelogs_to_what_their
     consumer.refuse = True
     await consumer.perform_seek()
     assert calls[2:] == ["streams to committed"]
+
+
+async def test_a_partition_the_assignment_no_longer_has_is_left_to_the_next_recovery() -> None:
+    """The beginning seek of a partition never committed, refused because a rebalance took it meanwhile,
+    neither fails the seek to committed offsets nor changes what it returns."""
+    fresh, done = TP("turns", 0), TP("turns", 1)
+
+    class RevokedConsumer:
+        async def seek_to_committed(self) -> dict[TP, int | None]:
+            return {fresh: None, done: 5}
+
+        async def seek_wait(self, offsets: dict[TP, int]) -> None:
+            assert offsets == {fresh: 0}
+            raise IllegalStateError("No current assignment for partition")
+
+    consumer = RevokedConsumer()
+    rewind_uncommitted_on_seek(consumer, ["turns"])
+    assert await consumer.seek_to_committed() == {fresh: None, done: 5}

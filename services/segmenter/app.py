@@ -36,6 +36,9 @@ Why it is shaped like this (Faust facts it respects):
   batch fetched as a rebalance stops the flow is dropped with only the streams sought back (changelogs have
   no committed offset: the recovery then waits forever). :func:`~services.segmenter.delivery.
   seek_before_streams_resume` and :func:`~services.segmenter.delivery.rewind_changelogs_on_seek` close both.
+  The seek that follows a dropped batch also leaves an input partition never committed where the fetcher
+  had got to (aiokafka seeks only committed offsets above 0): :func:`~services.segmenter.delivery.
+  rewind_uncommitted_on_seek` starts such a partition again from its beginning.
 * Poison bytes (undecodable, wrong type, wrong key, oversized) go to ``dead-letters`` with the original
   bytes and the reason, and processing continues.
 """
@@ -59,6 +62,7 @@ from services.segmenter.delivery import (
     batched_fetches,
     quick_delivery,
     rewind_changelogs_on_seek,
+    rewind_uncommitted_on_seek,
     seek_before_streams_resume,
 )
 from services.segmenter.settings import SegmenterSettings
@@ -125,6 +129,8 @@ def build_app(settings: SegmenterSettings, partitions: int) -> faust.App:
     delivery_idle = quick_delivery(app.consumer)  # each message reaches the agent without four Faust tasks
     seek_before_streams_resume(app, delivery_idle)  # ...and none is lost when a rebalance resumes the streams
     rewind_changelogs_on_seek(app)  # ...or when a fetch comes back after a rebalance stopped the flow
+    handled = [topic_name(t, ns) for t in (*INPUTS, TICKS)]
+    rewind_uncommitted_on_seek(app.consumer, handled)  # ...on a partition never committed too
     commit_after_changelogs(app, buffers, settings.changelog_timeout)
     raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
     inputs = app.topic(*(topic_name(t, ns) for t in INPUTS), **raw)
@@ -134,7 +140,7 @@ def build_app(settings: SegmenterSettings, partitions: int) -> faust.App:
     segmenter = Segmenter(*buffers, settings.options())
     worker = SegmenterAgent(segmenter, segments, letters, topic_name(TICKS, ns))
 
-    @app.agent(app.topic(*(topic_name(t, ns) for t in (*INPUTS, TICKS)), **raw), concurrency=1)
+    @app.agent(app.topic(*handled, **raw), concurrency=1)
     async def segment(stream: Any) -> None:
         async for event in stream.events():
             try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Coroutine
+from collections.abc import Collection, Coroutine, Mapping
 from typing import Any
 
 from aiokafka.errors import IllegalStateError
@@ -162,3 +162,33 @@ def rewind_changelogs_on_seek(app: Any) -> None:
                 pass
 
     consumer.perform_seek = perform_seek
+
+
+def rewind_uncommitted_on_seek(consumer: Any, topics: Collection[str]) -> None:
+    """Make every seek of the stream partitions to their committed offsets seek the partitions of
+    ``topics`` that have none (or 0) to their beginning, where the consumer's ``earliest`` reset starts them.
+
+    Why: aiokafka's ``seek_to_committed`` seeks only partitions whose committed offset is above 0 and leaves
+    the others where the fetcher had got to. Faust relies on that seek to fetch again what a rebalance made
+    it drop (a batch cut short as the flow stopped, or fetched while it was stopped: faust/transport/
+    consumer.py ``getmany``). On a partition never committed yet, the dropped messages were never read
+    again: seen here, a worker that took a fresh ``rewards`` partition over lost its first two rewards
+    that way, and their rollouts never closed. Reading a partition again from its start can only hand
+    over messages again, which the segmenter deduplicates.
+    """
+    topics = frozenset(topics)
+    seek_to_committed = consumer.seek_to_committed
+
+    async def seek_to_committed_or_beginning() -> Mapping[Any, int | None]:
+        committed = await seek_to_committed()
+        uncommitted = {
+            tp: 0 for tp, offset in committed.items() if tp.topic in topics and not (offset or 0) > 0
+        }
+        if uncommitted:
+            try:
+                await consumer.seek_wait(uncommitted)
+            except IllegalStateError:  # the assignment changed meanwhile: the next recovery seeks anew
+                pass
+        return committed
+
+    consumer.seek_to_committed = seek_to_committed_or_beginning
