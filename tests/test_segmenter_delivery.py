@@ -1,5 +1,7 @@
 """quick_delivery: Faust's per-message hand-over finished inline when it need not wait, Faust's own path
 (cut short by a suspended flow) when it must; the same results, exceptions and cancellations either way.
+handle_inline: the inputs go straight to the handler and are acked once handled, to its end whatever a
+rebalance does meanwhile; not at all when the flow stopped first; other topics go to the conductor.
 seek_before_streams_resume: the end of a recovery (the streams' seek) waits for a stopped flow and for the
 hand-over under way to end. rewind_changelogs_on_seek: a seek to committed offsets also rewinds changelogs.
 rewind_uncommitted_on_seek: ...and starts again input partitions never committed."""
@@ -19,6 +21,7 @@ from mode.utils.locks import Event
 from mode.utils.queues import FlowControlEvent
 
 from services.segmenter.delivery import (
+    handle_inline,
     quick_delivery,
     rewind_changelogs_on_seek,
     rewind_uncommitted_on_seek,
@@ -41,9 +44,23 @@ class Consumer(Service):
 
         self.wait_first = counted
         self.idle = quick_delivery(self)
+        self._unacked: set[object] = set()
+        self.acked: list[object] = []
 
     def stop_flow(self) -> None:
         self.suspend_flow.set()
+
+    # what handle_inline touches besides: the conductor's callback, the unacked set, ack
+    async def callback(self, message: object) -> str:
+        return f"conductor got {message.topic}"
+
+    @property
+    def unacked(self) -> set[object]:
+        return self._unacked
+
+    def ack(self, message: object) -> bool:
+        self.acked.append(message)
+        return True
 
     async def deliver(self, coro) -> object:
         """As Faust's fetcher does it (faust/transport/consumer.py ``_drain_messages``)."""
@@ -211,6 +228,130 @@ async def test_a_seek_to_committed_offsets_also_rewinds_changelogs_to_what_their
     consumer.refuse = True
     await consumer.perform_seek()
     assert calls[2:] == ["streams to committed"]
+
+
+class Message(SimpleNamespace):
+    tp = TP("ns.turns", 0)
+
+    def __hash__(self) -> int:
+        return id(self)
+
+
+async def ebbed() -> None:
+    return None
+
+
+def inline_app(handle, ebb=ebbed) -> SimpleNamespace:
+    """A Faust app as far as handle_inline reads it, its flow on (as after a recovery)."""
+    app = SimpleNamespace(consumer=Consumer(), flow_control=FlowControlEvent(initially_suspended=False),
+                          producer=SimpleNamespace(buffer=SimpleNamespace(wait_until_ebb=ebb)),
+                          consumer_generation_id=3,
+                          monitor=SimpleNamespace(stream_inbound_time={}))  # fmt: skip
+    handle_inline(app, {"ns.turns"}, handle)
+    return app
+
+
+async def fetch(app: SimpleNamespace, message: Message) -> object:
+    """What Faust's fetcher does with one message."""
+    return await app.consumer.deliver(app.consumer.callback(message))
+
+
+async def test_an_input_is_handled_inline_and_acked_and_other_topics_go_to_the_conductor() -> None:
+    handled: list[object] = []
+
+    async def handle(message: Message) -> None:
+        assert message in app.consumer.unacked  # a rebalance would wait for it
+        handled.append(message)
+
+    app = inline_app(handle)
+    turn = Message(topic="ns.turns", tp=TP("ns.turns", 4))
+    changelog = Message(topic="ns-rollouts-changelog", tp=TP("ns-rollouts-changelog", 4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert (await fetch(app, turn)).results == [None]
+        assert (await fetch(app, changelog)).results == ["conductor got ns-rollouts-changelog"]
+        gc.collect()
+    assert handled == [turn] and app.consumer.acked == [turn] and not app.consumer.unacked
+    assert app.consumer.slow_path == 0
+    # Faust's liveness check sees the partition's stream taking messages in (it would log an error)
+    assert set(app.monitor.stream_inbound_time) == {TP("ns.turns", 4)}
+
+
+async def test_a_rebalance_waits_for_the_message_under_way_which_is_handled_to_its_end_and_acked() -> None:
+    """Faust's path would cancel a delivery when the flow stops; a handler cut short after sending
+    segments but before settling would leave its message for a rebalance to wait on forever."""
+    acks: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    steps: list[str] = []
+
+    async def handle(message: Message) -> None:
+        steps.append("sent")
+        await acks  # the segments' acks
+        steps.append("settled")
+
+    app = inline_app(handle)
+    turn = Message(topic="ns.turns")
+    delivery = asyncio.ensure_future(fetch(app, turn))
+    await asyncio.sleep(0.01)
+    app.consumer.stop_flow()  # a rebalance begins
+    app.flow_control.suspend()
+    await asyncio.sleep(0.01)
+    assert steps == ["sent"] and not delivery.done() and turn in app.consumer.unacked
+    acks.set_result(None)
+    assert (await delivery).results == [None]
+    assert steps == ["sent", "settled"] and app.consumer.acked == [turn] and not app.consumer.unacked
+
+
+@pytest.mark.parametrize("stopped", ["suspend_flow", "flow_control", "generation"])
+async def test_an_input_fetched_as_the_flow_stops_is_neither_handled_nor_acked(stopped: str) -> None:
+    """It is fetched again after the seek to committed offsets that ends the rebalance."""
+    handled: list[object] = []
+
+    async def handle(message: Message) -> None:
+        handled.append(message)
+
+    ebb: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def ebbing() -> None:  # the producer's buffer is full: the hand-over waits for it to ebb
+        await ebb
+
+    app = inline_app(handle, ebbing)
+    delivery = asyncio.ensure_future(fetch(app, Message(topic="ns.turns")))
+    await asyncio.sleep(0.01)
+    if stopped == "suspend_flow":
+        app.consumer.stop_flow()
+    elif stopped == "flow_control":
+        app.flow_control.suspend()
+    else:
+        app.consumer_generation_id += 1  # a whole rebalance went by while it waited
+    ebb.set_result(None)
+    await delivery
+    assert handled == [] and app.consumer.acked == [] and not app.consumer.unacked
+
+
+@pytest.mark.parametrize("how", ["raises", "cancelled"])
+async def test_a_handler_that_fails_or_is_cancelled_leaves_its_message_unacked(how: str) -> None:
+    """A bus failure (raises) stops the worker; a stopping fetcher cancels the handler: the message is not
+    committed either way, and nothing waits for it."""
+    started = asyncio.Event()
+
+    async def handle(message: Message) -> None:
+        started.set()
+        await asyncio.sleep(0.01)
+        if how == "raises":
+            raise ConnectionError("the broker went away")
+        await asyncio.sleep(10)
+
+    app = inline_app(handle)
+    delivery = asyncio.ensure_future(fetch(app, Message(topic="ns.turns")))
+    if how == "raises":
+        with pytest.raises(ConnectionError):
+            await delivery
+    else:
+        await started.wait()
+        delivery.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await delivery
+    assert app.consumer.acked == [] and not app.consumer.unacked
 
 
 async def test_a_partition_the_assignment_no_longer_has_is_left_to_the_next_recovery() -> None:

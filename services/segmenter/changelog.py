@@ -14,17 +14,29 @@ changelog at all.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, MutableMapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
-from faust.streams import current_event
+_handled: ContextVar[int | None] = ContextVar("rollbus_segmenter_partition", default=None)
 
 
 def current_partition() -> int:
-    """The partition of the event being processed: a table change is logged where its event came from."""
-    event = current_event()
-    if event is None:
-        raise RuntimeError("a segmenter table can only change while an event is processed")
-    return event.message.partition
+    """The partition of the message being handled: a table change is logged where its event came from."""
+    partition = _handled.get()
+    if partition is None:
+        raise RuntimeError("a segmenter table can only change while a message is handled")
+    return partition
+
+
+@contextmanager
+def handling(partition: int) -> Iterator[None]:
+    """Table changes made inside are logged to ``partition`` (the handled message's)."""
+    token = _handled.set(partition)
+    try:
+        yield
+    finally:
+        _handled.reset(token)
 
 
 class ChangelogBuffer(MutableMapping[str, bytes]):
@@ -39,18 +51,20 @@ class ChangelogBuffer(MutableMapping[str, bytes]):
         return self.table.data[key]
 
     def __setitem__(self, key: str, value: bytes) -> None:
+        partition = self.partition_of()  # first: a change that cannot be logged is not made
         if key not in self._dirty and key not in self.table.data:
             self._fresh.add(key)
         self.table.data[key] = value
-        self._dirty[key] = (self.partition_of(), value)
+        self._dirty[key] = (partition, value)
 
     def __delitem__(self, key: str) -> None:
+        partition = self.partition_of()
         del self.table.data[key]
         if key in self._fresh:  # written and deleted since the last flush: nothing to log
             self._fresh.discard(key)
             self._dirty.pop(key, None)
         else:
-            self._dirty[key] = (self.partition_of(), None)
+            self._dirty[key] = (partition, None)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.table.data)
