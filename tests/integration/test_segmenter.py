@@ -158,7 +158,7 @@ async def test_a_second_worker_takes_partitions_over_mid_rollout(kafka_bootstrap
         second.stop()
     kept = unique_segments(segments)
     assert sorted(kept) == sorted(segment_id(w.rollout_id, "a1", i) for w in rollouts for i in range(3)), (
-        second.log()[-3000:]
+        f"worker 1:\n{first.log()[-3000:]}\nworker 2:\n{second.log()[-3000:]}"
     )
     assert "Error in recovery" not in second.log()
 
