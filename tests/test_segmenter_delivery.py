@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import warnings
+from collections.abc import Coroutine
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from aiokafka.errors import IllegalStateError
@@ -23,6 +25,7 @@ from mode.utils.queues import FlowControlEvent
 from services.segmenter.delivery import (
     handle_inline,
     quick_delivery,
+    resume,
     rewind_changelogs_on_seek,
     rewind_uncommitted_on_seek,
     seek_before_streams_resume,
@@ -370,3 +373,46 @@ async def test_a_partition_the_assignment_no_longer_has_is_left_to_the_next_reco
     consumer = RevokedConsumer()
     rewind_uncommitted_on_seek(consumer, ["turns"])
     assert await consumer.seek_to_committed() == {fresh: None, done: 5}
+
+
+@pytest.mark.parametrize("outcome", ["result", "error"])
+async def test_a_cancellation_after_the_awaited_future_is_done_reaches_the_delivery_as_under_a_task(
+    outcome: str,
+) -> None:
+    """The future a delivery awaits is done, and the task driving it is cancelled before it wakes: asyncio's
+    task throws the cancellation into the coroutine; ``resume`` must too, not resume it as if nothing came."""
+
+    async def run(drive: object) -> list[str]:
+        seen: list[str] = []
+        future = asyncio.get_running_loop().create_future()
+
+        async def delivery() -> None:
+            try:
+                await future
+            except asyncio.CancelledError:
+                seen.append("cancelled")
+                raise
+            except RuntimeError:
+                seen.append("error")
+                return
+            seen.append("resumed")
+
+        task = asyncio.create_task(drive(delivery()))  # type: ignore[operator]
+        await asyncio.sleep(0)  # the delivery now awaits the future
+        if outcome == "result":
+            future.set_result(1)
+        else:
+            future.set_exception(RuntimeError("the future's own failure"))
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return seen
+
+    async def as_a_task(coro: Coroutine[Any, Any, None]) -> None:
+        await coro
+
+    async def through_resume(coro: Coroutine[Any, Any, None]) -> None:
+        await resume(coro, coro.send(None))
+
+    assert await run(as_a_task) == ["cancelled"]
+    assert await run(through_resume) == ["cancelled"]

@@ -178,8 +178,9 @@ def seek_before_streams_resume(app: Any, delivery_idle: asyncio.Event) -> None:
 async def resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Any:
     """Drive ``coro``, which already yielded ``yielded``, to its end as the task running it would have: wait
     for each future it yields (cleared of its blocking mark first, as a task does), then resume it so it
-    reads the future's outcome itself; a bare yield is one turn of the loop; a cancellation of this task
-    that did not cancel the awaited future (a bare yield) is thrown into ``coro``."""
+    reads the future's outcome itself; a bare yield is one turn of the loop. A cancellation of this task is
+    thrown into ``coro`` unless it cancelled the awaited future, which ``coro`` then reads: also when it came
+    after the future was done (a task cancelled with its wake-up pending), where a task throws it in too."""
     while True:
         cancelled = False
         if yielded is None:
@@ -191,8 +192,10 @@ async def resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Any:
             yielded._asyncio_future_blocking = False
             try:
                 await yielded
-            except (Exception, asyncio.CancelledError):  # the future's outcome, read again by ``coro``; or
-                cancelled = not yielded.done()  # this task's cancellation (KeyboardInterrupt etc. propagate)
+            except asyncio.CancelledError:  # the future's, read by ``coro``; or this task's, thrown in
+                cancelled = not yielded.cancelled()
+            except Exception:  # the future's outcome, read again by ``coro`` (KeyboardInterrupt propagates)
+                pass
         else:
             raise RuntimeError(f"a delivery yielded {yielded!r}, which is not a future")
         try:
