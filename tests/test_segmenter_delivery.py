@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import warnings
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from types import SimpleNamespace
 from typing import Any
 
@@ -382,7 +382,7 @@ async def test_a_cancellation_after_the_awaited_future_is_done_reaches_the_deliv
     """The future a delivery awaits is done, and the task driving it is cancelled before it wakes: asyncio's
     task throws the cancellation into the coroutine; ``resume`` must too, not resume it as if nothing came."""
 
-    async def run(drive: object) -> list[str]:
+    async def run(drive: Callable[[Coroutine[Any, Any, None]], Coroutine[Any, Any, None]]) -> list[str]:
         seen: list[str] = []
         future = asyncio.get_running_loop().create_future()
 
@@ -397,7 +397,7 @@ async def test_a_cancellation_after_the_awaited_future_is_done_reaches_the_deliv
                 return
             seen.append("resumed")
 
-        task = asyncio.create_task(drive(delivery()))  # type: ignore[operator]
+        task = asyncio.create_task(drive(delivery()))
         await asyncio.sleep(0)  # the delivery now awaits the future
         if outcome == "result":
             future.set_result(1)

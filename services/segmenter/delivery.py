@@ -259,9 +259,8 @@ def rewind_uncommitted_on_seek(consumer: Any, topics: Collection[str]) -> None:
 
     async def seek_to_committed_or_beginning() -> Mapping[Any, int | None]:
         committed = await seek_to_committed()
-        uncommitted = {
-            tp: 0 for tp, offset in committed.items() if tp.topic in topics and not (offset or 0) > 0
-        }
+        skipped = {tp for tp, offset in committed.items() if not (offset and offset > 0)}  # what it skipped
+        uncommitted = {tp: 0 for tp in skipped if tp.topic in topics}
         if uncommitted:
             try:
                 await consumer.seek_wait(uncommitted)
