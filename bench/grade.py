@@ -3,7 +3,8 @@
 Run: ``python bench/grade.py [--quick] [--repeats N]``. The baseline, measured in the same run, is what a
 grader without any of the protections does: copy the image, ``git apply``, copy the hidden tests in, run the
 grading command as a plain subprocess. Prints the median seconds of each per task and the ratio, i.e. what
-the sandboxes, the tree measurement and the report cross-checks cost per grade.
+the sandboxes, the tree measurement and the report cross-checks cost per grade, then one ratio line over all
+tasks (total grader time over total bare time) against the budget: the grader stays within 2x of bare.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from rollbus.grading.rows import EvalCmd, F2PScript, GradingSpec, Swepro
 
 SWE_MINI = Path(__file__).resolve().parents[1] / "examples" / "swe-mini"
 ENV = {"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1", "HOME": "/tmp"}
+BUDGET = 2.0  # the grader's time per grade, at most this many times a bare apply-and-run
 
 
 def rows() -> dict[str, dict]:
@@ -63,6 +65,7 @@ def main() -> None:
     all_rows = rows()
     tasks = ["swe-mini__lru", "swe-mini__slugify", "swe-mini__roman"] if args.quick else sorted(all_rows)
     print(f"{'task':22} {'grader':10} {'rollbus s':>10} {'bare s':>8} {'ratio':>6}")
+    totals = [0.0, 0.0]
     for task in tasks:
         row = all_rows[task]
         spec = parse_row(row, SWE_MINI)
@@ -70,6 +73,18 @@ def main() -> None:
         baseline = median_seconds(lambda: bare(spec, row["label"]), repeats)  # noqa: B023
         kind = type(spec.grader).__name__
         print(f"{task:22} {kind:10} {graded:10.3f} {baseline:8.3f} {graded / baseline:6.1f}x")
+        totals = [totals[0] + graded, totals[1] + baseline]
+    print(ratio_line(len(tasks), *totals))
+
+
+def ratio_line(tasks: int, graded: float, baseline: float) -> str:
+    """The bench's one-line answer: the grader's time over bare apply-and-run's, against :data:`BUDGET`."""
+    ratio = graded / baseline
+    verdict = "within" if ratio <= BUDGET else "OVER"
+    return (
+        f"ratio {ratio:.2f}x over {tasks} tasks (grader {graded:.3f} s, bare {baseline:.3f} s): "
+        f"{verdict} the {BUDGET:.0f}x budget"
+    )
 
 
 if __name__ == "__main__":
