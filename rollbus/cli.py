@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "grader": ("services.grader.main", "grades diffs in a clean sandbox; publishes rewards"),
     "gym-runner": ("services.gym_runner.main", "runs gym episodes through the adapter; publishes rewards"),
     "grade": ("services.grader.cli", "grade one patch against one row exactly as the grader does"),
+    "regrade": ("services.grader.regrade", "grade every diff in the log again into a fresh rewards topic"),
     "segmenter": ("services.segmenter.main", "joins turns, sessions and rewards into segments"),
     "rebuild": ("services.segmenter.rebuild", "replay the raw topics into a fresh derived topic (segments)"),
     "trainer": ("trainer.main", "consumes segments and trains the policy"),

@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
@@ -213,6 +214,33 @@ async def check_topics(bootstrap_servers: str, namespace: str = "") -> dict[str,
     if problem:
         raise TopicsError(problem)
     return counts
+
+
+async def create_fresh(bootstrap_servers: str, topic: str, partitions: int, like: str) -> None:
+    """Create ``topic`` configured like the rollbus topic ``like``, for data derived again from the log
+    (``rollbus rebuild``, ``rollbus regrade``); an existing topic is accepted only if it is empty, so two
+    derivations never mix in one topic."""
+    existing = await describe(bootstrap_servers, [topic])
+    if topic in existing:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None)
+        await consumer.start()
+        try:
+            tps = [TopicPartition(topic, p) for p in range(existing[topic])]
+            ends, starts = await consumer.end_offsets(tps), await consumer.beginning_offsets(tps)
+        finally:
+            await consumer.stop()
+        if any(ends[tp] > starts[tp] for tp in tps):
+            raise TopicsError(f"{topic} already holds messages: write into a fresh topic")
+        return
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id="rollbus-topics")
+    await admin.start()
+    try:
+        _raise_create_errors(
+            await admin.create_topics([NewTopic(topic, partitions, 1, topic_configs=spec_for(like).config())])
+        )
+    finally:
+        await admin.close()
+    await wait_visible(bootstrap_servers, [topic])
 
 
 # --- CLI ---------------------------------------------------------------------------------------

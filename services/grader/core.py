@@ -57,3 +57,10 @@ def reward_record(diff: Mapping[str, Any], result: GradeResult) -> dict[str, Any
         "infos": "[]",
         "at": int(time.time() * 1000),
     }
+
+
+def without_bulk(record: Mapping[str, Any]) -> dict[str, Any]:
+    """``record`` without its per-test results and details, for a reward event too large for the bus: they are
+    the bulk, and the verdict itself always fits."""
+    note = json.dumps({"note": "per-test results and details dropped: the reward event was too large"})
+    return {**record, "tests": [], "details": note}

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import signal
 
@@ -22,7 +21,7 @@ from aiokafka.errors import KafkaError
 from rollbus.bus import Event, EventConsumer, EventTooLarge, PermanentError, Publisher
 from rollbus.sandbox import bwrap_usable
 from rollbus.topics import TopicsError, check_topics, topic_name
-from services.grader.core import grade_diff, reward_record
+from services.grader.core import grade_diff, reward_record, without_bulk
 from services.grader.settings import GraderSettings
 
 log = logging.getLogger("rollbus.grader")
@@ -70,11 +69,8 @@ class DiffGrader:
         record = reward_record(diff, result)
         try:
             await self.publisher.publish(self.rewards, record)
-        except EventTooLarge:  # per-test results and logs are the bulk: the verdict itself always fits
-            note = json.dumps(
-                {"note": "per-test results and details dropped: the reward event was too large"}
-            )
-            await self.publisher.publish(self.rewards, {**record, "tests": [], "details": note})
+        except EventTooLarge:
+            await self.publisher.publish(self.rewards, without_bulk(record))
         log.info(
             "rollout %s attempt %s: reward %.1f failure %s flags %s",
             diff["rollout_id"], diff.get("attempt_id") or "-", result.reward, result.failure_kind,

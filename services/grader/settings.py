@@ -45,15 +45,21 @@ class GradingOptions(Settings):
         )
 
 
-class GraderSettings(GradingOptions, BusSettings):
-    """Settings of `rollbus grader` (flags --x-y, variables ROLLBUS_GRADER_X_Y)."""
+class DiffGrading(GradingOptions):
+    """How a ``diff`` event is graded: one patch's options, plus what to do with a failed rollout's patch
+    (shared by the service and ``rollbus regrade``)."""
 
-    model_config = BusSettings.scoped("grader")
-
-    group_id: str = Field("rollbus-grader", min_length=1, description="consumer group (add graders to scale)")
     grade_failed_rollouts: bool = Field(
         False,
         description="grade the patch of a rollout the runner reported as failed (default: reward 0, "
         "failure kind rollout_failed)",
     )
+
+
+class GraderSettings(DiffGrading, BusSettings):
+    """Settings of `rollbus grader` (flags --x-y, variables ROLLBUS_GRADER_X_Y)."""
+
+    model_config = BusSettings.scoped("grader")
+
+    group_id: str = Field("rollbus-grader", min_length=1, description="consumer group (add graders to scale)")
     max_batch: int = Field(1, ge=1, description="diffs fetched per poll (they are graded one after another)")

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from pydantic import Field
 
 from rollbus.bus import Publisher
@@ -29,10 +28,10 @@ from rollbus.topics import (
     MAX_EVENT_BYTES,
     TopicsError,
     check_topics,
+    create_fresh,
     describe,
     spec_for,
     topic_name,
-    wait_visible,
 )
 from services.segmenter.app import INPUTS, TICKS
 from services.segmenter.settings import SegmenterSettings
@@ -68,7 +67,7 @@ async def rebuild(settings: SegmenterSettings, into: str | None = None) -> dict[
     into = into or settings.into  # type: ignore[attr-defined]
     counts = await check_topics(settings.bootstrap_servers, settings.namespace)
     partitions = next(n for name, n in counts.items() if spec_for(name).rollout_keyed)
-    await create_fresh(settings.bootstrap_servers, into, partitions)
+    await create_fresh(settings.bootstrap_servers, into, partitions, like="segments")
     messages = await read_raw(settings)
     segmenter = Segmenter({}, {}, settings.options())
     segments = [s for p in sorted(messages) for s in replay_partition(segmenter, p, messages[p], settings)]
@@ -102,31 +101,6 @@ def replay_partition(
         for segment in outcome.messages:
             yield outcome.rollout_id, segment
         segmenter.settle(outcome)
-
-
-async def create_fresh(bootstrap: str, topic: str, partitions: int) -> None:
-    """Create ``topic`` like ``segments``; an existing topic is accepted only if it is empty."""
-    existing = await describe(bootstrap, [topic])
-    if topic in existing:
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
-        await consumer.start()
-        try:
-            tps = [TopicPartition(topic, p) for p in range(existing[topic])]
-            ends, starts = await consumer.end_offsets(tps), await consumer.beginning_offsets(tps)
-        finally:
-            await consumer.stop()
-        if any(ends[tp] > starts[tp] for tp in tps):
-            raise TopicsError(f"{topic} already holds messages: rebuild into a fresh topic")
-        return
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="rollbus-rebuild")
-    await admin.start()
-    try:
-        await admin.create_topics(
-            [NewTopic(topic, partitions, 1, topic_configs=spec_for("segments").config())]
-        )
-    finally:
-        await admin.close()
-    await wait_visible(bootstrap, [topic])
 
 
 async def read_raw(settings: SegmenterSettings) -> Messages:
