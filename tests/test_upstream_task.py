@@ -1,0 +1,73 @@
+"""The real upstream task (examples/upstream: ``parse`` 1.20.1 -> 1.20.2, built from the released sdists).
+
+Its reference fix (the library diff between the releases) scores 1 through the real grader, and a no-op patch
+scores 0 with exactly the fix release's two new tests failing: the bug is real, the tests show it, and nothing
+else in the suite stands between the base release and a reward. Building needs PyPI once (``pip download``);
+the sdists are cached in examples/upstream/sdists/ and checked against their hashes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollbus.grading import GradingSpec, grade, parse_row
+from rollbus.grading.verdict import PASSED
+
+UPSTREAM = Path(__file__).resolve().parents[1] / "examples" / "upstream"
+NEW_TESTS = {"test_hyphen_inside_field_name", "test_hyphen_inside_field_name_collision_handling"}
+
+
+@pytest.fixture(scope="module")
+def row() -> dict[str, Any]:
+    spec = importlib.util.spec_from_file_location("upstream_build", UPSTREAM / "build.py")
+    assert spec is not None and spec.loader is not None
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    (only,) = build.build()  # tasks.jsonl checked against what the sdists build
+    return only
+
+
+@pytest.fixture(scope="module")
+def spec(row: dict[str, Any]) -> GradingSpec:
+    return parse_row(row, UPSTREAM)
+
+
+def short(name: str) -> str:
+    return re.split(r"[:.]", name)[-1]
+
+
+async def test_the_fix_release_diff_scores_one(row: dict[str, Any], spec: GradingSpec) -> None:
+    result = await grade(spec, row["label"])
+    assert (result.reward, result.solved, result.failure_kind, result.flags) == (1.0, True, None, ()), result
+    assert result.details["apply_method"] == "git-apply-3way"
+    passed = [t.name for t in result.tests if t.status == PASSED]
+    assert NEW_TESTS <= {short(name) for name in passed} and len(passed) == len(result.tests) > 90
+
+
+async def test_a_no_op_patch_scores_zero_on_the_new_tests_alone(spec: GradingSpec) -> None:
+    result = await grade(spec, "")
+    assert (result.reward, result.solved, result.applied_cleanly) == (0.0, False, True), result
+    assert result.failure_kind == "tests_failed"
+    assert {short(t.name) for t in result.tests if t.status != PASSED} == NEW_TESTS
+
+
+def test_the_fix_is_library_code_and_the_image_holds_only_the_base_release(
+    row: dict[str, Any], spec: GradingSpec
+) -> None:
+    assert re.findall(r"^diff --git a/(\S+) b/", row["label"], flags=re.M) == ["parse.py"]
+    assert '-__version__ = "1.20.1"' in row["label"] and '+__version__ = "1.20.2"' in row["label"]
+    refs = subprocess.run(
+        ["git", "-C", str(spec.image), "for-each-ref", "--format=%(refname)"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    commits = subprocess.run(
+        ["git", "-C", str(spec.image), "rev-list", "--all"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert (refs, len(commits)) == (["refs/heads/main"], 1)
+    assert not (spec.image / "tests" / "test_parse.py").read_text().count("hyphen")
