@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from rollbus.bus import Publisher
-from rollbus.codec import Decoded
+from rollbus.codec import Decoded, encode
 from rollbus.grading import GradeResult
 from rollbus.replay import ReadPlan, read
 from services.grader.core import reward_record
@@ -76,6 +76,7 @@ async def test_regrade_finds_every_reward_a_weakened_grader_let_through(
         await bus.publish(topics["rewards"], {**SAMPLES["reward"], "rollout_id": "gym-1"})  # no diff: ignored
         poison = await bus.publish_bytes(topics["diffs"], b"\x00not an event", key="r-poison")
         keyless = await bus.publish(topics["diffs"], {**graded[0][0], "rollout_id": ""})
+        misplaced = await bus.publish_bytes(topics["diffs"], encode("reward", SAMPLES["reward"]), key="r-1")
 
     ns = topics["turns"].rsplit(".", 1)[0]
     into = f"{ns}.regraded"
@@ -104,12 +105,13 @@ async def test_regrade_finds_every_reward_a_weakened_grader_let_through(
     ]  # fmt: skip
     assert versions["unknown"]["not_graded_before"] == 1
     assert set(CHEAT["flags"]) <= set(versions["2"]["flags"]) and not versions["1"]["flags"]
-    assert (report["diffs"], report["regraded"], report["changed"], report["repeated_diffs"]) == (9, 6, 3, 1)
+    assert (report["diffs"], report["regraded"], report["changed"], report["repeated_diffs"]) == (10, 6, 3, 1)
 
-    problems = sorted(report["problems"], key=lambda line: "rollout_id" in line)
-    assert len(problems) == 2, problems
-    assert problems[0].startswith(f"diffs[{poison.partition}]@{poison.offset}: undecodable diff"), problems
-    assert problems[1].startswith(f"diffs[{keyless.partition}]@{keyless.offset}: diff without a"), problems
+    assert sorted(line.split(",")[0] for line in report["problems"]) == sorted([
+        f"diffs[{poison.partition}]@{poison.offset}: undecodable diff",
+        f"diffs[{keyless.partition}]@{keyless.offset}: diff without a rollout_id",
+        f"diffs[{misplaced.partition}]@{misplaced.offset}: a reward event on diffs",
+    ]), report["problems"]  # fmt: skip
 
     published = {}
     async for message, decoded in read(kafka_bootstrap, ReadPlan(into)):
