@@ -20,6 +20,7 @@ from rollbus.bus import Publisher
 from rollbus.codec import Decoded, encode
 from rollbus.grading import GradeResult
 from rollbus.replay import ReadPlan, read
+from services.grader import regrade as regrade_module
 from services.grader.core import reward_record
 from tests.event_samples import SAMPLES, turn
 from tests.test_grading_swe_mini import CHEATS, CORPUS, SWE_MINI, load_build
@@ -125,3 +126,41 @@ async def test_regrade_finds_every_reward_a_weakened_grader_let_through(
 
     again = regrade(kafka_bootstrap, ns, into)
     assert again.returncode == 1 and f"{into} already holds messages" in again.stderr
+
+
+async def test_a_diff_that_crashes_the_grader_is_a_problem_line_and_the_rest_is_regraded(
+    kafka_bootstrap: str,
+    topics: dict[str, str],
+    rows: dict[str, dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The grader's own bug cannot be produced from input, so the grade function is wrapped to raise for one
+    rollout (the only fake here; every other diff goes through the real grader)."""
+    real = regrade_module.grade_diff
+
+    async def crashes_on_one(diff: dict[str, Any], *args: Any, **kwargs: Any) -> GradeResult:
+        if diff["rollout_id"] == "r-crash":
+            raise RuntimeError("boom")
+        return await real(diff, *args, **kwargs)
+
+    monkeypatch.setattr(regrade_module, "grade_diff", crashes_on_one)
+    async with Publisher(kafka_bootstrap) as bus:
+        crash = await bus.publish(topics["diffs"], diff("r-crash", "a-1", rows["slugify"], ""))
+        await bus.publish(topics["diffs"], diff("r-ok", "a-1", rows["slugify"], ""))
+    ns = topics["turns"].rsplit(".", 1)[0]
+    settings = regrade_module.RegradeSettings(
+        bootstrap_servers=kafka_bootstrap,
+        namespace=ns,
+        into=f"{ns}.regraded",
+        data_dir=SWE_MINI,
+        concurrency=2,
+    )
+    report = await regrade_module.regrade(settings)
+    assert report["problems"] == [
+        f"diffs[{crash.partition}]@{crash.offset}: the grader crashed, not regraded: RuntimeError: boom"
+    ]
+    assert [(c["rollout_id"], c["was"], c["now"]["reward"]) for c in report["changes"]] == [
+        ("r-ok", None, 0.0)
+    ]
+    kept = [d.record["rollout_id"] async for _, d in read(kafka_bootstrap, ReadPlan(f"{ns}.regraded"))]
+    assert kept == ["r-ok"]
