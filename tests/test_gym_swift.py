@@ -300,6 +300,13 @@ def test_the_request_is_the_row_as_ms_swift_builds_it(
     assert request == expected and request.rollout_id == "r-1"
 
 
+def test_the_rows_response_is_not_part_of_the_prompt() -> None:
+    """ms-swift drops a row's trailing assistant message (the dataset's answer) from the request."""
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "the answer"}]
+    request = request_for(task(messages=json.dumps(messages), metadata="{}"), None, None)
+    assert request.messages == messages[:1]
+
+
 @pytest.mark.parametrize(
     ("metadata", "needle"),
     [("[1]", "metadata must be a JSON object"), ("{", "metadata is not valid JSON"),

@@ -66,8 +66,9 @@ def request_for(
     """The row back from the task, as ms-swift turns a row into a request: its request columns (media,
     ``tools``, ``objects``) become fields, every other column (the task's ``metadata``: what ``gym-submit``
     kept of the row; ``env_config`` / ``ctx_config`` when the row had them) goes to ``data_dict``, None
-    values dropped, a ``data_dict`` column merged over them. Only a row's ``uuid`` differs: the request's is
-    the rollout id, so the row's stays in ``data_dict``."""
+    values dropped, a ``data_dict`` column merged over them; a trailing assistant message (the dataset's
+    response) is not part of the prompt. Only a row's ``uuid`` differs: the request's is the rollout id,
+    so the row's stays in ``data_dict``."""
     row = parse_config(task.get("metadata"), "metadata") or {}
     columns = {"env_config": env_config or None, "ctx_config": ctx_config or None, **row}
     data = {k: v for k, v in columns.items() if v is not None and k != "data_dict"}
@@ -82,7 +83,10 @@ def request_for(
     for media in ("images", "audios", "videos"):
         if isinstance(fields.get(media), str):
             fields[media] = [fields[media]]
-    return RolloutInferRequest(_messages(task), data_dict=data, uuid=task["rollout_id"], **fields)
+    messages = _messages(task)
+    if messages and messages[-1].get("role") == "assistant":
+        messages = messages[:-1]
+    return RolloutInferRequest(messages, data_dict=data, uuid=task["rollout_id"], **fields)
 
 
 def _messages(task: dict[str, Any]) -> list[dict[str, Any]]:
