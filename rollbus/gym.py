@@ -259,7 +259,7 @@ def _construct(made_by: Callable[[dict[str, Any]], Any], config: dict[str, Any],
     name = getattr(made_by, "__name__", repr(made_by))
     try:
         made = made_by(config)
-    except (TypeError, ValueError, KeyError) as exc:
+    except Exception as exc:  # the env's own code refusing the config: its traceback goes to the log
         raise GymConfigError(f"{what} for {name}: {type(exc).__name__}: {exc}") from exc
     missing = _missing(made, methods)
     if missing:

@@ -258,6 +258,30 @@ def test_up_and_demo_give_the_gym_runner_their_plugin_flags(tmp_path, monkeypatc
         up_settings("--external-plugins", "missing.py")
 
 
+async def test_an_env_constructor_raising_is_a_config_error_logged_with_its_traceback(caplog) -> None:
+    from rollbus import gym
+    from rollbus.broker import free_port
+    from tests.test_gym_runner import runner_for
+
+    def needs_a_board(env_config):
+        return env_config["board"]
+
+    gym.envs["needs-board-test"] = needs_a_board  # any callable taking env_config makes envs, as in ms-swift
+    try:
+        runner, _, http = runner_for(f"http://127.0.0.1:{free_port()}")
+        async with http:
+            with caplog.at_level("ERROR"):
+                record = await runner.run_task(
+                    {"rollout_id": "nb-1", "env_config": '{"name": "needs-board-test"}', "messages": None}
+                )
+    finally:
+        del gym.envs["needs-board-test"]
+    error = json.loads(record["details"])["error"]
+    assert record["failure_kind"] == "bad_env_config" and "needs_a_board: KeyError: 'board'" in error
+    (logged,) = [r for r in caplog.records if "nb-1" in r.getMessage()]
+    assert logged.exc_info is not None and logged.exc_info[1].args == ("board",)
+
+
 def test_the_runner_refuses_to_start_on_a_default_env_nobody_registered(tmp_path) -> None:
     plugin = write_plugin(tmp_path / "plugins")
     ran = subprocess.run(
