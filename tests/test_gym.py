@@ -154,6 +154,32 @@ def test_plugins_register_their_envs(tmp_path) -> None:
         gym.register_env("bad")(dict)
 
 
+async def test_a_plain_class_with_sync_methods_and_no_close_is_an_env() -> None:
+    class Plain:
+        def __init__(self, env_config):
+            self.steps = 0
+
+        def reset(self, request):
+            return "count", {"sync": True}, ""
+
+        def step(self, messages):
+            self.steps += 1
+            return "more", 1.0, self.steps == 2, {}
+
+    gym.envs["plain-test"] = Plain
+    env = make_env({"name": "plain-test"})
+    result = await run_episode(env, RolloutInferRequest([]), answer(), max_turns=5)
+    assert (result.stop, result.step_rewards, result.infos[0], result.closed) == (
+        "done",
+        [1.0, 1.0],
+        {"sync": True},
+        1,
+    )
+    gym.envs["no-step-test"] = lambda config: object()
+    with pytest.raises(GymConfigError, match="made object, which has no reset, step"):
+        make_env({"name": "no-step-test"})
+
+
 # ---------------------------------------------------------------- close() on every path
 
 
