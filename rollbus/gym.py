@@ -15,9 +15,16 @@ Where we differ from ms-swift on purpose:
   reason) and starts a new one.
 
 Selection: a row's ``env_config.name`` / ``ctx_config.name`` picks the class from :data:`envs` /
-:data:`context_managers` (the other keys go to the constructor as the config dict), falling back to the
-runner's ``--gym-env`` / ``--context-manager``. ``--external-plugins PATH.py`` imports a user module that
-registers more with :func:`register_env` / :func:`register_context_manager`.
+:data:`context_managers` (the constructor gets the whole config dict, name included, as in ms-swift),
+falling back to the runner's ``--gym-env`` / ``--context-manager``. ``--external-plugins PATH.py`` imports a
+user module (its folder importable) that registers more, with ``envs["x"] = MyEnv`` as in ms-swift or with
+:func:`register_env`; loaded after the built-ins, a plugin's name wins over a built-in's.
+
+ms-swift compatibility: an env written for ms-swift runs with its imports changed to ``rollbus.gym``. The
+request is ms-swift's :class:`RolloutInferRequest` (``data_dict`` = the row's columns other than the
+request's own, as ms-swift builds it); ``step`` sees each reply as ms-swift's engine decodes it, the
+reasoning inside ``content`` as ``<think>...</think>`` (the adapter splits it into ``reasoning_content``);
+any class with ``reset`` and ``step`` (async or not) is an env, ``close`` optional.
 
 Extensions over ms-swift's signature, both optional: ``Env.tools`` (OpenAI function tools offered on every
 model call) and a ``step`` observation given as a list of chat messages (``tool`` results), not a string.
@@ -29,6 +36,7 @@ import asyncio
 import contextlib
 import copy
 import importlib.util
+import inspect
 import json
 import logging
 import math
@@ -42,6 +50,7 @@ from typing import Any, Literal, TypeVar
 log = logging.getLogger(__name__)
 
 Message = dict[str, Any]
+Messages = list[Message]
 Observation = str | list[Message]
 StopReason = Literal["done", "max_turns", "length", "model_error", "env_error", "timeout", "cancelled"]
 # Stops that are the episode's own end; the others are failures (their name is the reward's failure_kind).
@@ -55,13 +64,28 @@ class GymConfigError(ValueError):
     failure_kind = BAD_ENV_CONFIG
 
 
-@dataclass
-class RolloutRequest:
-    """What ``reset`` gets (ms-swift's ``RolloutInferRequest``): the row's opening messages and the row."""
+# Columns of a row that are fields of the request itself; every other column goes to ``data_dict``.
+REQUEST_FIELDS = ("messages", "images", "audios", "videos", "tools", "objects", "uuid")
 
-    messages: list[Message]
+
+@dataclass
+class RolloutInferRequest:
+    """What ``reset`` gets, with ms-swift's fields: the row's opening messages, its media and tools, and
+    ``data_dict`` (the row's other columns, ``env_config`` / ``ctx_config`` among them as objects).
+    ``uuid`` is the rollout id (unique per sample, so per-trajectory state keyed by it never collides)."""
+
+    messages: Messages
+    images: list[str] = field(default_factory=list)
+    audios: list[str] = field(default_factory=list)
+    videos: list[str] = field(default_factory=list)
+    tools: list[Any] | None = None
+    objects: dict[str, Any] = field(default_factory=dict)
     data_dict: dict[str, Any] = field(default_factory=dict)
-    rollout_id: str = ""
+    uuid: str | None = None
+
+    @property
+    def rollout_id(self) -> str:
+        return self.uuid or ""
 
 
 class Env(ABC):
@@ -73,7 +97,7 @@ class Env(ABC):
         self.env_config = env_config
 
     @abstractmethod
-    async def reset(self, request: RolloutRequest) -> tuple[str, dict[str, Any], str]:
+    async def reset(self, request: RolloutInferRequest) -> tuple[str, dict[str, Any], str]:
         """``(observation, info, system_message)``: the first user message, its info, the system prompt."""
 
     @abstractmethod
@@ -94,28 +118,37 @@ class ContextManager(ABC):
     def manage_context(self, history: list[Message], trajectory_id: str) -> list[Message]: ...
 
 
-envs: dict[str, type[Env]] = {}
-context_managers: dict[str, type[ContextManager]] = {}
+# name -> what makes the env (a class, or any callable taking the env_config): ms-swift's registries.
+envs: dict[str, Callable[[dict[str, Any]], Any]] = {}
+context_managers: dict[str, Callable[[dict[str, Any]], Any]] = {}
 T = TypeVar("T")
+ENV_METHODS = ("reset", "step")
+CONTEXT_METHODS = ("manage_context",)
 
 
-def register_env(name: str) -> Callable[[type[Env]], type[Env]]:
-    """Class decorator: ``@register_env("maze")`` makes rows with ``env_config.name == "maze"`` use it."""
-    return _registrar(envs, name, Env)
+def register_env(name: str) -> Callable[[T], T]:
+    """Class decorator: ``@register_env("maze")`` makes rows with ``env_config.name == "maze"`` use it
+    (the same as ``envs["maze"] = Maze``)."""
+    return _registrar(envs, name, ENV_METHODS)
 
 
-def register_context_manager(name: str) -> Callable[[type[ContextManager]], type[ContextManager]]:
-    return _registrar(context_managers, name, ContextManager)
+def register_context_manager(name: str) -> Callable[[T], T]:
+    return _registrar(context_managers, name, CONTEXT_METHODS)
 
 
-def _registrar(registry: dict[str, Any], name: str, base: type) -> Callable[[T], T]:
+def _registrar(registry: dict[str, Any], name: str, methods: tuple[str, ...]) -> Callable[[T], T]:
     def register(cls: T) -> T:
-        if not (isinstance(cls, type) and issubclass(cls, base)):
-            raise TypeError(f"{cls!r} is not a subclass of {base.__name__}")
+        missing = _missing(cls, methods)
+        if not isinstance(cls, type) or missing:
+            raise TypeError(f"{cls!r} is not a class with {' and '.join(methods)} (missing: {missing})")
         registry[name] = cls
         return cls
 
     return register
+
+
+def _missing(obj: Any, methods: tuple[str, ...]) -> list[str]:
+    return [m for m in methods if not callable(getattr(obj, m, None))]
 
 
 def load_builtins() -> None:
@@ -124,17 +157,44 @@ def load_builtins() -> None:
 
 
 def load_plugins(paths: Sequence[str | Path]) -> None:
-    """Import each ``PATH.py`` as a module so its ``register_*`` decorators run; a bad path fails loudly."""
+    """Import each ``PATH.py`` as ms-swift's ``--external_plugins`` does: its folder on ``sys.path`` (so it
+    can import the modules beside it), then the file itself, whose registrations win over what was there
+    (each replacement is logged). Load the built-ins first. A bad path or a registry entry that cannot
+    make anything fails loudly, before any task is taken."""
     for raw in paths:
         path = Path(raw).expanduser().resolve()
         if path.suffix != ".py" or not path.is_file():
             raise GymConfigError(f"--external-plugins: {raw!r} is not a Python file")
-        name = f"rollbus_gym_plugin_{path.stem}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
+        before = {"envs": dict(envs), "context_managers": dict(context_managers)}
+        _import_plugin(path)
+        for what, registry in (("envs", envs), ("context_managers", context_managers)):
+            for name, made_by in registry.items():
+                old = before[what].get(name)
+                if old is made_by:
+                    continue
+                if not callable(made_by):
+                    raise GymConfigError(f"--external-plugins {raw}: {what}[{name!r}] is not callable")
+                if old is None:
+                    log.info("plugin %s registers %s[%r] = %s", path, what, name, _qualname(made_by))
+                else:
+                    log.warning("plugin %s replaces %s[%r]: %s instead of %s", path, what, name,
+                                _qualname(made_by), _qualname(old))  # fmt: skip
+
+
+def _import_plugin(path: Path) -> None:
+    folder = str(path.parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    name = path.stem if path.stem not in sys.modules else f"rollbus_gym_plugin_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+
+
+def _qualname(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
 
 
 # ---------------------------------------------------------------- selection
@@ -155,11 +215,15 @@ def parse_config(raw: str | dict[str, Any] | None, what: str) -> dict[str, Any] 
 
 
 def select(
-    config: dict[str, Any] | None, registry: dict[str, type[T]], fallback: str | None, what: str
-) -> tuple[type[T], dict[str, Any]] | None:
-    """The class named by ``config["name"]`` (else ``fallback``) and the config without its name."""
+    config: dict[str, Any] | None,
+    registry: dict[str, Callable[[dict[str, Any]], Any]],
+    fallback: str | None,
+    what: str,
+) -> tuple[Callable[[dict[str, Any]], Any], dict[str, Any]] | None:
+    """What ``config["name"]`` (else ``fallback``) names, and the config to give it: whole, as ms-swift
+    passes it."""
     config = dict(config or {})
-    name = config.pop("name", None) or fallback
+    name = config.get("name") or fallback
     if name is None:
         return None
     if not isinstance(name, str):
@@ -172,26 +236,35 @@ def select(
 
 
 def make_env(env_config: dict[str, Any] | None, default: str | None = None) -> Env:
+    """The env the row asks for: any object with ``reset`` and ``step`` (it need not subclass Env)."""
     chosen = select(env_config, envs, default, "env_config")
     if chosen is None:
         known = ", ".join(sorted(envs)) or "none"
         raise GymConfigError(f"env_config has no name and no --gym-env default; registered: {known}")
-    cls, kwargs = chosen
-    return _construct(cls, kwargs, "env_config")
+    made_by, config = chosen
+    return _construct(made_by, config, "env_config", ENV_METHODS)
 
 
 def make_context_manager(
     ctx_config: dict[str, Any] | None, default: str | None = None
 ) -> ContextManager | None:
     chosen = select(ctx_config, context_managers, default, "ctx_config")
-    return None if chosen is None else _construct(chosen[0], chosen[1], "ctx_config")
+    if chosen is None:
+        return None
+    return _construct(chosen[0], chosen[1], "ctx_config", CONTEXT_METHODS)
 
 
-def _construct(cls: type[T], config: dict[str, Any], what: str) -> T:
+def _construct(made_by: Callable[[dict[str, Any]], Any], config: dict[str, Any], what: str,
+               methods: tuple[str, ...]) -> Any:  # fmt: skip
+    name = getattr(made_by, "__name__", repr(made_by))
     try:
-        return cls(config)  # type: ignore[call-arg]
-    except (TypeError, ValueError, KeyError) as exc:
-        raise GymConfigError(f"{what} for {cls.__name__}: {exc}") from exc
+        made = made_by(config)
+    except Exception as exc:  # the env's own code refusing the config: its traceback goes to the log
+        raise GymConfigError(f"{what} for {name}: {type(exc).__name__}: {exc}") from exc
+    missing = _missing(made, methods)
+    if missing:
+        raise GymConfigError(f"{what}: {name} made {type(made).__name__}, which has no {', '.join(missing)}")
+    return made
 
 
 # ---------------------------------------------------------------- the episode
@@ -239,7 +312,7 @@ class Episode:
 
 async def run_episode(
     env: Env,
-    request: RolloutRequest,
+    request: RolloutInferRequest,
     model: ModelCall,
     *,
     max_turns: int,
@@ -267,6 +340,7 @@ async def run_episode(
         raise
     except _EnvFailed as exc:
         episode.stop, episode.error = "env_error", str(exc)
+        log.error("%s: %s", trajectory_id or "episode", exc, exc_info=exc.__cause__ or exc)
     finally:
         await close_env(env, episode)
     return episode
@@ -278,26 +352,26 @@ class _EnvFailed(Exception):
 
 async def _loop(
     env: Env,
-    request: RolloutRequest,
+    request: RolloutInferRequest,
     model: ModelCall,
     max_turns: int,
     context_manager: ContextManager | None,
     trajectory_id: str,
     episode: Episode,
 ) -> None:
-    observation, info, system = _reset_result(await _env_call(env.reset(request), "reset"))
+    observation, info, system = _reset_result(await _env_call(env.reset, request, what="reset"))
     episode.infos.append(_plain(info))
     episode.messages = _opening(system, observation, request.messages)
     while True:
         if context_manager is not None:
             episode.messages = _managed(context_manager, episode.messages, trajectory_id)
-        reply = await model(copy.deepcopy(episode.messages), list(env.tools))
+        reply = await model(copy.deepcopy(episode.messages), list(getattr(env, "tools", None) or []))
         episode.turns += 1
         episode.messages.append(dict(reply.message))
         if reply.finish_reason == "length":
             episode.stop = "length"
             return
-        result = await _env_call(env.step(copy.deepcopy(episode.messages)), "step")
+        result = await _env_call(env.step, as_decoded(episode.messages), what="step")
         observation, reward, done, info = _step_result(result)
         episode.step_rewards.append(reward)
         episode.infos.append(_plain(info))
@@ -310,11 +384,25 @@ async def _loop(
         episode.messages.extend(_observation_messages(observation))
 
 
-async def _env_call(call: Awaitable[T], what: str) -> T:
+async def _env_call(method: Callable[..., Any], *args: Any, what: str) -> Any:
+    """``method(*args)``, awaited when it is a coroutine (ms-swift envs are async; a sync one works too)."""
     try:
-        return await call
+        result = method(*args)
+        return await result if inspect.isawaitable(result) else result
     except Exception as exc:  # CancelledError (a BaseException) passes through
         raise _EnvFailed(f"env {what} raised {type(exc).__name__}: {exc}") from exc
+
+
+def as_decoded(messages: list[Message]) -> list[Message]:
+    """A copy of ``messages`` as ms-swift hands them to ``step``: each reply's reasoning back inside its
+    ``content``, written as the chat template renders it (``<think>\\nR\\n</think>\\n\\n`` + text)."""
+    decoded = copy.deepcopy(messages)
+    for message in decoded:
+        reasoning = message.get("reasoning_content") if message.get("role") == "assistant" else None
+        if isinstance(reasoning, str) and reasoning:
+            del message["reasoning_content"]
+            message["content"] = f"<think>\n{reasoning}\n</think>\n\n{message.get('content') or ''}"
+    return decoded
 
 
 def _reset_result(result: Any) -> tuple[str, Any, str]:
@@ -379,18 +467,24 @@ def _plain(info: Any) -> dict[str, Any]:
 
 
 async def close_env(env: Env, episode: Episode) -> None:
-    """``env.close()`` unless ``episode`` says it ran: to completion even if the caller is being cancelled;
-    its errors are logged and kept in the infos, never raised."""
+    """``env.close()`` unless ``episode`` says it ran (an env without ``close`` has nothing to close; a sync
+    one is called): to completion even if the caller is being cancelled; its errors are logged with their
+    traceback and kept in the infos, never raised."""
     if episode.closed:
         return
     episode.closed += 1
-    closing = asyncio.ensure_future(env.close())
     try:
-        await asyncio.shield(closing)
-    except asyncio.CancelledError:
-        with contextlib.suppress(Exception):
-            await closing
-        raise
+        close = getattr(env, "close", None)
+        result = close() if callable(close) else None
+        if not inspect.isawaitable(result):
+            return
+        closing = asyncio.ensure_future(result)
+        try:
+            await asyncio.shield(closing)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await closing
+            raise
     except Exception as exc:
-        log.warning("env close failed: %s: %s", type(exc).__name__, exc)
+        log.error("env close failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
         episode.infos.append({"close_error": f"{type(exc).__name__}: {exc}"})

@@ -20,7 +20,7 @@ from rollbus.gym import (
     GymConfigError,
     ModelError,
     Reply,
-    RolloutRequest,
+    RolloutInferRequest,
     make_context_manager,
     make_env,
     parse_config,
@@ -77,7 +77,7 @@ def answer(finish="stop", text="ok"):
 
 async def episode(config, model, **kw):
     env = Scripted(config)
-    result = await run_episode(env, RolloutRequest([{"role": "user", "content": "row"}]), model,
+    result = await run_episode(env, RolloutInferRequest([{"role": "user", "content": "row"}]), model,
                                max_turns=kw.pop("max_turns", 5), **kw)  # fmt: skip
     return env, result
 
@@ -87,7 +87,8 @@ async def episode(config, model, **kw):
 
 def test_selection_by_name_fallback_and_constructor_arguments() -> None:
     env = make_env({"name": "frozen_lake", "map": ["SG"]}, default="math")
-    assert type(env).__name__ == "FrozenLakeEnv" and env.env_config == {"map": ["SG"]}
+    assert type(env).__name__ == "FrozenLakeEnv"  # the config whole, name included, as ms-swift passes it
+    assert env.env_config == {"name": "frozen_lake", "map": ["SG"]}
     assert type(make_env({"seed": 3}, default="math")).__name__ == "MathEnv"  # no name: the fallback
     assert type(make_env(None, default="math")).__name__ == "MathEnv"
     assert make_context_manager(None) is None
@@ -127,7 +128,7 @@ def test_env_config_on_the_bus_must_be_a_json_object(raw, needle) -> None:
 
 
 def test_unknown_context_manager_lists_the_registered_ones() -> None:
-    with pytest.raises(GymConfigError, match="registered: window"):
+    with pytest.raises(GymConfigError, match="registered: dummyContextManager, window"):
         make_context_manager({"name": "summary"})
     with pytest.raises(GymConfigError, match="keep must be at least 1"):
         make_context_manager({"name": "window", "keep": 0})
@@ -149,8 +150,34 @@ def test_plugins_register_their_envs(tmp_path) -> None:
     assert type(make_env({"name": "coin"})).__name__ == "Coin"
     with pytest.raises(GymConfigError, match="not a Python file"):
         gym.load_plugins([str(tmp_path / "missing.py")])
-    with pytest.raises(TypeError, match="not a subclass of Env"):
+    with pytest.raises(TypeError, match=r"missing: \['reset', 'step'\]"):
         gym.register_env("bad")(dict)
+
+
+async def test_a_plain_class_with_sync_methods_and_no_close_is_an_env() -> None:
+    class Plain:
+        def __init__(self, env_config):
+            self.steps = 0
+
+        def reset(self, request):
+            return "count", {"sync": True}, ""
+
+        def step(self, messages):
+            self.steps += 1
+            return "more", 1.0, self.steps == 2, {}
+
+    gym.envs["plain-test"] = Plain
+    env = make_env({"name": "plain-test"})
+    result = await run_episode(env, RolloutInferRequest([]), answer(), max_turns=5)
+    assert (result.stop, result.step_rewards, result.infos[0], result.closed) == (
+        "done",
+        [1.0, 1.0],
+        {"sync": True},
+        1,
+    )
+    gym.envs["no-step-test"] = lambda config: object()
+    with pytest.raises(GymConfigError, match="made object, which has no reset, step"):
+        make_env({"name": "no-step-test"})
 
 
 # ---------------------------------------------------------------- close() on every path
@@ -221,7 +248,7 @@ async def test_cancellation_closes_then_propagates() -> None:
 
     env = Scripted({})
     partial = gym.Episode()
-    task = asyncio.create_task(run_episode(env, RolloutRequest([]), hangs, max_turns=3, episode=partial))
+    task = asyncio.create_task(run_episode(env, RolloutInferRequest([]), hangs, max_turns=3, episode=partial))
     await called.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -239,7 +266,7 @@ async def test_cancelled_during_close_still_finishes_close() -> None:
             self.closes += 1
 
     env = SlowClose({"done_after": 1})
-    task = asyncio.create_task(run_episode(env, RolloutRequest([]), answer(), max_turns=3))
+    task = asyncio.create_task(run_episode(env, RolloutInferRequest([]), answer(), max_turns=3))
     await closing.wait()
     task.cancel()
     await asyncio.sleep(0)
@@ -266,7 +293,7 @@ async def test_context_manager_rewrites_what_the_model_sees() -> None:
         return Reply({"role": "assistant", "content": "x"}, "stop")
 
     env = Scripted({"done_after": 3})
-    await run_episode(env, RolloutRequest([]), model, max_turns=5, context_manager=DropMiddle({}),
+    await run_episode(env, RolloutInferRequest([]), model, max_turns=5, context_manager=DropMiddle({}),
                       trajectory_id="r-1")  # fmt: skip
     # [sys, user]; [sys, user, a, obs 1]; then [sys, user, a, obs 1, a, obs 2] cut to [sys, user, obs 2]
     assert [len(m) for m in seen] == [2, 4, 3] and seen[2][-1]["content"] == "obs 2"
@@ -278,7 +305,9 @@ async def test_context_manager_returning_garbage_is_an_env_error() -> None:
             return "not a list"
 
     env = Scripted({})
-    result = await run_episode(env, RolloutRequest([]), answer(), max_turns=2, context_manager=Garbage({}))
+    result = await run_episode(
+        env, RolloutInferRequest([]), answer(), max_turns=2, context_manager=Garbage({})
+    )
     assert result.failure_kind == "env_error" and "list of message dicts" in result.error and env.closes == 1
 
 
@@ -306,7 +335,7 @@ async def test_the_docs_example_registers_and_plays(tmp_path) -> None:
         return Reply({"role": "assistant", "content": next(guesses)}, "stop")
 
     result = await run_episode(
-        make_env({"name": "guess", "secret": 4}), RolloutRequest([]), model, max_turns=5
+        make_env({"name": "guess", "secret": 4}), RolloutInferRequest([]), model, max_turns=5
     )
     assert result.step_rewards == [0.0, 1.0] and result.messages[3]["content"] == "No, higher."
 
@@ -329,6 +358,6 @@ async def test_an_env_returning_the_wrong_shape_is_an_env_error(reset, step, nee
             return step
 
     env = Wrong({})
-    result = await run_episode(env, RolloutRequest([]), answer(), max_turns=3)
+    result = await run_episode(env, RolloutInferRequest([]), answer(), max_turns=3)
     assert result.failure_kind == "env_error" and needle in result.error and env.closes == 1
     assert result.step_rewards == []

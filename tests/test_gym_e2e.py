@@ -267,12 +267,12 @@ async def test_the_rollbus_gym_runner_command_runs_episodes_and_stops_on_sigterm
     dataset = tmp_path / "swift.jsonl"
     good = {"messages": [{"role": "user", "content": "solve"}], "env_config": {"name": "math", "seed": 2},
             "solution": "24"}  # fmt: skip
-    dataset.write_text(json.dumps(good) + "\n" + '{"messages": []}\n')
+    dataset.write_text(json.dumps(good) + "\n" + "[1]\n")
     common = ["--bootstrap-servers", kafka_bootstrap, "--namespace", namespace]
     submitted = subprocess.run([sys.executable, "-m", "rollbus", "gym-submit", str(dataset), *common],
                                capture_output=True, text=True, timeout=120)  # fmt: skip
     assert submitted.returncode == 1, submitted.stderr  # one row skipped
-    assert "swift.jsonl:2: env_config is required for a gym row; skipped" in submitted.stderr
+    assert "swift.jsonl:2: a row is a JSON object, not list; skipped" in submitted.stderr
     (task,) = [
         t for t in await events(kafka_bootstrap, topics["tasks"]) if t["group_id"].startswith("swift-1-")
     ]

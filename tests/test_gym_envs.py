@@ -10,12 +10,12 @@ import sympy
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollbus.gym import RolloutRequest, make_env
+from rollbus.gym import RolloutInferRequest, make_env
 from rollbus.gym_envs import extract_answer, parse_rational
 from rollbus.gym_envs.frozen_lake import _reachable, random_map
 from rollbus.gym_envs.math_env import generate
 
-REQUEST = RolloutRequest([])
+REQUEST = RolloutInferRequest([])
 
 
 def said(text: str, **extra) -> list[dict]:

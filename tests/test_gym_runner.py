@@ -142,7 +142,8 @@ async def test_a_malformed_task_still_gets_a_reward_naming_the_failure() -> None
 
 @pytest.mark.parametrize(
     ("text", "needle"),
-    [("[1]", "not list"), ("{", "not a JSON object"), ('{"messages": []}', "env_config is required"),
+    [("[1]", "not list"), ("{", "not a JSON object"),
+     ('{"env_config": [1]}', "env_config must be a JSON object"),
      ('{"env_config": "math"}', "not valid JSON"),
      ('{"env_config": {"name": "m"}, "messages": [1]}', "messages"),
      ('{"env_config": {"name": "m"}, "ctx_config": [1]}', "ctx_config must be a JSON object")],

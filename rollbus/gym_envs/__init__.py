@@ -6,12 +6,21 @@
 | ``frozen_lake`` | the grid world as text; reward 1 on the goal, done on a hole |
 | ``python_tool`` | a computation question; the model may run Python in a network-less sandbox first |
 | ``window`` (context manager) | keep the opening and the last ``keep`` messages |
+| ``dummyContextManager`` (context manager) | keep the history as it is (ms-swift's default's name) |
 """
 
 from rollbus.gym_envs.answers import extract_answer, parse_rational
-from rollbus.gym_envs.context import WindowContext
+from rollbus.gym_envs.context import KeepContext, WindowContext
 from rollbus.gym_envs.frozen_lake import FrozenLakeEnv
 from rollbus.gym_envs.math_env import MathEnv
 from rollbus.gym_envs.python_tool import PythonToolEnv
 
-__all__ = ["FrozenLakeEnv", "MathEnv", "PythonToolEnv", "WindowContext", "extract_answer", "parse_rational"]
+__all__ = [
+    "FrozenLakeEnv",
+    "KeepContext",
+    "MathEnv",
+    "PythonToolEnv",
+    "WindowContext",
+    "extract_answer",
+    "parse_rational",
+]

@@ -17,13 +17,19 @@ _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 _FRAC = re.compile(r"^\\d?frac\{\s*(-?\d+)\s*\}\{\s*(\d+)\s*\}$")
 _NUMBER = re.compile(r"^-?\d{1,30}(\.\d{1,30})?(/\d{1,30})?$")
 MAX_ANSWER_CHARS = 100
+_THINK, _THINK_END = "<think>", "</think>"
 
 
 def message_text(message: dict[str, Any]) -> str:
+    """The reply's text without its reasoning: ``step`` gets it as ms-swift does, ``<think>R</think>``
+    first (R cannot hold ``</think>``: the parser ends R at the first); built-ins grade the answer."""
     content = message.get("content") or ""
     if isinstance(content, list):
         return "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    return str(content)
+    content = str(content)
+    if content.lstrip().startswith(_THINK) and _THINK_END in content:
+        return content.split(_THINK_END, 1)[1].lstrip("\n")
+    return content
 
 
 def extract_answer(text: str) -> str | None:

@@ -2,6 +2,7 @@
 
 ``ctx_config``: ``{"name": "window", "keep": 4}``. Dropping middle messages changes the prompt's tokens, so
 the adapter starts a new chain (the old one freezes as a ``wipe`` segment): the point of recording it.
+``dummyContextManager`` (ms-swift's name for its default) keeps the history as it is.
 """
 
 from __future__ import annotations
@@ -32,3 +33,9 @@ class WindowContext(ContextManager):
         while tail and tail[0].get("role") != "user":  # a window starts at a user turn
             tail = tail[1:]
         return head + tail
+
+
+@register_context_manager("dummyContextManager")
+class KeepContext(ContextManager):
+    def manage_context(self, history: list[dict[str, Any]], trajectory_id: str) -> list[dict[str, Any]]:
+        return history

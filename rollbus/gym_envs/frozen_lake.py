@@ -12,7 +12,7 @@ import random
 import re
 from typing import Any
 
-from rollbus.gym import Env, RolloutRequest, register_env
+from rollbus.gym import Env, RolloutInferRequest, register_env
 from rollbus.gym_envs.answers import last_assistant, message_text
 
 DEFAULT_MAP = ("SFFF", "FHFH", "FFFH", "HFFG")
@@ -87,7 +87,7 @@ class FrozenLakeEnv(Env):
             lines.append("".join("P" if (r, c) == self.pos else ch for c, ch in enumerate(row)))
         return "\n".join(lines)
 
-    async def reset(self, request: RolloutRequest) -> tuple[str, dict[str, Any], str]:
+    async def reset(self, request: RolloutInferRequest) -> tuple[str, dict[str, Any], str]:
         info = {"map": list(self.rows), "pos": list(self.pos)}
         return f"The lake:\n{self.render()}\nYour move?", info, SYSTEM
 

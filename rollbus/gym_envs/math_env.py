@@ -13,7 +13,7 @@ from typing import Any
 
 import sympy
 
-from rollbus.gym import Env, RolloutRequest, register_env
+from rollbus.gym import Env, RolloutInferRequest, register_env
 from rollbus.gym_envs.answers import extract_answer, last_assistant, message_text, parse_rational
 
 SYSTEM = "You solve math problems. Think briefly, then give the final answer as <answer>NUMBER</answer>."
@@ -67,7 +67,7 @@ class MathEnv(Env):
             self.problem = generate(seed)
         self.attempt = 0
 
-    async def reset(self, request: RolloutRequest) -> tuple[str, dict[str, Any], str]:
+    async def reset(self, request: RolloutInferRequest) -> tuple[str, dict[str, Any], str]:
         info = {"question": self.problem.question, "expected": str(self.problem.answer)}
         return self.problem.question, info, SYSTEM
 

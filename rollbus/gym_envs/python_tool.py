@@ -22,7 +22,7 @@ from typing import Any
 
 import sympy
 
-from rollbus.gym import Env, RolloutRequest, register_env
+from rollbus.gym import Env, RolloutInferRequest, register_env
 from rollbus.gym_envs.answers import extract_answer, last_assistant, message_text, parse_rational
 from rollbus.sandbox.limits import MIB, Limits
 
@@ -79,7 +79,7 @@ class PythonToolEnv(Env):
         self._workdir: Path | None = None
         self._sandbox: Any = None
 
-    async def reset(self, request: RolloutRequest) -> tuple[str, dict[str, Any], str]:
+    async def reset(self, request: RolloutInferRequest) -> tuple[str, dict[str, Any], str]:
         return self.question, {"question": self.question, "expected": str(self.answer)}, SYSTEM
 
     async def step(self, messages: list[dict[str, Any]]) -> tuple[Any, float, bool, dict[str, Any]]:

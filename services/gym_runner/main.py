@@ -23,7 +23,7 @@ import httpx
 from aiokafka.errors import KafkaConnectionError
 
 from rollbus.bus import Event, EventConsumer, Publisher
-from rollbus.gym import GymConfigError, load_builtins, load_plugins
+from rollbus.gym import GymConfigError, context_managers, envs, load_builtins, load_plugins
 from rollbus.settings import SettingsError
 from rollbus.topics import TopicsError, check_topics, topic_name
 from services.gym_runner.adapter_client import AdapterClient
@@ -38,11 +38,18 @@ def run(args: argparse.Namespace) -> int:
     settings = GymRunnerSettings.from_args(args)
     if settings.admin_token is None:
         raise SettingsError("--admin-token: required (the adapter's admin token, to open sessions)")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    load_builtins()  # first: a plugin registering a built-in's name replaces it (and the log says so)
     try:
         load_plugins(settings.plugin_paths())
     except GymConfigError as exc:
         raise SettingsError(str(exc)) from None
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    defaults = [("--gym-env", settings.gym_env, envs)]
+    defaults.append(("--context-manager", settings.context_manager, context_managers))
+    for flag, name, registry in defaults:
+        if name and name not in registry:
+            known = ", ".join(sorted(registry))
+            raise SettingsError(f"{flag}: {name!r} is not registered; registered: {known}")
     try:
         asyncio.run(_main(settings))
     except (TopicsError, KafkaConnectionError) as exc:

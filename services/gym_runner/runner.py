@@ -15,6 +15,7 @@ attempt id while attempts remain; the other ends are final. The reward record sa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -25,9 +26,10 @@ from typing import Any
 
 from rollbus.gym import (
     BAD_ENV_CONFIG,
+    REQUEST_FIELDS,
     Episode,
     GymConfigError,
-    RolloutRequest,
+    RolloutInferRequest,
     close_env,
     make_context_manager,
     make_env,
@@ -49,16 +51,42 @@ class GymRow:
 
     env_config: dict[str, Any] | None
     ctx_config: dict[str, Any] | None
-    request: RolloutRequest
+    request: RolloutInferRequest
 
     @classmethod
     def from_task(cls, task: dict[str, Any]) -> GymRow:
         env_config = parse_config(task.get("env_config"), "env_config")
         ctx_config = parse_config(task.get("ctx_config"), "ctx_config")
-        messages = _messages(task)
-        data = {k: v for k, v in task.items() if k not in ("env_config", "ctx_config", "messages")}
-        data.update(env_config=env_config, ctx_config=ctx_config, messages=messages)
-        return cls(env_config, ctx_config, RolloutRequest(messages, data, task["rollout_id"]))
+        return cls(env_config, ctx_config, request_for(task, env_config, ctx_config))
+
+
+def request_for(
+    task: dict[str, Any], env_config: dict[str, Any] | None, ctx_config: dict[str, Any] | None
+) -> RolloutInferRequest:
+    """The row back from the task, as ms-swift turns a row into a request: its request columns (media,
+    ``tools``, ``objects``) become fields, every other column (the task's ``metadata``: what ``gym-submit``
+    kept of the row; ``env_config`` / ``ctx_config`` when the row had them) goes to ``data_dict``, None
+    values dropped, a ``data_dict`` column merged over them; a trailing assistant message (the dataset's
+    response) is not part of the prompt. Only a row's ``uuid`` differs: the request's is the rollout id,
+    so the row's stays in ``data_dict``."""
+    row = parse_config(task.get("metadata"), "metadata") or {}
+    columns = {"env_config": env_config or None, "ctx_config": ctx_config or None, **row}
+    data = {k: v for k, v in columns.items() if v is not None and k != "data_dict"}
+    fields = {k: data.pop(k) for k in REQUEST_FIELDS if k in data and k not in ("uuid", "messages")}
+    if "data_dict" in row and not isinstance(row["data_dict"], dict):
+        raise GymConfigError("data_dict must be a JSON object")
+    data.update(row.get("data_dict") or {})
+    tools = fields.get("tools")
+    if isinstance(tools, str):
+        with contextlib.suppress(ValueError):
+            fields["tools"] = json.loads(tools)
+    for media in ("images", "audios", "videos"):
+        if isinstance(fields.get(media), str):
+            fields[media] = [fields[media]]
+    messages = _messages(task)
+    if messages and messages[-1].get("role") == "assistant":
+        messages = messages[:-1]
+    return RolloutInferRequest(messages, data_dict=data, uuid=task["rollout_id"], **fields)
 
 
 def _messages(task: dict[str, Any]) -> list[dict[str, Any]]:
@@ -118,7 +146,8 @@ class GymRunner:
             row = GymRow.from_task(task)
             env = make_env(row.env_config, settings.gym_env)
             manager = make_context_manager(row.ctx_config, settings.context_manager)
-        except GymConfigError as exc:
+        except GymConfigError as exc:  # the env's own constructor raising is in its traceback
+            log.error("%s: %s: %s", task.get("rollout_id"), BAD_ENV_CONFIG, exc, exc_info=exc.__cause__)
             return Outcome(Episode(stop="done", error=str(exc)), attempt_id, number, BAD_ENV_CONFIG, None)
         name = (row.env_config or {}).get("name") or settings.gym_env
         rollout = task["rollout_id"]

@@ -19,7 +19,9 @@ class GymRunnerSettings(BusSettings):
     model: str = Field("rollbus-engine", min_length=1, description="model name sent with each model call")
     gym_env: str | None = Field(None, description="env for rows whose env_config has no name")
     context_manager: str | None = Field(None, description="context manager for rows without ctx_config.name")
-    external_plugins: str = Field("", description="comma-separated .py files that register envs")
+    external_plugins: str = Field(
+        "", description="comma-separated .py files registering envs (loaded after the built-ins: theirs win)"
+    )
     max_turns: int = Field(8, gt=0, description="model calls per episode at most")
     max_tokens: int = Field(1024, gt=0, description="tokens one model call may sample")
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="sampling temperature")

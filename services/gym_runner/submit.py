@@ -1,8 +1,9 @@
 """``rollbus gym-submit DATASET.jsonl``: ms-swift gym rows, unchanged, as `tasks` (n samples a row, a group).
 
-A row is ``{"messages": [...], "env_config": {"name": ..., ...}, "ctx_config": {...}, ...}``; ``env_config``
-is required (it makes the task a gym task), ``messages`` and ``ctx_config`` are optional, other keys go to
-the task's ``metadata`` (the env gets the whole row as ``request.data_dict``). Bad rows are reported on
+A row is ``{"messages": [...], "env_config": {"name": ..., ...}, "ctx_config": {...}, ...}``, every key
+optional: a row without ``env_config`` is published with ``env_config = {}`` (what makes a task a gym task),
+so the runner's ``--gym-env`` picks its env, as ms-swift's ``--gym_env`` does. Other keys go to the task's
+``metadata``, from which the runner rebuilds ``request.data_dict`` as ms-swift does. Bad rows are reported on
 stderr as ``DATASET:LINE: why`` and skipped. Exit status: 0 all submitted, 1 some skipped, 2 none readable.
 """
 
@@ -75,8 +76,7 @@ def parse_row(text: str) -> dict[str, Any]:
         raise GymConfigError(f"not a JSON object: {exc}") from None
     if not isinstance(row, dict):
         raise GymConfigError(f"a row is a JSON object, not {type(row).__name__}")
-    if parse_config(row.get("env_config"), "env_config") is None:
-        raise GymConfigError("env_config is required for a gym row")
+    parse_config(row.get("env_config"), "env_config")
     parse_config(row.get("ctx_config"), "ctx_config")
     messages = row.get("messages", [])
     if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
@@ -93,7 +93,7 @@ def tasks_for(
     common = {
         "group_id": group, "group_size": samples, "prompt": prompt if isinstance(prompt, str) else "",
         "label": None, "metadata": json.dumps(rest), "submitted_at": now_ms or int(time.time() * 1000),
-        "env_config": json.dumps(row["env_config"]),
+        "env_config": json.dumps(row.get("env_config") or {}),
         "ctx_config": json.dumps(row["ctx_config"]) if row.get("ctx_config") else None,
         "messages": json.dumps(row.get("messages", [])),
     }  # fmt: skip

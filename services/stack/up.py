@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rollbus.broker import EmbeddedBroker, free_port
 from rollbus.settings import BusSettings
@@ -53,8 +53,22 @@ class StackSettings(BusSettings):
     steps: int = Field(0, ge=0, description="training steps before the trainer stops (0: never)")
     runner_concurrency: int = Field(2, ge=1, description="rollouts the sandbox runner runs at once")
     gym: bool = Field(True, description="also run the gym runner (gym tasks)")
+    external_plugins: str = Field(
+        "", description="the gym runner's --external-plugins (.py files, comma-separated)"
+    )
+    gym_env: str | None = Field(None, description="the gym runner's --gym-env (env of rows without one)")
     ready_timeout: float = Field(180.0, gt=0, description="seconds each service may take to become ready")
     stop_grace: float = Field(20.0, gt=0, description="seconds a service may take to stop before SIGKILL")
+
+    @model_validator(mode="after")
+    def _gym_flags_need_the_gym_runner(self) -> StackSettings:
+        """Plugins that no runner loads, or a missing file, would only show as episodes going wrong."""
+        if (self.external_plugins or self.gym_env) and not self.gym:
+            raise ValueError("--external-plugins and --gym-env go to the gym runner: add --gym")
+        for path in plugin_paths(self):
+            if path.suffix != ".py" or not path.is_file():
+                raise ValueError(f"--external-plugins: {str(path)!r} is not a Python file")
+        return self
 
 
 @dataclass(frozen=True)
@@ -99,7 +113,8 @@ def service_specs(settings: StackSettings, stack: Stack) -> list[ServiceSpec]:
     ]  # fmt: skip
     if settings.gym:
         specs.append(ServiceSpec.rollbus(
-            "gym-runner", ["--adapter-url", stack.adapter_url, "--state-dir", str(state), *bus],
+            "gym-runner", ["--adapter-url", stack.adapter_url, "--state-dir", str(state), *bus,
+                           *gym_flags(settings)],
             env={"ROLLBUS_GYM_RUNNER_ADMIN_TOKEN": stack.admin_token}, settle=2.0,
         ))  # fmt: skip
     specs += [
@@ -114,6 +129,20 @@ def service_specs(settings: StackSettings, stack: Stack) -> list[ServiceSpec]:
         ),
     ]  # fmt: skip
     return specs
+
+
+def plugin_paths(settings: StackSettings) -> list[Path]:
+    """``--external-plugins`` as absolute paths (the runner may start elsewhere)."""
+    return [Path(p.strip()).expanduser().resolve() for p in settings.external_plugins.split(",") if p.strip()]
+
+
+def gym_flags(settings: StackSettings) -> list[str]:
+    flags = []
+    if plugin_paths(settings):
+        flags += ["--external-plugins", ",".join(map(str, plugin_paths(settings)))]
+    if settings.gym_env:
+        flags += ["--gym-env", settings.gym_env]
+    return flags
 
 
 @asynccontextmanager
