@@ -133,7 +133,7 @@ def parse(lines: list[bytes]) -> list[FileSection]:
         elif lines[i] == b"-- \n" and not any(starts_section(lines, j) for j in range(i, len(lines))):
             break  # git format-patch's signature ends the patch
         else:
-            raise unexpected(lines[i], i)
+            raise unexpected(lines, i)
     return sections
 
 
@@ -191,7 +191,7 @@ def read_hunk(lines: list[bytes], i: int) -> int:
         elif kind == b"+":
             new -= 1
         elif kind != b"\\":
-            raise unexpected(lines[i], i)
+            raise unexpected(lines, i)
         if old < 0 or new < 0:
             raise PatchRejected(MALFORMED, f"line {i + 1}: more lines than the hunk header counts")
         i += 1
@@ -223,8 +223,10 @@ def foreign_format(lines: list[bytes], i: int) -> str | None:
     return next((name for name, pattern in FOREIGN if pattern.match(line)), None)
 
 
-def unexpected(line: bytes, i: int) -> PatchRejected:
-    foreign = any(pattern.match(line) for _, pattern in FOREIGN) or line[:2] in (b"! ", b"< ", b"> ")
+def unexpected(lines: list[bytes], i: int) -> PatchRejected:
+    """The refusal of ``lines[i]``, a line no unified diff has there (named if another format has it)."""
+    line = lines[i]
+    foreign = foreign_format(lines, i) is not None or line[:2] in (b"! ", b"< ", b"> ")
     kind = UNSUPPORTED if foreign else MALFORMED
     what = "only unified diffs are applied" if kind == UNSUPPORTED else "outside any hunk or file header"
     return PatchRejected(kind, f"line {i + 1}: {text_of(line[:80]).rstrip()!r}: {what}")
