@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rollbus.grading import flags as fl
@@ -210,3 +210,67 @@ def test_later_commit_files_are_read_without_a_checkout(tmp_path: Path) -> None:
     trees.overlay(out, repo, got)
     assert (repo / "tests" / "link.py").is_symlink()
     assert (repo / "tests" / "a.py").read_bytes() == b"new caf\xe9\n"
+
+
+# -- git's own diffs ----------------------------------------------------------------------------------------
+
+contents = st.lists(
+    st.sampled_from([b"a", b"b", b"caf\xe9", b"\x0cform feed", b"cr\r", b"", b"--- x", b"+++ y", b"@@ z"]),
+    max_size=6,
+).map(lambda ls: b"\n".join(ls))
+edits = st.lists(
+    st.tuples(
+        st.sampled_from(["write", "delete", "chmod", "rename", "link"]),
+        st.sampled_from(["f.py", "d/g.txt", "sp ace.txt", "caf\xe9.txt"]),
+        contents,
+    ),
+    min_size=1,
+    max_size=5,
+)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edits)
+def test_gits_own_diffs_round_trip_and_apply(tmp_path_factory: pytest.TempPathFactory, ops: list) -> None:
+    """Whatever the agent's tree holds, the runner's ``git diff --binary`` is read whole and, offered to
+    ``git apply`` on the base, rebuilds the agent's tree."""
+    root = tmp_path_factory.mktemp("diff")
+    base, work = root / "base", root / "work"
+    (base / "d").mkdir(parents=True)
+    for name in ("f.py", "d/g.txt", "sp ace.txt"):
+        (base / name).write_bytes(b"one\ntwo\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "core.quotePath=true"]
+    subprocess.run([*git, "init", "-q"], cwd=base, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=base, check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], cwd=base, check=True)
+    subprocess.run(["cp", "-a", str(base), str(work)], check=True)
+    for op, name, data in ops:
+        path = work / name
+        if op == "write":
+            if path.is_symlink():
+                path.unlink()
+            path.parent.mkdir(exist_ok=True)
+            path.write_bytes(data)
+        elif op == "delete" and (path.exists() or path.is_symlink()):
+            path.unlink()
+        elif op == "chmod" and path.is_file() and not path.is_symlink():
+            path.chmod(0o755)
+        elif op == "rename" and path.is_file() and not path.is_symlink():
+            path.rename(work / f"moved-{path.name}")
+        elif op == "link" and not path.exists() and not path.is_symlink():
+            path.symlink_to("f.py")
+    subprocess.run([*git, "add", "-A"], cwd=work, check=True)
+    diff = subprocess.run(
+        [*git, "diff", "--cached", "--binary", "HEAD"], cwd=work, check=True, capture_output=True
+    ).stdout
+    clean = sanitize(diff, 1_000_000)
+    if not clean.stripped_binary:
+        assert clean.patch == diff
+    if clean.patch:
+        subprocess.run([*git, "apply", "--index", "-"], input=clean.patch, cwd=base, check=True)
+    subprocess.run([*git, "commit", "-qm", "applied", "--allow-empty"], cwd=base, check=True)
+    tree = ["rev-parse", "HEAD^{tree}"]
+    if not clean.stripped_binary:
+        got = subprocess.run([*git, *tree], cwd=base, capture_output=True, check=True).stdout
+        want = subprocess.run([*git, "write-tree"], cwd=work, capture_output=True, check=True).stdout
+        assert got == want
