@@ -116,7 +116,7 @@ async def _grade(
             restored = restore_tests(spec, image, scratch / "restored")
         except trees.RestoreFailed as exc:
             return failed(verdict.GRADING_SETUP_FAILED, f"before_repo_set_cmd: {exc}")
-        base = await asyncio.to_thread(agent_workspace, image, scratch / "base")
+        base = await asyncio.to_thread(agent_workspace, image.resolve(), scratch / "base")
         pristine = trees.snapshot(base)
         repo = scratch / "repo"
         method, apply_log = await apply(base, repo, sanitized, deadline, spec.workdir)
