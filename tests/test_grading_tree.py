@@ -58,6 +58,36 @@ async def test_the_future_cheat_finds_no_later_commit(rows: dict[str, dict[str, 
     assert statuses["test_get_refreshes_recency"] == "FAILED" and not result.flags
 
 
+def future_patch(task: str, tmp_path: Path) -> bytes:
+    """``future_from_git.py`` appended to the module the task's fix edits, as the agent's ``git diff``."""
+    spec = json.loads((SWE_MINI / "tasks" / task / "task.json").read_text())
+    repo = tmp_path / task
+    subprocess.run(["cp", "-a", str(SWE_MINI / "tasks" / task / "repo"), str(repo)], check=True)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], cwd=repo, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], cwd=repo, check=True)
+    module = repo / spec["fix_edit"]["path"]
+    module.write_text(module.read_text() + "\n\n" + (TREE_CHEATS / "future_from_git.py").read_text())
+    return subprocess.run([*git, "diff"], cwd=repo, check=True, capture_output=True).stdout
+
+
+SWEPRO_TASKS = ["intervals", "leapyear", "lru", "semver"]
+
+
+@pytest.mark.parametrize("task", SWEPRO_TASKS)
+async def test_no_swepro_task_leaks_its_fix_commit(
+    rows: dict[str, dict[str, Any]], task: str, tmp_path: Path
+) -> None:
+    """Every swepro image holds its fix commit; the same import-time catch-up finds it in none of them,
+    while the gold fix of the same task still scores 1."""
+    spec = parse_row(rows[task], SWE_MINI)
+    assert spec.grader.__class__.__name__ == "Swepro"
+    result = await grade(spec, future_patch(task, tmp_path))
+    assert (result.reward, result.failure_kind, result.flags) == (0.0, "tests_failed", ()), result
+    assert (await grade(spec, rows[task]["label"])).reward == 1.0
+
+
 def image_with_future(tmp_path: Path) -> tuple[Path, str]:
     """A repository at its base holding a later fix commit (a branch and a tag), a stash, reflogs, and a
     dangling commit, all packed."""
