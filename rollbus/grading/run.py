@@ -162,7 +162,8 @@ def restore_tests(spec: GradingSpec, image: Path, dest: Path) -> list[str]:
 
 
 def raise_flags(spec: GradingSpec, sanitized: Sanitized, changed: Mapping[str, str], repo: Path) -> set[str]:
-    """Flags from the tree the patch produced (what changed against the base tree, never the patch text)."""
+    """Path flags from the tree the patch produced (what changed against the base tree: files added,
+    modified, deleted, their modes and links), never from the patch text; then the content flags."""
     packages = trees.package_dirs(repo)
     raised = fl.path_flags(changed, spec.test_files(), packages, toolchain.modules())
     raised |= fl.content_flags(added_lines(sanitized.patch))
