@@ -33,18 +33,18 @@ BINARY = (
 
 def test_binary_sections_are_stripped_and_text_kept() -> None:
     clean = sanitize(TEXT + BINARY, 10_000)
-    assert clean.patch == TEXT
+    assert clean.patch == TEXT.encode()
     assert clean.stripped_binary == ("img.png",)
     assert (
         sanitize(
             BINARY.replace("GIT binary patch", "Binary files a/img.png and b/img.png differ"), 10_000
         ).patch
-        == ""
+        == b""
     )
 
 
 def test_preamble_is_dropped_and_plain_unified_diffs_accepted() -> None:
-    assert sanitize("From: someone\nSubject: hi\n\n" + TEXT, 10_000).patch == TEXT
+    assert sanitize("From: someone\nSubject: hi\n\n" + TEXT, 10_000).patch == TEXT.encode()
     plain = "--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n"
     assert sanitize(plain, 10_000).paths == ("x.py",)
 
@@ -72,7 +72,7 @@ def test_only_newlines_end_lines() -> None:
 
 
 def test_empty_patch_is_empty() -> None:
-    assert sanitize("", 10).patch == "" and sanitize("\n  \n", 10).patch == ""
+    assert sanitize("", 10).patch == b"" and sanitize(b"\n  \n", 10).patch == b""
 
 
 def test_quoted_and_spaced_paths() -> None:
@@ -92,9 +92,10 @@ def test_sanitize_only_ever_rejects_by_name(text: str) -> None:
     try:
         clean = sanitize(text, 300)
     except PatchRejected as exc:
-        assert exc.kind in ("patch_too_large", "malformed_patch")
+        assert exc.kind in ("patch_too_large", "malformed_patch", "unsupported_patch_format")
     else:
-        assert "\x00" not in clean.patch and len(clean.patch) <= len(text) + len(clean.sections)
+        data = text.encode("utf-8", errors="surrogateescape")
+        assert b"\x00" not in clean.patch and len(clean.patch) <= len(data) + len(clean.sections)
         assert all(
             not PurePosixPath(p).is_absolute() and ".." not in PurePosixPath(p).parts for p in clean.paths
         )
@@ -129,7 +130,9 @@ def test_sanitize_only_ever_rejects_by_name(text: str) -> None:
     ],
 )
 def test_machinery_paths_are_flagged(path: str, change: str, flag: str) -> None:
-    assert flag in fl.path_flags({path: change}, (), {"pkg"})
+    parents = [str(p) for p in PurePosixPath(path).parents if str(p) != "."]
+    changes = {path: change} | {p: "added" for p in parents if change == "added"}  # as trees.changes has it
+    assert flag in fl.path_flags(changes, (), {"pkg"}, frozenset({"pytest", "_pytest"}))
     assert flag in fl.ZEROING
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -29,7 +30,9 @@ class Swepro:
     selected_test_files: tuple[str, ...]
     fail_to_pass: tuple[str, ...]
     pass_to_pass: tuple[str, ...]
-    restore_cmd: str  # the last line of before_repo_set_cmd: run after the patch
+    restore_cmd: str  # the last line of before_repo_set_cmd: ``git checkout <ref> -- <paths>``
+    restore_ref: str  # the later commit the target tests come from (it never enters a sandbox)
+    restore_paths: tuple[str, ...]  # what is taken out of it on the host and copied in after the patch
 
     @property
     def required(self) -> tuple[str, ...]:
@@ -67,6 +70,7 @@ class GradingSpec:
         if isinstance(grader, Swepro):
             files.update(f.split(" | ")[0] for f in grader.selected_test_files)
             files.update(t.split("::")[0] for t in grader.required)
+            files.update(grader.restore_paths)
         else:
             text = grader.cmd if isinstance(grader, EvalCmd) else grader.script
             files.update(m.lstrip("./") for m in re.findall(r"[\w./-]+\.py\b", text))
@@ -137,6 +141,7 @@ def parse_swepro(value: Mapping[str, Any], base_dir: Path) -> Swepro:
     if selected in (None, "", []):
         selected = value.get("selected_test_files_to_run")
     lines = [line for line in value["before_repo_set_cmd"].strip().splitlines() if line.strip()]
+    ref, paths = parse_restore(lines[-1])
     return Swepro(
         run_script=resolve(base_dir, value["run_script_path"]),
         parser_script=resolve(base_dir, value["parser_script_path"]),
@@ -144,7 +149,28 @@ def parse_swepro(value: Mapping[str, Any], base_dir: Path) -> Swepro:
         fail_to_pass=tuple(string_list(value.get("fail_to_pass"), "swepro.fail_to_pass")),
         pass_to_pass=tuple(string_list(value.get("pass_to_pass"), "swepro.pass_to_pass")),
         restore_cmd=lines[-1],
+        restore_ref=ref,
+        restore_paths=paths,
     )
+
+
+def parse_restore(line: str) -> tuple[str, tuple[str, ...]]:
+    """``git checkout <ref> -- <paths>`` (SWE-bench Pro's last line of ``before_repo_set_cmd``) as its ref
+    and paths. The grader takes those files out of the image's git on the host, so the line is read, never
+    run; any other form is a bad row."""
+    try:
+        argv = shlex.split(line)
+    except ValueError:
+        argv = []
+    if len(argv) < 5 or argv[:2] != ["git", "checkout"] or argv[3] != "--" or argv[2].startswith("-"):
+        expected = "`git checkout <ref> -- <paths>`"
+        raise BadRow(f"the last line of swepro.before_repo_set_cmd is not {expected}: {line!r}")
+    paths = tuple(str(PurePosixPath(p)) for p in argv[4:])
+    for path in paths:
+        pure = PurePosixPath(path)
+        if pure.is_absolute() or ".." in pure.parts or path in ("", "."):
+            raise BadRow(f"swepro.before_repo_set_cmd checks out a path outside the repository: {path!r}")
+    return argv[2], paths
 
 
 def string_list(value: Any, where: str) -> list[str]:

@@ -1,16 +1,23 @@
-"""Grade one patch against one row, in fresh network-less sandboxes made from the original image.
+"""Grade one patch against one row, in fresh network-less sandboxes over the row's base tree.
 
 Order (SWE-bench Pro's, not slime's, so the patch can never win over the grading material):
 
-1. sanitise the patch (size cap, NUL bytes, unsafe paths: a named failure; binary hunks stripped);
-2. copy the image; apply in a sandbox: ``git apply --3way``, then ``git apply``, then ``patch -p1``, each on a
-   fresh copy (an empty patch applies);
-3. measure what really changed against the image and raise flags (:mod:`rollbus.grading.flags`); put the
-   image's ``.git`` back, so nothing the patch did there runs in the grader's git commands;
-4. copy eval-only files in, delete all bytecode (and run with ``PYTHONDONTWRITEBYTECODE``);
-5. in a second sandbox: the last line of ``before_repo_set_cmd`` (swepro), then exactly one of swepro's run
-   script, ``eval_cmd`` or ``f2p_script``; swepro's parser runs in a third sandbox that holds only the logs;
-6. decide from structured results (:mod:`rollbus.grading.verdict`); zeroing flags score 0.
+1. sanitise the patch, as bytes (size cap, NUL bytes, unsafe paths, formats other than unified diffs: a named
+   failure; binary hunks stripped);
+2. make the base tree: the image's files and a fresh repository whose only commit holds them, scrubbed as the
+   agent's workspace is (:func:`rollbus.sandbox.images.agent_workspace`), so no sandbox of the grade holds a
+   commit, ref, tag, stash, reflog or object of the future; swepro's target tests are taken out of the
+   image's later commit on the host (``before_repo_set_cmd``'s ``git checkout <ref> -- <paths>``, read,
+   never run);
+3. copy the base tree; apply in a sandbox: ``git apply --3way``, then ``git apply`` (an index-less apply, for
+   files the base commit does not track), each on a fresh copy; never a fuzzy tool (an empty patch applies);
+4. measure what really changed against the base tree and raise flags (:mod:`rollbus.grading.flags`); put the
+   base tree's ``.git`` back, so nothing the patch did there runs in the grader's git commands;
+5. copy eval-only files and swepro's target tests in, delete all bytecode (and run with
+   ``PYTHONDONTWRITEBYTECODE``);
+6. in a second sandbox: exactly one of swepro's run script, ``eval_cmd`` or ``f2p_script``; swepro's parser
+   runs in a third sandbox that holds only the logs;
+7. decide from structured results (:mod:`rollbus.grading.verdict`); zeroing flags score 0.
 
 The whole grade has one deadline; the sandbox of whatever runs when it passes is killed.
 """
@@ -30,11 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from rollbus.grading import flags as fl
-from rollbus.grading import trees, verdict
+from rollbus.grading import toolchain, trees, verdict
 from rollbus.grading.patches import PatchRejected, Sanitized, added_lines, sanitize
 from rollbus.grading.rows import EvalCmd, F2PScript, GradingSpec, Swepro
 from rollbus.grading.verdict import GradeResult, Outcome, failed
 from rollbus.sandbox import BwrapSandbox, Completed, SandboxUnavailable
+from rollbus.sandbox.images import agent_workspace
 
 try:  # the hardened sandbox contract (branch `sandbox`) names start-up failures; before it, only these exist
     from rollbus.sandbox import SandboxError  # type: ignore[attr-defined]
@@ -47,7 +55,6 @@ JUNIT_NAME = ".rollbus-junit.xml"
 APPLY_COMMANDS = (
     ("git-apply-3way", ["git", "apply", "--3way", "--whitespace=nowarn"]),
     ("git-apply", ["git", "apply", "--whitespace=nowarn"]),
-    ("patch", ["patch", "-p1", "--no-backup-if-mismatch", "--batch", "--forward", "-i"]),
 )
 REFRESH_INDEX = ["git", "update-index", "-q", "--refresh"]
 BASE_ENV = {
@@ -78,8 +85,9 @@ class GradeConfig:
     readonly_tests: bool = True
 
 
-async def grade(spec: GradingSpec, patch: str, config: GradeConfig | None = None) -> GradeResult:
-    """Grade ``patch`` against the row ``spec``; never raises for anything the patch or the row does."""
+async def grade(spec: GradingSpec, patch: bytes | str, config: GradeConfig | None = None) -> GradeResult:
+    """Grade ``patch`` (its bytes; text is taken back to the bytes it was decoded from with
+    ``surrogateescape``) against the row ``spec``; never raises for anything the patch or the row does."""
     config = config or GradeConfig()
     try:
         sanitized = sanitize(patch, config.max_patch_bytes)
@@ -104,16 +112,22 @@ async def _grade(
     with tempfile.TemporaryDirectory(prefix="rollbus-grade-", dir=config.scratch_dir) as tmp:
         scratch = Path(tmp)
         image = materialize(spec.image, scratch / "image")
-        pristine = trees.snapshot(image)
+        try:
+            restored = restore_tests(spec, image, scratch / "restored")
+        except trees.RestoreFailed as exc:
+            return failed(verdict.GRADING_SETUP_FAILED, f"before_repo_set_cmd: {exc}")
+        base = await asyncio.to_thread(agent_workspace, image.resolve(), scratch / "base")
+        pristine = trees.snapshot(base)
         repo = scratch / "repo"
-        method, apply_log = await apply(image, repo, sanitized, deadline, spec.workdir)
+        method, apply_log = await apply(base, repo, sanitized, deadline, spec.workdir)
         if method is None:
-            return failed(verdict.PATCH_FAILED, apply_log[-2000:], flags=_binary(sanitized))
-        changed = trees.changes(image, pristine, repo)
+            return failed(verdict.PATCH_FAILED, apply_log[-2000:], flags=_stripped(sanitized))
+        changed = trees.changes(base, pristine, repo)
         raised = raise_flags(spec, sanitized, changed, repo)
-        restore_git(image, repo)
+        restore_git(base, repo)
         for dest, src in spec.eval_files.items():
             trees.place_file(repo, dest, src.read_bytes())
+        trees.overlay(scratch / "restored", repo, restored)
         removed = trees.remove_bytecode(repo)
         eval_dir = scratch / "eval"
         eval_dir.mkdir()
@@ -124,6 +138,7 @@ async def _grade(
             "changed_files": sorted(p for p in changed if not p.startswith(".git/"))[:200],
             "bytecode_removed": removed,
             "stripped_binary": list(sanitized.stripped_binary),
+            "stripped_git": list(sanitized.stripped_git),
             "log": _excerpt(log, config.log_excerpt_bytes),
         }
         zeroing = fl.ZEROING if config.zero_flagged else frozenset()
@@ -138,15 +153,27 @@ def eval_material(spec: GradingSpec) -> list[Path]:
     return paths
 
 
+def restore_tests(spec: GradingSpec, image: Path, dest: Path) -> list[str]:
+    """swepro's target tests, out of the image's later commit, on the host (relative paths under ``dest``)."""
+    if not isinstance(spec.grader, Swepro):
+        return []
+    dest.mkdir()
+    return trees.checkout_files(image, spec.grader.restore_ref, spec.grader.restore_paths, dest)
+
+
 def raise_flags(spec: GradingSpec, sanitized: Sanitized, changed: Mapping[str, str], repo: Path) -> set[str]:
-    raised = fl.path_flags(changed, spec.test_files(), trees.package_dirs(repo))
-    raised |= fl.path_flags({p: "modified" for p in sanitized.paths if p.startswith(".git/")}, (), ())
+    """Path flags from the tree the patch produced (what changed against the base tree: files added,
+    modified, deleted, their modes and links), never from the patch text; then the content flags."""
+    packages = trees.package_dirs(repo)
+    raised = fl.path_flags(changed, spec.test_files(), packages, toolchain.modules())
     raised |= fl.content_flags(added_lines(sanitized.patch))
-    return raised | _binary(sanitized)
+    return raised | _stripped(sanitized)
 
 
-def _binary(sanitized: Sanitized) -> set[str]:
-    return {fl.BINARY_STRIPPED} if sanitized.stripped_binary else set()
+def _stripped(sanitized: Sanitized) -> set[str]:
+    """Flags for what sanitising took out: binary hunks (reported), sections into ``.git/`` (zeroing)."""
+    binary = {fl.BINARY_STRIPPED} if sanitized.stripped_binary else set()
+    return binary | ({fl.TOUCHES_GIT} if sanitized.stripped_git else set())
 
 
 def materialize(image: Path, dest: Path) -> Path:
@@ -180,7 +207,8 @@ def grading_sandbox(
 async def apply(
     image: Path, repo: Path, sanitized: Sanitized, deadline: float, workdir: str
 ) -> tuple[str | None, str]:
-    """Apply with each tool in turn on a fresh copy; (method, log), method None when none applied it."""
+    """Apply with each ``git apply`` in turn on a fresh copy of the base tree; (method, log), method None
+    when none applied it."""
     trees.copy_tree(image, repo)
     if not sanitized.patch:
         return "empty", ""
@@ -205,37 +233,27 @@ async def apply(
     return None, "".join(logs)
 
 
-def restore_git(image: Path, repo: Path) -> None:
-    """Put the image's own ``.git`` back: the grader's git commands must read trusted config and refs only."""
+def restore_git(base: Path, repo: Path) -> None:
+    """Put the base tree's own ``.git`` back: the grader's git commands must read trusted config and refs
+    only, and nothing but the base commit."""
     git = repo / ".git"
     if git.is_symlink() or git.is_file():
         git.unlink()
     elif git.exists():
         shutil.rmtree(git)
-    if (image / ".git").is_dir():
-        shutil.copytree(image / ".git", git, symlinks=True)
+    if (base / ".git").is_dir():
+        shutil.copytree(base / ".git", git, symlinks=True)
 
 
 async def run_grader(
     spec: GradingSpec, repo: Path, eval_dir: Path, scratch: Path, deadline: float, readonly_tests: bool = True
 ) -> tuple[Outcome, str]:
-    """The row's one grader. swepro's target tests are restored first, in a sandbox of their own, so the
-    test sandbox can then mount the row's test directories read-only: code under test that rewrites a test
-    file not yet collected (or re-executes pytest on rewritten ones) fails to write."""
+    """The row's one grader. The test sandbox mounts the row's test directories read-only: code under test
+    that rewrites a test file not yet collected (or re-executes pytest on rewritten ones) fails to write."""
     grader = spec.grader
     if isinstance(grader, Swepro):
         shutil.copyfile(grader.run_script, eval_dir / "run_script.sh")
         shutil.copyfile(grader.parser_script, eval_dir / "parser.py")
-        restore = grading_sandbox(repo, spec.workdir)
-        try:
-            restored = await restore.run(
-                shell(spec, grader.restore_cmd), BASE_ENV | {"HOME": restore.home}, timeout=_left(deadline)
-            )
-        finally:
-            await restore.close()
-        if restored.exit_code != 0 or restored.timed_out:
-            log = restored.stdout + restored.stderr
-            return Outcome(False, verdict.GRADING_SETUP_FAILED, (), "before_repo_set_cmd failed"), log
     elif isinstance(grader, F2PScript):
         (eval_dir / "f2p.py").write_text(grader.script)
     protected = trees.protected_dirs(repo, spec.test_files()) if readonly_tests else []
@@ -349,5 +367,5 @@ def _excerpt(text: str, limit: int) -> str:
     return text if len(text) <= limit else "[...]\n" + text[-limit:]
 
 
-def grade_sync(spec: GradingSpec, patch: str, config: GradeConfig | None = None) -> GradeResult:
+def grade_sync(spec: GradingSpec, patch: bytes | str, config: GradeConfig | None = None) -> GradeResult:
     return asyncio.run(grade(spec, patch, config))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,6 +113,84 @@ def place_file(root: Path, rel: str, data: bytes) -> None:
     if target.is_symlink() or target.exists():
         _remove(target)
     target.write_bytes(data)
+
+
+class RestoreFailed(RuntimeError):
+    """The row's later commit does not hold what the row says it restores from it."""
+
+
+HOST_GIT_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/nonexistent",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_CONFIG_COUNT": "1",  # the image may belong to another uid
+    "GIT_CONFIG_KEY_0": "safe.directory",
+    "GIT_CONFIG_VALUE_0": "*",
+}
+GIT_MODES = {b"100644": 0o644, b"100755": 0o755, b"120000": None}  # None: a symbolic link
+
+
+def checkout_files(image: Path, ref: str, paths: tuple[str, ...], dest: Path) -> list[str]:
+    """Write the files ``paths`` name (files or directories) as commit ``ref`` of ``image``'s own git holds
+    them, under ``dest``; returns their relative paths. Run on the host, reading objects only (``ls-tree``,
+    ``cat-file``: no checkout, no filter, hook or config command runs), so the later commit never enters a
+    sandbox. A path the commit lacks raises :class:`RestoreFailed`, as ``git checkout`` fails on it."""
+    git = ["git", "--git-dir", str(image / ".git"), "-c", "core.hooksPath=/dev/null"]
+    listing = _host_git([*git, "ls-tree", "-r", "-z", "--full-tree", ref, "--", *paths])
+    entries = []
+    for record in listing.split(b"\0"):
+        if not record:
+            continue
+        meta, _, name = record.partition(b"\t")
+        mode, kind, oid = meta.split(b" ")
+        if kind == b"blob" and mode in GIT_MODES:
+            entries.append((os.fsdecode(name), GIT_MODES[mode], oid.decode()))
+    names = [e[0] for e in entries]
+    missing = [p for p in paths if not any(n == p or n.startswith(p.rstrip("/") + "/") for n in names)]
+    if missing:
+        raise RestoreFailed(f"{ref} holds no {', '.join(missing)}")
+    blobs = _host_git([*git, "cat-file", "--batch"], "".join(f"{e[2]}\n" for e in entries).encode())
+    at = 0
+    for rel, mode, _oid in entries:
+        header_end = blobs.index(b"\n", at)
+        size = int(blobs[at:header_end].split(b" ")[2])
+        data = blobs[header_end + 1 : header_end + 1 + size]
+        at = header_end + 2 + size
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if mode is None:
+            target.symlink_to(os.fsdecode(data))
+        else:
+            target.write_bytes(data)
+            target.chmod(mode)
+    return [e[0] for e in entries]
+
+
+def _host_git(argv: list[str], stdin: bytes | None = None) -> bytes:
+    done = subprocess.run(argv, input=stdin, env=HOST_GIT_ENV, capture_output=True, check=False)
+    if done.returncode != 0:
+        raise RestoreFailed(f"git {argv[5]}: {done.stderr.decode(errors='replace').strip()}")
+    return done.stdout
+
+
+def overlay(src: Path, root: Path, rels: list[str]) -> None:
+    """Copy ``rels`` from ``src`` into ``root`` (links as links, modes kept), replacing whatever the patch put
+    on those paths or their parents, as :func:`place_file` does."""
+    for rel in rels:
+        source = src / rel
+        if source.is_symlink():
+            _clear(root, rel)
+            (root / rel).symlink_to(os.readlink(source))
+        else:
+            place_file(root, rel, source.read_bytes())
+            (root / rel).chmod(stat.S_IMODE(source.lstat().st_mode))
+
+
+def _clear(root: Path, rel: str) -> None:
+    place_file(root, rel, b"")
+    (root / rel).unlink()
 
 
 def protected_dirs(root: Path, test_files: set[str]) -> list[str]:
