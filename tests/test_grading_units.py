@@ -151,31 +151,6 @@ def test_row_test_files_are_flagged_even_when_added() -> None:
     }
 
 
-@pytest.mark.parametrize(
-    ("line", "flag"),
-    [
-        ("atexit.register(lambda: os._exit(0))", fl.EXIT_TRICKS),
-        ("os . _exit(0)", fl.EXIT_TRICKS),
-        ("import _pytest.runner", fl.TEST_FRAMEWORK),
-        ("def pytest_runtest_makereport(item, call):", fl.TEST_FRAMEWORK),
-        ("pytest_plugins = ['evil']", fl.TEST_FRAMEWORK),
-        ("unittest.TestCase.assertEqual = lambda *a: None", fl.TEST_FRAMEWORK),
-        ("builtins.print = quiet", fl.TEST_FRAMEWORK),
-        ("setattr(pytest, 'fail', nothing)", fl.TEST_FRAMEWORK),
-        ("import pluggy", fl.TEST_FRAMEWORK),
-    ],
-)
-def test_exit_and_pytest_tricks_in_added_lines(line: str, flag: str) -> None:
-    assert flag in fl.content_flags([line])
-    ordinary = [
-        "return sum(range(1, n + 1))",
-        "sys.exit(main())",
-        "if unittest.TestCase == x:",
-        "import pytest",
-    ]
-    assert fl.content_flags(ordinary) == set()
-
-
 def test_modifying_an_existing_toolchain_module_is_not_shadowing() -> None:
     """A repository that is pytest edits its own ``src/_pytest``: only new modules of these names are fake."""
     assert fl.SHADOWS_TOOLCHAIN not in fl.path_flags({"src/_pytest/runner.py": "modified"}, (), set())

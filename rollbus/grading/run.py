@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from rollbus.grading import flags as fl
-from rollbus.grading import trees, verdict
-from rollbus.grading.patches import PatchRejected, Sanitized, added_lines, sanitize
+from rollbus.grading import tamper, trees, verdict
+from rollbus.grading.patches import PatchRejected, Sanitized, sanitize
 from rollbus.grading.rows import EvalCmd, F2PScript, GradingSpec, Swepro
 from rollbus.grading.verdict import GradeResult, Outcome, failed
 from rollbus.sandbox import BwrapSandbox, Completed, SandboxUnavailable
@@ -110,7 +110,7 @@ async def _grade(
         if method is None:
             return failed(verdict.PATCH_FAILED, apply_log[-2000:], flags=_binary(sanitized))
         changed = trees.changes(image, pristine, repo)
-        raised = raise_flags(spec, sanitized, changed, repo)
+        raised = raise_flags(spec, sanitized, changed, repo, base=image)
         restore_git(image, repo)
         for dest, src in spec.eval_files.items():
             trees.place_file(repo, dest, src.read_bytes())
@@ -138,10 +138,12 @@ def eval_material(spec: GradingSpec) -> list[Path]:
     return paths
 
 
-def raise_flags(spec: GradingSpec, sanitized: Sanitized, changed: Mapping[str, str], repo: Path) -> set[str]:
+def raise_flags(
+    spec: GradingSpec, sanitized: Sanitized, changed: Mapping[str, str], repo: Path, base: Path | None = None
+) -> set[str]:
     raised = fl.path_flags(changed, spec.test_files(), trees.package_dirs(repo))
     raised |= fl.path_flags({p: "modified" for p in sanitized.paths if p.startswith(".git/")}, (), ())
-    raised |= fl.content_flags(added_lines(sanitized.patch))
+    raised |= tamper.scan(changed, repo, base)
     return raised | _binary(sanitized)
 
 
