@@ -93,6 +93,8 @@ TAMPERING = [
     ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", EXIT),
     ("import signal\nsignal.signal(signal.SIGTERM, lambda *a: None)\n", EXIT),
     ("import os\nos.execv('/bin/true', ['true'])\n", EXIT),
+    ("import os\ngetattr(os, 'ki' + 'll')(os.getpid(), 9)\n", EXIT),
+    ("import sys\nvars(sys)['_getframe'](1)\n", CALLER),
     ("import sys\nsys.exit = lambda code=0: None\n", EXIT),
     ("import sys\nsys.excepthook = print\n", EXIT),
     ("exec('import os; os._exit(0)')\n", EXIT),

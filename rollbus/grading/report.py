@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 PASSED, FAILED, SKIPPED, XFAIL, ERROR = "PASSED", "FAILED", "SKIPPED", "XFAIL", "ERROR"
 RANK = {PASSED: 0, SKIPPED: 1, XFAIL: 1, FAILED: 2, ERROR: 3}
+OUTCOME_RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
 MAX_LINES = 200_000
 MAX_NAME = 1000
 
@@ -68,7 +69,10 @@ def parse(text: str) -> list[Session]:
                 session.record(name, ERROR)
             else:
                 when = str(record.get("when", "call"))
-                phases.setdefault((sid, name), {})[when] = (outcome, bool(record.get("xfail")))
+                seen = phases.setdefault((sid, name), {})
+                new = (outcome, bool(record.get("xfail")))
+                if when not in seen or OUTCOME_RANK[outcome] > OUTCOME_RANK[seen[when][0]]:
+                    seen[when] = new  # one phase reported twice (a result method calling another): the worse
         else:
             raise ValueError(f"report line {number}: unknown event {event!r}")
     for (sid, name), by_phase in phases.items():

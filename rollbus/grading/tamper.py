@@ -263,6 +263,8 @@ class _Scanner:
         func = self._callee(node)
         if func is None:
             return
+        if not isinstance(node.func, ast.Name | ast.Attribute):
+            yield from _named(func)  # ``getattr(os, "ki" + "ll")(...)``: a name reached by a call
         args = node.args
         if func in SETTERS and args:
             target = self.qual(args[0])
@@ -297,16 +299,7 @@ class _Scanner:
             return
         if name == "sys.modules" and not self._looked_up(node):
             yield fl.TEST_FRAMEWORK, "sys.modules"  # walked or handed on: what it reaches is unknown
-        if _prefixed(name, EXIT_NAMES):
-            yield fl.EXIT_TRICKS, name
-        elif _prefixed(name, CALLER_NAMES):
-            yield fl.CALLER_INTROSPECTION, name
-        elif _prefixed(name, TRACING):
-            yield fl.TEST_FRAMEWORK, name
-        elif name in ALWAYS_EQUAL_NAMES:
-            yield fl.ALWAYS_EQUAL, name
-        elif name.split(".")[0] in ("_pytest", "pluggy") or name in ("pytest.hookimpl", "pytest.hookspec"):
-            yield fl.TEST_FRAMEWORK, name
+        yield from _named(name)
 
     def _looked_up(self, node: ast.AST) -> bool:
         """``sys.modules`` only indexed or ``.get`` with a key (or bound to a name that is looked up)."""
@@ -358,6 +351,20 @@ class _Scanner:
         if name in COMPARISONS | {"__hash__"} and isinstance(value, ast.Lambda):
             if _ignores_operand(name, value.args, [ast.Return(value.body)]):
                 yield fl.ALWAYS_EQUAL, name
+
+
+def _named(name: str) -> Iterator[Finding]:
+    """What using a resolved name says: ``os._exit``, ``sys._getframe``, ``sys.settrace``, ``mock.ANY``..."""
+    if _prefixed(name, EXIT_NAMES):
+        yield fl.EXIT_TRICKS, name
+    elif _prefixed(name, CALLER_NAMES):
+        yield fl.CALLER_INTROSPECTION, name
+    elif _prefixed(name, TRACING):
+        yield fl.TEST_FRAMEWORK, name
+    elif name in ALWAYS_EQUAL_NAMES:
+        yield fl.ALWAYS_EQUAL, name
+    elif name.split(".")[0] in ("_pytest", "pluggy") or name in ("pytest.hookimpl", "pytest.hookspec"):
+        yield fl.TEST_FRAMEWORK, name
 
 
 def _ignores_operand(name: str, args: ast.arguments, body: list[ast.stmt]) -> bool:
