@@ -141,9 +141,9 @@ def swepro_outcome(
     evidence: Evidence | None = None,
     selected_files: Sequence[str] = (),
 ) -> Outcome:
-    """Solved iff every required test is PASSED: in the grader's report where it names the test, else as
-    the parser reported it (not reported: MISSING). With ``evidence``, tampering is judged first, and the
-    log may not claim a pass that the grader's report contradicts."""
+    """Solved iff every required test is PASSED: in the grader's report and in the parser's reading of the
+    log, wherever each names it (named by neither: MISSING). With ``evidence``, tampering is judged first,
+    and the log may not claim a pass that the grader's report contradicts."""
     required = list(dict.fromkeys(required))
     ours: dict[str, str] = {}
     flags: tuple[str, ...] = ()
@@ -176,11 +176,17 @@ def _results(
     reported: list[TestResult], required: list[str], ours: Mapping[str, str], canaries: canary.Canaries | None
 ) -> tuple[TestResult, ...]:
     by_name = {t.name: t.status for t in reported}
-    tests = [TestResult(n, ours.get(n) or by_name.get(n, MISSING)) for n in required]
+    tests = [TestResult(n, _worse(ours.get(n), by_name.get(n))) for n in required]
     tests += [t for t in reported if t.name not in set(required)]
     if canaries is not None:
         tests = [t for t in tests if not canary.is_canary(t.name, canaries)]
     return tuple(tests[:MAX_TESTS_REPORTED])
+
+
+def _worse(ours: str | None, parsed: str | None) -> str:
+    """A required test's status: the worse of the grader's report and the log, where both name it."""
+    known = [s for s in (ours, parsed) if s is not None]
+    return max(known, key=_RANK.__getitem__) if known else MISSING
 
 
 # -- the grader's own evidence -------------------------------------------------------------------------------
