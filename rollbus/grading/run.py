@@ -9,8 +9,11 @@ Order (SWE-bench Pro's, not slime's, so the patch can never win over the grading
    image's ``.git`` back, so nothing the patch did there runs in the grader's git commands;
 4. copy eval-only files in, delete all bytecode (and run with ``PYTHONDONTWRITEBYTECODE``);
 5. in a second sandbox: the last line of ``before_repo_set_cmd`` (swepro), then exactly one of swepro's run
-   script, ``eval_cmd`` or ``f2p_script``; swepro's parser runs in a third sandbox that holds only the logs;
-6. decide from structured results (:mod:`rollbus.grading.verdict`); zeroing flags score 0.
+   script, ``eval_cmd`` or ``f2p_script``, every pytest run carrying the grader's plugin, ``-m unittest`` run
+   by the grader's runner, fresh canaries next to the row's tests; swepro's parser runs in a third sandbox
+   that holds only the logs;
+6. decide from the grader's report, judged first for tampering (:mod:`rollbus.grading.verdict`); zeroing
+   flags score 0.
 
 The whole grade has one deadline; the sandbox of whatever runs when it passes is killed.
 """
