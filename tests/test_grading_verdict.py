@@ -75,7 +75,7 @@ def canary_records(ok: bool = True) -> list[dict]:
         ({"setup": ("skipped", False)}, "SKIPPED"),
         ({"setup": ("passed", False), "call": ("skipped", False)}, "SKIPPED"),
         ({"setup": ("passed", False), "call": ("skipped", True)}, "XFAIL"),
-        ({"setup": ("passed", False), "call": ("passed", True)}, "FAILED"),  # xpass
+        ({"setup": ("passed", False), "call": ("passed", True)}, "XPASS"),
         ({"setup": ("passed", False)}, "ERROR"),  # never called
     ],
 )
@@ -192,6 +192,10 @@ HONEST = [START, rec("t/test_x.py::test_a", "passed"), *canary_records(), FINISH
         (evidence(0, START, rec("t/test_x.py::test_a", "passed"), FINISH0), canary.DID_NOT_RUN),
         (evidence(1, START, rec("t/test_x.py::test_a", "failed"), FINISH1), None),  # -x stopped before them
         (evidence(4, START, FINISH0), None),  # nothing ran: zero tests, not tampering
+        (
+            evidence(0, START, rec("t/test_x.py::test_a", "passed", xfail=True), *canary_records(), FINISH0),
+            None,
+        ),
     ],
 )
 def test_tampering(case: Evidence, why: str | None) -> None:
@@ -224,6 +228,7 @@ def with_canaries(*records: dict, status: int = 0) -> list[dict]:
         (evidence(0, *with_canaries(rec("tests/test_x.py::a", "skipped"))), {}, "tests_failed"),
         (evidence(5, *with_canaries(status=5)), {}, "tests_failed"),
         (evidence(0, *with_canaries()), {}, "no_tests"),
+        (evidence(0, *with_canaries(rec("tests/test_x.py::a", "passed", xfail=True))), {}, "tests_failed"),
         (evidence(0), {"runner_expected": True}, "tampered"),  # pytest ran, nothing reported
         (evidence(2), {"runner_expected": True}, "tests_failed"),
         (evidence(0), {}, None),  # a command the grader cannot watch: its exit status

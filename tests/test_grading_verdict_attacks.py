@@ -137,3 +137,19 @@ async def test_canaries_are_fresh_per_grade_and_never_in_the_results(rows: dict[
     logs = [r.details["log"] for r in (first, second)]
     canaries = [{w for w in log.split() if w.startswith("tests/test_") and "lru" not in w} for log in logs]
     assert canaries[0] and canaries[1] and not canaries[0] & canaries[1]
+
+
+async def test_a_swepro_row_without_pytest_is_judged_by_its_parser(
+    rows: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    """A run script that runs no pytest (a Go or JavaScript row) reports to no plugin: its log, read by the
+    row's parser, is the verdict, not a missing report taken for tampering."""
+    row = json.loads(json.dumps(rows["lru"]))
+    script = tmp_path / "run_script.sh"
+    names = row["metadata"]["swepro"]["fail_to_pass"] + row["metadata"]["swepro"]["pass_to_pass"]
+    summary = "".join(f"PASSED {n}\\n" for n in names)
+    script.write_text(f"printf '== short test summary info ==\\n{summary}== 3 passed ==\\n'\n")
+    row["metadata"]["swepro"]["run_script_path"] = str(script)
+    row["metadata"]["swepro"]["parser_script_path"] = str(SWE_MINI / "swepro" / "parser.py")
+    result = await grade(parse_row(row, SWE_MINI), "")
+    assert (result.reward, result.failure_kind) == (1.0, None), result

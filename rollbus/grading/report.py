@@ -4,7 +4,7 @@ One session per pytest or unittest run in the command (a command may run several
 and never wrote ``finish`` did not end on its own: it was killed, or left through ``os._exit`` or a signal
 from inside a test. A test's status is the worst of its phases: a failed call is FAILED, a failed set-up,
 tear-down or collection ERROR, a skip SKIPPED, an expected failure XFAIL, an unexpected pass (non-strict
-xfail) FAILED; PASSED only when the call passed and nothing else failed. Pure.
+xfail) XPASS; PASSED only when the call passed and nothing else failed. Pure.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-PASSED, FAILED, SKIPPED, XFAIL, ERROR = "PASSED", "FAILED", "SKIPPED", "XFAIL", "ERROR"
-RANK = {PASSED: 0, SKIPPED: 1, XFAIL: 1, FAILED: 2, ERROR: 3}
+PASSED, FAILED, SKIPPED, XFAIL, XPASS, ERROR = "PASSED", "FAILED", "SKIPPED", "XFAIL", "XPASS", "ERROR"
+RANK = {PASSED: 0, SKIPPED: 1, XFAIL: 1, XPASS: 2, FAILED: 2, ERROR: 3}
 OUTCOME_RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
 MAX_LINES = 200_000
 MAX_NAME = 1000
@@ -92,7 +92,7 @@ def status(phases: dict[str, tuple[str, bool]]) -> str:
     call = phases.get("call")
     if call is None:
         return ERROR  # set up and never called: the run stopped under it
-    return FAILED if call[1] else PASSED  # a non-strict xfail that passed is not a pass
+    return XPASS if call[1] else PASSED  # a non-strict xfail that passed: not a pass, not a failure
 
 
 def merged(sessions: list[Session]) -> dict[str, str]:

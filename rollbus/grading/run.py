@@ -337,7 +337,9 @@ async def _run_swepro(
         raise TimeoutError
     if limit := sandbox_failure(ran):
         return Outcome(False, limit, (), f"the tests hit a sandbox limit: {limit}"), log
-    evidence = await evidence_of(sandbox, ran, env, canaries)
+    evidence: Evidence | None = await evidence_of(sandbox, ran, env, canaries)
+    if not evidence.sessions and not verdict.runs_pytest(grader.run_script.read_text(errors="replace")):
+        evidence = None  # no pytest (a Go or JavaScript row): the parser's reading of the log alone
     return await parse_swepro(grader, ran, eval_dir, scratch, deadline, evidence), log
 
 
