@@ -142,6 +142,7 @@ ORDINARY = [
     "import re\n\n\ndef slugify(t):\n    return '-'.join(w for w in re.split(r'[^a-z]', t) if w)\n",
     "import sys\n\n\ndef main():\n    sys.exit(run())\n",
     "import sys\n\nthis = sys.modules[__name__]\nalso = sys.modules.get(__name__)\n",
+    "import sys\n\nHAS_NUMPY = 'numpy' in sys.modules or 'numpy' not in sys.modules.keys()\n",
     "import os\n\nHOME = os.environ.get('HOME')\nos.makedirs('x', exist_ok=True)\n",
     "import signal\n\nSTOP = signal.SIGTERM\n",
     "import pytest\n\n\n@pytest.fixture\ndef value():\n    return 1\n",
@@ -159,6 +160,7 @@ ORDINARY = [
     "import importlib\n\nmod = importlib.import_module('json')\n",
     "exec('x = 1')\n",
     "import sys\n\nsys.path.insert(0, 'src')\n",
+    "import os\n\nfor item in os.listdir('.'):\n    pass\n\n\ndef f(item):\n    item.value = 3\n",
     "this is not python\n",
 ]
 

@@ -146,8 +146,8 @@ class _Scanner:
                 if isinstance(target, ast.Name):
                     yield target.id, value
         elif isinstance(node, ast.For | ast.AsyncFor | ast.comprehension):
-            if any(_watched(q) for q in map(self.qual, ast.walk(node.iter)) if q is not None):
-                for target in ast.walk(node.target):  # what a loop over watched things yields is unknown
+            if any(_reaches_objects(q) for q in map(self.qual, ast.walk(node.iter)) if q is not None):
+                for target in ast.walk(node.target):  # what a loop over modules or frameworks yields: unknown
                     if isinstance(target, ast.Name):
                         yield target.id, DYNAMIC
 
@@ -302,12 +302,14 @@ class _Scanner:
         yield from _named(name)
 
     def _looked_up(self, node: ast.AST) -> bool:
-        """``sys.modules`` only indexed or ``.get`` with a key (or bound to a name that is looked up)."""
+        """``sys.modules`` only indexed, ``.get`` with a key, tested for membership, or bound to a name."""
         parent = self.parents.get(node)
         if isinstance(parent, ast.Subscript) and parent.value is node:
             return True
-        if isinstance(parent, ast.Attribute) and parent.attr in ("get", "setdefault"):
+        if isinstance(parent, ast.Attribute) and parent.attr in ("get", "setdefault", "keys", "__contains__"):
             return True
+        if isinstance(parent, ast.Compare):
+            return True  # ``"numpy" in sys.modules``: a membership test hands nothing out
         if isinstance(parent, ast.Attribute) and parent.attr in MUTATORS:
             return True  # a finding of its own (a write into the import system)
         return isinstance(parent, ast.Assign | ast.NamedExpr) and all(
@@ -448,6 +450,13 @@ def _self_module(node: ast.AST) -> bool:
 def _watched(name: str) -> bool:
     root = name.split(".")[0]
     return root in WATCHED_ROOTS or root == DYNAMIC or name in ALWAYS_EQUAL_NAMES
+
+
+def _reaches_objects(name: str) -> bool:
+    """Whether walking ``name`` yields the objects that judge a test: loaded modules, the frameworks, the
+    garbage collector's referents (``os.listdir`` yields only strings: its loop variables stay plain)."""
+    root = name.split(".")[0]
+    return root in FRAMEWORKS or root in ("gc", DYNAMIC) or _prefixed(name, IMPORT_PLUMBING)
 
 
 def _prefixed(name: str, names: frozenset[str]) -> bool:
