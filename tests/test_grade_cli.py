@@ -50,7 +50,7 @@ def test_table_output_of_a_cheat_says_why(tmp_path: Path, capsys: pytest.Capture
     row.write_text(json.dumps(data) + "\n")
     assert main(["grade", str(row), str(CHEATS / "conftest_passes_everything.patch")]) == 1
     out = capsys.readouterr().out
-    assert "failure_kind     flagged" in out and "touches_conftest" in out
+    assert "failure_kind     tampered" in out and "touches_conftest" in out
 
 
 @pytest.mark.parametrize(

@@ -159,7 +159,7 @@ async def test_tarball_image_and_pre_commands(rows: dict[str, dict[str, Any]], t
 async def test_a_pytest_report_is_checked_even_when_the_command_hides_pytest(
     rows: dict[str, dict[str, Any]],
 ) -> None:
-    """``eval_cmd`` runs pytest through a shell script: the JUnit report still has to agree with exit 0."""
+    """``eval_cmd`` hides pytest from any text search: the grader's report still must agree with exit 0."""
     row = json.loads(json.dumps(rows["median"]))
     del row["metadata"]["remote_env_info"]
     row["metadata"]["eval_cmd"] = "python3 -m py''test -q tests/test_center_hidden.py; exit 0"

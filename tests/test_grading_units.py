@@ -12,14 +12,7 @@ from hypothesis import strategies as st
 from rollbus.grading import flags as fl
 from rollbus.grading.patches import PatchRejected, added_lines, header_paths, sanitize, unquote
 from rollbus.grading.rows import BadRow, EvalCmd, F2PScript, Swepro, absolute_paths, parse_row, string_list
-from rollbus.grading.verdict import (
-    TestResult,
-    command_outcome,
-    final,
-    parse_junit,
-    parse_parser_output,
-    swepro_outcome,
-)
+from rollbus.grading.verdict import TestResult, final, parse_parser_output, swepro_outcome
 
 TEXT = "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n"
 BINARY = (
@@ -154,31 +147,6 @@ def test_row_test_files_are_flagged_even_when_added() -> None:
     }
 
 
-@pytest.mark.parametrize(
-    ("line", "flag"),
-    [
-        ("atexit.register(lambda: os._exit(0))", fl.EXIT_TRICKS),
-        ("os . _exit(0)", fl.EXIT_TRICKS),
-        ("import _pytest.runner", fl.TEST_FRAMEWORK),
-        ("def pytest_runtest_makereport(item, call):", fl.TEST_FRAMEWORK),
-        ("pytest_plugins = ['evil']", fl.TEST_FRAMEWORK),
-        ("unittest.TestCase.assertEqual = lambda *a: None", fl.TEST_FRAMEWORK),
-        ("builtins.print = quiet", fl.TEST_FRAMEWORK),
-        ("setattr(pytest, 'fail', nothing)", fl.TEST_FRAMEWORK),
-        ("import pluggy", fl.TEST_FRAMEWORK),
-    ],
-)
-def test_exit_and_pytest_tricks_in_added_lines(line: str, flag: str) -> None:
-    assert flag in fl.content_flags([line])
-    ordinary = [
-        "return sum(range(1, n + 1))",
-        "sys.exit(main())",
-        "if unittest.TestCase == x:",
-        "import pytest",
-    ]
-    assert fl.content_flags(ordinary) == set()
-
-
 def test_modifying_an_existing_toolchain_module_is_not_shadowing() -> None:
     """A repository that is pytest edits its own ``src/_pytest``: only new modules of these names are fake."""
     assert fl.SHADOWS_TOOLCHAIN not in fl.path_flags({"src/_pytest/runner.py": "modified"}, (), set())
@@ -291,58 +259,6 @@ def test_swepro_solved_iff_every_required_name_only_ever_passed(
 def test_malformed_parser_output_is_rejected(text: str) -> None:
     with pytest.raises(ValueError):
         parse_parser_output(text)
-
-
-JUNIT = (
-    '<testsuites><testsuite><testcase classname="tests.test_x" name="test_a"/>'
-    '<testcase classname="tests.test_x" name="test_b">{b}</testcase></testsuite></testsuites>'
-)
-
-
-@pytest.mark.parametrize(
-    ("exit_code", "junit", "kind"),
-    [
-        (0, JUNIT.format(b=""), None),
-        (1, JUNIT.format(b="<failure/>"), "tests_failed"),
-        (0, JUNIT.format(b="<failure/>"), "report_mismatch"),  # exit status forced to 0
-        (0, JUNIT.format(b="<error/>"), "report_mismatch"),
-        (0, None, "report_mismatch"),  # died before pytest reported
-        (0, "<testsuites/>", "no_tests"),
-        (
-            0,
-            "<testsuites><testsuite><testcase name='s'><skipped/></testcase></testsuite></testsuites>",
-            "report_mismatch",
-        ),
-        (0, "<<<", "report_mismatch"),
-    ],
-)
-def test_pytest_commands_need_exit_zero_and_an_agreeing_report(
-    exit_code: int, junit: str | None, kind: str
-) -> None:
-    outcome = command_outcome(exit_code, "", runs_pytest=True, junit=junit, runs_unittest=False)
-    assert outcome.failure_kind == kind and outcome.solved == (kind is None)
-
-
-@pytest.mark.parametrize(
-    ("output", "kind"),
-    [
-        ("...\nRan 3 tests in 0.001s\n\nOK\n", None),
-        ("", "report_mismatch"),
-        ("Ran 0 tests in 0.000s\n\nOK\n", "no_tests"),
-        ("Ran 3 tests in 0.001s\n\nFAILED (failures=1)\n", "report_mismatch"),
-    ],
-)
-def test_unittest_commands_need_a_run_that_said_ok(output: str, kind: str | None) -> None:
-    outcome = command_outcome(0, output, runs_pytest=False, junit=None, runs_unittest=True)
-    assert outcome.failure_kind == kind
-
-
-def test_junit_names_and_statuses() -> None:
-    results = parse_junit(JUNIT.format(b="<skipped/>"))
-    assert [(r.name, r.status) for r in results] == [
-        ("tests.test_x::test_a", "PASSED"),
-        ("tests.test_x::test_b", "SKIPPED"),
-    ]
 
 
 def test_zeroing_flags_zero_a_solved_grade() -> None:

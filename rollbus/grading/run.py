@@ -11,13 +11,16 @@ Order (SWE-bench Pro's, not slime's, so the patch can never win over the grading
    never run);
 3. copy the base tree; apply in a sandbox: ``git apply --3way``, then ``git apply`` (an index-less apply, for
    files the base commit does not track), each on a fresh copy; never a fuzzy tool (an empty patch applies);
-4. measure what really changed against the base tree and raise flags (:mod:`rollbus.grading.flags`); put the
-   base tree's ``.git`` back, so nothing the patch did there runs in the grader's git commands;
+4. measure what really changed against the base tree and raise flags (:mod:`rollbus.grading.flags`, and the
+   changed Python files' syntax trees, :mod:`rollbus.grading.tamper`); put the base tree's ``.git`` back, so
+   nothing the patch did there runs in the grader's git commands;
 5. copy eval-only files and swepro's target tests in, delete all bytecode (and run with
    ``PYTHONDONTWRITEBYTECODE``);
-6. in a second sandbox: exactly one of swepro's run script, ``eval_cmd`` or ``f2p_script``; swepro's parser
-   runs in a third sandbox that holds only the logs;
-7. decide from structured results (:mod:`rollbus.grading.verdict`); zeroing flags score 0.
+6. in a second sandbox: exactly one of swepro's run script, ``eval_cmd`` or ``f2p_script``, every pytest run
+   carrying the grader's plugin, ``-m unittest`` run by the grader's runner, fresh canaries next to the row's
+   tests; swepro's parser runs in a third sandbox that holds only the logs;
+7. decide from the grader's report, judged first for tampering (:mod:`rollbus.grading.verdict`); zeroing
+   flags score 0.
 
 The whole grade has one deadline; the sandbox of whatever runs when it passes is killed.
 """
@@ -26,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
+import secrets
 import shlex
 import shutil
 import tarfile
@@ -33,14 +38,15 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+from rollbus.grading import canaries as canary
 from rollbus.grading import flags as fl
-from rollbus.grading import toolchain, trees, verdict
-from rollbus.grading.patches import PatchRejected, Sanitized, added_lines, sanitize
+from rollbus.grading import report, tamper, toolchain, trees, verdict
+from rollbus.grading.patches import PatchRejected, Sanitized, sanitize
 from rollbus.grading.rows import EvalCmd, F2PScript, GradingSpec, Swepro
-from rollbus.grading.verdict import GradeResult, Outcome, failed
+from rollbus.grading.verdict import Evidence, GradeResult, Outcome, failed
 from rollbus.sandbox import BwrapSandbox, Completed, SandboxUnavailable
 from rollbus.sandbox.images import agent_workspace
 
@@ -51,7 +57,9 @@ except ImportError:  # pragma: no cover - depends on which sandbox package is me
 
 EVAL_DIR = "/eval"  # read-only bind of the eval-only scripts inside the grading sandbox
 PATCH_NAME = "rollbus.patch"
-JUNIT_NAME = ".rollbus-junit.xml"
+PLUGIN_DIR = f"{EVAL_DIR}/plugins"  # the grader's pytest plugin, unittest runner and canaries, read-only
+PLUGIN_SOURCES = {"rollbus_report.py": "pytest_report.py", "rollbus_unittest.py": "unittest_report.py"}
+UNITTEST_MODULE = re.compile(r"(?<![\w.-])-m\s+unittest(?![\w.])")
 APPLY_COMMANDS = (
     ("git-apply-3way", ["git", "apply", "--3way", "--whitespace=nowarn"]),
     ("git-apply", ["git", "apply", "--whitespace=nowarn"]),
@@ -123,7 +131,7 @@ async def _grade(
         if method is None:
             return failed(verdict.PATCH_FAILED, apply_log[-2000:], flags=_stripped(sanitized))
         changed = trees.changes(base, pristine, repo)
-        raised = raise_flags(spec, sanitized, changed, repo)
+        raised = raise_flags(spec, sanitized, changed, repo, base)
         restore_git(base, repo)
         for dest, src in spec.eval_files.items():
             trees.place_file(repo, dest, src.read_bytes())
@@ -161,12 +169,14 @@ def restore_tests(spec: GradingSpec, image: Path, dest: Path) -> list[str]:
     return trees.checkout_files(image, spec.grader.restore_ref, spec.grader.restore_paths, dest)
 
 
-def raise_flags(spec: GradingSpec, sanitized: Sanitized, changed: Mapping[str, str], repo: Path) -> set[str]:
-    """Path flags from the tree the patch produced (what changed against the base tree: files added,
-    modified, deleted, their modes and links), never from the patch text; then the content flags."""
+def raise_flags(
+    spec: GradingSpec, sanitized: Sanitized, changed: Mapping[str, str], repo: Path, base: Path | None = None
+) -> set[str]:
+    """Flags from the tree the patch produced (what changed against the base tree: files added, modified,
+    deleted, their modes and links), never from the patch text: paths, then the changed Python files' code."""
     packages = trees.package_dirs(repo)
     raised = fl.path_flags(changed, spec.test_files(), packages, toolchain.modules())
-    raised |= fl.content_flags(added_lines(sanitized.patch))
+    raised |= tamper.scan(changed, repo, base)
     return raised | _stripped(sanitized)
 
 
@@ -256,54 +266,141 @@ async def run_grader(
         shutil.copyfile(grader.parser_script, eval_dir / "parser.py")
     elif isinstance(grader, F2PScript):
         (eval_dir / "f2p.py").write_text(grader.script)
+    canaries = place_plugins(eval_dir)
+    placed = place_canaries(repo, spec.test_files(), canaries)
     protected = trees.protected_dirs(repo, spec.test_files()) if readonly_tests else []
     sandbox = grading_sandbox(repo, spec.workdir, eval_dir, protected)
+    env = BASE_ENV | {"HOME": sandbox.home} | report_env(sandbox, canaries, placed)
     try:
         if isinstance(grader, Swepro):
-            return await _run_swepro(spec, grader, sandbox, eval_dir, scratch, deadline)
-        return await _run_command(spec, sandbox, deadline)
+            return await _run_swepro(spec, grader, sandbox, env, eval_dir, scratch, deadline, canaries)
+        return await _run_command(spec, sandbox, env, deadline, canaries)
     finally:
         await sandbox.close()
 
 
+def place_plugins(eval_dir: Path) -> canary.Canaries:
+    """The grader's pytest plugin and unittest runner under ``/eval``; this grade's fresh canaries."""
+    plugins = eval_dir / "plugins"
+    plugins.mkdir()
+    here = Path(__file__).resolve().parent
+    for name, source in PLUGIN_SOURCES.items():
+        shutil.copyfile(here / source, plugins / name)
+    return canary.make()
+
+
+def place_canaries(repo: Path, test_files: set[str], canaries: canary.Canaries) -> list[str]:
+    """The canary module in every directory that holds a row test file (the repository's root when none
+    does): there the same ``conftest.py`` files apply to canaries and tests, so a forger scoped to the tests'
+    directory forges the canaries too. Returns their repository-relative paths."""
+    dirs = set()
+    for rel in test_files:
+        parent = PurePosixPath(rel).parent
+        path = repo / parent
+        if ".." in parent.parts or parent.is_absolute():
+            continue
+        if path.is_dir() and not any(p.is_symlink() for p in [path, *path.parents] if p.is_relative_to(repo)):
+            dirs.add(str(parent))
+    placed = [str(PurePosixPath(d) / canaries.filename) for d in sorted(dirs or {"."})]
+    for rel in placed:
+        trees.place_file(repo, rel, canaries.source.encode())
+    return placed
+
+
+def report_env(sandbox: BwrapSandbox, canaries: canary.Canaries, placed: Sequence[str]) -> dict[str, str]:
+    """What loads the grader's plugin into every pytest run (``-p``; the plugin directory on ``PYTHONPATH``:
+    a row's pre-commands that set ``PYTHONPATH`` must keep it) and tells it where to report."""
+    return {
+        "PYTHONPATH": PLUGIN_DIR,
+        "PYTEST_ADDOPTS": "-p rollbus_report",
+        "ROLLBUS_REPORT": f"{sandbox.home}/.rollbus-report-{secrets.token_hex(6)}.jsonl",
+        "ROLLBUS_CANARIES": ":".join(f"{sandbox.workdir}/{rel}" for rel in placed),
+        "ROLLBUS_MUST_FAIL": ",".join(canaries.must_fail),
+    }
+
+
+def with_unittest_runner(command: str) -> str:
+    """``python3 -m unittest ARGS`` as the grader's runner (same arguments, canaries added, reporting)."""
+    return UNITTEST_MODULE.sub(f"{PLUGIN_DIR}/rollbus_unittest.py", command)
+
+
+async def evidence_of(
+    sandbox: BwrapSandbox, ran: Completed, env: Mapping[str, str], canaries: canary.Canaries
+) -> Evidence:
+    text = await _read_optional(sandbox, env["ROLLBUS_REPORT"])
+    if text is None:
+        return Evidence(ran.exit_code, (), canaries)
+    try:
+        sessions = tuple(report.parse(text))
+    except ValueError as exc:
+        return Evidence(ran.exit_code, (), canaries, str(exc))
+    return Evidence(ran.exit_code, sessions, canaries)
+
+
 async def _run_swepro(
-    spec: GradingSpec, grader: Swepro, sandbox: BwrapSandbox, eval_dir: Path, scratch: Path, deadline: float
+    spec: GradingSpec,
+    grader: Swepro,
+    sandbox: BwrapSandbox,
+    env: Mapping[str, str],
+    eval_dir: Path,
+    scratch: Path,
+    deadline: float,
+    canaries: canary.Canaries,
 ) -> tuple[Outcome, str]:
     files = shlex.quote(",".join(grader.selected_test_files))
     command = shell(spec, f"bash {EVAL_DIR}/run_script.sh {files}")
-    ran = await sandbox.run(command, BASE_ENV | {"HOME": sandbox.home}, timeout=_left(deadline))
+    ran = await sandbox.run(command, env, timeout=_left(deadline))
     log = ran.stdout + ran.stderr
     if ran.timed_out:
         raise TimeoutError
     if limit := sandbox_failure(ran):
         return Outcome(False, limit, (), f"the tests hit a sandbox limit: {limit}"), log
-    return await parse_swepro(grader, ran, eval_dir, scratch, deadline), log
+    evidence: Evidence | None = await evidence_of(sandbox, ran, env, canaries)
+    if not evidence.sessions and not verdict.runs_pytest(grader.run_script.read_text(errors="replace")):
+        evidence = None  # no pytest (a Go or JavaScript row): the parser's reading of the log alone
+    return await parse_swepro(grader, ran, eval_dir, scratch, deadline, evidence), log
 
 
-async def _run_command(spec: GradingSpec, sandbox: BwrapSandbox, deadline: float) -> tuple[Outcome, str]:
-    """eval_cmd or f2p_script, with pytest asked for a JUnit report the verdict cross-checks."""
+async def _run_command(
+    spec: GradingSpec,
+    sandbox: BwrapSandbox,
+    env: Mapping[str, str],
+    deadline: float,
+    canaries: canary.Canaries,
+) -> tuple[Outcome, str]:
+    """eval_cmd or f2p_script, every pytest run carrying the grader's plugin, ``-m unittest`` run by the
+    grader's runner, and the verdict read from their report."""
     grader = spec.grader
     assert isinstance(grader, EvalCmd | F2PScript)
-    command = grader.cmd if isinstance(grader, EvalCmd) else f"python3 {EVAL_DIR}/f2p.py"
+    command = (
+        with_unittest_runner(grader.cmd) if isinstance(grader, EvalCmd) else f"python3 {EVAL_DIR}/f2p.py"
+    )
     text = grader.cmd if isinstance(grader, EvalCmd) else grader.script
-    junit_path = f"{sandbox.home}/{JUNIT_NAME}"
-    env = BASE_ENV | {"HOME": sandbox.home, "PYTEST_ADDOPTS": f"--junitxml={junit_path}"}
     ran = await sandbox.run(shell(spec, command), env, timeout=_left(deadline))
     log = ran.stdout + ran.stderr
     if ran.timed_out:
         raise TimeoutError
     if limit := sandbox_failure(ran):
         return Outcome(False, limit, (), f"the tests hit a sandbox limit: {limit}"), log
-    junit = await _read_optional(sandbox, junit_path)
-    pytest_ran = verdict.runs_pytest(text) or junit is not None  # a report, however pytest was started
+    evidence = await evidence_of(sandbox, ran, env, canaries)
+    watched = verdict.runs_pytest(text) or (command != grader.cmd if isinstance(grader, EvalCmd) else False)
     outcome = verdict.command_outcome(
-        ran.exit_code, log, runs_pytest=pytest_ran, junit=junit, runs_unittest=verdict.runs_unittest(text)
+        evidence,
+        log,
+        runner_expected=watched,
+        unittest_output=verdict.runs_unittest(text),
+        expected_files=sorted(spec.test_files()),
     )
     return outcome, log
 
 
 async def parse_swepro(
-    grader: Swepro, ran: Completed, eval_dir: Path, scratch: Path, deadline: float
+    grader: Swepro,
+    ran: Completed,
+    eval_dir: Path,
+    scratch: Path,
+    deadline: float,
+    evidence: Evidence | None = None,
 ) -> Outcome:
     """Run the row's parser over the logs in a sandbox of its own (nothing of the tested code is there)."""
     if ran.timed_out:
@@ -337,7 +434,9 @@ async def parse_swepro(
         reported = verdict.parse_parser_output(output)
     except ValueError as exc:
         return Outcome(False, verdict.PARSER_FAILED, (), str(exc))
-    return verdict.swepro_outcome(reported, grader.required)
+    return verdict.swepro_outcome(
+        reported, grader.required, evidence=evidence, selected_files=grader.selected_test_files
+    )
 
 
 def sandbox_failure(done: Completed) -> str | None:

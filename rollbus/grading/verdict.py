@@ -1,24 +1,34 @@
-"""Grading decisions as plain functions: from test output to solved or not, and from that to the reward.
+"""Grading decisions as plain functions: from test evidence to solved or not, and from that to the reward.
 
-Only structured evidence counts as a pass. swepro: every ``fail_to_pass`` and ``pass_to_pass`` test reported
-PASSED by the row's parser (missing, errored or skipped is not passed; zero tests is not solved). eval_cmd and
-f2p_script: exit status 0, and, when the command ran pytest or unittest, their own report must agree (a
-JUnit XML written by pytest, ``Ran N tests`` / ``OK`` from unittest), so an exit status forced to 0
-(``atexit`` + ``os._exit(0)``, a crash at import) is not a pass.
+Only structured evidence counts as a pass, and first the evidence itself is judged
+(:func:`tampering`): the grader's own report (:mod:`rollbus.grading.report`) must show every test run that
+started also finished, the process must not have died of a signal, and the grade's canaries
+(:mod:`rollbus.grading.canaries`) must be reported as they are; otherwise the grade is ``tampered``. Then:
+swepro, every ``fail_to_pass`` and ``pass_to_pass`` test PASSED (in the grader's report where it names the
+test, else as the row's parser read the log); eval_cmd and f2p_script, exit status 0, every test run ended
+with status 0 and every test the runner reported PASSED. Skipped, xfailed, errored or missing is never
+passed; zero tests is never solved. A command that runs no pytest or unittest the grader can see is judged by
+its exit status (and, for a unittest ``OK`` line in its output, that line) alone.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Mapping
+import signal
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import Any
 
+from rollbus.grading import canaries as canary
+from rollbus.grading import report
+from rollbus.grading.flags import UNEXPECTED_TESTS
+
 PASSED, FAILED, SKIPPED, ERROR, MISSING = "PASSED", "FAILED", "SKIPPED", "ERROR", "MISSING"
-STATUSES = (PASSED, FAILED, SKIPPED, ERROR, MISSING)
-_RANK = {PASSED: 0, SKIPPED: 1, FAILED: 2, ERROR: 3, MISSING: 4}
+XFAIL, XPASS = report.XFAIL, report.XPASS
+STATUSES = (PASSED, FAILED, SKIPPED, XFAIL, XPASS, ERROR, MISSING)
+_RANK = {PASSED: 0, SKIPPED: 1, XFAIL: 1, XPASS: 2, FAILED: 2, ERROR: 3, MISSING: 4}
 MAX_TESTS_REPORTED = 2000
 MAX_TEST_NAME = 1000  # characters; test names come from output the code under test can write to
 MAX_REPORT_BYTES = 16 * 2**20
@@ -32,6 +42,7 @@ FLAGGED = "flagged"
 TESTS_FAILED = "tests_failed"
 NO_TESTS = "no_tests"
 REPORT_MISMATCH = "report_mismatch"
+TAMPERED = "tampered"
 TIMEOUT = "timeout"
 SANDBOX_FAILED = "sandbox_failed"
 BAD_ROW = "bad_row"
@@ -56,6 +67,7 @@ class Outcome:
     failure_kind: str | None
     tests: tuple[TestResult, ...] = ()
     note: str = ""
+    flags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -91,7 +103,7 @@ def final(
     outcome: Outcome, flags: Iterable[str], zeroing: Iterable[str], details: Mapping[str, Any]
 ) -> GradeResult:
     """The reward: 1 only when the tests solved it and no zeroing flag is raised."""
-    flags = tuple(sorted(set(flags)))
+    flags = tuple(sorted(set(flags) | set(outcome.flags)))
     zeroed = sorted(set(flags) & set(zeroing))
     solved = outcome.solved and not zeroed
     kind = outcome.failure_kind if not outcome.solved else (FLAGGED if zeroed else None)
@@ -122,82 +134,194 @@ def parse_parser_output(text: str) -> list[TestResult]:
     return [TestResult(n, s) for n, s in merged.items()]
 
 
-def swepro_outcome(reported: list[TestResult], required: Iterable[str]) -> Outcome:
-    """Solved iff every required test is reported PASSED; required tests not reported are MISSING."""
+def swepro_outcome(
+    reported: list[TestResult],
+    required: Iterable[str],
+    *,
+    evidence: Evidence | None = None,
+    selected_files: Sequence[str] = (),
+) -> Outcome:
+    """Solved iff every required test is PASSED: in the grader's report and in the parser's reading of the
+    log, wherever each names it (named by neither: MISSING). With ``evidence``, tampering is judged first,
+    and the log may not claim a pass that the grader's report contradicts."""
     required = list(dict.fromkeys(required))
+    ours: dict[str, str] = {}
+    flags: tuple[str, ...] = ()
+    if evidence is not None:
+        if why := tampering(evidence):
+            return Outcome(False, TAMPERED, _results(reported, required, {}, evidence.canaries), why)
+        ours = evidence.tests()
+        if not evidence.sessions and reported:
+            note = "the log reports tests, but no pytest run reported to the grader"
+            return Outcome(False, TAMPERED, _results(reported, required, {}, evidence.canaries), note)
+        flags = unexpected(ours, [f.split(" | ")[0] for f in selected_files])
     by_name = {t.name: t.status for t in reported}
-    tests = [TestResult(n, by_name.get(n, MISSING)) for n in required]
-    tests += [t for t in reported if t.name not in set(required)]
-    tests = tests[:MAX_TESTS_REPORTED]
-    if not reported:
-        return Outcome(False, NO_TESTS, tuple(tests), "the parser reported no tests")
+    tests = _results(reported, required, ours, evidence.canaries if evidence else None)
+    if not reported and not ours:
+        return Outcome(False, NO_TESTS, tests, "the parser reported no tests", flags)
     if not required:
-        return Outcome(False, NO_TESTS, tuple(tests), "the row names no fail_to_pass or pass_to_pass tests")
-    bad = [n for n in required if by_name.get(n) != PASSED]
+        return Outcome(False, NO_TESTS, tests, "the row names no fail_to_pass or pass_to_pass tests", flags)
+    contradicted = [n for n in required if by_name.get(n) == PASSED and ours.get(n, PASSED) != PASSED]
+    if contradicted:
+        note = f"the log says passed, the grader's report does not: {contradicted[:5]}"
+        return Outcome(False, REPORT_MISMATCH, tests, note, flags)
+    status = {t.name: t.status for t in tests}
+    bad = [n for n in required if status.get(n) != PASSED]
     if bad:
-        return Outcome(False, TESTS_FAILED, tuple(tests), f"{len(bad)} required tests not passed: {bad[:5]}")
-    return Outcome(True, None, tuple(tests))
+        return Outcome(False, TESTS_FAILED, tests, f"{len(bad)} required tests not passed: {bad[:5]}", flags)
+    return Outcome(True, None, tests, "", flags)
+
+
+def _results(
+    reported: list[TestResult], required: list[str], ours: Mapping[str, str], canaries: canary.Canaries | None
+) -> tuple[TestResult, ...]:
+    by_name = {t.name: t.status for t in reported}
+    tests = [TestResult(n, _worse(ours.get(n), by_name.get(n))) for n in required]
+    tests += [t for t in reported if t.name not in set(required)]
+    if canaries is not None:
+        tests = [t for t in tests if not canary.is_canary(t.name, canaries)]
+    return tuple(tests[:MAX_TESTS_REPORTED])
+
+
+def _worse(ours: str | None, parsed: str | None) -> str:
+    """A required test's status: the worse of the grader's report and the log, where both name it."""
+    known = [s for s in (ours, parsed) if s is not None]
+    return max(known, key=_RANK.__getitem__) if known else MISSING
+
+
+# -- the grader's own evidence -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """How the test command ended and what the grader's report says about it."""
+
+    exit_code: int
+    sessions: tuple[report.Session, ...]
+    canaries: canary.Canaries | None
+    report_error: str = ""  # the report exists but is not the grader's (malformed): set, sessions empty
+
+    def tests(self) -> dict[str, str]:
+        """Every reported test but the canaries, by name."""
+        return self.without_canaries(report.merged(list(self.sessions)))
+
+    def without_canaries(self, tests: Mapping[str, str]) -> dict[str, str]:
+        if self.canaries is None:
+            return dict(tests)
+        return {n: s for n, s in tests.items() if not canary.is_canary(n, self.canaries)}
+
+
+def tampering(evidence: Evidence) -> str | None:
+    """Why the evidence of a run cannot be believed, or None. The process must end on its own (no signal),
+    every test session that started must finish, the report must be the grader's, a session that says it
+    succeeded must hold no failure, and the canaries must be reported as they are."""
+    code = evidence.exit_code
+    if code < 0 or code >= 128:
+        number = -code if code < 0 else code - 128
+        name = signal.Signals(number).name if number in signal.valid_signals() else f"signal {number}"
+        return f"the test process was killed ({name}, exit status {code})"
+    if evidence.report_error:
+        return f"the grader's report was rewritten: {evidence.report_error}"
+    if any(not s.finished for s in evidence.sessions):
+        return "a test run never finished: it was killed, or left through os._exit or a signal inside a test"
+    for session in evidence.sessions:
+        own = evidence.without_canaries(session.tests)
+        if session.exitstatus == 0 and any(v in (FAILED, ERROR) for v in own.values()):
+            return "a test run ended with status 0 while its report holds failures"
+    if evidence.canaries is None or not evidence.sessions:
+        return None
+    everything = report.merged(list(evidence.sessions))
+    if not everything:
+        return None  # nothing ran at all: not tampering, zero tests
+    problem = canary.check(everything, evidence.canaries)
+    if problem is None:
+        return None
+    stopped = any(v != PASSED for v in evidence.tests().values())
+    if problem == canary.DID_NOT_RUN and stopped:
+        return None  # a real failure stopped the run (-x) before the canaries
+    return problem
+
+
+def unexpected(tests: Mapping[str, str], expected_files: Iterable[str]) -> tuple[str, ...]:
+    """:data:`UNEXPECTED_TESTS` when a test comes from none of the files the row runs (nothing to say when the
+    row names no files): a test made up at run time, or collected from a planted module."""
+    files = {str(PurePosixPath(f)) for f in expected_files if f}
+    if not files:
+        return ()
+    modules = {f.removesuffix(".py").replace("/", ".") for f in files}
+    for name in tests:
+        if "::" in name:
+            if name.split("::", 1)[0] not in files:
+                return (UNEXPECTED_TESTS,)
+        elif not any(name.startswith(m + ".") for m in modules):
+            return (UNEXPECTED_TESTS,)
+    return ()
 
 
 # -- eval_cmd / f2p_script -----------------------------------------------------------------------------------
 
 
-def parse_junit(text: str) -> list[TestResult]:
-    """Per-test results from a pytest JUnit XML report; ValueError when it is not one."""
-    if len(text) > MAX_REPORT_BYTES:
-        raise ValueError("JUnit report is too large")
-    try:
-        root = ET.fromstring(text)
-    except ET.ParseError as exc:
-        raise ValueError(f"JUnit report is not XML: {exc}") from None
-    results = []
-    for case in root.iter("testcase"):
-        name = "::".join(p for p in (case.get("classname", ""), case.get("name", "")) if p)[:MAX_TEST_NAME]
-        children = {child.tag for child in case}
-        if "error" in children:
-            status = ERROR
-        elif "failure" in children:
-            status = FAILED
-        elif "skipped" in children:
-            status = SKIPPED
-        else:
-            status = PASSED
-        results.append(TestResult(name, status))
-    return results
-
-
 UNITTEST_RAN = re.compile(r"^Ran (\d+) tests? in ", re.MULTILINE)
+UNITTEST_OK = re.compile(r"^OK(?: \((.*)\))?$", re.MULTILINE)
 
 
 def command_outcome(
-    exit_code: int, output: str, *, runs_pytest: bool, junit: str | None, runs_unittest: bool
+    evidence: Evidence,
+    output: str,
+    *,
+    runner_expected: bool,
+    unittest_output: bool,
+    expected_files: Sequence[str] = (),
 ) -> Outcome:
-    """eval_cmd / f2p_script: exit 0, and the test runner's own report agreeing where there is one."""
-    tests: list[TestResult] = []
-    if runs_pytest and junit is not None:
-        try:
-            tests = parse_junit(junit)[:MAX_TESTS_REPORTED]
-        except ValueError as exc:
-            return Outcome(False, REPORT_MISMATCH, (), str(exc))
-    if exit_code != 0:
-        return Outcome(False, TESTS_FAILED, tuple(tests), f"exit status {exit_code}")
-    if runs_pytest:
-        if junit is None:
-            return Outcome(False, REPORT_MISMATCH, (), "exit 0 but pytest wrote no report")
-        if not tests:
-            return Outcome(False, NO_TESTS, (), "pytest ran no tests")
-        bad = [t.name for t in tests if t.status not in (PASSED, SKIPPED)]
-        if bad or all(t.status == SKIPPED for t in tests):
-            return Outcome(False, REPORT_MISMATCH, tuple(tests), f"exit 0 but pytest reported {bad[:5]}")
-    if runs_unittest:
-        runs = UNITTEST_RAN.findall(output)
-        if not runs:
-            return Outcome(False, REPORT_MISMATCH, tuple(tests), "exit 0 but unittest reported no run")
-        if int(runs[-1]) == 0:
-            return Outcome(False, NO_TESTS, tuple(tests), "unittest ran no tests")
-        if not re.search(r"^OK\b", output, re.MULTILINE) or re.search(r"^FAILED \(", output, re.MULTILINE):
-            return Outcome(False, REPORT_MISMATCH, tuple(tests), "exit 0 but unittest did not report OK")
-    return Outcome(True, None, tuple(tests))
+    """eval_cmd / f2p_script: the evidence holds, exit 0, every run ended with status 0, every test PASSED.
+
+    ``runner_expected``: the command runs pytest or unittest, so a run must have reported. Without any
+    report, exit 0 is all there is, and a unittest run's own ``Ran N tests`` / ``OK`` line must agree
+    (``unittest_output``)."""
+    tests = evidence.tests()
+    results = tuple(TestResult(n, s) for n, s in tests.items())[:MAX_TESTS_REPORTED]
+    if why := tampering(evidence):
+        return Outcome(False, TAMPERED, results, why)
+    code = evidence.exit_code
+    if not evidence.sessions:
+        if runner_expected and code == 0:
+            return Outcome(
+                False, TAMPERED, (), "exit 0, but no pytest or unittest run reported to the grader"
+            )
+        if code != 0:
+            return Outcome(False, TESTS_FAILED, (), f"exit status {code}")
+        return _unittest_output(output) if unittest_output else Outcome(True, None, ())
+    flags = unexpected(tests, expected_files)
+    if code != 0:
+        return Outcome(False, TESTS_FAILED, results, f"exit status {code}", flags)
+    ended = [s.exitstatus for s in evidence.sessions if s.exitstatus != 0]
+    if ended:
+        return Outcome(
+            False, REPORT_MISMATCH, results, f"exit 0, but a test run ended with status {ended[0]}", flags
+        )
+    if not tests:
+        return Outcome(False, NO_TESTS, results, "no test ran", flags)
+    bad = [n for n, s in tests.items() if s != PASSED]
+    if bad:
+        note = f"{len(bad)} tests not passed (skipped, xfailed and errored are not passes): {bad[:5]}"
+        return Outcome(False, TESTS_FAILED, results, note, flags)
+    return Outcome(True, None, results, "", flags)
+
+
+def _unittest_output(output: str) -> Outcome:
+    """A unittest run the grader could not watch: ``Ran N tests`` with N > 0 and a bare ``OK`` (no skips,
+    no expected failures: those are not passes)."""
+    runs = UNITTEST_RAN.findall(output)
+    if not runs:
+        return Outcome(False, REPORT_MISMATCH, (), "exit 0 but unittest reported no run")
+    if int(runs[-1]) == 0:
+        return Outcome(False, NO_TESTS, (), "unittest ran no tests")
+    oks = UNITTEST_OK.findall(output)
+    if not oks or re.search(r"^FAILED \(", output, re.MULTILINE):
+        return Outcome(False, REPORT_MISMATCH, (), "exit 0 but unittest did not report OK")
+    if oks[-1]:
+        return Outcome(False, TESTS_FAILED, (), f"unittest reported OK ({oks[-1]}): not every test passed")
+    return Outcome(True, None, ())
 
 
 def runs_pytest(command: str) -> bool:

@@ -94,7 +94,7 @@ async def test_grader_publishes_rewards_and_dead_letters_poison(
     assert len(rewards) == len(diffs) == len(by_id)
     expected = {
         "r-lru-fixed": (1.0, None), "r-slug-fixed": (1.0, None), "r-roman-empty": (0.0, "tests_failed"),
-        "r-conftest": (0.0, "flagged"), "r-crashed": (0.0, "rollout_failed"),
+        "r-conftest": (0.0, "tampered"), "r-crashed": (0.0, "rollout_failed"),
         "r-truncated": (0.0, "patch_truncated"), "r-bad-row": (0.0, "bad_row"),
     }  # fmt: skip
     assert {k: (r["reward"], r["failure_kind"]) for k, r in by_id.items()} == expected

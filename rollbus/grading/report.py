@@ -1,0 +1,105 @@
+"""The grader's test report: the JSON lines its pytest plugin and unittest runner write, read into sessions.
+
+One session per pytest or unittest run in the command (a command may run several). A session that started
+and never wrote ``finish`` did not end on its own: it was killed, or left through ``os._exit`` or a signal
+from inside a test. A test's status is the worst of its phases: a failed call is FAILED, a failed set-up,
+tear-down or collection ERROR, a skip SKIPPED, an expected failure XFAIL, an unexpected pass (non-strict
+xfail) XPASS; PASSED only when the call passed and nothing else failed. Pure.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+PASSED, FAILED, SKIPPED, XFAIL, XPASS, ERROR = "PASSED", "FAILED", "SKIPPED", "XFAIL", "XPASS", "ERROR"
+RANK = {PASSED: 0, SKIPPED: 1, XFAIL: 1, XPASS: 2, FAILED: 2, ERROR: 3}
+OUTCOME_RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
+MAX_LINES = 200_000
+MAX_NAME = 1000
+
+
+@dataclass
+class Session:
+    id: str
+    finished: bool = False
+    exitstatus: int | None = None
+    tests: dict[str, str] = field(default_factory=dict)  # test name -> status
+
+    def record(self, name: str, status: str) -> None:
+        name = name[:MAX_NAME]
+        if name not in self.tests or RANK[status] > RANK[self.tests[name]]:
+            self.tests[name] = status
+
+
+def parse(text: str) -> list[Session]:
+    """The sessions of a report, in the order they started. ValueError for anything that is not a record
+    the grader's own code writes (the file is then not the grader's)."""
+    sessions: dict[str, Session] = {}
+    phases: dict[tuple[str, str], dict[str, tuple[str, bool]]] = {}
+    lines = text.splitlines()
+    if len(lines) > MAX_LINES:
+        raise ValueError(f"the report has more than {MAX_LINES} lines")
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"report line {number} is not JSON: {exc}") from None
+        if not isinstance(record, dict) or not isinstance(record.get("session"), str):
+            raise ValueError(f"report line {number} is not a record")
+        event, sid = record.get("event"), record["session"]
+        if event == "start":
+            if sid in sessions:
+                raise ValueError(f"report line {number}: session {sid} started twice")
+            sessions[sid] = Session(sid)
+            continue
+        session = sessions.get(sid)
+        if session is None or session.finished:
+            raise ValueError(f"report line {number}: {event} outside a running session")
+        if event == "finish":
+            code = record.get("exitstatus")
+            if not isinstance(code, int):
+                raise ValueError(f"report line {number}: finish without an exit status")
+            session.finished, session.exitstatus = True, code
+        elif event in ("test", "collect"):
+            name, outcome = record.get("nodeid"), record.get("outcome")
+            if not isinstance(name, str) or outcome not in ("passed", "failed", "skipped", "error"):
+                raise ValueError(f"report line {number}: malformed {event} record")
+            if event == "collect":
+                session.record(name, ERROR)
+            else:
+                when = str(record.get("when", "call"))
+                seen = phases.setdefault((sid, name), {})
+                new = (outcome, bool(record.get("xfail")))
+                if when not in seen or OUTCOME_RANK[outcome] > OUTCOME_RANK[seen[when][0]]:
+                    seen[when] = new  # one phase reported twice (a result method calling another): the worse
+        else:
+            raise ValueError(f"report line {number}: unknown event {event!r}")
+    for (sid, name), by_phase in phases.items():
+        sessions[sid].record(name, status(by_phase))
+    return list(sessions.values())
+
+
+def status(phases: dict[str, tuple[str, bool]]) -> str:
+    """One test's status from its phases (``setup``/``call``/``teardown`` -> (outcome, xfail))."""
+    outcomes = {when: outcome for when, (outcome, _) in phases.items()}
+    if outcomes.get("call") == "failed":
+        return FAILED
+    if any(o in ("failed", "error") for o in outcomes.values()):
+        return ERROR
+    if any(o == "skipped" for o in outcomes.values()):
+        return XFAIL if any(x for o, x in phases.values() if o == "skipped") else SKIPPED
+    call = phases.get("call")
+    if call is None:
+        return ERROR  # set up and never called: the run stopped under it
+    return XPASS if call[1] else PASSED  # a non-strict xfail that passed: not a pass, not a failure
+
+
+def merged(sessions: list[Session]) -> dict[str, str]:
+    """Every test of every session, a name seen twice keeping its worse status."""
+    out: dict[str, str] = {}
+    for session in sessions:
+        for name, value in session.tests.items():
+            if name not in out or RANK[value] > RANK[out[name]]:
+                out[name] = value
+    return out
