@@ -133,10 +133,10 @@ async def test_rows_to_diffs_with_named_failures(rig: Rig, tmp_path: Path, data_
     assert len({d["attempt_id"] for d in every}) == len(every) and all(d["attempt_id"] for d in every)
     for fixed in got["calc-fix"]:
         assert fixed["failure_kind"] is None and fixed["exit_status"] == 0, runner.log()[-3000:]
-        assert FIXED_LINE in fixed["patch"] and fixed["turns"] == 3
+        assert FIXED_LINE.encode() in fixed["patch"] and fixed["turns"] == 3
         assert fixed["label"] == "range(1, n + 1)" and not fixed["patch_truncated"]
         assert json.loads(fixed["task_metadata"])["eval_cmd"] == "python3 -m unittest -q"
-    assert {(d["failure_kind"], d["patch"]) for d in got["calc-noedit"]} == {(None, "")}
+    assert {(d["failure_kind"], d["patch"]) for d in got["calc-noedit"]} == {(None, b"")}
     assert {d["failure_kind"] for d in got["calc-crash"]} == {"agent_crashed"}
     assert all(d["exit_status"] != 0 for d in got["calc-crash"])
     assert {d["failure_kind"] for d in got["calc-hang"]} == {"timeout"}
@@ -190,7 +190,7 @@ async def test_runner_killed_mid_rollout_reruns_the_task_and_only_the_rewarded_a
         grader.stop()
         segmenter.stop()
     (diff,) = diffs[rollout_id]
-    assert diff["failure_kind"] is None and FIXED_LINE in diff["patch"], second.log()[-3000:]
+    assert diff["failure_kind"] is None and FIXED_LINE.encode() in diff["patch"], second.log()[-3000:]
     assert len(await all_events(rig.bootstrap, namespace, "diffs")) == 1, (
         "the killed attempt published nothing"
     )
@@ -232,7 +232,7 @@ async def test_run_one_task_without_the_bus_is_what_the_demo_calls(rig: Rig, dat
     settings = RunnerSettings.load({"adapter_url": rig.url, "admin_token": rig.admin_token})
     diff = await run_one(settings, task)
     assert diff["rollout_id"] == task["rollout_id"] and diff["failure_kind"] is None, diff["error"]
-    assert FIXED_LINE in diff["patch"] and diff["attempt_id"].startswith("att-")
+    assert FIXED_LINE.encode() in diff["patch"] and diff["attempt_id"].startswith("att-")
 
 
 def survivors(processes: list[psutil.Process]) -> list[psutil.Process]:
@@ -312,8 +312,8 @@ async def test_swe_mini_scripts_that_fail_on_purpose_score_zero(
     graded = await run_and_grade(rig, tmp_path, failing)
     assert set(graded) == set(FAILING)
     wrong, _ = graded["swe-mini__sum-to"]
-    assert "+    return sum(range(0, n))" in wrong["patch"]
+    assert b"+    return sum(range(0, n))" in wrong["patch"]
     deleted, _ = graded["swe-mini__binsearch"]
-    assert "deleted file mode" in deleted["patch"]
+    assert b"deleted file mode" in deleted["patch"]
     assert {i: r["reward"] for i, (_, r) in graded.items()} == {i: 0.0 for i in FAILING}
     assert graded["swe-mini__binsearch"][1]["flags"], "deleting the tests is flagged, not just failed"

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from rollbus.rows import RowError, RowKeys, parse_row, read_rows, tasks_for
 from rollbus.sandbox import Completed
+from rollbus.sandbox.capture import Captured
 from rollbus.settings import SettingsError
 from services.sandbox_runner.offsets import OffsetTracker
 from services.sandbox_runner.outcome import Outcome, cap_patch, classify, diff_event, drop_paths
-from rollbus.sandbox.capture import Captured
 from services.sandbox_runner.rollout import attempt_outcome, task_prompt
 from services.sandbox_runner.settings import RunnerSettings
 
@@ -123,8 +123,7 @@ def test_capped_patch_is_a_prefix_of_whole_lines_within_the_cap(patch: bytes, ca
         (completed(0, RESULT_OK), Captured(b"+a\n", failure="memory_limit"), "patch_failed", b"", False),
         (completed(0, RESULT_OK), Captured(b"", failure="git_failed"), "patch_failed", b"", False),
         # the agent's own failure wins over the capture's
-        (completed(0, RESULT_OK, failure_kind="disk_full"), Captured(b"", failure="timeout"), "disk_full", b"",
-         False),
+        (completed(0, failure_kind="disk_full"), Captured(b"", failure="timeout"), "disk_full", b"", False),
     ],
 )  # fmt: skip
 def test_an_attempt_is_named_by_the_agent_then_the_capture_then_the_cap(

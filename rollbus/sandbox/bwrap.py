@@ -93,6 +93,7 @@ FORWARDER = (
 )
 HOST_USR = "/.rollbus/host/usr"
 OWNER_FILE = "owner.pid"
+TMP_MEASURED = "tmpfs size (host-mounted: its fill measured after each command)"
 DISK_FULL_MARGIN = 64 << 10  # a tmpfs workspace with less free space than this after a command is full
 TOOLCHAIN_SKIP = {"proc", "dev", "sys", "tmp", "run", "home", "workspace", ".rollbus"}
 CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
@@ -411,6 +412,8 @@ class BwrapSandbox(SandboxBase):
             if self._home_capped:
                 disk = "tmpfs size (workspace and HOME), checked after each command (both)"
         report = enforcement(self.limits, self.cgroups, disk)
+        if self._tmp is not None:
+            report["tmp"] = TMP_MEASURED
         report["nested_userns"] = (
             "bwrap --disable-userns"
             if self.layout.disable_userns
@@ -471,8 +474,10 @@ class BwrapSandbox(SandboxBase):
             point = self._state / "mnt" / f"tool{i}"
             if self.host_uid is None:  # not root: nothing staged, bwrap binds the source itself
                 point = source
-            elif not point.exists():
-                point.mkdir(mode=0o755) if source.is_dir() else point.touch(mode=0o644)
+            elif source.is_dir():
+                point.mkdir(mode=0o755, exist_ok=True)
+            else:
+                point.touch(mode=0o644)
             if point != source:
                 binds.append((str(source), str(point)))
             inside[str(point)] = path
