@@ -112,7 +112,7 @@ async def test_a_capture_that_outgrows_the_sandboxs_memory_is_named_and_keeps_no
     outcome = attempt_outcome("att-1", done, captured, 200 * MIB)
     assert (outcome.failure_kind, outcome.patch) == ("patch_failed", b"")
     assert "memory_limit" in (outcome.error or "")
-    assert rss.grown < RSS_SLACK + 160 * MIB // 2, f"the runner's peak RSS grew by {rss.grown >> 20} MiB"
+    assert rss.grown < RSS_SLACK + len(captured.patch), f"the runner's peak RSS grew by {rss.grown >> 20} MiB"
 
 
 @needs_root_bwrap
