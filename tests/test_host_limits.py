@@ -135,6 +135,19 @@ async def test_the_agents_git_config_and_hooks_do_not_run_in_the_capture(tmp_pat
     assert b"+changed\n" in captured.patch and b".claude" not in captured.patch
 
 
+@needs_root_bwrap
+async def test_half_a_million_files_cost_the_runner_no_set_of_them() -> None:
+    """After each command the host walks the workspace (setuid bits stripped, usage counted) remembering only
+    hard-linked files: 500k empty files cost the runner's peak RSS the walk's own listing, not a set entry per
+    file (before: +97 MiB here; now about a third of that)."""
+    async with await agent_sandbox(Limits(memory_bytes=2048 * MIB, disk_bytes=2048 * MIB)) as box:
+        spray = "import os\nfor i in range(500_000):\n    os.close(os.open(f'f{i:07d}', os.O_CREAT))"
+        with PeakRss() as rss:
+            done = await box.run(["python3", "-c", spray], ENV, timeout=600)
+    assert done.exit_code == 0 and done.failure_kind is None, done
+    assert rss.grown < 64 * MIB, f"the runner's peak RSS grew by {rss.grown >> 20} MiB"
+
+
 # --- 15: the patch is bytes ----------------------------------------------------------------------------
 
 

@@ -664,7 +664,8 @@ def require_traversable(path: Path) -> None:
 
 def settle(paths: Iterable[Path]) -> int:
     """After a command: strip setuid/setgid bits the agent set (they never reach the host), return the bytes
-    the trees use (allocated blocks, hard links once). Symlinks are never followed."""
+    the trees use (allocated blocks, hard links once). Symlinks are never followed. Only hard-linked files are
+    remembered (to count them once): a workspace of a million small files costs the host no set of them."""
     seen: set[tuple[int, int]] = set()
     total = 0
     for top in paths:
@@ -675,9 +676,11 @@ def settle(paths: Iterable[Path]) -> int:
                     st = os.lstat(path)
                     if stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
                         os.chmod(path, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
-                    if (st.st_dev, st.st_ino) not in seen:
+                    if st.st_nlink > 1:
+                        if (st.st_dev, st.st_ino) in seen:
+                            continue
                         seen.add((st.st_dev, st.st_ino))
-                        total += st.st_blocks * 512
+                    total += st.st_blocks * 512
     return total
 
 
