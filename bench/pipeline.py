@@ -118,7 +118,7 @@ def rollout_events(
         yield from chain("main", "main", opening, main_turns)
         yield session("main", "closed", "main", main_turns, "rollout_end")
     yield ("diffs", {
-        "rollout_id": rollout_id, "patch": "", "exit_status": 0, "wall_time_s": 1.0, "turns": total,
+        "rollout_id": rollout_id, "patch": b"", "exit_status": 0, "wall_time_s": 1.0, "turns": total,
         "error": None,
         "at": now, "attempt_id": attempt, "group_id": "g", "group_size": 1,
     })  # fmt: skip

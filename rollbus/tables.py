@@ -41,8 +41,8 @@ def _tests(record: dict[str, Any]) -> str:
 
 
 def _patch(record: dict[str, Any]) -> str:
-    lines = record["patch"].splitlines()
-    changed = sum(1 for line in lines if line[:1] in "+-" and line[:3] not in ("+++", "---"))
+    lines = bytes(record["patch"]).splitlines()  # bytes since diff v3 (older events read back as bytes too)
+    changed = sum(1 for line in lines if line[:1] in (b"+", b"-") and line[:3] not in (b"+++", b"---"))
     return f"{changed} lines" + (" (truncated)" if record.get("patch_truncated") else "")
 
 

@@ -46,7 +46,8 @@ SAMPLES: dict[str, dict] = {
         "attempt_id": "a-1", "agent_id": "a1b2c3", "parent_tool_use_id": "toolu_1",
     },
     "diff": {
-        "rollout_id": "r-1", "patch": "--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n", "exit_status": 0,
+        "rollout_id": "r-1", "patch": b"--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+caf\xe9\n",
+        "exit_status": 0,
         "wall_time_s": 81.25, "turns": 12, "error": None, "at": AT,
         "attempt_id": "a-1", "group_id": "g-1", "group_size": 4, "failure_kind": None,
         "patch_truncated": False,

@@ -95,7 +95,7 @@ class RolloutWriter:
 
     def diff(self) -> None:
         self.events.append(("diffs", {
-            "rollout_id": self.rollout_id, "patch": "--- a\n+++ b\n", "exit_status": 0, "wall_time_s": 1.5,
+            "rollout_id": self.rollout_id, "patch": b"--- a\n+++ b\n", "exit_status": 0, "wall_time_s": 1.5,
             "turns": 3, "error": None, "at": next(self._at), "attempt_id": self.attempt_id,
             "group_id": self.group_id, "group_size": 4,
         }))  # fmt: skip

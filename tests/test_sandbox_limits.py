@@ -12,6 +12,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rollbus.sandbox import (
     BwrapSandbox,
@@ -24,7 +26,7 @@ from rollbus.sandbox import (
 )
 from rollbus.sandbox.bwrap import SCRATCH_ROOT
 from rollbus.sandbox.limits import Cgroups, enforcement, failure_from_counters, rlimits
-from rollbus.sandbox.process import BoundedOutput
+from rollbus.sandbox.process import BoundedOutput, CappedBytes
 from rollbus.sandbox.spec import sweep_stale
 
 EXAMPLE_REPO = Path(__file__).resolve().parents[1] / "examples" / "buggy_repo"
@@ -158,6 +160,27 @@ def test_bounded_output_is_exact_at_every_split() -> None:
             assert bytes(sink.head) == data[:half]
             assert len(sink.head) + len(sink.tail) == kept and sink.dropped == len(data) - kept
             assert bytes(sink.tail) == data[len(data) - len(sink.tail) :]
+
+
+@given(st.binary(max_size=600), st.integers(0, 700), st.integers(1, 64))
+def test_capped_bytes_keep_exactly_the_first_limit_bytes_and_know_of_more(
+    data: bytes, limit: int, step: int
+) -> None:
+    sink = CappedBytes(limit)
+    for i in range(0, len(data), step):
+        sink.add(data[i : i + step])
+    assert bytes(sink.data) == data[:limit] and sink.overflowed == (len(data) > limit)
+
+
+@needs_bwrap
+async def test_a_stream_past_its_cap_stops_the_command_and_the_host_keeps_the_cap() -> None:
+    """``run_tool`` with a :class:`CappedBytes`: a command printing forever is killed one byte past the cap
+    (it would never end on its own), and what came back is exactly the cap's worth of its output."""
+    async with await create_local(SandboxSpec(image=EXAMPLE_REPO)) as box:
+        sink = CappedBytes(100_000)
+        done = await box.run_tool(["sh", "-c", "yes rollbus"], ENV, stdout=sink, timeout=60)
+    assert sink.overflowed and bytes(sink.data) == b"rollbus\n" * 12_500
+    assert not done.timed_out and done.failure_kind == "output_truncated" and done.exit_code != 0
 
 
 def test_cgroup_v2_files_are_written_and_counters_read(tmp_path: Path) -> None:

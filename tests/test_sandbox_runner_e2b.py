@@ -162,7 +162,8 @@ async def test_a_full_attempt_installs_the_agent_runs_it_and_publishes_its_patch
     event = diff_event(one, outcome)
     assert (event["failure_kind"], event["turns"], event["exit_status"]) == (None, 3, 0), event["error"]
     patch = event["patch"]
-    assert "+    return sum(range(1, n + 1))" in patch and "b/notes.txt" in patch and ".claude" not in patch
+    assert b"+    return sum(range(1, n + 1))" in patch and b"b/notes.txt" in patch
+    assert b".claude" not in patch
     fresh = rig["tmp"] / "fresh"
     shutil.copytree(EXAMPLE_REPO, fresh)
     assert apply_patch(fresh, patch) and "range(1, n + 1)" in (fresh / "calc.py").read_text()
@@ -189,7 +190,7 @@ async def test_a_template_that_has_node_and_claude_installs_nothing(rig: dict[st
     tools = {"node": FAKE_NODE, "npm": f'#!/bin/sh\nexec node {NPM_CLI} "$@"\n', "claude": FAKE_CLAUDE}
     kit, sdk, _ = kit_for(rig, e2b_path=str(vm_path(rig["tmp"] / "template-bin", tools)))
     outcome = await run_task(kit, task(rig["tmp"]))
-    assert outcome.failure_kind is None and "range(1, n + 1)" in outcome.patch, outcome.error
+    assert outcome.failure_kind is None and b"range(1, n + 1)" in outcome.patch, outcome.error
     cmds = [c["cmd"] for c in sdk.vms[0].commands.calls]
     assert not any("tar xf" in c or "npm install" in c for c in cmds)
 
@@ -198,7 +199,7 @@ async def test_the_native_platform_package_is_linked_as_claude(rig: dict[str, An
     native = claude_tarball(rig["tmp"] / "claude-code-linux-x64-2.1.197.tgz", native=True)
     kit, sdk, _ = kit_for(rig, claude_code_tarball=str(native))
     outcome = await run_task(kit, task(rig["tmp"]))
-    assert outcome.failure_kind is None and "range(1, n + 1)" in outcome.patch, outcome.error
+    assert outcome.failure_kind is None and b"range(1, n + 1)" in outcome.patch, outcome.error
     link = Path(rig["given"]["e2b_install_dir"]) / "cli" / "bin" / "claude"
     assert link.is_symlink() and "claude-code-linux-x64" in os.readlink(link)
 
@@ -243,7 +244,7 @@ async def test_an_agent_that_breaks_its_repository_is_patch_failed(rig: dict[str
     wrecker = FAKE_CLAUDE.replace("sed -i", "rm -rf .git; sed -i")
     kit, sdk, _ = kit_for(rig, claude_code_tarball=str(claude_tarball(rig["tmp"] / "w.tgz", wrecker)))
     outcome = await run_task(kit, task(rig["tmp"]))
-    assert (outcome.failure_kind, outcome.patch) == ("patch_failed", "") and "git diff" in (
+    assert (outcome.failure_kind, outcome.patch) == ("patch_failed", b"") and "git diff" in (
         outcome.error or ""
     )
     assert sdk.vms[0].kills == 1
@@ -255,7 +256,7 @@ async def test_a_commit_by_the_agent_does_not_move_the_baseline(rig: dict[str, A
     )
     kit, _, _ = kit_for(rig, claude_code_tarball=str(claude_tarball(rig["tmp"] / "c.tgz", committer)))
     outcome = await run_task(kit, task(rig["tmp"]))
-    assert outcome.failure_kind is None and "+    return sum(range(1, n + 1))" in outcome.patch
+    assert outcome.failure_kind is None and b"+    return sum(range(1, n + 1))" in outcome.patch
 
 
 def test_backend_e2b_without_tarballs_fails_at_start_in_one_line(tmp_path: Path) -> None:
@@ -303,5 +304,5 @@ async def test_an_oversized_patch_is_cut_in_the_vm_and_capped_on_the_host(rig: d
     )
     outcome = await run_task(kit, task(rig["tmp"]))
     assert (outcome.failure_kind, outcome.patch_truncated) == ("patch_too_large", True)
-    assert len(outcome.patch.encode()) <= 1024 and outcome.patch.endswith("\n")
+    assert len(outcome.patch) <= 1024 and outcome.patch.endswith(b"\n")
     assert any("head -c 1025" in c["cmd"] for c in sdk.vms[0].commands.calls)

@@ -59,7 +59,17 @@ SCRIPTS_BY_TASK = {
     "calc-hang": RUNNER_SCRIPTS / "hang.json",
     "calc-slow": RUNNER_SCRIPTS / "slow_fix.json",
     "calc-hog": RUNNER_SCRIPTS / "memory_hog.json",
+    "calc-bloat": RUNNER_SCRIPTS / "workspace_bloat.json",
 }
+
+
+def peak_rss(runner: RunnerProcess) -> int:
+    """The runner process's peak resident set so far (VmHWM), in bytes."""
+    assert runner.proc is not None
+    for line in Path(f"/proc/{runner.proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM for the runner")
 
 
 async def new_namespace(bootstrap: str) -> str:
@@ -94,12 +104,12 @@ async def test_rows_to_diffs_with_named_failures(rig: Rig, tmp_path: Path, data_
     namespace = await new_namespace(rig.bootstrap)
     dataset = write_dataset(data_dir / "tasks.jsonl", [
         calc_row("calc-noedit"), calc_row("calc-crash"), "{not json", calc_row("calc-hang"),
-        calc_row("calc-gone", image="no_such_image"), calc_row("calc-hog"),
+        calc_row("calc-gone", image="no_such_image"), calc_row("calc-hog"), calc_row("calc-bloat"),
     ])  # fmt: skip
     submitted = submit(rig.bootstrap, namespace, dataset)
     assert submitted.returncode == 1, submitted.stderr  # one row was bad, the others went out
     assert f"{dataset}:3: invalid JSON" in submitted.stderr
-    assert "submitted 5 tasks (5 rows x 1 samples)" in submitted.stdout
+    assert "submitted 6 tasks (6 rows x 1 samples)" in submitted.stdout
     fixes = write_dataset(data_dir / "fix.jsonl", [calc_row("calc-fix", label="range(1, n + 1)")])
     assert submit(rig.bootstrap, namespace, fixes, "--n-samples-per-prompt", "2").returncode == 0
     tasks = await all_events(rig.bootstrap, namespace, "tasks")
@@ -113,6 +123,7 @@ async def test_rows_to_diffs_with_named_failures(rig: Rig, tmp_path: Path, data_
         diffs = await wait_for(rig.bootstrap, namespace, "diffs", {t["rollout_id"] for t in tasks}, 400)
         await asyncio.sleep(3)  # room for a (wrong) diff of the gym task and for the last commits
         assert await group_lag(rig.bootstrap, namespace, "rollbus-sandbox-runner") == 0
+        peak = peak_rss(runner)
     finally:
         runner.stop()
     every = await all_events(rig.bootstrap, namespace, "diffs")
@@ -126,6 +137,7 @@ async def test_rows_to_diffs_with_named_failures(rig: Rig, tmp_path: Path, data_
         "calc-hang": 1,
         "calc-gone": 1,
         "calc-hog": 1,
+        "calc-bloat": 1,
     }
     assert {i: len(r) for i, r in got.items()} == expected
     group = got["calc-fix"]
@@ -133,10 +145,10 @@ async def test_rows_to_diffs_with_named_failures(rig: Rig, tmp_path: Path, data_
     assert len({d["attempt_id"] for d in every}) == len(every) and all(d["attempt_id"] for d in every)
     for fixed in got["calc-fix"]:
         assert fixed["failure_kind"] is None and fixed["exit_status"] == 0, runner.log()[-3000:]
-        assert FIXED_LINE in fixed["patch"] and fixed["turns"] == 3
+        assert FIXED_LINE.encode() in fixed["patch"] and fixed["turns"] == 3
         assert fixed["label"] == "range(1, n + 1)" and not fixed["patch_truncated"]
         assert json.loads(fixed["task_metadata"])["eval_cmd"] == "python3 -m unittest -q"
-    assert {(d["failure_kind"], d["patch"]) for d in got["calc-noedit"]} == {(None, "")}
+    assert {(d["failure_kind"], d["patch"]) for d in got["calc-noedit"]} == {(None, b"")}
     assert {d["failure_kind"] for d in got["calc-crash"]} == {"agent_crashed"}
     assert all(d["exit_status"] != 0 for d in got["calc-crash"])
     assert {d["failure_kind"] for d in got["calc-hang"]} == {"timeout"}
@@ -144,6 +156,12 @@ async def test_rows_to_diffs_with_named_failures(rig: Rig, tmp_path: Path, data_
     assert {d["failure_kind"] for d in got["calc-gone"]} == {"boot_failed"}
     assert all("no_such_image" in d["error"] for d in got["calc-gone"])
     assert {d["failure_kind"] for d in got["calc-hog"]} == {"memory_limit"}
+    # 200 MB of random bytes in the workspace: its patch is named and capped, and the runner that took it is
+    # alive and small (the host-side capture before took ~4 bytes of RSS per byte of such data)
+    (bloat,) = got["calc-bloat"]
+    assert bloat["failure_kind"] in ("patch_too_large", "patch_failed"), bloat["error"]
+    assert len(bloat["patch"]) <= 2 * 2**20 and bloat["exit_status"] == 0
+    assert peak < 400 * 2**20, f"the runner's peak RSS was {peak >> 20} MiB"
     left = [p.name for p in SCRATCH_ROOT.iterdir() if any(d["attempt_id"] in p.name for d in every)]
     assert not left, "every attempt's sandbox was removed"
 
@@ -190,7 +208,7 @@ async def test_runner_killed_mid_rollout_reruns_the_task_and_only_the_rewarded_a
         grader.stop()
         segmenter.stop()
     (diff,) = diffs[rollout_id]
-    assert diff["failure_kind"] is None and FIXED_LINE in diff["patch"], second.log()[-3000:]
+    assert diff["failure_kind"] is None and FIXED_LINE.encode() in diff["patch"], second.log()[-3000:]
     assert len(await all_events(rig.bootstrap, namespace, "diffs")) == 1, (
         "the killed attempt published nothing"
     )
@@ -232,7 +250,7 @@ async def test_run_one_task_without_the_bus_is_what_the_demo_calls(rig: Rig, dat
     settings = RunnerSettings.load({"adapter_url": rig.url, "admin_token": rig.admin_token})
     diff = await run_one(settings, task)
     assert diff["rollout_id"] == task["rollout_id"] and diff["failure_kind"] is None, diff["error"]
-    assert FIXED_LINE in diff["patch"] and diff["attempt_id"].startswith("att-")
+    assert FIXED_LINE.encode() in diff["patch"] and diff["attempt_id"].startswith("att-")
 
 
 def survivors(processes: list[psutil.Process]) -> list[psutil.Process]:
@@ -312,8 +330,8 @@ async def test_swe_mini_scripts_that_fail_on_purpose_score_zero(
     graded = await run_and_grade(rig, tmp_path, failing)
     assert set(graded) == set(FAILING)
     wrong, _ = graded["swe-mini__sum-to"]
-    assert "+    return sum(range(0, n))" in wrong["patch"]
+    assert b"+    return sum(range(0, n))" in wrong["patch"]
     deleted, _ = graded["swe-mini__binsearch"]
-    assert "deleted file mode" in deleted["patch"]
+    assert b"deleted file mode" in deleted["patch"]
     assert {i: r["reward"] for i, (_, r) in graded.items()} == {i: 0.0 for i in FAILING}
     assert graded["swe-mini__binsearch"][1]["flags"], "deleting the tests is flagged, not just failed"

@@ -13,10 +13,11 @@ from hypothesis import strategies as st
 
 from rollbus.rows import RowError, RowKeys, parse_row, read_rows, tasks_for
 from rollbus.sandbox import Completed
+from rollbus.sandbox.capture import Captured
 from rollbus.settings import SettingsError
 from services.sandbox_runner.offsets import OffsetTracker
 from services.sandbox_runner.outcome import Outcome, cap_patch, classify, diff_event, drop_paths
-from services.sandbox_runner.rollout import task_prompt
+from services.sandbox_runner.rollout import attempt_outcome, task_prompt
 from services.sandbox_runner.settings import RunnerSettings
 
 # --- offsets ------------------------------------------------------------------------------------------
@@ -91,25 +92,47 @@ def test_failure_kind_of_a_run(run: Completed, kind: str | None) -> None:
 
 
 PATCH = (
-    "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1 +1 @@\n-a\n+b\n"
-    "diff --git a/.claude/settings.json b/.claude/settings.json\nnew file mode 100644\n+{}\n"
-    "diff --git a/.claudeish b/.claudeish\n+x\n"
+    b"diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1 +1 @@\n-a\n+caf\xe9\n"
+    b"diff --git a/.claude/settings.json b/.claude/settings.json\nnew file mode 100644\n+{}\n"
+    b"diff --git a/.claudeish b/.claudeish\n+x\n"
 )
 
 
 def test_our_own_files_leave_the_patch_and_nothing_else_does() -> None:
     kept = drop_paths(PATCH, [".claude"])
-    assert "calc.py" in kept and ".claudeish" in kept and ".claude/settings.json" not in kept
+    assert b"calc.py" in kept and b".claudeish" in kept and b".claude/settings.json" not in kept
+    assert b"+caf\xe9\n" in kept  # a Latin-1 byte is carried as it is
     assert drop_paths(PATCH, []) == PATCH
 
 
-@given(st.text(alphabet="ab\n\u00e9", max_size=300), st.integers(1, 200))
-def test_capped_patch_is_a_prefix_of_whole_lines_within_the_cap(patch: str, cap: int) -> None:
+@given(st.binary(max_size=300), st.integers(1, 200))
+def test_capped_patch_is_a_prefix_of_whole_lines_within_the_cap(patch: bytes, cap: int) -> None:
     cut, truncated = cap_patch(patch, cap)
-    assert patch.startswith(cut) and len(cut.encode()) <= cap
-    assert truncated == (len(patch.encode()) > cap)
+    assert patch.startswith(cut) and len(cut) <= cap
+    assert truncated == (len(patch) > cap)
     if truncated:
-        assert cut == "" or cut.endswith("\n")
+        assert cut == b"" or cut.endswith(b"\n")
+
+
+@pytest.mark.parametrize(
+    ("run", "captured", "kind", "patch", "truncated"),
+    [
+        (completed(0, RESULT_OK), Captured(b"+\xe9\n"), None, b"+\xe9\n", False),
+        (completed(0, RESULT_OK), Captured(b"+a\n+b\n", truncated=True), "patch_too_large", b"+a\n", True),
+        # git hit the sandbox's memory cap while taking the patch: named, and no partial patch is kept
+        (completed(0, RESULT_OK), Captured(b"+a\n", failure="memory_limit"), "patch_failed", b"", False),
+        (completed(0, RESULT_OK), Captured(b"", failure="git_failed"), "patch_failed", b"", False),
+        # the agent's own failure wins over the capture's
+        (completed(0, failure_kind="disk_full"), Captured(b"", failure="timeout"), "disk_full", b"", False),
+    ],
+)  # fmt: skip
+def test_an_attempt_is_named_by_the_agent_then_the_capture_then_the_cap(
+    run: Completed, captured: Captured, kind: str | None, patch: bytes, truncated: bool
+) -> None:
+    outcome = attempt_outcome("att-1", run, captured, max_bytes=5)
+    assert (outcome.failure_kind, outcome.patch, outcome.patch_truncated) == (kind, patch, truncated)
+    if kind == "patch_failed":
+        assert captured.failure in (outcome.error or "")
 
 
 def test_diff_event_copies_what_the_grader_needs() -> None:
@@ -120,7 +143,8 @@ def test_diff_event_copies_what_the_grader_needs() -> None:
         "metadata": '{"image": "/i"}',
         "label": "L",
     }
-    event = diff_event(task, Outcome("att-1", "p", 0, 2.5, 3), now_ms=7)
+    event = diff_event(task, Outcome("att-1", b"p\xe9", 0, 2.5, 3), now_ms=7)
+    assert event["patch"] == b"p\xe9"
     assert event["task_metadata"] == '{"image": "/i"}' and event["label"] == "L" and event["group_size"] == 4
     assert (event["attempt_id"], event["failure_kind"], event["patch_truncated"], event["at"]) == (
         "att-1", None, False, 7,

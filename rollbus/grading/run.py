@@ -34,7 +34,6 @@ import secrets
 import shlex
 import shutil
 import tarfile
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from rollbus.grading.rows import EvalCmd, F2PScript, GradingSpec, Swepro
 from rollbus.grading.verdict import Evidence, GradeResult, Outcome, failed
 from rollbus.sandbox import BwrapSandbox, Completed, SandboxUnavailable
 from rollbus.sandbox.images import agent_workspace
+from rollbus.sandbox.scratch import GRADE_SCRATCH_PREFIX, capped_scratch
 
 try:  # the hardened sandbox contract (branch `sandbox`) names start-up failures; before it, only these exist
     from rollbus.sandbox import SandboxError  # type: ignore[attr-defined]
@@ -117,7 +117,7 @@ async def _grade(
     missing = [str(p) for p in eval_material(spec) if not p.is_file()]
     if missing:
         return failed(verdict.BAD_ROW, f"eval-only files missing: {', '.join(missing)}")
-    with tempfile.TemporaryDirectory(prefix="rollbus-grade-", dir=config.scratch_dir) as tmp:
+    with capped_scratch(GRADE_SCRATCH_PREFIX, config.scratch_dir) as tmp:  # a capped tmpfs: disk never grows
         scratch = Path(tmp)
         image = materialize(spec.image, scratch / "image")
         try:

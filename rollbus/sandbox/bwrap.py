@@ -2,7 +2,8 @@
 
 Layout inside: ``/usr`` and the ``/lib*``, ``/bin`` links read-only from the host (or a toolchain root
 filesystem, read-only as ``/``); a few ``/etc`` files plus our own ``passwd``/``group``; fresh ``/proc``,
-``/dev`` and a size-capped ``/tmp``; the repository read-write at ``/workspace``; a writable HOME at
+``/dev`` and a size-capped ``/tmp`` (as root a tmpfs the host mounts and measures, emptied after each
+command); the repository read-write at ``/workspace``; a writable HOME at
 ``/home/agent``; extra read-only binds (the CLI binary); everything else read-only.
 
 Threat model: the agent is the attacker.
@@ -19,7 +20,11 @@ Threat model: the agent is the attacker.
   (:mod:`rollbus.sandbox.netns`) and the launcher joins it: no process inside. Otherwise a ``socat``
   forwarder inside (started before the command, gone with it) connects that port to the proxy's unix socket
   bind-mounted at ``/run/adapter.sock``. ``"loopback"`` shares the host network namespace (debugging only).
-- Limits (:mod:`rollbus.sandbox.limits`): the launcher joins the sandbox's cgroup; a hit is named.
+- Limits (:mod:`rollbus.sandbox.limits`): the launcher joins the sandbox's cgroup; a hit is named. A full disk
+  is named from the filesystems themselves (free space after the command), never from what the command
+  printed: an agent that silences stderr still gets ``disk_full``.
+- Host programs that must read the agent's files (git, taking its patch) run through :meth:`run_tool`, in
+  the sandbox's cgroups and uid, never on the host itself.
 - Timeouts SIGKILL the namespace's init (found through ``--info-fd``), which takes every process in the PID
   namespace with it; ``run`` returns once they are all gone.
 """
@@ -56,7 +61,7 @@ from rollbus.sandbox.base import (
     write_host_file,
 )
 from rollbus.sandbox.limits import Cgroups, Limits, enforcement, failure_from_counters, rlimits
-from rollbus.sandbox.process import run_process
+from rollbus.sandbox.process import CappedBytes, run_process
 from rollbus.sandbox.seccomp import filter_fd, nested_userns_filter
 
 WORKSPACE = "/workspace"
@@ -88,6 +93,7 @@ FORWARDER = (
 )
 HOST_USR = "/.rollbus/host/usr"
 OWNER_FILE = "owner.pid"
+TMP_MEASURED = "tmpfs size (host-mounted: its fill measured after each command)"
 DISK_FULL_MARGIN = 64 << 10  # a tmpfs workspace with less free space than this after a command is full
 TOOLCHAIN_SKIP = {"proc", "dev", "sys", "tmp", "run", "home", "workspace", ".rollbus"}
 CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
@@ -112,6 +118,7 @@ class BwrapLayout:
     adapter_socket: Path | None = None  # host side of /run/adapter.sock ("adapter" network)
     forward_port: int | None = None  # loopback port of the forwarder inside
     tmp_bytes: int | None = None
+    tmp_dir: Path | None = None  # host dir bound at /tmp (a tmpfs the host measures); None: bwrap's own tmpfs
     disable_userns: bool = True
     seccomp_fd: int | None = None  # a filter refusing new user namespaces (bwrap without --disable-userns)
     toolchain: Path | None = None  # a root filesystem mounted read-only as /; None: the host's /usr
@@ -193,6 +200,8 @@ def bwrap_argv(
         if layout.seccomp_fd is not None:
             argv += ["--seccomp", str(layout.seccomp_fd)]
     tmp = ["--size", str(layout.tmp_bytes), "--tmpfs", "/tmp"] if layout.tmp_bytes else ["--tmpfs", "/tmp"]
+    if layout.tmp_dir is not None:
+        tmp = ["--bind", str(layout.tmp_dir), "/tmp"]
     mounts = [
         ("--ro-bind", str(layout.etc / "passwd"), "/etc/passwd"),
         ("--ro-bind", str(layout.etc / "group"), "/etc/group"),
@@ -330,6 +339,7 @@ class BwrapSandbox(SandboxBase):
         try:
             self._netns = os.dup(netns) if netns is not None else None
             self._host_workdir = self._prepare_host(Path(workdir).resolve(), uid)
+            self._tmp = self._state / "tmp" if self._private_tmp() else None
             binds = {str(Path(host).resolve()): inside for host, inside in (ro_binds or {}).items()}
             sources = {
                 "workdir": self._host_workdir,
@@ -337,6 +347,8 @@ class BwrapSandbox(SandboxBase):
                 "etc": self._state / "etc",
             }
             sources |= {f"ro{i}": Path(host) for i, host in enumerate(binds)}
+            if self._tmp is not None:
+                sources["tmp"] = self._tmp
             forwarder = network == "adapter" and self._netns is None
             if forwarder:
                 sources["adapter"] = Path(adapter_socket)  # type: ignore[arg-type]
@@ -353,6 +365,7 @@ class BwrapSandbox(SandboxBase):
                 adapter_socket=staged.get("adapter"),
                 forward_port=forward_port,
                 tmp_bytes=self.limits.tmp_bytes,
+                tmp_dir=staged.get("tmp"),
                 disable_userns=uid is not None
                 and userns_guard == "auto"
                 and bwrap_supports("--disable-userns", found),
@@ -385,6 +398,12 @@ class BwrapSandbox(SandboxBase):
         self._home_capped = os.path.ismount(self._state) and self.limits.disk_bytes is not None
         return workdir
 
+    def _private_tmp(self) -> bool:
+        """As root /tmp is a tmpfs the host mounts (in the state dir, gone with it): its fill is measured."""
+        path = self._state / "tmp"
+        path.mkdir(mode=0o1777)
+        return mount_tmpfs(path, 0o1777, self.limits.tmp_bytes, name="rollbus-tmp")
+
     def _report(self) -> dict[str, str]:
         """How each limit and boundary holds for this sandbox (``enforced``)."""
         disk = "checked after each command (du)"
@@ -393,6 +412,8 @@ class BwrapSandbox(SandboxBase):
             if self._home_capped:
                 disk = "tmpfs size (workspace and HOME), checked after each command (both)"
         report = enforcement(self.limits, self.cgroups, disk)
+        if self._tmp is not None:
+            report["tmp"] = TMP_MEASURED
         report["nested_userns"] = (
             "bwrap --disable-userns"
             if self.layout.disable_userns
@@ -432,17 +453,63 @@ class BwrapSandbox(SandboxBase):
     async def run(
         self, cmd: Sequence[str], env: Mapping[str, str], cwd: str | None = None, timeout: float = 600.0
     ) -> Completed:
+        return await self._run(self.layout, self._system, self._binds, self._netns, cmd, env, cwd, timeout)
+
+    async def run_tool(
+        self,
+        cmd: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        ro_binds: Mapping[Path, str] | None = None,
+        stdout: CappedBytes | None = None,
+        timeout: float = 600.0,
+    ) -> Completed:
+        """Run a host program over this sandbox's files, for work the host must not do on them itself (git
+        taking the agent's patch): the host's read-only system (never the image's toolchain), the sandbox's
+        uid and cgroups (its memory cap holds whatever the files make the program do), no network, a fresh
+        /tmp of bwrap's, ``ro_binds`` (host path -> inside path) read-only; stdout into ``stdout``."""
+        binds, inside = list(self._binds), {}
+        for i, (host, path) in enumerate((ro_binds or {}).items()):
+            source = Path(host).resolve()
+            point = self._state / "mnt" / f"tool{i}"
+            if self.host_uid is None:  # not root: nothing staged, bwrap binds the source itself
+                point = source
+            elif source.is_dir():
+                point.mkdir(mode=0o755, exist_ok=True)
+            else:
+                point.touch(mode=0o644)
+            if point != source:
+                binds.append((str(source), str(point)))
+            inside[str(point)] = path
+        layout = dataclasses.replace(
+            self.layout, network="none", netns_joined=False, toolchain=None, host_loader=(), ro_binds=inside,
+            tmp_dir=None,
+        )  # fmt: skip
+        return await self._run(layout, system_mounts(), binds, None, cmd, env, None, timeout, stdout)
+
+    async def _run(
+        self,
+        layout: BwrapLayout,
+        system: Sequence[str],
+        binds: Sequence[tuple[str, str]],
+        netns: int | None,
+        cmd: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str | None,
+        timeout: float,
+        stdout: CappedBytes | None = None,
+    ) -> Completed:
         info_r, info_w = os.pipe()
         os.set_blocking(info_r, False)
         filter_in = filter_fd(self._seccomp) if self._seccomp else None
-        layout = dataclasses.replace(self.layout, seccomp_fd=filter_in)
-        argv = bwrap_argv(layout, cmd, cwd=cwd or self.workdir, system=self._system, info_fd=info_w)
+        layout = dataclasses.replace(layout, seccomp_fd=filter_in)
+        argv = bwrap_argv(layout, cmd, cwd=cwd or self.workdir, system=system, info_fd=info_w)
         launcher = make_launcher(
             self.host_uid,
-            self._binds,
+            binds,
             self.cgroups.procs_files() if self.cgroups else [],
             rlimits(self.limits, self.cgroups),
-            self._netns,
+            netns,
         )
         before = self.cgroups.counters() if self.cgroups else {}
         try:
@@ -455,6 +522,7 @@ class BwrapSandbox(SandboxBase):
                 pass_fds=(info_w,) if filter_in is None else (info_w, filter_in),
                 output_limit=self.limits.output_bytes,
                 preexec_fn=launcher,
+                stdout=stdout,
             )
         except subprocess.SubprocessError as exc:  # the launcher failed (cgroup, mount, uid)
             raise SandboxError(f"cannot start the sandbox: {exc}") from exc
@@ -464,11 +532,29 @@ class BwrapSandbox(SandboxBase):
             if filter_in is not None:
                 os.close(filter_in)
         after = self.cgroups.counters() if self.cgroups else {}
-        usage = await asyncio.to_thread(settle, self._mounts.values())
-        return _with_failure(done, self._classify(done, before, after, usage))
+        tmp = self._tmp if layout.tmp_dir is not None else None
+        usage, tmp_full = await asyncio.to_thread(self._after, tmp)
+        return _with_failure(done, self._classify(done, before, after, usage, tmp_full))
+
+    def _after(self, tmp: Path | None) -> tuple[int, bool]:
+        """After a command (its processes gone): the trees' usage (see :func:`settle`), whether the private
+        /tmp was full, and a fresh empty /tmp for the next command."""
+        usage = settle(self._mounts.values())
+        if tmp is None:
+            return usage, False
+        full = _free_bytes(tmp) < DISK_FULL_MARGIN
+        unmount(tmp)
+        if not mount_tmpfs(tmp, 0o1777, self.limits.tmp_bytes, name="rollbus-tmp"):
+            raise SandboxError(f"cannot remount the sandbox's /tmp at {tmp}")
+        return usage, full
 
     def _classify(
-        self, done: Completed, before: dict[str, int], after: dict[str, int], usage: int
+        self,
+        done: Completed,
+        before: dict[str, int],
+        after: dict[str, int],
+        usage: int,
+        tmp_full: bool = False,
     ) -> FailureKind | None:
         if done.timed_out:
             return "timeout"
@@ -476,14 +562,15 @@ class BwrapSandbox(SandboxBase):
             return kind
         if self.limits.cpu_time_s is not None and done.exit_code in (128 + signal.SIGXCPU, -signal.SIGXCPU):
             return "cpu_limit"
-        if self._disk_mounted and _free_bytes(self._host_workdir) < DISK_FULL_MARGIN:
-            return "disk_full"
+        if tmp_full or _free_bytes(self._host_workdir) < DISK_FULL_MARGIN:
+            return "disk_full"  # measured: whatever filesystem holds the workspace (a capped tmpfs) is full
         if self._home_capped and _free_bytes(self._state) < DISK_FULL_MARGIN:
             return "disk_full"
         if self.limits.disk_bytes is not None and usage > self.limits.disk_bytes:
             return "disk_full"
-        if self.limits.tmp_bytes is not None and "No space left on device" in done.stderr:
-            return "disk_full"  # the private /tmp is gone with the command: its message is all that is left
+        full_tmp_said = self.limits.tmp_bytes is not None and "No space left on device" in done.stderr
+        if self._tmp is None and full_tmp_said:
+            return "disk_full"  # not root: bwrap's /tmp went with the command; only its message is left
         return done.failure_kind
 
     async def write_file(self, path: str, data: bytes | str) -> None:
@@ -577,7 +664,8 @@ def require_traversable(path: Path) -> None:
 
 def settle(paths: Iterable[Path]) -> int:
     """After a command: strip setuid/setgid bits the agent set (they never reach the host), return the bytes
-    the trees use (allocated blocks, hard links once). Symlinks are never followed."""
+    the trees use (allocated blocks, hard links once). Symlinks are never followed. Only hard-linked files are
+    remembered (to count them once): a workspace of a million small files costs the host no set of them."""
     seen: set[tuple[int, int]] = set()
     total = 0
     for top in paths:
@@ -588,9 +676,11 @@ def settle(paths: Iterable[Path]) -> int:
                     st = os.lstat(path)
                     if stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
                         os.chmod(path, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
-                    if (st.st_dev, st.st_ino) not in seen:
+                    if st.st_nlink > 1:
+                        if (st.st_dev, st.st_ino) in seen:
+                            continue
                         seen.add((st.st_dev, st.st_ino))
-                        total += st.st_blocks * 512
+                    total += st.st_blocks * 512
     return total
 
 

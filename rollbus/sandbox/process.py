@@ -6,7 +6,9 @@ escaped the process group (its own session, outside any namespace) can hold them
 for at most ``KILL_GRACE_S``.
 
 Output is bounded: past ``output_limit`` bytes a stream keeps its first and last halves and counts what it
-dropped in between (an agent printing forever costs the host nothing but CPU).
+dropped in between (an agent printing forever costs the host nothing but CPU). A caller that wants stdout's
+bytes themselves (a patch) passes a :class:`CappedBytes`: the first ``limit`` bytes are kept, and one byte
+more stops the process, so the host never holds more than the cap whatever the process writes.
 """
 
 from __future__ import annotations
@@ -56,6 +58,20 @@ class BoundedOutput:
         return bytes(self.head + marker + self.tail).decode("utf-8", errors="replace")
 
 
+class CappedBytes:
+    """The first ``limit`` bytes of a stream, as bytes; ``overflowed`` once a byte more arrived."""
+
+    def __init__(self, limit: int) -> None:
+        self.data = bytearray()
+        self.limit = limit
+        self.overflowed = False
+
+    def add(self, chunk: bytes) -> None:
+        room = self.limit - len(self.data)
+        self.data += chunk[: max(room, 0)]
+        self.overflowed = self.overflowed or len(chunk) > room
+
+
 def kill_process_group(proc: asyncio.subprocess.Process) -> None:
     """SIGKILL the group the process leads (it was started in a new session)."""
     with contextlib.suppress(ProcessLookupError):
@@ -72,10 +88,13 @@ async def run_process(
     pass_fds: Sequence[int] = (),
     output_limit: int = DEFAULT_OUTPUT_LIMIT,
     preexec_fn: Callable[[], None] | None = None,
+    stdout: CappedBytes | None = None,
 ) -> Completed:
     """Run ``argv`` in a new session; on timeout ``kill`` it (and its group) and report what it printed.
 
-    ``preexec_fn`` runs in the child before exec (joining cgroups, dropping to the sandbox uid).
+    ``preexec_fn`` runs in the child before exec (joining cgroups, dropping to the sandbox uid). With
+    ``stdout``, standard output goes there (``Completed.stdout`` is empty) and overflowing it kills the
+    process as a timeout would (``failure_kind`` ``output_truncated``).
     """
     start = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
@@ -91,10 +110,13 @@ async def run_process(
     )
     assert proc.stdout is not None and proc.stderr is not None
     out, err = BoundedOutput(output_limit), BoundedOutput(output_limit)
-    readers = [
-        asyncio.ensure_future(_collect(proc.stdout, out)),
-        asyncio.ensure_future(_collect(proc.stderr, err)),
-    ]
+
+    def stop() -> None:
+        kill(proc)
+        kill_process_group(proc)
+
+    read_out = _collect(proc.stdout, out) if stdout is None else _capture(proc.stdout, stdout, stop)
+    readers = [asyncio.ensure_future(read_out), asyncio.ensure_future(_collect(proc.stderr, err))]
     timed_out = False
     try:
         await asyncio.wait_for(proc.wait(), timeout)  # on 3.11 this also waits for the pipes to close
@@ -111,13 +133,14 @@ async def run_process(
     finally:
         await _stop(readers)
     dropped = out.dropped + err.dropped
+    truncated = dropped or (stdout is not None and stdout.overflowed)
     return Completed(
         exit_code=proc.returncode if proc.returncode is not None else -signal.SIGKILL,
         stdout=out.text(),
         stderr=err.text(),
         wall_time_s=time.monotonic() - start,
         timed_out=timed_out,
-        failure_kind="timeout" if timed_out else "output_truncated" if dropped else None,
+        failure_kind="timeout" if timed_out else "output_truncated" if truncated else None,
         output_dropped=dropped,
     )
 
@@ -126,6 +149,15 @@ async def _collect(stream: asyncio.StreamReader, sink: BoundedOutput) -> None:
     """Add everything read to ``sink`` as it arrives, so a cancelled read keeps what came before."""
     while chunk := await stream.read(CHUNK):
         sink.add(chunk)
+
+
+async def _capture(stream: asyncio.StreamReader, sink: CappedBytes, stop: Callable[[], None]) -> None:
+    """Fill ``sink``; at its first byte too many, stop the writer and read no further."""
+    while chunk := await stream.read(CHUNK):
+        sink.add(chunk)
+        if sink.overflowed:
+            stop()
+            return
 
 
 async def _stop(readers: list[asyncio.Future[None]]) -> None:

@@ -87,22 +87,24 @@ def share_baseline(template: Path, dest: Path) -> Path:
 
 
 def git_diff(workdir: Path) -> str:
-    """The agent's patch: every change under ``workdir`` since the baseline, new and binary files included."""
+    """Every change under ``workdir`` since the baseline, new and binary files included, as text, by git on
+    the host: for trees the host trusts (tests, tools). An agent's patch is taken inside its sandbox, as
+    bytes under a cap (:func:`rollbus.sandbox.capture.capture_patch`)."""
     _trusted_git(workdir, ["add", "-A"])
     return _trusted_git(workdir, ["diff", "--cached", "--binary", "--no-ext-diff", "--no-textconv", "HEAD"])
 
 
-def apply_patch(workdir: Path, patch: str) -> bool:
-    """Apply ``patch`` (from :func:`git_diff`) to ``workdir``, all or nothing; False if it does not apply."""
-    if not patch.strip():
+def apply_patch(workdir: Path, patch: bytes | str) -> bool:
+    """Apply ``patch`` (git's bytes, or text) to ``workdir``, all or nothing; False if it does not apply."""
+    data = patch.encode() if isinstance(patch, str) else patch
+    if not data.strip():
         return True
     done = subprocess.run(
         ["git", "apply", "--whitespace=nowarn", "-"],
-        input=patch,
+        input=data,
         cwd=workdir,
         env=_git_env(),
         capture_output=True,
-        text=True,
         check=False,
     )
     return done.returncode == 0

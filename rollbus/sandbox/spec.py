@@ -25,6 +25,7 @@ from rollbus.sandbox.base import Network, SandboxBase, SandboxError
 from rollbus.sandbox.bwrap import (
     OWNER_FILE,
     SCRATCH_ROOT,
+    TMP_MEASURED,
     WORKSPACE,
     BwrapSandbox,
     SandboxUnavailable,
@@ -167,6 +168,8 @@ def probe_enforcement(limits: Limits) -> dict[str, str]:
     try:
         disk = "tmpfs size (workspace and HOME)" if os.geteuid() == 0 else "checked after each command (du)"
         report = enforcement(limits, cgroups, disk)
+        if os.geteuid() == 0 and limits.tmp_bytes is not None:
+            report["tmp"] = TMP_MEASURED
     finally:
         if cgroups is not None:
             cgroups.destroy()

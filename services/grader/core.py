@@ -12,7 +12,9 @@ from rollbus.grading import BadRow, GradeConfig, GradeResult, failed, grade, par
 from rollbus.grading import verdict as v
 
 
-async def grade_row(row: Mapping[str, Any], patch: str, base_dir: Path, config: GradeConfig) -> GradeResult:
+async def grade_row(
+    row: Mapping[str, Any], patch: bytes | str, base_dir: Path, config: GradeConfig
+) -> GradeResult:
     """Grade ``patch`` against ``row`` (relative paths resolve against ``base_dir``); a bad row is a grade."""
     try:
         spec = parse_row(row, base_dir)
@@ -36,7 +38,15 @@ async def grade_diff(
             **{**result.__dict__, "details": {**result.details, "rollout_failure": rollout_failure}}
         )
     row = {"metadata": diff.get("task_metadata") or "{}", "label": diff.get("label")}
-    return await grade_row(row, diff.get("patch") or "", base_dir, config)
+    return await grade_row(row, diff_patch(diff), base_dir, config)
+
+
+def diff_patch(diff: Mapping[str, Any]) -> bytes:
+    """The diff's patch as the bytes git wrote (diff v3 carries bytes; a v1/v2 string reads back as its UTF-8
+    bytes through schema resolution, and a str from elsewhere is encoded the same way): never decoded here,
+    so a changed file in any encoding reaches the grader whole."""
+    patch = diff.get("patch") or b""
+    return patch.encode("utf-8", "surrogateescape") if isinstance(patch, str) else bytes(patch)
 
 
 def reward_record(diff: Mapping[str, Any], result: GradeResult) -> dict[str, Any]:

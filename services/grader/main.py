@@ -20,6 +20,7 @@ from aiokafka.errors import KafkaError
 
 from rollbus.bus import Event, EventConsumer, EventTooLarge, PermanentError, Publisher
 from rollbus.sandbox import bwrap_usable
+from rollbus.sandbox.scratch import GRADE_SCRATCH_PREFIX, sweep_scratch
 from rollbus.topics import TopicsError, check_topics, topic_name
 from services.grader.core import grade_diff, reward_record, without_bulk
 from services.grader.settings import GraderSettings
@@ -83,6 +84,8 @@ async def serve(
 ) -> None:
     """Consume ``diffs`` until ``stop`` is set (or SIGTERM/SIGINT with ``stop_on_signals``)."""
     await check_topics(settings.bootstrap_servers, settings.namespace)
+    for path in sweep_scratch(GRADE_SCRATCH_PREFIX, settings.grade_config().scratch_dir):
+        log.info("removed the grading scratch of a dead grader: %s", path)  # its capped tmpfs, killed -9
     stop = stop or asyncio.Event()
     if stop_on_signals:
         loop = asyncio.get_running_loop()

@@ -1,6 +1,7 @@
 """How an attempt ended, as plain data: its failure kind, its patch (trimmed and capped), its diff event.
 
-Pure functions over plain values, so every failure path is tested without a sandbox.
+Pure functions over plain values, so every failure path is tested without a sandbox. A patch is bytes from
+capture to the grader: a changed file in any encoding is carried as it is, never decoded.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ TIMEOUT = "timeout"  # the agent ran past its wall-clock budget and was killed
 AGENT_CRASHED = "agent_crashed"  # the CLI exited non-zero (or was killed by a signal) on its own
 MAX_TURNS = "max_turns"  # the CLI stopped at --max-turns
 PATCH_TOO_LARGE = "patch_too_large"  # the patch exceeded the cap and was cut
-PATCH_FAILED = "patch_failed"  # e2b: git in the VM gave no patch (the agent broke its repository)
+PATCH_FAILED = "patch_failed"  # git gave no patch (it hit the capture's limits, or the repository is broken)
 RUNNER_ERROR = "runner_error"  # a bug or host failure in the runner itself (the error says which)
 
 # Sandbox-reported kinds that do not end a rollout badly: the agent's chatter was cut, its work is on disk.
 NOT_FAILURES = ("output_truncated",)
-_DIFF_HEADER = re.compile(r"^diff --git a/(.*?) b/(.*)$")
+_DIFF_HEADER = re.compile(rb"^diff --git a/(.*?) b/(.*)$")
 
 
 def classify(completed: Completed) -> str | None:
@@ -70,32 +71,31 @@ def agent_turns(stdout: str) -> int:
     return turns if isinstance(turns, int) and turns >= 0 else 0
 
 
-def drop_paths(patch: str, excluded: list[str]) -> str:
+def drop_paths(patch: bytes, excluded: list[str]) -> bytes:
     """``patch`` without the file sections of ``excluded`` paths (a path or a directory prefix)."""
     if not excluded or not patch:
         return patch
-    sections = re.split(r"(?m)^(?=diff --git )", patch)
+    sections = re.split(rb"(?m)^(?=diff --git )", patch)
     kept = []
+    names = [e.encode() for e in excluded]
     for section in sections:
-        match = _DIFF_HEADER.match(section.split("\n", 1)[0])
-        if match and any(_under(p, e) for p in match.groups() for e in excluded):
+        match = _DIFF_HEADER.match(section.split(b"\n", 1)[0])
+        if match and any(_under(p, e) for p in match.groups() for e in names):
             continue
         kept.append(section)
-    return "".join(kept)
+    return b"".join(kept)
 
 
-def _under(path: str, excluded: str) -> bool:
-    return path == excluded or path.startswith(excluded + "/")
+def _under(path: bytes, excluded: bytes) -> bool:
+    return path == excluded or path.startswith(excluded + b"/")
 
 
-def cap_patch(patch: str, max_bytes: int) -> tuple[str, bool]:
-    """At most ``max_bytes`` of UTF-8, cut at a line end; True if anything was cut."""
-    data = patch.encode()
-    if len(data) <= max_bytes:
+def cap_patch(patch: bytes, max_bytes: int) -> tuple[bytes, bool]:
+    """At most ``max_bytes``, cut at a line end; True if anything was cut."""
+    if len(patch) <= max_bytes:
         return patch, False
-    cut = data[:max_bytes]
-    end = cut.rfind(b"\n")
-    return cut[: end + 1 if end >= 0 else 0].decode(errors="ignore"), True
+    cut = patch[:max_bytes]
+    return cut[: cut.rfind(b"\n") + 1], True
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class Outcome:
     """What one attempt produced, before it becomes a diff event."""
 
     attempt_id: str
-    patch: str = ""
+    patch: bytes = b""
     exit_status: int = -1
     wall_time_s: float = 0.0
     turns: int = 0
@@ -113,7 +113,7 @@ class Outcome:
 
 
 def diff_event(task: dict[str, Any], outcome: Outcome, now_ms: int | None = None) -> dict[str, Any]:
-    """The v2 ``diffs`` record of ``outcome`` (the task's group, metadata and label copied for the grader)."""
+    """The v3 ``diffs`` record of ``outcome`` (the task's group, metadata and label copied for the grader)."""
     return {
         "rollout_id": task["rollout_id"],
         "attempt_id": outcome.attempt_id,

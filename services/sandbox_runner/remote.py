@@ -267,7 +267,7 @@ def node_major(done: Completed) -> int:
     return int(match.group(1)) if ok(done) and match else 0
 
 
-async def remote_patch(sandbox: SandboxBase, settings: RunnerSettings, base: str) -> tuple[str, str | None]:
+async def remote_patch(sandbox: SandboxBase, settings: RunnerSettings, base: str) -> tuple[bytes, str | None]:
     """The patch taken in the VM (cut at the cap + 1 byte there, capped exactly on the host), or an error."""
     excluded = " ".join(shlex.quote(f":(exclude){p}") for p in settings.excluded())
     out = f"{vm_run_dir(sandbox)}/patch.diff"
@@ -281,7 +281,7 @@ async def remote_patch(sandbox: SandboxBase, settings: RunnerSettings, base: str
     try:
         done = await sandbox.run(["bash", "-c", script], GIT_ENV, timeout=settings.e2b_step_timeout)
         if not ok(done):
-            return "", f"git diff in the VM failed ({done.exit_code}): {done.stderr.strip()[-1500:]}"
-        return (await sandbox.read_file(out)).decode("utf-8", errors="replace"), None
+            return b"", f"git diff in the VM failed ({done.exit_code}): {done.stderr.strip()[-1500:]}"
+        return await sandbox.read_file(out), None  # bytes: never decoded
     except Exception as exc:  # noqa: BLE001 - the VM or its transport failed: a named kind, not a lost rollout
-        return "", f"taking the patch from the VM: {type(exc).__name__}: {exc}"
+        return b"", f"taking the patch from the VM: {type(exc).__name__}: {exc}"

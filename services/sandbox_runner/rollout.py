@@ -7,9 +7,11 @@ tasks stay uncommitted and are re-run as new attempts).
 
 Threat model: the agent is the attacker and owns everything in its workspace. It gets the prompt, its own
 session token (good for this attempt only; revoked when the attempt ends) and a complete environment (no host
-variables, no admin token); the row, the label and every grading file stay on the host. Its patch is taken by
-host-side git against a baseline it never sees, with every git config it could plant ignored (symlinks stay
-links), then capped; what it prints only feeds the turn count and the error text.
+variables, no admin token); the row, the label and every grading file stay on the host. Its patch is taken
+once its processes are gone, by git run inside its sandbox (the sandbox's memory cap, the host's git, no
+network) against a trusted baseline bound read-only, every git config it could plant ignored (symlinks stay
+links); the bytes stream to the host under the patch cap (:mod:`rollbus.sandbox.capture`), so whatever the
+workspace holds the runner holds at most the cap. What the agent prints only feeds the turn count and errors.
 """
 
 from __future__ import annotations
@@ -36,18 +38,19 @@ from rollbus.sandbox import (
     SandboxError,
     SandboxSpec,
     create_local,
-    git_diff,
     resolve_image,
 )
 from rollbus.sandbox.bwrap import WORKSPACE
+from rollbus.sandbox.capture import Captured, capture_patch
 from rollbus.sandbox.e2b_backend import E2BOptions
 from services.sandbox_runner import outcome as kinds
-from services.sandbox_runner.outcome import Outcome, agent_turns, cap_patch, classify, drop_paths
+from services.sandbox_runner.outcome import Outcome, agent_turns, cap_patch, classify
 from services.sandbox_runner.settings import RunnerSettings
 
 log = logging.getLogger("rollbus.sandbox_runner")
 SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}  # no __pycache__ from the agent's test runs in its patch
 PROBE_TIMEOUT_S = 60.0
+CAPTURE_TIMEOUT_S = 300.0
 ADAPTER_TRIES = 3
 
 
@@ -176,12 +179,23 @@ async def _attempt(kit: RunnerKit, task: dict[str, Any], attempt_id: str) -> Out
             completed = await run_agent(settings, sandbox, task, metadata, token)
         finally:  # the sandbox is dead here (run returns once its processes are gone): no more requests
             await kit.sessions.close(rollout_id, attempt_id)
-        raw = await asyncio.to_thread(git_diff, sandbox.host_workdir)
+        captured = await capture_patch(
+            sandbox, settings.patch_max_bytes + 1, settings.excluded(), CAPTURE_TIMEOUT_S
+        )  # one byte over the cap says "more"
     finally:
         await sandbox.close()
-    patch, truncated = cap_patch(drop_paths(raw, settings.excluded()), settings.patch_max_bytes)
-    failure = classify(completed) or (kinds.PATCH_TOO_LARGE if truncated else None)
+    return attempt_outcome(attempt_id, completed, captured, settings.patch_max_bytes)
+
+
+def attempt_outcome(attempt_id: str, completed: Completed, captured: Captured, max_bytes: int) -> Outcome:
+    """The agent's failure wins, then the capture's (its limits: no patch at all), then the cap's."""
+    patch, truncated = cap_patch(captured.patch, max_bytes)
+    failure = classify(completed)
     error = completed.stderr.strip()[-2000:] or None if failure else None
+    if captured.failure and not truncated:
+        patch, failure = b"", failure or kinds.PATCH_FAILED
+        error = error or f"taking the patch: {captured.failure}: {captured.error.strip()}"[:2000]
+    failure = failure or (kinds.PATCH_TOO_LARGE if truncated else None)
     turns = agent_turns(completed.stdout)
     return Outcome(
         attempt_id, patch, completed.exit_code, completed.wall_time_s, turns, failure, error, truncated

@@ -37,7 +37,7 @@ def diff(
         meta = absolute_paths(row["metadata"], SWE_MINI) if absolute else row["metadata"]
         metadata = json.dumps(meta)
     return {
-        "rollout_id": rollout_id, "patch": patch, "exit_status": 0, "wall_time_s": 1.0, "turns": 3,
+        "rollout_id": rollout_id, "patch": patch.encode(), "exit_status": 0, "wall_time_s": 1.0, "turns": 3,
         "error": None, "at": int(time.time() * 1000), "attempt_id": f"{rollout_id}-a1",
         "group_id": "g1", "group_size": 4, "task_metadata": metadata, "label": None, **extra,
     }  # fmt: skip
