@@ -240,13 +240,15 @@ async def test_the_agent_is_pinned_as_the_namespaces_second_process_while_it_run
 
     box = BwrapSandbox(prepare_repo(EXAMPLE_REPO, tmp_path / "repo"))
     box.proxy = Proxy()
-    script = "sleep 60 & while [ ! -e /workspace/go ]; do sleep 0.01; done; kill $!"
+    script = "sleep 60 & echo $$ > started; while [ ! -e go ]; do sleep 0.01; done; kill $!"
     run = asyncio.ensure_future(box.run(["sh", "-c", script], ENV, timeout=60, agent=True))
     try:
         while box.proxy.agent is None:
             await asyncio.sleep(0.01)
         pinned = await box.proxy.agent
         assert pinned is not None
+        while not (box.host_workdir / "started").exists():  # pinned at fork, maybe before its exec
+            await asyncio.sleep(0.01)
         status = Path(f"/proc/{pinned.pid}/status").read_text().splitlines()
         cmdline = Path(f"/proc/{pinned.pid}/cmdline").read_bytes().split(b"\0")
         (box.host_workdir / "go").touch()
@@ -257,3 +259,47 @@ async def test_the_agent_is_pinned_as_the_namespaces_second_process_while_it_run
     assert [line.split()[-1] for line in status if line.startswith("NSpid:")] == ["2"]
     assert cmdline[:2] == [b"sh", b"-c"]
     assert box.proxy.agent is None  # the run is over: no process is the agent any more
+
+
+TOOL_ATTACK = (
+    "env | grep -c '^ANTHROPIC_AUTH_TOKEN=';"
+    "for f in environ mem; do cat /proc/2/$f >/dev/null 2>&1 && echo READ-$f || echo DENIED-$f; done;"
+    "curl -s -o /dev/null -w '%{http_code}\\n' -H 'X-Rollbus-Peer: agent'"
+    ' -H "authorization: Bearer $ANTHROPIC_AUTH_TOKEN" -d \'{}\' "$ANTHROPIC_BASE_URL/tool/v1/models"'
+)
+
+
+async def test_the_real_clis_requests_are_the_agents_and_its_bash_tools_are_not(adapter: Adapter) -> None:
+    """The runner's own path: the execute-only CLI as the agent command; its Bash tool attacks (the CLI is pid
+    2 inside), with the CLI's token from its environment and a forged header."""
+    from rollbus import claude_cli
+    from tests.fake_anthropic import FakeAnthropic, Reply, text, tool_use
+    from tests.test_claude_cli_e2e import MODEL, TOKEN, result_text, tool_results
+
+    claude_cli.fetch()
+    binary = claude_cli.execute_only_binary()
+    replies = [
+        Reply([tool_use("toolu_attack", "Bash", {"command": TOOL_ATTACK})], "tool_use"),
+        Reply([text("done")], "end_turn"),
+    ]
+    async with FakeAnthropic(replies) as server:
+        spec = SandboxSpec(
+            image=EXAMPLE_REPO,
+            adapter_url=server.url,
+            base_url=BASE_URL,
+            ro_binds={str(binary): claude_cli.SANDBOX_BINARY},
+        )
+        async with await create_local(spec) as box:
+            cmd = claude_cli.build_command(
+                "Look around.", model=MODEL, max_turns=4, binary=claude_cli.SANDBOX_BINARY
+            )
+            env = claude_cli.build_env(BASE_URL, TOKEN, model=MODEL, home=box.home)
+            episode = await box.run(cmd, env, timeout=300, agent=True)
+    assert episode.exit_code == 0, episode.stderr
+    calls = server.message_requests()
+    assert len(calls) == 2 and all(c.headers["x-rollbus-peer"] == "agent" for c in calls)
+    [forged] = [r for r in server.requests if r.path == "/tool/v1/models"]
+    assert forged.headers["x-rollbus-peer"] == "tool"  # with the CLI's own token: the token proves nothing
+    assert forged.headers["authorization"] == f"Bearer {TOKEN}"
+    output = result_text(tool_results(calls[1].body or {})["toolu_attack"]).split()
+    assert output == ["1", "DENIED-environ", "DENIED-mem", "404"]  # 1: the CLI hands its token to its tools
