@@ -108,9 +108,10 @@ def verdict(agent_pid: int | None, holders: set[int]) -> Peer:
     return "agent" if agent_pid is not None and holders == {agent_pid} else "tool"
 
 
-def holders(inode: int, pid_namespace: str, proc: Path = PROC) -> set[int]:
-    """The processes of ``pid_namespace`` (a ``/proc/<pid>/ns/pid`` link) with ``socket:[inode]`` in any file
-    table of any of their tasks."""
+def holders(inode: int, pid_namespace: str, agent: int, proc: Path = PROC) -> set[int]:
+    """The processes of ``pid_namespace`` (a ``/proc/<pid>/ns/pid`` link) with ``socket:[inode]`` in a file
+    table: every task's table for each process but the agent, whose threads share one (a socket only a
+    thread of its own held would be missed there, which makes the request a tool's: failing closed)."""
     wanted = f"socket:[{inode}]"
     found = set()
     for entry in os.scandir(proc):
@@ -119,19 +120,20 @@ def holders(inode: int, pid_namespace: str, proc: Path = PROC) -> set[int]:
         try:
             if os.readlink(f"{entry.path}/ns/pid") != pid_namespace:
                 continue
-            tasks = os.listdir(f"{entry.path}/task")
+            tasks = [entry.name] if int(entry.name) == agent else os.listdir(f"{entry.path}/task")
         except OSError:  # gone meanwhile
             continue
-        for task in tasks:
-            fds = f"{entry.path}/task/{task}/fd"
-            try:
-                names = os.listdir(fds)
-            except OSError:
-                continue
-            if any(_link(f"{fds}/{fd}") == wanted for fd in names):
-                found.add(int(entry.name))
-                break
+        if any(_holds(f"{entry.path}/task/{task}/fd", wanted) for task in tasks):
+            found.add(int(entry.name))
     return found
+
+
+def _holds(fds: str, wanted: str) -> bool:
+    try:
+        names = os.listdir(fds)
+    except OSError:
+        return False
+    return any(_link(f"{fds}/{fd}") == wanted for fd in names)
 
 
 def _read(path: Path) -> str | None:
@@ -161,5 +163,5 @@ def attribute(agent: AgentProcess | None, client: Address, server: Address, proc
     inode = client_inode(tables, client, server)
     if inode is None:
         return "tool"
-    found = holders(inode, namespace, proc)
+    found = holders(inode, namespace, agent.pid, proc)
     return verdict(agent.pid, found) if agent.alive(proc) else "tool"
