@@ -19,6 +19,8 @@ Threat model: the agent is the attacker.
   (:mod:`rollbus.sandbox.netns`) and the launcher joins it: no process inside. Otherwise a ``socat``
   forwarder inside (started before the command, gone with it) connects that port to the proxy's unix socket
   bind-mounted at ``/run/adapter.sock``. ``"loopback"`` shares the host network namespace (debugging only).
+  A command run with ``agent=True`` is the agent: the proxy learns its host pid and stamps only what that
+  process alone sends ``agent`` (:mod:`rollbus.sandbox.peer`).
 - Limits (:mod:`rollbus.sandbox.limits`): the launcher joins the sandbox's cgroup; a hit is named.
 - Timeouts SIGKILL the namespace's init (found through ``--info-fd``), which takes every process in the PID
   namespace with it; ``run`` returns once they are all gone.
