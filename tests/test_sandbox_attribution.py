@@ -133,10 +133,9 @@ attempt("environ", lambda: open(f"/proc/{agent}/environ", "rb").read())
 attempt("mem", lambda: open(f"/proc/{agent}/mem", "rb"))
 attempt("fd", lambda: os.listdir(f"/proc/{agent}/fd"))
 libc = ctypes.CDLL(None, use_errno=True)
-def ptrace():
-    if libc.ptrace(16, agent, 0, 0) != 0:  # PTRACE_ATTACH
+def ptrace():  # PTRACE_SEIZE: no stop; the tracee is let go when this process exits
+    if libc.ptrace(0x4206, agent, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "ptrace")
-    libc.ptrace(17, agent, 0, 0)  # PTRACE_DETACH
 attempt("ptrace", ptrace)
 def getfd():
     pidfd = os.pidfd_open(agent)
