@@ -107,6 +107,7 @@ async def test_only_the_agent_process_itself_is_stamped_agent(adapter: Adapter, 
         "/shared": ["tool"],  # written by a child on the agent's own socket: two processes hold it
         "/agent-again": ["agent"],  # the same socket once the child is gone
     }
+    assert box.enforced["attribution"] == "the agent's process, from the host's /proc"
 
 
 async def test_without_an_agent_run_every_request_is_a_tools(adapter: Adapter, tmp_path: Path) -> None:
@@ -185,6 +186,7 @@ async def test_behind_the_forwarder_every_request_is_a_tools(adapter: Adapter, t
         await box.proxy.close()
     assert done.exit_code == 0, done.stderr
     assert set(map(tuple, peers(adapter).values())) == {("tool",)} and len(adapter.heads) == 5
+    assert box.enforced["attribution"] == "none: behind socat every request is a tool's"  # and it says so
 
 
 def test_stamp_head_replaces_every_client_copy_of_the_peer_header() -> None:

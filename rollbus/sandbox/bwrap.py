@@ -412,6 +412,12 @@ class BwrapSandbox(SandboxBase):
             if self._netns is not None
             else "own namespace, socat to the adapter socket",
         }[self.layout.network]
+        if self.layout.network == "adapter":  # which requests can be the agent's (x-rollbus-peer)
+            report["attribution"] = (
+                "the agent's process, from the host's /proc"
+                if self._netns is not None
+                else "none: behind socat every request is a tool's"
+            )
         return report
 
     def _stage(self, sources: Mapping[str, Path]) -> dict[str, Path]:
