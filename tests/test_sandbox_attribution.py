@@ -304,3 +304,36 @@ async def test_the_real_clis_requests_are_the_agents_and_its_bash_tools_are_not(
     assert forged.headers["authorization"] == f"Bearer {TOKEN}"
     output = result_text(tool_results(calls[1].body or {})["toolu_attack"]).split()
     assert output == ["1", "DENIED-environ", "DENIED-mem", "404"]  # 1: the CLI hands its token to its tools
+
+
+async def test_the_real_clis_sub_agent_runs_in_its_process_and_is_stamped_agent(adapter: Adapter) -> None:
+    """An ``Agent`` call's sub-agent is the CLI's own loop (in the same process): its requests, which carry
+    ``x-claude-code-agent-id``, are the agent's; only processes the CLI starts are tools."""
+    from rollbus import claude_cli
+    from tests.fake_anthropic import FakeAnthropic, Reply, text, tool_use
+    from tests.test_claude_cli_e2e import MODEL, TOKEN
+
+    claude_cli.fetch()
+    binary = claude_cli.execute_only_binary()
+    replies = [
+        Reply([tool_use("toolu_sub", "Agent", {"description": "look", "prompt": "Say hi."})], "tool_use"),
+        Reply([text("hi")], "end_turn"),  # the sub-agent's
+        Reply([text("done")], "end_turn"),
+    ]
+    async with FakeAnthropic(replies) as server:
+        spec = SandboxSpec(
+            image=EXAMPLE_REPO,
+            adapter_url=server.url,
+            base_url=BASE_URL,
+            ro_binds={str(binary): claude_cli.SANDBOX_BINARY},
+        )
+        async with await create_local(spec) as box:
+            cmd = claude_cli.build_command(
+                "Delegate.", model=MODEL, max_turns=4, binary=claude_cli.SANDBOX_BINARY
+            )
+            env = claude_cli.build_env(BASE_URL, TOKEN, model=MODEL, home=box.home)
+            episode = await box.run(cmd, env, timeout=300, agent=True)
+    assert episode.exit_code == 0, episode.stderr
+    calls = server.message_requests()
+    assert [("x-claude-code-agent-id" in c.headers) for c in calls] == [False, True, False]
+    assert [c.headers["x-rollbus-peer"] for c in calls] == ["agent"] * 3
