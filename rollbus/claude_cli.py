@@ -209,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         binary = fetch(args.cli_version) if args.action == "fetch" else binary_path(args.cli_version)
-    except (CliNotInstalled, CliInstallError, subprocess.TimeoutExpired) as exc:
+        if args.action == "fetch":
+            execute_only_binary(args.cli_version)  # made here once, not in a runner's first attempt
+    except (CliNotInstalled, CliInstallError, subprocess.TimeoutExpired, OSError) as exc:
         print(f"claude_cli: {exc}", file=sys.stderr)
         return 1
     print(binary)
