@@ -337,3 +337,40 @@ async def test_the_real_clis_sub_agent_runs_in_its_process_and_is_stamped_agent(
     calls = server.message_requests()
     assert [("x-claude-code-agent-id" in c.headers) for c in calls] == [False, True, False]
     assert [c.headers["x-rollbus-peer"] for c in calls] == ["agent"] * 3
+
+
+@pytest.mark.parametrize("known", ["this process", "raises", "none", "never", "cancelled"])
+async def test_the_proxy_stamps_tool_whenever_the_agent_is_not_known(
+    adapter: Adapter, known: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A proxy on a host listener with this test's own process as the client: it is the agent only when the
+    agent's future names this process; a future that fails, names nobody, never resolves or is cancelled (the
+    run ended) stamps ``tool``."""
+    import rollbus.sandbox.adapter_proxy as adapter_proxy
+
+    monkeypatch.setattr(adapter_proxy, "AGENT_WAIT_S", 0.2)
+    agent: asyncio.Future[AgentProcess | None] = asyncio.get_running_loop().create_future()
+    if known == "this process":
+        agent.set_result(AgentProcess.of(os.getpid()))
+    elif known == "raises":
+        agent.set_exception(RuntimeError("the pin failed"))
+    elif known == "none":
+        agent.set_result(None)
+    elif known == "cancelled":
+        agent.cancel()
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    proxy = AdapterProxy(None, adapter.url, "sbx", listener=listener)
+    proxy.agent = agent
+    await proxy.start()
+    try:
+        reader, writer = await asyncio.open_connection(*listener.getsockname())
+        writer.write(b"POST /probe HTTP/1.1\r\nx-rollbus-peer: agent\r\ncontent-length: 2\r\n\r\nhi")
+        assert (
+            await reader.readexactly(REPLY_BYTES)
+            == b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nadapter:hi"
+        )
+        writer.close()
+    finally:
+        await proxy.close()
+    assert peers(adapter) == {"/probe": ["agent" if known == "this process" else "tool"]}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 from pathlib import Path
@@ -28,6 +29,7 @@ from urllib.parse import urlsplit
 
 from rollbus.sandbox.peer import AgentProcess, Peer, attribute
 
+log = logging.getLogger("rollbus.sandbox.adapter_proxy")
 SANDBOX_HEADER = b"x-rollbus-sandbox"
 PEER_HEADER = b"x-rollbus-peer"  # "agent" or "tool"; the adapter trains on "agent" only
 MAX_HEAD = 64 << 10
@@ -227,11 +229,16 @@ class AdapterProxy:
             return "tool"
         try:
             agent = await asyncio.wait_for(asyncio.shield(self.agent), AGENT_WAIT_S)
-        except (TimeoutError, asyncio.CancelledError):
+            return await asyncio.to_thread(attribute, agent, client[:2], server[:2])
+        except asyncio.CancelledError:
             if asyncio.current_task().cancelling():  # type: ignore[union-attr]
                 raise
-            return "tool"  # the agent's run ended, or its process never appeared
-        return await asyncio.to_thread(attribute, agent, client[:2], server[:2])
+            return "tool"  # the agent's run ended
+        except TimeoutError:
+            return "tool"  # its process never appeared
+        except Exception:  # nothing proves the agent sent it
+            log.exception("sandbox %s: attributing a request failed; stamped tool", self.sandbox_id)
+            return "tool"
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
