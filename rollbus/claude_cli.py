@@ -10,9 +10,11 @@ time beyond the npm tarballs themselves.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -24,6 +26,7 @@ from rollbus.config import cache_dir
 PACKAGE = "@anthropic-ai/claude-code"
 VERSION = "2.1.197"
 MARKER = ".rollbus-installed.json"
+EXECUTE_ONLY = "claude.execute-only"  # beside the marker: the copy sandboxes run (see execute_only_binary)
 NPM_TIMEOUT_S = 600
 # No install scripts: the wrapper's postinstall would only link the platform binary we use directly.
 NPM_FLAGS = ("--ignore-scripts", "--no-audit", "--no-fund", "--no-save", "--loglevel=error")
@@ -56,6 +59,31 @@ def binary_path(version: str = VERSION) -> Path:
             "run `python -m rollbus.claude_cli fetch`"
         )
     return install_dir(version) / json.loads(marker.read_text())["binary"]
+
+
+def execute_only_binary(version: str = VERSION) -> Path:
+    """A copy of the installed binary that anyone may run and nobody but root may read (mode 0111).
+
+    The kernel makes a process that runs a binary its user cannot read non-dumpable: its ``/proc/<pid>/mem``,
+    ``/proc/<pid>/environ``, ``/proc/<pid>/fd`` and ptrace are closed to every process without
+    ``CAP_SYS_PTRACE``, same-uid tools included. A sandbox that runs this copy keeps the CLI's memory, token
+    and sockets from the tools it starts. The Bun-compiled CLI reads its bundled code from its own memory (the
+    ``.bun`` section), never from the file, so it runs as is. Made once per version, atomically.
+    """
+    source = binary_path(version)
+    dest = install_dir(version) / EXECUTE_ONLY
+    with contextlib.suppress(FileNotFoundError):
+        made = dest.stat()
+        if stat.S_IMODE(made.st_mode) == 0o111 and made.st_size == source.stat().st_size:
+            return dest
+    staging = dest.with_name(f".{EXECUTE_ONLY}.{os.getpid()}")
+    try:
+        shutil.copyfile(source, staging)
+        staging.chmod(0o111)
+        staging.replace(dest)
+    finally:
+        staging.unlink(missing_ok=True)
+    return dest
 
 
 def fetch(version: str = VERSION, *, npm: str = "npm") -> Path:
@@ -181,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         binary = fetch(args.cli_version) if args.action == "fetch" else binary_path(args.cli_version)
-    except (CliNotInstalled, CliInstallError, subprocess.TimeoutExpired) as exc:
+        if args.action == "fetch":
+            execute_only_binary(args.cli_version)  # made here once, not in a runner's first attempt
+    except (CliNotInstalled, CliInstallError, subprocess.TimeoutExpired, OSError) as exc:
         print(f"claude_cli: {exc}", file=sys.stderr)
         return 1
     print(binary)

@@ -84,3 +84,23 @@ def test_env_is_complete_and_points_only_at_the_adapter(monkeypatch: pytest.Monk
     assert env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "4096"
     assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == env["IS_SANDBOX"] == "1"
     assert env["CLAUDE_CODE_EXTRA_BODY"] == "{}"
+
+
+def test_the_execute_only_copy_is_made_once_and_remade_when_it_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy sandboxes run (mode 0111: nobody but root reads it, so the kernel makes the CLI non-dumpable);
+    a copy someone made readable is replaced, never trusted."""
+    monkeypatch.setenv("ROLLBUS_CACHE", str(tmp_path))
+    installed = claude_cli.install_dir() / "pkg" / "claude"
+    installed.parent.mkdir(parents=True)
+    installed.write_bytes(b"\x7fELF native cli")
+    installed.chmod(0o755)
+    (claude_cli.install_dir() / claude_cli.MARKER).write_text('{"binary": "pkg/claude"}')
+    copy = claude_cli.execute_only_binary()
+    first = copy.stat()
+    assert (copy.read_bytes(), first.st_mode & 0o7777) == (installed.read_bytes(), 0o111)
+    assert claude_cli.execute_only_binary().stat().st_ino == first.st_ino  # made once
+    copy.chmod(0o755)
+    assert claude_cli.execute_only_binary().stat().st_mode & 0o7777 == 0o111
+    assert installed.stat().st_mode & 0o7777 == 0o755  # the installed binary itself is left as it is

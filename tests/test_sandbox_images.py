@@ -126,7 +126,8 @@ def test_stamp_head_replaces_a_spoofed_id_and_refuses_malformed_heads() -> None:
     head = b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nX-Rollbus-Sandbox: evil\r\nContent-Length: 3\r\n"
     stamped, length, chunked = stamp_head(head, "sbx1")
     assert length == 3 and not chunked
-    assert stamped.endswith(b"x-rollbus-sandbox: sbx1\r\n\r\n") and b"evil" not in stamped
+    assert stamped.endswith(b"x-rollbus-sandbox: sbx1\r\nx-rollbus-peer: tool\r\n\r\n")
+    assert b"evil" not in stamped
     for bad in (
         b"garbage\r\n",
         b"GET / HTTP/1.1\r\nno-colon\r\n",

@@ -5,7 +5,13 @@ loopback port ``ANTHROPIC_BASE_URL`` names inside that namespace (a listening so
 :mod:`rollbus.sandbox.netns`), or on a unix socket bind-mounted at ``/run/adapter.sock`` that a ``socat``
 forwarder inside connects that port to. The proxy opens one TCP connection to the adapter per client
 connection and stamps every request with ``X-Rollbus-Sandbox: <sandbox id>`` (a copy the client sent is
-removed first), so the adapter side knows which rollout is calling whatever token the request carries.
+removed first), so the adapter side knows which rollout is calling whatever token the request carries, and
+with ``X-Rollbus-Peer: agent`` or ``X-Rollbus-Peer: tool`` (likewise replacing any copy the client sent):
+``agent`` only when the request came from the agent process itself (:attr:`AdapterProxy.agent`, set by the
+sandbox while the agent's command runs) over a socket nothing else holds, found from the host's ``/proc``
+(:mod:`rollbus.sandbox.peer`); everything else, a tool the agent spawned or anything unresolvable, is
+``tool``. On the unix socket the only peer the proxy can see is the ``socat`` forwarder, which relays for
+every process alike, so there every request is ``tool``: nothing sent through the forwarder is the agent's.
 Only HTTP/1.1 requests pass: a head that does not parse, or is larger than ``MAX_HEAD``, gets a 400 and the
 connection closes; connections past ``MAX_CONNECTIONS`` get a 503, so one agent cannot exhaust the host's
 sockets.
@@ -15,16 +21,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from rollbus.sandbox.peer import AgentProcess, Peer, attribute
+
+log = logging.getLogger("rollbus.sandbox.adapter_proxy")
 SANDBOX_HEADER = b"x-rollbus-sandbox"
+PEER_HEADER = b"x-rollbus-peer"  # "agent" or "tool"; the adapter trains on "agent" only
 MAX_HEAD = 64 << 10
 CHUNK = 1 << 16
 BAD_REQUEST = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 BUSY = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+AGENT_WAIT_S = 10.0  # a request that comes before the agent's process is known waits for it this long
 MAX_CONNECTIONS = 64  # per sandbox: an agent opening thousands cannot exhaust the host's sockets
 
 
@@ -32,8 +44,8 @@ class BadRequest(ValueError):
     """The client's bytes are not an HTTP/1.1 request we forward."""
 
 
-def stamp_head(head: bytes, sandbox_id: str) -> tuple[bytes, int | None, bool]:
-    """Rewrite a request head: drop any client copy of our header, add ours.
+def stamp_head(head: bytes, sandbox_id: str, peer: Peer = "tool") -> tuple[bytes, int | None, bool]:
+    """Rewrite a request head: drop any client copy of our headers, add ours.
 
     Returns the new head, the Content-Length (None if absent) and whether the body is chunked.
     """
@@ -47,7 +59,7 @@ def stamp_head(head: bytes, sandbox_id: str) -> tuple[bytes, int | None, bool]:
         if not sep or not name or name != name.strip():
             raise BadRequest(f"malformed header: {header[:80]!r}")
         key = name.lower()
-        if key == SANDBOX_HEADER:
+        if key in (SANDBOX_HEADER, PEER_HEADER):
             continue
         if key == b"content-length":
             if length is not None or not value.strip().isdigit():
@@ -60,7 +72,8 @@ def stamp_head(head: bytes, sandbox_id: str) -> tuple[bytes, int | None, bool]:
         kept.append(header)
     if chunked and length is not None:
         raise BadRequest("both content-length and chunked")
-    stamped = [request_line, *kept, SANDBOX_HEADER + b": " + sandbox_id.encode(), b"", b""]
+    ours = [SANDBOX_HEADER + b": " + sandbox_id.encode(), PEER_HEADER + b": " + peer.encode()]
+    stamped = [request_line, *kept, *ours, b"", b""]
     return b"\r\n".join(stamped), length, chunked
 
 
@@ -95,7 +108,11 @@ class AdapterProxy:
     """One sandbox's way out, proxying to the adapter at ``adapter_url`` (``http://host:port``).
 
     It serves a unix socket at ``socket_path``, or ``listener``: a listening socket of the sandbox's own.
+    ``agent`` is the agent's process while it runs, as a future (the sandbox sets it when it starts the
+    agent, and it resolves once the process exists); None: every request is a tool's.
     """
+
+    agent: asyncio.Future[AgentProcess | None] | None = None
 
     def __init__(
         self,
@@ -164,7 +181,7 @@ class AdapterProxy:
             upstream_r, upstream_w = await asyncio.open_connection(*self._target)
             back = asyncio.ensure_future(_pump(upstream_r, client_w))
             try:
-                await self._requests(client_r, upstream_w)
+                await self._requests(client_r, client_w, upstream_w)
                 await back
             finally:
                 back.cancel()
@@ -180,7 +197,9 @@ class AdapterProxy:
                     writer.close()
             self._tasks.discard(task)
 
-    async def _requests(self, client_r: asyncio.StreamReader, upstream_w: asyncio.StreamWriter) -> None:
+    async def _requests(
+        self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter, upstream_w: asyncio.StreamWriter
+    ) -> None:
         while True:
             try:
                 head = await client_r.readuntil(b"\r\n\r\n")
@@ -191,7 +210,8 @@ class AdapterProxy:
                 return
             if len(head) > MAX_HEAD:
                 raise BadRequest("request head too large")
-            stamped, length, chunked = stamp_head(head[:-4] + b"\r\n", self.sandbox_id)
+            peer = await self._peer(client_w)
+            stamped, length, chunked = stamp_head(head[:-4] + b"\r\n", self.sandbox_id, peer)
             self.requests += 1
             upstream_w.write(stamped)
             if chunked:
@@ -199,6 +219,26 @@ class AdapterProxy:
             elif length:
                 await _copy_exact(client_r, upstream_w, length)
             await upstream_w.drain()
+
+    async def _peer(self, client_w: asyncio.StreamWriter) -> Peer:
+        """Who sent this request, decided afresh for each one (a socket can change hands between requests)."""
+        if self._listener is None:
+            return "tool"  # the forwarder's connection: every process inside looks the same from here
+        client, server = client_w.get_extra_info("peername"), client_w.get_extra_info("sockname")
+        if self.agent is None or not client or not server:
+            return "tool"
+        try:
+            agent = await asyncio.wait_for(asyncio.shield(self.agent), AGENT_WAIT_S)
+            return await asyncio.to_thread(attribute, agent, client[:2], server[:2])
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                raise
+            return "tool"  # the agent's run ended
+        except TimeoutError:
+            return "tool"  # its process never appeared
+        except Exception:  # nothing proves the agent sent it
+            log.exception("sandbox %s: attributing a request failed; stamped tool", self.sandbox_id)
+            return "tool"
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

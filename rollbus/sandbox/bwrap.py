@@ -20,6 +20,8 @@ Threat model: the agent is the attacker.
   (:mod:`rollbus.sandbox.netns`) and the launcher joins it: no process inside. Otherwise a ``socat``
   forwarder inside (started before the command, gone with it) connects that port to the proxy's unix socket
   bind-mounted at ``/run/adapter.sock``. ``"loopback"`` shares the host network namespace (debugging only).
+  A command run with ``agent=True`` is the agent: the proxy learns its host pid and stamps only what that
+  process alone sends ``agent`` (:mod:`rollbus.sandbox.peer`).
 - Limits (:mod:`rollbus.sandbox.limits`): the launcher joins the sandbox's cgroup; a hit is named. A full disk
   is named from the filesystems themselves (free space after the command), never from what the command
   printed: an agent that silences stderr still gets ``disk_full``.
@@ -61,6 +63,7 @@ from rollbus.sandbox.base import (
     write_host_file,
 )
 from rollbus.sandbox.limits import Cgroups, Limits, enforcement, failure_from_counters, rlimits
+from rollbus.sandbox.peer import AgentProcess, command_pid
 from rollbus.sandbox.process import CappedBytes, run_process
 from rollbus.sandbox.seccomp import filter_fd, nested_userns_filter
 
@@ -99,6 +102,7 @@ TOOLCHAIN_SKIP = {"proc", "dev", "sys", "tmp", "run", "home", "workspace", ".rol
 CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
 MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 1 << 14, 1 << 18
 MNT_DETACH = 2
+AGENT_POLL_S = 0.005  # how often run(agent=True) looks for the command's process until it exists
 
 
 class SandboxUnavailable(RuntimeError):
@@ -429,6 +433,12 @@ class BwrapSandbox(SandboxBase):
             if self._netns is not None
             else "own namespace, socat to the adapter socket",
         }[self.layout.network]
+        if self.layout.network == "adapter":  # which requests can be the agent's (x-rollbus-peer)
+            report["attribution"] = (
+                "the agent's process, from the host's /proc"
+                if self._netns is not None
+                else "none: behind socat every request is a tool's"
+            )
         return report
 
     def _stage(self, sources: Mapping[str, Path]) -> dict[str, Path]:
@@ -451,9 +461,19 @@ class BwrapSandbox(SandboxBase):
         return self._host_workdir
 
     async def run(
-        self, cmd: Sequence[str], env: Mapping[str, str], cwd: str | None = None, timeout: float = 600.0
+        self,
+        cmd: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str | None = None,
+        timeout: float = 600.0,
+        *,
+        agent: bool = False,
     ) -> Completed:
-        return await self._run(self.layout, self._system, self._binds, self._netns, cmd, env, cwd, timeout)
+        """``agent``: ``cmd`` is the agent; while it runs the adapter proxy knows its process, so what it
+        sends is stamped ``agent`` and what anything it starts sends is stamped ``tool``."""
+        return await self._run(
+            self.layout, self._system, self._binds, self._netns, cmd, env, cwd, timeout, agent=agent
+        )
 
     async def run_tool(
         self,
@@ -498,9 +518,12 @@ class BwrapSandbox(SandboxBase):
         cwd: str | None,
         timeout: float,
         stdout: CappedBytes | None = None,
+        *,
+        agent: bool = False,
     ) -> Completed:
         info_r, info_w = os.pipe()
         os.set_blocking(info_r, False)
+        info = BwrapInfo(info_r)
         filter_in = filter_fd(self._seccomp) if self._seccomp else None
         layout = dataclasses.replace(layout, seccomp_fd=filter_in)
         argv = bwrap_argv(layout, cmd, cwd=cwd or self.workdir, system=system, info_fd=info_w)
@@ -512,13 +535,16 @@ class BwrapSandbox(SandboxBase):
             netns,
         )
         before = self.cgroups.counters() if self.cgroups else {}
+        pin = asyncio.ensure_future(_agent_process(info)) if agent and self.proxy is not None else None
+        if pin is not None:
+            self.proxy.agent = pin
         try:
             done = await run_process(
                 [self._bwrap, *argv],
                 env=env,
                 cwd=None,
                 timeout=timeout,
-                kill=lambda _proc: _kill_namespace(info_r),
+                kill=lambda _proc: _kill_namespace(info),
                 pass_fds=(info_w,) if filter_in is None else (info_w, filter_in),
                 output_limit=self.limits.output_bytes,
                 preexec_fn=launcher,
@@ -527,6 +553,9 @@ class BwrapSandbox(SandboxBase):
         except subprocess.SubprocessError as exc:  # the launcher failed (cgroup, mount, uid)
             raise SandboxError(f"cannot start the sandbox: {exc}") from exc
         finally:
+            if pin is not None:
+                pin.cancel()
+                self.proxy.agent = None
             os.close(info_r)
             os.close(info_w)
             if filter_in is not None:
@@ -684,14 +713,35 @@ def settle(paths: Iterable[Path]) -> int:
     return total
 
 
-def _kill_namespace(info_fd: int) -> None:
+async def _agent_process(info: BwrapInfo) -> AgentProcess | None:
+    """The command's process (the PID namespace's pid 2) as the host sees it, as soon as it exists."""
+    while (init := info.child_pid()) is None or (pid := command_pid(init)) is None:
+        await asyncio.sleep(AGENT_POLL_S)
+    return AgentProcess.of(pid)
+
+
+class BwrapInfo:
+    """What bwrap writes on ``--info-fd`` (one small JSON write), read once it is there."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._info: dict[str, Any] | None = None
+
+    def child_pid(self) -> int | None:
+        """The host pid of the PID namespace's init; None while bwrap has not started it."""
+        if self._info is None:
+            try:
+                self._info = json.loads(os.read(self._fd, 65536) or b"{}")
+            except BlockingIOError:
+                return None
+        pid = self._info.get("child-pid")
+        return pid if isinstance(pid, int) else None
+
+
+def _kill_namespace(info: BwrapInfo) -> None:
     """SIGKILL the PID namespace's init, which takes every process in the namespace with it."""
-    try:
-        info = json.loads(os.read(info_fd, 65536) or b"{}")
-    except BlockingIOError:  # bwrap had not started the sandbox yet: killing its group is enough
-        return
-    pid = info.get("child-pid")
-    if isinstance(pid, int):
+    pid = info.child_pid()  # None: bwrap had not started the sandbox yet, and killing its group is enough
+    if pid is not None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 

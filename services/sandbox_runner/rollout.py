@@ -203,14 +203,18 @@ def attempt_outcome(attempt_id: str, completed: Completed, captured: Captured, m
 
 
 def agent_binary() -> Path:
-    """The cached Claude Code binary (installed by bootstrap; never fetched mid-rollout)."""
+    """The cached Claude Code binary (installed by bootstrap; never fetched mid-rollout), as its execute-only
+    copy: the CLI runs non-dumpable, its memory and environment closed to its tools."""
     try:
         binary = claude_cli.binary_path()
     except claude_cli.CliNotInstalled as exc:
         raise AttemptFailed(kinds.INSTALL_FAILED, str(exc)) from exc
     if not os.access(binary, os.X_OK):
         raise AttemptFailed(kinds.INSTALL_FAILED, f"{binary} is not an executable file")
-    return binary
+    try:
+        return claude_cli.execute_only_binary()
+    except OSError as exc:
+        raise AttemptFailed(kinds.INSTALL_FAILED, f"no execute-only copy of {binary}: {exc}") from exc
 
 
 def sandbox_spec(
@@ -300,4 +304,5 @@ async def run_agent(
         base_url or settings.agent_base_url(), token, model=settings.model, home=sandbox.home,
         max_output_tokens=settings.max_output_tokens, extra=SANDBOX_ENV, **({"path": path} if path else {}),
     )  # fmt: skip
-    return await sandbox.run(cmd, env, cwd=sandbox.workdir, timeout=settings.agent_timeout)
+    agent = {"agent": True} if isinstance(sandbox, BwrapSandbox) else {}  # its proxy knows the CLI's process
+    return await sandbox.run(cmd, env, cwd=sandbox.workdir, timeout=settings.agent_timeout, **agent)
