@@ -36,7 +36,8 @@ def rows() -> dict[str, dict[str, Any]]:
     return {row["metadata"]["image"].split("/")[-1]: row for row in load_build().build()}
 
 
-def diff(rollout_id: str, attempt_id: str, row: dict[str, Any], patch: str) -> dict[str, Any]:
+def diff(rollout_id: str, attempt_id: str, row: dict[str, Any], patch: bytes) -> dict[str, Any]:
+    """A diff event as the runner publishes it (schema v3: the patch is the bytes git wrote)."""
     return {
         **SAMPLES["diff"], "rollout_id": rollout_id, "attempt_id": attempt_id, "patch": patch,
         "task_metadata": json.dumps(row["metadata"]), "label": row["label"],
@@ -54,15 +55,16 @@ def regrade(bootstrap: str, ns: str, into: str) -> subprocess.CompletedProcess[s
 async def test_regrade_finds_every_reward_a_weakened_grader_let_through(
     kafka_bootstrap: str, topics: dict[str, str], rows: dict[str, dict[str, Any]]
 ) -> None:
-    cheat_patch = (CHEATS / f"{CHEAT['name']}.patch").read_text()
+    cheat_patch = (CHEATS / f"{CHEAT['name']}.patch").read_bytes()
+    gold = {task: row["label"].encode() for task, row in rows.items()}
     graded = [  # (diff, policy versions of its turns); every one graded 1.0 by the weakened grader
-        (diff("r-gold", "a-1", rows["lru"], rows["lru"]["label"]), [1]),
-        (diff("r-empty", "a-1", rows["slugify"], ""), [1]),
+        (diff("r-gold", "a-1", rows["lru"], gold["lru"]), [1]),
+        (diff("r-empty", "a-1", rows["slugify"], b""), [1]),
         (diff("r-cheat", "a-1", rows[CHEAT["task"]], cheat_patch), [2]),
-        (diff("r-cheat", "a-2", rows["roman"], rows["roman"]["label"]), [2]),  # same rollout, other attempt
-        (diff("r-span", "a-1", rows["roman"], ""), [1, 2]),  # turns sampled by two policies: counts as 2
+        (diff("r-cheat", "a-2", rows["roman"], gold["roman"]), [2]),  # same rollout, other attempt
+        (diff("r-span", "a-1", rows["roman"], b""), [1, 2]),  # turns sampled by two policies: counts as 2
     ]
-    never_graded = diff("r-new", "a-1", rows["slugify"], rows["slugify"]["label"])  # no turns, no reward
+    never_graded = diff("r-new", "a-1", rows["slugify"], gold["slugify"])  # no turns, no reward
     async with Publisher(kafka_bootstrap) as bus:
         for record, versions in graded:
             for index, version in enumerate(versions):
@@ -145,8 +147,8 @@ async def test_a_diff_that_crashes_the_grader_is_a_problem_line_and_the_rest_is_
 
     monkeypatch.setattr(regrade_module, "grade_diff", crashes_on_one)
     async with Publisher(kafka_bootstrap) as bus:
-        crash = await bus.publish(topics["diffs"], diff("r-crash", "a-1", rows["slugify"], ""))
-        await bus.publish(topics["diffs"], diff("r-ok", "a-1", rows["slugify"], ""))
+        crash = await bus.publish(topics["diffs"], diff("r-crash", "a-1", rows["slugify"], b""))
+        await bus.publish(topics["diffs"], diff("r-ok", "a-1", rows["slugify"], b""))
     ns = topics["turns"].rsplit(".", 1)[0]
     settings = regrade_module.RegradeSettings(
         bootstrap_servers=kafka_bootstrap,
