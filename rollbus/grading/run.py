@@ -139,7 +139,8 @@ async def _grade(
         removed = trees.remove_bytecode(repo)
         eval_dir = scratch / "eval"
         eval_dir.mkdir()
-        outcome, log = await run_grader(spec, repo, eval_dir, scratch, deadline, config.readonly_tests)
+        known = untouched_python_files(pristine, changed)
+        outcome, log = await run_grader(spec, repo, eval_dir, scratch, deadline, config.readonly_tests, known)
         details = {
             "instance_id": spec.instance_id,
             "apply_method": method,
@@ -167,6 +168,16 @@ def restore_tests(spec: GradingSpec, image: Path, dest: Path) -> list[str]:
         return []
     dest.mkdir()
     return trees.checkout_files(image, spec.grader.restore_ref, spec.grader.restore_paths, dest)
+
+
+def untouched_python_files(pristine: Mapping[str, trees.Entry], changed: Mapping[str, str]) -> set[str]:
+    """The base tree's Python files the patch left as they were: a test collected from one of them was in the
+    repository before the agent (a row's command may run a whole directory of them), never planted."""
+    return {
+        rel
+        for rel, entry in pristine.items()
+        if entry.kind == "file" and rel.endswith(".py") and rel not in changed and not rel.startswith(".git/")
+    }
 
 
 def raise_flags(
@@ -256,10 +267,17 @@ def restore_git(base: Path, repo: Path) -> None:
 
 
 async def run_grader(
-    spec: GradingSpec, repo: Path, eval_dir: Path, scratch: Path, deadline: float, readonly_tests: bool = True
+    spec: GradingSpec,
+    repo: Path,
+    eval_dir: Path,
+    scratch: Path,
+    deadline: float,
+    readonly_tests: bool = True,
+    known_files: set[str] | frozenset[str] = frozenset(),
 ) -> tuple[Outcome, str]:
     """The row's one grader. The test sandbox mounts the row's test directories read-only: code under test
-    that rewrites a test file not yet collected (or re-executes pytest on rewritten ones) fails to write."""
+    that rewrites a test file not yet collected (or re-executes pytest on rewritten ones) fails to write.
+    ``known_files``: files a reported test may also come from (:func:`untouched_python_files`)."""
     grader = spec.grader
     if isinstance(grader, Swepro):
         shutil.copyfile(grader.run_script, eval_dir / "run_script.sh")
@@ -274,7 +292,7 @@ async def run_grader(
     try:
         if isinstance(grader, Swepro):
             return await _run_swepro(spec, grader, sandbox, env, eval_dir, scratch, deadline, canaries)
-        return await _run_command(spec, sandbox, env, deadline, canaries)
+        return await _run_command(spec, sandbox, env, deadline, canaries, known_files)
     finally:
         await sandbox.close()
 
@@ -367,9 +385,11 @@ async def _run_command(
     env: Mapping[str, str],
     deadline: float,
     canaries: canary.Canaries,
+    known_files: set[str] | frozenset[str] = frozenset(),
 ) -> tuple[Outcome, str]:
     """eval_cmd or f2p_script, every pytest run carrying the grader's plugin, ``-m unittest`` run by the
-    grader's runner, and the verdict read from their report."""
+    grader's runner, and the verdict read from their report. A reported test must come from a file the row
+    names or from ``known_files`` (the row names none: no such check)."""
     grader = spec.grader
     assert isinstance(grader, EvalCmd | F2PScript)
     command = (
@@ -383,13 +403,14 @@ async def _run_command(
     if limit := sandbox_failure(ran):
         return Outcome(False, limit, (), f"the tests hit a sandbox limit: {limit}"), log
     evidence = await evidence_of(sandbox, ran, env, canaries)
+    named = spec.test_files()
     watched = verdict.runs_pytest(text) or (command != grader.cmd if isinstance(grader, EvalCmd) else False)
     outcome = verdict.command_outcome(
         evidence,
         log,
         runner_expected=watched,
         unittest_output=verdict.runs_unittest(text),
-        expected_files=sorted(spec.test_files()),
+        expected_files=sorted(named | known_files) if named else [],
     )
     return outcome, log
 
