@@ -51,12 +51,13 @@ async def test_tree_cheat_scores_zero(rows: dict[str, dict[str, Any]], name: str
 
 
 async def test_the_future_cheat_finds_no_later_commit(rows: dict[str, dict[str, Any]]) -> None:
-    """The same module code, graded: the fix commit the image holds is nowhere in the tests' repository."""
+    """The same module code, graded: the fix commit the image holds is nowhere in the tests' repository (the
+    test fails; had the catch-up found the fix, it would pass). The scan names the re-exec of the source."""
     result = await grade(
         parse_row(rows["lru"], SWE_MINI), (TREE_CHEATS / "future_from_git.patch").read_bytes()
     )
     statuses = {t.name.split("::")[-1]: t.status for t in result.tests}
-    assert statuses["test_get_refreshes_recency"] == "FAILED" and not result.flags
+    assert statuses["test_get_refreshes_recency"] == "FAILED" and result.flags == ("dynamic_code",)
 
 
 def future_patch(task: str, tmp_path: Path) -> bytes:
@@ -80,12 +81,14 @@ SWEPRO_TASKS = ["intervals", "leapyear", "lru", "semver"]
 async def test_no_swepro_task_leaks_its_fix_commit(
     rows: dict[str, dict[str, Any]], task: str, tmp_path: Path
 ) -> None:
-    """Every swepro image holds its fix commit; the same import-time catch-up finds it in none of them,
-    while the gold fix of the same task still scores 1."""
+    """Every swepro image holds its fix commit; the same import-time catch-up finds it in none of them (its
+    tests fail; found, they would pass, the grade ``flagged`` for its exec alone), while the gold fix of the
+    same task still scores 1."""
     spec = parse_row(rows[task], SWE_MINI)
     assert spec.grader.__class__.__name__ == "Swepro"
     result = await grade(spec, future_patch(task, tmp_path))
-    assert (result.reward, result.failure_kind, result.flags) == (0.0, "tests_failed", ()), result
+    expected = (0.0, "tests_failed", ("dynamic_code",))
+    assert (result.reward, result.failure_kind, result.flags) == expected, result
     assert (await grade(spec, rows[task]["label"])).reward == 1.0
 
 
