@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from rollbus.grading import flags as fl
 from rollbus.grading.patches import PatchRejected, added_lines, header_paths, sanitize, unquote
 from rollbus.grading.rows import BadRow, EvalCmd, F2PScript, Swepro, absolute_paths, parse_row, string_list
+from rollbus.grading.run import untouched_python_files
+from rollbus.grading.trees import Entry
 from rollbus.grading.verdict import TestResult, final, parse_parser_output, swepro_outcome
 
 TEXT = "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n"
@@ -267,3 +269,15 @@ def test_zeroing_flags_zero_a_solved_grade() -> None:
     assert final(solved, {fl.SITE_HOOKS}, fl.ZEROING, {}).failure_kind == "flagged"
     assert final(solved, {fl.BINARY_STRIPPED}, fl.ZEROING, {}).reward == 1.0
     assert final(solved, {fl.SITE_HOOKS}, (), {}).reward == 1.0
+
+
+def test_only_base_python_files_the_patch_left_alone_may_hold_tests() -> None:
+    """What a row's command over a whole directory may collect besides the files it names: not a file the
+    patch added, edited or deleted, nothing under ``.git``, no directory."""
+    file, folder = Entry("file", 0o644, 1, 0), Entry("dir", 0o755, 0, 0)
+    pristine = {
+        "tests": folder, "tests/test_old.py": file, "tests/test_edited.py": file, "tests/test_gone.py": file,
+        "tests/data.txt": file, ".git/hooks/x.py": file, "pkg.py": folder,
+    }  # fmt: skip
+    changed = {"tests/test_edited.py": "modified", "tests/test_gone.py": "deleted", "tests/new.py": "added"}
+    assert untouched_python_files(pristine, changed) == {"tests/test_old.py"}
