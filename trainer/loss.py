@@ -17,12 +17,16 @@ by the number of rollouts in the step, so each trajectory counts once however ma
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, fields
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
+
+if TYPE_CHECKING:
+    from trainer.routing_replay import RoutingReplay
 
 PolicyLoss = Literal["ppo", "gspo"]
 
@@ -49,6 +53,10 @@ class SegmentInput:
     rollout_logprobs: torch.Tensor  # (M,) float
     advantage: float
     weight: float  # 1 / (mask total of the rollout's segments x rollouts in the step)
+    # the experts the rollout's MoE layers chose, [positions, layers, top_k], positions 0..T-2 (or 0..T-1);
+    # None: a dense model, or a rollout that did not record them (the trainer routes on its own)
+    routed_experts: torch.Tensor | None = None
+    filler: bool = False  # an empty pass keeping a rank in step with the others under FSDP2; trains nothing
 
 
 @dataclass
@@ -60,17 +68,32 @@ class LossStats:
     approx_kl: float = 0.0
     entropy: float = 0.0
     is_weight: float = 0.0
+    # rollout-vs-trainer mismatch: sum of |logprob_trainer - logprob_rollout|, tokens whose importance ratio
+    # pi_trainer / pi_rollout leaves [0.5, 2], tokens trained on the rollout's replayed routing
+    abs_diff: float = 0.0
+    ratio_outside: float = 0.0
+    replayed: float = 0.0
+    abs_diff_max: float = 0.0  # a maximum, not a sum: reduced with max across segments and ranks
 
     def add(self, other: LossStats) -> None:
         for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+            combine = max if f.name in MAX_FIELDS else float.__add__
+            setattr(self, f.name, combine(float(getattr(self, f.name)), float(getattr(other, f.name))))
 
-    def as_list(self) -> list[float]:
-        return [getattr(self, f.name) for f in fields(self)]
+    def sums(self) -> list[float]:
+        return [getattr(self, f.name) for f in fields(self) if f.name not in MAX_FIELDS]
+
+    def maxes(self) -> list[float]:
+        return [getattr(self, name) for name in MAX_FIELDS]
 
     @classmethod
-    def from_list(cls, values: list[float]) -> LossStats:
-        return cls(*values)
+    def from_lists(cls, sums: list[float], maxes: list[float]) -> LossStats:
+        names = [f.name for f in fields(cls) if f.name not in MAX_FIELDS]
+        return cls(**dict(zip(names, sums, strict=True)), **dict(zip(MAX_FIELDS, maxes, strict=True)))
+
+
+MAX_FIELDS = ("abs_diff_max",)
+RATIO_BAND = (0.5, 2.0)  # an importance ratio outside this counts towards ratio_outside
 
 
 def decoder_of(model: PreTrainedModel) -> torch.nn.Module:
@@ -137,30 +160,73 @@ def segment_loss(
     clipped = ratio.clamp(1 - config.eps_clip_low, 1 + config.eps_clip_high) * advantage
     per_token = -torch.minimum(unclipped, clipped) * is_weight
     with torch.no_grad():
-        rollout_ratio = torch.exp(logp.detach() - rollout_logprobs)
+        diff = logp.detach() - rollout_logprobs
+        rollout_ratio = torch.exp(diff)
+        low, high = RATIO_BAND
         stats = LossStats(
             tokens=float(len(logp)),
             clipped=float((clipped < unclipped).sum()),
-            approx_kl=float(((rollout_ratio - 1) - torch.log(rollout_ratio)).sum()),
+            # k3 estimate of KL(rollout || trainer) from the rollout's samples: r - 1 - log r, r = pi_t / pi_r
+            approx_kl=float(((rollout_ratio - 1) - diff).sum()),
             is_weight=float(is_weight.sum()),
+            abs_diff=float(diff.abs().sum()),
+            abs_diff_max=float(diff.abs().max()) if len(diff) else 0.0,
+            ratio_outside=float(((rollout_ratio < low) | (rollout_ratio > high)).sum()),
         )
     return per_token.sum() * weight, stats
 
 
+class PolicyForward(torch.nn.Module):
+    """The policy's trained forward as one module: decoder, then the chunked LM head at the trained positions.
+
+    It is the FSDP2 root (:mod:`trainer.sharding`): the parameters outside the decoder layers (embeddings,
+    final norm, a tied LM head) are gathered by its forward, once per segment, and reduced by its backward;
+    calling the decoder and the head separately would bypass the root's hooks. One process uses it unsharded.
+    ``replay`` (:class:`trainer.routing_replay.RoutingReplay`, MoE only) forces the rollout's experts.
+    """
+
+    def __init__(self, policy: PreTrainedModel, replay: RoutingReplay | None = None) -> None:
+        super().__init__()
+        self.policy = policy
+        self.replay = replay
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, chunk: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return token_logprobs(self.policy, input_ids, positions, chunk)
+
+    def routes(self, segment: SegmentInput) -> contextlib.AbstractContextManager[bool]:
+        """While open (forward *and* backward, which recomputes checkpointed layers), the segment's recorded
+        experts are forced; yields whether they are."""
+        if self.replay is None or segment.routed_experts is None:
+            return contextlib.nullcontext(False)
+        return self.replay.replaying(segment.routed_experts, len(segment.input_ids))
+
+
 def batch_loss(
-    model: PreTrainedModel, segments: list[SegmentInput], config: LossConfig, *, backward: bool = True
+    forward: PolicyForward, segments: list[SegmentInput], config: LossConfig, *, backward: bool = True
 ) -> tuple[float, LossStats]:
     """Loss over ``segments`` (already weighted by the reducer); gradients accumulate segment by segment
-    when ``backward``, so only one segment's activations are alive at a time."""
+    when ``backward``, so only one segment's activations are alive at a time. A ``filler`` segment runs the
+    same forward and backward (every FSDP2 rank must take the same collectives) and counts for nothing."""
     total, stats = 0.0, LossStats()
+    device = next(forward.parameters()).device
     for segment in segments:
-        logp, entropy = token_logprobs(model, segment.input_ids, segment.positions, config.logits_chunk)
-        loss, seg_stats = segment_loss(
-            logp, segment.rollout_logprobs, segment.advantage, segment.weight, config
-        )
+        with forward.routes(segment) as replayed:
+            logp, entropy = forward(
+                segment.input_ids.to(device), segment.positions.to(device), config.logits_chunk
+            )
+            loss, seg_stats = segment_loss(
+                logp, segment.rollout_logprobs.to(device), segment.advantage, segment.weight, config
+            )
+            if segment.filler:
+                loss = loss * 0.0
+            if backward:
+                loss.backward()
+        if segment.filler:
+            continue
         seg_stats.entropy = float(entropy.sum())
-        if backward:
-            loss.backward()
+        seg_stats.replayed = seg_stats.tokens if replayed else 0.0
         total += float(loss.detach())
         stats.add(seg_stats)
     return total, stats
