@@ -84,7 +84,7 @@ def worker(out: Path, kind: str, steps: int) -> None:
         dist.init_process_group("gloo")
     settings = TrainerSettings.load({
         "checkpoint_dir": out, "lr": 1e-2, "logits_chunk": 3, "device": "cpu", "threads": 1,
-        "activation_checkpointing": kind == "moe",
+        "activation_checkpointing": kind == "moe", "mismatch_unreplayed": kind == "moe",
     })  # fmt: skip
     fresh = checkpoint.latest(out) is None
     learner = Learner(settings, build(kind), TrainerState()) if fresh else Learner.resume(settings)
@@ -167,6 +167,9 @@ def test_two_sharded_ranks_take_the_step_of_one_process(kind: str, tmp_path: Pat
         assert sharded[0][key] == pytest.approx(single[0][key], rel=1e-5), key
     if kind == "moe":
         assert sharded[0]["replayed"] == single[0]["replayed"] == single[0]["tokens"]
+        assert sharded[0]["unreplayed_tokens"] == single[0]["tokens"]
+        for key in ("unreplayed_abs_diff", "unreplayed_abs_diff_max", "unreplayed_approx_kl"):
+            assert sharded[0][key] == pytest.approx(single[0][key], rel=1e-5), key
     before, after, got = weights(one / "v00000000"), weights(one / "v00000001"), weights(two / "v00000001")
     assert got.keys() == after.keys()
     assert all(not torch.equal(after[k], before[k]) for k in after if "norm" not in k), "every weight trained"

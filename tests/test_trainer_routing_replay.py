@@ -16,6 +16,7 @@ import torch
 from rollbus.policy_model import ModelSpec
 from trainer.batch import Group, InvalidSegment, segment_inputs, validate
 from trainer.loss import LossConfig, PolicyForward, SegmentInput, batch_loss
+from trainer.metrics import mismatch
 from trainer.moe import MoeSpec, random_qwen3_moe
 from trainer.routing_replay import MoeShape, RoutingReplay
 
@@ -132,6 +133,23 @@ def test_replay_keeps_router_gradients_and_measures_the_mismatch() -> None:
     assert stats[True].replayed == stats[True].tokens == len(positions) and stats[False].replayed == 0
     assert stats[True].abs_diff_max < 1e-4 < stats[False].abs_diff / stats[False].tokens
     assert stats[True].approx_kl < stats[False].approx_kl
+
+
+def test_the_mismatch_without_replay_is_measured_beside_the_replayed_one() -> None:
+    trainer_model, engine = near_tied()
+    prompt = [7, 2, 33, 80, 14]
+    ids, sampled, routes = rollout(engine, prompt, 20, seed=4)
+    forward = PolicyForward(trainer_model, RoutingReplay(trainer_model))
+    segment = SegmentInput(torch.tensor(ids), torch.arange(len(prompt), len(ids)), sampled, 1.0, 0.05,
+                           routed_experts=routes)  # fmt: skip
+    config = LossConfig(logits_chunk=3, mismatch_unreplayed=True)
+    _, stats = batch_loss(forward, [segment], config, backward=False)
+    row = mismatch(stats)
+    assert stats.unreplayed_tokens == stats.tokens == len(ids) - len(prompt)
+    assert row["logprob_diff_max"] < 1e-4 and row["unreplayed_logprob_diff_mean"] > 1e-2, row
+    assert row["unreplayed_approx_kl"] > stats.approx_kl / stats.tokens
+    _, plain = batch_loss(forward, [segment], LossConfig(logits_chunk=3), backward=False)
+    assert plain.unreplayed_tokens == 0 and "unreplayed_approx_kl" not in mismatch(plain)
 
 
 # --------------------------------------------------------------------------- recorded experts as input

@@ -38,6 +38,7 @@ class LossConfig:
     eps_clip_high: float = 0.28
     tis_clip: float | None = None  # None: ratios against the rollout policy, no TIS
     logits_chunk: int = 512  # masked positions per LM-head chunk (~2 x 512 x vocab floats); 0: full logits
+    mismatch_unreplayed: bool = False  # MoE with replay: one more forward per segment, on its own routing
 
 
 @dataclass
@@ -73,7 +74,13 @@ class LossStats:
     abs_diff: float = 0.0
     ratio_outside: float = 0.0
     replayed: float = 0.0
-    abs_diff_max: float = 0.0  # a maximum, not a sum: reduced with max across segments and ranks
+    # the same over the replayed tokens, had the trainer routed on its own (LossConfig.mismatch_unreplayed)
+    unreplayed_tokens: float = 0.0
+    unreplayed_abs_diff: float = 0.0
+    unreplayed_approx_kl: float = 0.0
+    unreplayed_ratio_outside: float = 0.0
+    abs_diff_max: float = 0.0  # maxima, not sums: reduced with max across segments and ranks
+    unreplayed_abs_diff_max: float = 0.0
 
     def add(self, other: LossStats) -> None:
         for f in fields(self):
@@ -92,7 +99,7 @@ class LossStats:
         return cls(**dict(zip(names, sums, strict=True)), **dict(zip(MAX_FIELDS, maxes, strict=True)))
 
 
-MAX_FIELDS = ("abs_diff_max",)
+MAX_FIELDS = ("abs_diff_max", "unreplayed_abs_diff_max")
 RATIO_BAND = (0.5, 2.0)  # an importance ratio outside this counts towards ratio_outside
 
 
@@ -142,6 +149,21 @@ def token_logprobs(
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
+@torch.no_grad()
+def mismatch_sums(logp: torch.Tensor, rollout_logprobs: torch.Tensor) -> tuple[float, float, float, float]:
+    """Sum and max of |logp - rollout|, the summed k3 estimate of KL(rollout || trainer) from the rollout's
+    samples (r - 1 - log r, r = pi_trainer / pi_rollout), and how many ratios r leave ``RATIO_BAND``."""
+    diff = logp.detach() - rollout_logprobs.to(logp.dtype)
+    ratio = torch.exp(diff)
+    low, high = RATIO_BAND
+    return (
+        float(diff.abs().sum()),
+        float(diff.abs().max()) if len(diff) else 0.0,
+        float(((ratio - 1) - diff).sum()),
+        float(((ratio < low) | (ratio > high)).sum()),
+    )
+
+
 def segment_loss(
     logp: torch.Tensor, rollout_logprobs: torch.Tensor, advantage: float, weight: float, config: LossConfig
 ) -> tuple[torch.Tensor, LossStats]:
@@ -159,20 +181,11 @@ def segment_loss(
     unclipped = ratio * advantage
     clipped = ratio.clamp(1 - config.eps_clip_low, 1 + config.eps_clip_high) * advantage
     per_token = -torch.minimum(unclipped, clipped) * is_weight
-    with torch.no_grad():
-        diff = logp.detach() - rollout_logprobs
-        rollout_ratio = torch.exp(diff)
-        low, high = RATIO_BAND
-        stats = LossStats(
-            tokens=float(len(logp)),
-            clipped=float((clipped < unclipped).sum()),
-            # k3 estimate of KL(rollout || trainer) from the rollout's samples: r - 1 - log r, r = pi_t / pi_r
-            approx_kl=float(((rollout_ratio - 1) - diff).sum()),
-            is_weight=float(is_weight.sum()),
-            abs_diff=float(diff.abs().sum()),
-            abs_diff_max=float(diff.abs().max()) if len(diff) else 0.0,
-            ratio_outside=float(((rollout_ratio < low) | (rollout_ratio > high)).sum()),
-        )
+    abs_diff, abs_diff_max, approx_kl, ratio_outside = mismatch_sums(logp, rollout_logprobs)
+    stats = LossStats(
+        tokens=float(len(logp)), clipped=float((clipped < unclipped).sum()), is_weight=float(is_weight.sum()),
+        approx_kl=approx_kl, abs_diff=abs_diff, abs_diff_max=abs_diff_max, ratio_outside=ratio_outside,
+    )  # fmt: skip
     return per_token.sum() * weight, stats
 
 
@@ -212,10 +225,15 @@ def batch_loss(
     total, stats = 0.0, LossStats()
     device = next(forward.parameters()).device
     for segment in segments:
+        ids, positions = segment.input_ids.to(device), segment.positions.to(device)
+        own = None
+        if config.mismatch_unreplayed and forward.replay is not None:
+            # before the trained forward, whose backward reshards what this one gathered (FSDP2's root stays
+            # unsharded after a forward); every rank, fillers too, so all take the same collectives
+            with torch.no_grad():
+                own, _ = forward(ids, positions, config.logits_chunk)
         with forward.routes(segment) as replayed:
-            logp, entropy = forward(
-                segment.input_ids.to(device), segment.positions.to(device), config.logits_chunk
-            )
+            logp, entropy = forward(ids, positions, config.logits_chunk)
             loss, seg_stats = segment_loss(
                 logp, segment.rollout_logprobs.to(device), segment.advantage, segment.weight, config
             )
@@ -225,6 +243,11 @@ def batch_loss(
                 loss.backward()
         if segment.filler:
             continue
+        if own is not None and replayed:
+            sums = mismatch_sums(own, segment.rollout_logprobs.to(device))
+            seg_stats.unreplayed_tokens = seg_stats.tokens
+            seg_stats.unreplayed_abs_diff, seg_stats.unreplayed_abs_diff_max = sums[0], sums[1]
+            seg_stats.unreplayed_approx_kl, seg_stats.unreplayed_ratio_outside = sums[2], sums[3]
         seg_stats.entropy = float(entropy.sum())
         seg_stats.replayed = seg_stats.tokens if replayed else 0.0
         total += float(loss.detach())

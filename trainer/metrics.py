@@ -21,14 +21,24 @@ CONSOLE_KEYS = (
 def mismatch(stats: LossStats) -> dict[str, float]:
     """How far the trainer's log-probabilities are from the rollout's on the trained tokens: the first numbers
     to read when a run diverges. (``approx_kl``, the k3 estimate of KL(rollout || trainer), is the fourth.)
-    ``replayed_fraction``: tokens trained on the rollout's MoE routing (0 for a dense model or replay off)."""
+    ``replayed_fraction``: tokens trained on the rollout's MoE routing (0 for a dense model or replay off);
+    ``unreplayed_*``: the replayed tokens' figures had the trainer routed on its own (what replay saves)."""
     tokens = max(stats.tokens, 1.0)
-    return {
+    row = {
         "logprob_diff_mean": stats.abs_diff / tokens,
         "logprob_diff_max": stats.abs_diff_max,
         "ratio_outside_fraction": stats.ratio_outside / tokens,
         "replayed_fraction": stats.replayed / tokens,
     }
+    if stats.unreplayed_tokens:  # --mismatch-unreplayed: the same tokens on the trainer's own routing
+        own = stats.unreplayed_tokens
+        row.update(
+            unreplayed_logprob_diff_mean=stats.unreplayed_abs_diff / own,
+            unreplayed_logprob_diff_max=stats.unreplayed_abs_diff_max,
+            unreplayed_approx_kl=stats.unreplayed_approx_kl / own,
+            unreplayed_ratio_outside_fraction=stats.unreplayed_ratio_outside / own,
+        )
+    return row
 
 
 class MetricsLog:

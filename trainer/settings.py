@@ -70,6 +70,10 @@ class TrainerSettings(ModelSettings, BusSettings):
         True, description="MoE: force each layer's top-k to the experts the rollout recorded (R3); off: "
         "the trainer routes on its own"
     )
+    mismatch_unreplayed: bool = Field(
+        False, description="MoE with replay: also measure the mismatch on the trainer's own routing (one "
+        "more forward per segment; the unreplayed_* metrics)"
+    )
     device: DeviceChoice = Field("auto", description="cpu or cuda (auto: cuda when present)")
     precision: PrecisionChoice = Field(
         "auto", description="compute dtype, parameters and AdamW state stay fp32 (auto: bf16 on a GPU with "
@@ -103,6 +107,7 @@ class TrainerSettings(ModelSettings, BusSettings):
         return LossConfig(
             policy_loss=self.policy_loss, eps_clip_low=self.eps_clip_low, eps_clip_high=self.eps_clip_high,
             tis_clip=self.tis_clip, logits_chunk=self.logits_chunk,
+            mismatch_unreplayed=self.mismatch_unreplayed,
         )  # fmt: skip
 
     def optim(self) -> OptimConfig:
