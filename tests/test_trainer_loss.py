@@ -18,7 +18,7 @@ import torch
 
 from rollbus.policy_model import ModelSpec, random_qwen3
 from trainer.batch import Group, segment_inputs
-from trainer.loss import LossConfig, batch_loss
+from trainer.loss import LossConfig, PolicyForward, batch_loss
 
 VOCAB = 61
 SPEC = ModelSpec(hidden_size=16, layers=2, heads=2, kv_heads=1, head_dim=8, intermediate_size=32,
@@ -159,7 +159,7 @@ def test_loss_and_gradient_match_the_naive_computation(name: str, normalize_std:
     inputs = segment_inputs(groups, normalize_std=normalize_std)
     for s in inputs:
         s.rollout_logprobs = s.rollout_logprobs.double()
-    loss, stats = batch_loss(model, inputs, config)
+    loss, stats = batch_loss(PolicyForward(model), inputs, config)
     ours = grads(model)
 
     model.zero_grad()
@@ -177,3 +177,10 @@ def test_loss_and_gradient_match_the_naive_computation(name: str, normalize_std:
     else:
         assert stats.is_weight != stats.tokens, "importance weights must differ from 1 somewhere"
     assert any(float(t.abs().max()) > 0 for t in ours.values())
+    segments = [s for g in groups for s in g.segments()]
+    diffs = [lp.item() - rl for s in segments for lp, rl in naive_token_logprobs(model, s)]
+    assert stats.abs_diff == pytest.approx(sum(abs(d) for d in diffs), rel=1e-9)
+    assert stats.abs_diff_max == pytest.approx(max(abs(d) for d in diffs), rel=1e-9)
+    assert stats.approx_kl == pytest.approx(sum(math.exp(d) - 1 - d for d in diffs), rel=1e-9)
+    outside = sum(not 0.5 <= math.exp(d) <= 2.0 for d in diffs)
+    assert stats.ratio_outside == outside and 0 < outside < len(diffs), "the noise must put some outside"

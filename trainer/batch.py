@@ -18,6 +18,7 @@ import torch
 
 from trainer.advantages import group_advantages
 from trainer.loss import SegmentInput
+from trainer.routing_replay import InvalidRoutes, MoeShape, check_routes
 
 Segment = Mapping[str, Any]
 LOGPROB_SLACK = 1e-3  # a log-probability is never positive; this only forgives float rounding
@@ -38,8 +39,15 @@ def mask_of(segment: Segment) -> bytes:
     return bytes(segment["loss_mask"])
 
 
-def validate(segment: Segment, vocab_size: int) -> None:
-    """Raise :class:`InvalidSegment` unless ``segment`` is internally consistent and fits the model."""
+def routed_experts_of(segment: Segment) -> torch.Tensor | None:
+    """The segment's recorded MoE routing, ``[positions, layers, top_k]`` integers, if it carries any."""
+    routes = segment.get("routed_experts")
+    return None if routes is None else torch.as_tensor(routes)
+
+
+def validate(segment: Segment, vocab_size: int, moe: MoeShape | None = None) -> None:
+    """Raise :class:`InvalidSegment` unless ``segment`` is internally consistent and fits the model (``moe``:
+    the model's routing shape, against which recorded experts are checked; None for a dense model)."""
     n = len(segment["response_ids"])
     mask = mask_of(segment)
     if len(mask) != n or len(segment["rollout_logprobs"]) != n or len(segment["policy_versions"]) != n:
@@ -58,6 +66,13 @@ def validate(segment: Segment, vocab_size: int) -> None:
         raise InvalidSegment(f"segment {segment['segment_id']!r}: rollout logprob not finite or above 0")
     if not math.isfinite(segment["trajectory_reward"]):
         raise InvalidSegment(f"segment {segment['segment_id']!r}: trajectory_reward is not finite")
+    if moe is not None:
+        try:
+            routes = routed_experts_of(segment)
+            if routes is not None:
+                check_routes(routes, len(ids), moe)
+        except (InvalidRoutes, TypeError, ValueError, RuntimeError) as bad:
+            raise InvalidSegment(f"segment {segment['segment_id']!r}: {bad}") from None
 
 
 def staleness(segment: Segment, current_version: int) -> int:
@@ -205,6 +220,7 @@ def _input(segment: Segment, advantage: float, weight: float) -> SegmentInput:
         rollout_logprobs=torch.tensor(segment["rollout_logprobs"], dtype=torch.float32)[masked],
         advantage=advantage,
         weight=weight,
+        routed_experts=routed_experts_of(segment),
     )
 
 

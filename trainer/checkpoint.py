@@ -1,10 +1,13 @@
 """Versioned checkpoints on disk: the weights the engine loads, plus everything a resumed trainer needs.
 
 Each policy version is one directory ``v00000007/`` in the Hugging Face layout (``config.json``,
-``model.safetensors``: what ``from_pretrained`` and ``/update_weights_from_disk`` read) plus
-``optimizer.pt`` and ``trainer_state.json``. It is written under a temporary name, every file and the
-directory fsynced, then renamed into place: a directory with a final name is complete, whatever instant the
-trainer died at. Only after that rename may the step's offsets be committed.
+``model.safetensors``, or shards with their ``model.safetensors.index.json`` past ``MAX_SHARD``: what
+``from_pretrained`` and ``/update_weights_from_disk`` read) plus ``optimizer.pt`` (AdamW's state keyed by
+parameter name) and ``trainer_state.json``. The weights arrive already gathered from the ranks' shards
+(:mod:`trainer.sharding`), so one consolidated checkpoint is written however many ranks trained it.
+It is written under a temporary name, every file and the directory fsynced, then renamed into place: a
+directory with a final name is complete, whatever instant the trainer died at. Only after that rename may the
+step's offsets be committed.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
 _NAME = re.compile(r"^v(\d{8})$")
+MAX_SHARD = "5GB"  # safetensors file size before the weights are split into shards with an index
 
 
 @dataclass
@@ -59,15 +63,21 @@ def _fsync(path: Path) -> None:
 
 
 def save(
-    root: Path, model: PreTrainedModel, optimizer: torch.optim.Optimizer, state: TrainerState, keep: int
+    root: Path,
+    model: PreTrainedModel,
+    weights: dict[str, torch.Tensor],
+    optimizer_state: dict[str, Any],
+    state: TrainerState,
+    keep: int,
 ) -> Path:
-    """Write version ``state.version`` durably and atomically; prune all but the newest ``keep``."""
+    """Write version ``state.version`` durably and atomically (``weights``: the full state dict of ``model``,
+    whose config and tied-weight layout ``save_pretrained`` uses); prune all but the newest ``keep``."""
     root.mkdir(parents=True, exist_ok=True)
     final = version_dir(root, state.version)
     tmp = root / f".{final.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+    model.save_pretrained(tmp, state_dict=weights, safe_serialization=True, max_shard_size=MAX_SHARD)
+    torch.save(optimizer_state, tmp / OPTIMIZER_FILE)
     (tmp / STATE_FILE).write_text(json.dumps(asdict(state)))
     for path in tmp.iterdir():
         _fsync(path)

@@ -17,12 +17,16 @@ by the number of rollouts in the step, so each trajectory counts once however ma
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, fields
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
+
+if TYPE_CHECKING:
+    from trainer.routing_replay import RoutingReplay
 
 PolicyLoss = Literal["ppo", "gspo"]
 
@@ -34,6 +38,7 @@ class LossConfig:
     eps_clip_high: float = 0.28
     tis_clip: float | None = None  # None: ratios against the rollout policy, no TIS
     logits_chunk: int = 512  # masked positions per LM-head chunk (~2 x 512 x vocab floats); 0: full logits
+    mismatch_unreplayed: bool = False  # MoE with replay: one more forward per segment, on its own routing
 
 
 @dataclass
@@ -49,6 +54,10 @@ class SegmentInput:
     rollout_logprobs: torch.Tensor  # (M,) float
     advantage: float
     weight: float  # 1 / (mask total of the rollout's segments x rollouts in the step)
+    # the experts the rollout's MoE layers chose, [positions, layers, top_k], positions 0..T-2 (or 0..T-1);
+    # None: a dense model, or a rollout that did not record them (the trainer routes on its own)
+    routed_experts: torch.Tensor | None = None
+    filler: bool = False  # an empty pass keeping a rank in step with the others under FSDP2; trains nothing
 
 
 @dataclass
@@ -60,17 +69,38 @@ class LossStats:
     approx_kl: float = 0.0
     entropy: float = 0.0
     is_weight: float = 0.0
+    # rollout-vs-trainer mismatch: sum of |logprob_trainer - logprob_rollout|, tokens whose importance ratio
+    # pi_trainer / pi_rollout leaves [0.5, 2], tokens trained on the rollout's replayed routing
+    abs_diff: float = 0.0
+    ratio_outside: float = 0.0
+    replayed: float = 0.0
+    # the same over the replayed tokens, had the trainer routed on its own (LossConfig.mismatch_unreplayed)
+    unreplayed_tokens: float = 0.0
+    unreplayed_abs_diff: float = 0.0
+    unreplayed_approx_kl: float = 0.0
+    unreplayed_ratio_outside: float = 0.0
+    abs_diff_max: float = 0.0  # maxima, not sums: reduced with max across segments and ranks
+    unreplayed_abs_diff_max: float = 0.0
 
     def add(self, other: LossStats) -> None:
         for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+            combine = max if f.name in MAX_FIELDS else float.__add__
+            setattr(self, f.name, combine(float(getattr(self, f.name)), float(getattr(other, f.name))))
 
-    def as_list(self) -> list[float]:
-        return [getattr(self, f.name) for f in fields(self)]
+    def sums(self) -> list[float]:
+        return [getattr(self, f.name) for f in fields(self) if f.name not in MAX_FIELDS]
+
+    def maxes(self) -> list[float]:
+        return [getattr(self, name) for name in MAX_FIELDS]
 
     @classmethod
-    def from_list(cls, values: list[float]) -> LossStats:
-        return cls(*values)
+    def from_lists(cls, sums: list[float], maxes: list[float]) -> LossStats:
+        names = [f.name for f in fields(cls) if f.name not in MAX_FIELDS]
+        return cls(**dict(zip(names, sums, strict=True)), **dict(zip(MAX_FIELDS, maxes, strict=True)))
+
+
+MAX_FIELDS = ("abs_diff_max", "unreplayed_abs_diff_max")
+RATIO_BAND = (0.5, 2.0)  # an importance ratio outside this counts towards ratio_outside
 
 
 def decoder_of(model: PreTrainedModel) -> torch.nn.Module:
@@ -119,6 +149,21 @@ def token_logprobs(
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
+@torch.no_grad()
+def mismatch_sums(logp: torch.Tensor, rollout_logprobs: torch.Tensor) -> tuple[float, float, float, float]:
+    """Sum and max of |logp - rollout|, the summed k3 estimate of KL(rollout || trainer) from the rollout's
+    samples (r - 1 - log r, r = pi_trainer / pi_rollout), and how many ratios r leave ``RATIO_BAND``."""
+    diff = logp.detach() - rollout_logprobs.to(logp.dtype)
+    ratio = torch.exp(diff)
+    low, high = RATIO_BAND
+    return (
+        float(diff.abs().sum()),
+        float(diff.abs().max()) if len(diff) else 0.0,
+        float(((ratio - 1) - diff).sum()),
+        float(((ratio < low) | (ratio > high)).sum()),
+    )
+
+
 def segment_loss(
     logp: torch.Tensor, rollout_logprobs: torch.Tensor, advantage: float, weight: float, config: LossConfig
 ) -> tuple[torch.Tensor, LossStats]:
@@ -136,31 +181,75 @@ def segment_loss(
     unclipped = ratio * advantage
     clipped = ratio.clamp(1 - config.eps_clip_low, 1 + config.eps_clip_high) * advantage
     per_token = -torch.minimum(unclipped, clipped) * is_weight
-    with torch.no_grad():
-        rollout_ratio = torch.exp(logp.detach() - rollout_logprobs)
-        stats = LossStats(
-            tokens=float(len(logp)),
-            clipped=float((clipped < unclipped).sum()),
-            approx_kl=float(((rollout_ratio - 1) - torch.log(rollout_ratio)).sum()),
-            is_weight=float(is_weight.sum()),
-        )
+    abs_diff, abs_diff_max, approx_kl, ratio_outside = mismatch_sums(logp, rollout_logprobs)
+    stats = LossStats(
+        tokens=float(len(logp)), clipped=float((clipped < unclipped).sum()), is_weight=float(is_weight.sum()),
+        approx_kl=approx_kl, abs_diff=abs_diff, abs_diff_max=abs_diff_max, ratio_outside=ratio_outside,
+    )  # fmt: skip
     return per_token.sum() * weight, stats
 
 
+class PolicyForward(torch.nn.Module):
+    """The policy's trained forward as one module: decoder, then the chunked LM head at the trained positions.
+
+    It is the FSDP2 root (:mod:`trainer.sharding`): the parameters outside the decoder layers (embeddings,
+    final norm, a tied LM head) are gathered by its forward, once per segment, and reduced by its backward;
+    calling the decoder and the head separately would bypass the root's hooks. One process uses it unsharded.
+    ``replay`` (:class:`trainer.routing_replay.RoutingReplay`, MoE only) forces the rollout's experts.
+    """
+
+    def __init__(self, policy: PreTrainedModel, replay: RoutingReplay | None = None) -> None:
+        super().__init__()
+        self.policy = policy
+        self.replay = replay
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, chunk: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return token_logprobs(self.policy, input_ids, positions, chunk)
+
+    def routes(self, segment: SegmentInput) -> contextlib.AbstractContextManager[bool]:
+        """While open (forward *and* backward, which recomputes checkpointed layers), the segment's recorded
+        experts are forced; yields whether they are."""
+        if self.replay is None or segment.routed_experts is None:
+            return contextlib.nullcontext(False)
+        return self.replay.replaying(segment.routed_experts, len(segment.input_ids))
+
+
 def batch_loss(
-    model: PreTrainedModel, segments: list[SegmentInput], config: LossConfig, *, backward: bool = True
+    forward: PolicyForward, segments: list[SegmentInput], config: LossConfig, *, backward: bool = True
 ) -> tuple[float, LossStats]:
     """Loss over ``segments`` (already weighted by the reducer); gradients accumulate segment by segment
-    when ``backward``, so only one segment's activations are alive at a time."""
+    when ``backward``, so only one segment's activations are alive at a time. A ``filler`` segment runs the
+    same forward and backward (every FSDP2 rank must take the same collectives) and counts for nothing."""
     total, stats = 0.0, LossStats()
+    device = next(forward.parameters()).device
     for segment in segments:
-        logp, entropy = token_logprobs(model, segment.input_ids, segment.positions, config.logits_chunk)
-        loss, seg_stats = segment_loss(
-            logp, segment.rollout_logprobs, segment.advantage, segment.weight, config
-        )
+        ids, positions = segment.input_ids.to(device), segment.positions.to(device)
+        own = None
+        if config.mismatch_unreplayed and forward.replay is not None:
+            # before the trained forward, whose backward reshards what this one gathered (FSDP2's root stays
+            # unsharded after a forward); every rank, fillers too, so all take the same collectives
+            with torch.no_grad():
+                own, _ = forward(ids, positions, config.logits_chunk)
+        with forward.routes(segment) as replayed:
+            logp, entropy = forward(ids, positions, config.logits_chunk)
+            loss, seg_stats = segment_loss(
+                logp, segment.rollout_logprobs.to(device), segment.advantage, segment.weight, config
+            )
+            if segment.filler:
+                loss = loss * 0.0
+            if backward:
+                loss.backward()
+        if segment.filler:
+            continue
+        if own is not None and replayed:
+            sums = mismatch_sums(own, segment.rollout_logprobs.to(device))
+            seg_stats.unreplayed_tokens = seg_stats.tokens
+            seg_stats.unreplayed_abs_diff, seg_stats.unreplayed_abs_diff_max = sums[0], sums[1]
+            seg_stats.unreplayed_approx_kl, seg_stats.unreplayed_ratio_outside = sums[2], sums[3]
         seg_stats.entropy = float(entropy.sum())
-        if backward:
-            loss.backward()
+        seg_stats.replayed = seg_stats.tokens if replayed else 0.0
         total += float(loss.detach())
         stats.add(seg_stats)
     return total, stats

@@ -1,8 +1,8 @@
 """``rollbus trainer``: consume ``segments``, train the policy, publish each new version to ``policy``.
 
-Single process: ``rollbus trainer --group-size 4 --rollout-batch-size 2``. Data-parallel on one or more
-machines: ``torchrun --nproc-per-node 2 -m trainer ...`` (gloo; the model is on the CPU, GPU placement is not
-built): rank 0 consumes and commits, every rank trains a share of each batch.
+Single process: ``rollbus trainer --group-size 4 --rollout-batch-size 2``. Sharded on one or more machines:
+``torchrun --nproc-per-node 2 -m trainer ...`` (FSDP2; NCCL between GPUs, gloo between CPU processes): rank 0
+consumes and commits, every rank trains a share of each batch on its shard of the model.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import transformers
 
+from trainer.device import placement
 from trainer.learner import Learner, follow
 from trainer.service import Trainer
 from trainer.settings import TrainerSettings
@@ -30,9 +31,11 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(settings.threads or os.cpu_count() or 1)
+    where = placement(settings.device, settings.precision)
+    if where.device.type == "cuda":
+        torch.cuda.set_device(where.device)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        # the model stays on the CPU here (device placement and NCCL are not built), so gloo
-        dist.init_process_group("gloo", timeout=timedelta(seconds=settings.dist_timeout))
+        dist.init_process_group(where.backend, timeout=timedelta(seconds=settings.dist_timeout))
     try:
         learner = Learner.resume(settings)
         if dist.is_initialized() and dist.get_rank() != 0:

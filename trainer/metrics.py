@@ -9,10 +9,36 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from trainer.loss import LossStats
+
 CONSOLE_KEYS = (
     "step", "version", "reward_mean", "solve_rate", "loss", "tokens_trained", "masked_fraction",
-    "clip_fraction", "approx_kl", "entropy", "grad_norm", "staleness_mean", "wait_s", "step_s",
+    "clip_fraction", "approx_kl", "logprob_diff_max", "ratio_outside_fraction", "entropy", "grad_norm",
+    "staleness_mean", "wait_s", "step_s",
 )  # fmt: skip
+
+
+def mismatch(stats: LossStats) -> dict[str, float]:
+    """How far the trainer's log-probabilities are from the rollout's on the trained tokens: the first numbers
+    to read when a run diverges. (``approx_kl``, the k3 estimate of KL(rollout || trainer), is the fourth.)
+    ``replayed_fraction``: tokens trained on the rollout's MoE routing (0 for a dense model or replay off);
+    ``unreplayed_*``: the replayed tokens' figures had the trainer routed on its own (what replay saves)."""
+    tokens = max(stats.tokens, 1.0)
+    row = {
+        "logprob_diff_mean": stats.abs_diff / tokens,
+        "logprob_diff_max": stats.abs_diff_max,
+        "ratio_outside_fraction": stats.ratio_outside / tokens,
+        "replayed_fraction": stats.replayed / tokens,
+    }
+    if stats.unreplayed_tokens:  # --mismatch-unreplayed: the same tokens on the trainer's own routing
+        own = stats.unreplayed_tokens
+        row.update(
+            unreplayed_logprob_diff_mean=stats.unreplayed_abs_diff / own,
+            unreplayed_logprob_diff_max=stats.unreplayed_abs_diff_max,
+            unreplayed_approx_kl=stats.unreplayed_approx_kl / own,
+            unreplayed_ratio_outside_fraction=stats.unreplayed_ratio_outside / own,
+        )
+    return row
 
 
 class MetricsLog:

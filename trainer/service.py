@@ -44,7 +44,7 @@ from trainer.batch import (
 )
 from trainer.feed import SegmentFeed, latest_policy_version, push_weights
 from trainer.learner import Learner, stop_followers
-from trainer.metrics import MetricsLog, info_count, info_rows
+from trainer.metrics import MetricsLog, info_count, info_rows, mismatch
 from trainer.step import StepResult
 
 log = logging.getLogger("rollbus.trainer")
@@ -110,7 +110,7 @@ class Trainer:
         segment: dict[str, Any] | None = None
         try:
             segment = decode_message(message, MAX_EVENT_BYTES).record
-            validate(segment, self.learner.vocab_size)
+            validate(segment, self.learner.vocab_size, self.learner.moe_shape)
             self._abandon_incomplete(int(segment["created_at"]))
             admission = self.buffer.add(segment)
         except (CodecError, InvalidSegment) as poison:
@@ -237,6 +237,7 @@ class Trainer:
             "loss": result.loss, "grad_norm": result.grad_norm,
             "clip_fraction": result.stats.clipped / tokens, "approx_kl": result.stats.approx_kl / tokens,
             "entropy": result.stats.entropy / tokens, "is_weight_mean": result.stats.is_weight / tokens,
+            **mismatch(result.stats),
         }  # fmt: skip
 
     # ---------------------------------------------------------------- versions

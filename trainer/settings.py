@@ -9,7 +9,9 @@ from pydantic import Field, SecretStr
 
 from rollbus.policy_model import ModelSettings
 from rollbus.settings import BusSettings
+from trainer.device import DeviceChoice, PrecisionChoice
 from trainer.loss import LossConfig
+from trainer.moe import MoeSpec
 from trainer.step import OptimConfig
 
 
@@ -58,7 +60,28 @@ class TrainerSettings(ModelSettings, BusSettings):
     lr: float = Field(1e-5, gt=0, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient norm clip")
-    # -- the model (random Qwen3 like the engine's, unless --model-path)
+    # -- the model (random Qwen3 like the engine's, unless --model-path) and where it runs
+    moe_experts: int = Field(
+        0, ge=0, description="random model: a Qwen3-MoE with this many experts per layer; 0: dense Qwen3"
+    )
+    moe_top_k: int = Field(MoeSpec.top_k, ge=1, description="random MoE: experts chosen per token")
+    moe_expert_size: int = Field(MoeSpec.expert_size, ge=1, description="random MoE: each expert's width")
+    routing_replay: bool = Field(
+        True, description="MoE: force each layer's top-k to the experts the rollout recorded (R3); off: "
+        "the trainer routes on its own"
+    )
+    mismatch_unreplayed: bool = Field(
+        False, description="MoE with replay: also measure the mismatch on the trainer's own routing (one "
+        "more forward per segment; the unreplayed_* metrics)"
+    )
+    device: DeviceChoice = Field("auto", description="cpu or cuda (auto: cuda when present)")
+    precision: PrecisionChoice = Field(
+        "auto", description="compute dtype, parameters and AdamW state stay fp32 (auto: bf16 on a GPU with "
+        "bf16, fp32 on the CPU)"
+    )
+    activation_checkpointing: bool = Field(
+        False, description="recompute each decoder layer in backward instead of keeping its activations"
+    )
     dist_timeout: float = Field(
         86400.0, gt=0, description="seconds ranks wait for rank 0's next batch (torchrun) before giving up"
     )
@@ -84,10 +107,14 @@ class TrainerSettings(ModelSettings, BusSettings):
         return LossConfig(
             policy_loss=self.policy_loss, eps_clip_low=self.eps_clip_low, eps_clip_high=self.eps_clip_high,
             tis_clip=self.tis_clip, logits_chunk=self.logits_chunk,
+            mismatch_unreplayed=self.mismatch_unreplayed,
         )  # fmt: skip
 
     def optim(self) -> OptimConfig:
         return OptimConfig(lr=self.lr, weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm)
+
+    def moe_spec(self) -> MoeSpec:
+        return MoeSpec(experts=self.moe_experts, top_k=self.moe_top_k, expert_size=self.moe_expert_size)
 
     def checkpoints(self) -> Path:
         return self.checkpoint_dir or self.state_dir / "trainer" / (self.namespace or "default")

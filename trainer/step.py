@@ -1,9 +1,9 @@
-"""One optimiser step over a batch of segments, on one process or data-parallel across ``torchrun`` ranks.
+"""One optimiser step over a batch of segments, in one process or sharded across ``torchrun`` ranks.
 
-Each rank computes the loss of its share of the batch (the reducer weights are global, so shares simply add),
-then the gradients are summed across ranks with one all-reduce of a flat buffer, clipped, and every rank takes
-the same AdamW step. The explicit all-reduce (rather than wrapping the model in ``DistributedDataParallel``)
-lets ranks hold different numbers of segments: DDP needs the same number of backward passes on every rank.
+Each rank computes the loss of its share of the batch (the reducer weights are global, so shares simply add).
+Under FSDP2 (:mod:`trainer.sharding`) every layer's backward reduce-scatters its gradient, so each rank ends
+with the summed gradient of its parameter shard; the norm is clipped over all shards and every rank takes the
+AdamW step of its shard. Ranks holding fewer segments run fillers, so all take the same collectives.
 """
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from transformers import PreTrainedModel
+from torch.distributed.tensor import DTensor
 
-from trainer.loss import LossConfig, LossStats, SegmentInput, batch_loss
+from trainer.device import Placement, autocast
+from trainer.loss import LossConfig, LossStats, PolicyForward, SegmentInput, batch_loss
+from trainer.sharding import distributed
 
 
 @dataclass(frozen=True)
@@ -32,47 +34,37 @@ class StepResult:
     stats: LossStats
 
 
-def distributed() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def make_optimizer(model: PreTrainedModel, config: OptimConfig) -> torch.optim.AdamW:
+def make_optimizer(model: torch.nn.Module, config: OptimConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(
         model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=config.betas, foreach=False
     )
 
 
-def all_reduce_grads(model: PreTrainedModel) -> None:
-    """Sum every parameter's gradient across ranks, in one flat buffer."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    offset = 0
-    for p in params:
-        p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
-        offset += p.numel()
-
-
 def train_step(
-    model: PreTrainedModel,
+    forward: PolicyForward,
     optimizer: torch.optim.Optimizer,
     share: list[SegmentInput],
     loss_config: LossConfig,
     optim_config: OptimConfig,
+    where: Placement,
 ) -> StepResult:
-    """Accumulate this rank's share, reduce across ranks, clip, step; the result is the global view."""
-    model.train()
+    """Accumulate this rank's share, clip, step; the result is the global view."""
+    forward.train()
     optimizer.zero_grad(set_to_none=False)
-    loss, stats = batch_loss(model, share, loss_config)
-    for p in model.parameters():
-        if p.grad is None:  # a rank without segments, or an unused weight: same step everywhere
+    with autocast(where, sharded=distributed()):
+        loss, stats = batch_loss(forward, share, loss_config)
+    for p in forward.parameters():
+        if p.grad is None:  # an unused weight: the same (zero) step everywhere
             p.grad = torch.zeros_like(p)
     if distributed():
-        all_reduce_grads(model)
-        totals = torch.tensor([loss, *stats.as_list()], dtype=torch.float64)
-        dist.all_reduce(totals, op=dist.ReduceOp.SUM)
-        loss, stats = float(totals[0]), LossStats.from_list(totals[1:].tolist())
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), optim_config.max_grad_norm)
+        sums = torch.tensor([loss, *stats.sums()], dtype=torch.float64, device=where.device)
+        maxes = torch.tensor(stats.maxes(), dtype=torch.float64, device=where.device)
+        dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+        dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
+        loss, stats = float(sums[0]), LossStats.from_lists(sums[1:].tolist(), maxes.tolist())
+    grad_norm = torch.nn.utils.clip_grad_norm_(list(forward.parameters()), optim_config.max_grad_norm)
+    if isinstance(grad_norm, DTensor):
+        grad_norm = grad_norm.full_tensor()
     optimizer.step()
-    model.eval()
+    forward.eval()
     return StepResult(loss=loss, grad_norm=float(grad_norm), stats=stats)
