@@ -19,6 +19,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from rollbus.markup import ContentFormsMarkup
 from services.adapter import anthropic, edge, openai
 from services.adapter.errors import ApiError, forbidden, invalid_request, not_found, unauthenticated
 from services.adapter.expiry import idle_expiry
@@ -74,7 +75,10 @@ async def count_tokens(request: Request) -> Response:
         await edge.read_body(request, state.kit.settings.body_limit, state.kit.settings.body_timeout)
     )
     chat = to_chat(body.system, body.messages, body.tools)
-    ids = await asyncio.to_thread(state.renderer.full, chat.messages, chat.tools or None)
+    try:
+        ids = await asyncio.to_thread(state.renderer.full, chat.messages, chat.tools or None)
+    except ContentFormsMarkup as exc:
+        raise invalid_request(str(exc)) from None
     return JSONResponse({"input_tokens": len(ids)})
 
 

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from rollbus.markup import ContentFormsMarkup
 from rollbus.trajectory import Turn
 from services.adapter import records, response
 from services.adapter.anthropic import Message
@@ -117,7 +118,10 @@ async def run_turn(kit: TurnKit, agent: Agent, turn: TurnInput) -> AsyncIterator
 
 async def prepare(kit: TurnKit, agent: Agent, turn: TurnInput) -> Prepared:
     """Plan the prompt and size the generation to what the context has left."""
-    plan = await asyncio.to_thread(agent.history.plan, turn.chat.messages, turn.chat.tools)
+    try:
+        plan = await asyncio.to_thread(agent.history.plan, turn.chat.messages, turn.chat.tools)
+    except ContentFormsMarkup as exc:  # content spelling chat markup with the template's text: refused
+        raise invalid_request(str(exc)) from None
     prompt_len = len(plan.prompt_ids)
     context = kit.settings.context_length
     if prompt_len >= context:
