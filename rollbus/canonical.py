@@ -39,6 +39,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollbus.markup import Markup, Shielded
 from rollbus.trajectory import FrozenChain, SegmentKind, Turn
 
 Message = dict[str, Any]
@@ -211,6 +212,7 @@ class TemplateRenderer:
         self.tokenizer = tokenizer
         self.kwargs = dict(chat_template_kwargs or {})
         self.special_ids = {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+        self.markup = Markup(tokenizer)  # content encodes as text; only the template's markup is special
         closed = self._render(_WINDOW_HEAD + [{"role": "assistant", "content": WINDOW_MARKER}], None, False)
         self.close_text = closed[closed.index(WINDOW_MARKER) + len(WINDOW_MARKER) :]
         self.close_ids = self.encode(self.close_text)
@@ -224,29 +226,40 @@ class TemplateRenderer:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def _shielded(self, messages: Sequence[Message], tools: list[dict] | None) -> tuple[str, Shielded]:
+        """The rendering with content shielded (:mod:`rollbus.markup`), checked against the neutral one."""
+        shielded = self.markup.shield(messages, tools)
+        text = self._render(shielded.messages, shielded.tools, True)
+        if shielded.risky:
+            neutral = self._render(shielded.neutral_messages, shielded.neutral_tools, True)
+            self.markup.check(shielded, text, neutral)
+        return text, shielded
+
     def full(self, messages: Sequence[Message], tools: list[dict] | None) -> list[int]:
-        return self.encode(self._render(messages, tools, True))
+        """The prompt's ids; :class:`rollbus.markup.ContentFormsMarkup` if content would form markup."""
+        text, shielded = self._shielded(messages, tools)
+        return self.markup.encode(text, shielded.restore)
 
     def suffix(self, new: Sequence[Message], tools: list[dict] | None) -> list[int]:
         """Tokens for ``new`` + generation prompt, as the template renders them after an assistant turn."""
         if self._suffix_needs_tools is None:
-            self._suffix_needs_tools = self._suffix_text(new, tools) != self._suffix_text(new, None)
-        text = self._suffix_text(new, tools if self._suffix_needs_tools else None)
-        ids = self.encode(text)
+            self._suffix_needs_tools = self._suffix_text(new, tools)[0] != self._suffix_text(new, None)[0]
+        text, restore = self._suffix_text(new, tools if self._suffix_needs_tools else None)
+        ids = self.markup.encode(text, restore)
         if not ids or ids[0] not in self.special_ids:
             raise WindowCheckFailed(f"rendered suffix does not start at a special token: {text[:40]!r}")
         return ids
 
-    def _suffix_text(self, new: Sequence[Message], tools: list[dict] | None) -> str:
+    def _suffix_text(self, new: Sequence[Message], tools: list[dict] | None) -> tuple[str, dict[int, str]]:
         window = _WINDOW_HEAD + [{"role": "assistant", "content": WINDOW_MARKER}] + list(new)
-        text = self._render(window, tools, True)
+        text, shielded = self._shielded(window, tools)
         at = text.find(WINDOW_MARKER)
         if at < 0 or text.find(WINDOW_MARKER, at + 1) >= 0:
             raise WindowCheckFailed("the window's assistant marker is missing or repeated")
         after = at + len(WINDOW_MARKER)
         if not text.startswith(self.close_text, after):
             raise WindowCheckFailed("the assistant turn closes differently when messages follow it")
-        return text[after + len(self.close_text) :]
+        return text[after + len(self.close_text) :], shielded.restore
 
     def closing_ids(self, output_ids: Sequence[int], stop_token_ids: set[int]) -> list[int]:
         """Template tokens that follow a sampled output in history (``\\n`` after ``<|im_end|>``).

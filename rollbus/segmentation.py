@@ -13,7 +13,7 @@ interleave:
 * the rollout is complete when the rewarded attempt was closed (a ``closed`` session event) and every main
   and sub-agent chain of that attempt ended (``frozen``/``closed``) with all the turns its end event
   counts. Then its segments are cut in the order the chains froze, the live main chain last (``final``);
-  other attempts, side chains and unattributed chains never train;
+  other attempts, side chains, unattributed chains and chains that ended ``ambiguous`` never train;
 * a rollout that never completes is aborted by a clock fact (:func:`expire`), emitting nothing.
 
 Terminal states (emitted, aborted, dead) are kept for a while as tombstones, so a redelivered event is
@@ -52,6 +52,7 @@ from rollbus.turn_log import (
 FactKind = Literal["turn", "session", "diff", "reward"]
 Status = Literal["open", "emitted", "aborted", "dead"]
 TRAINABLE = ("main", "subagent")
+AMBIGUOUS = "ambiguous"  # a chain's end reason when its origin is unproven: it never trains
 FACT_KINDS: dict[str, FactKind] = {
     "turns": "turn",
     "sessions": "session",
@@ -82,6 +83,7 @@ class ChainFacts:
     turn_count: int | None = None  # turns it had when it ended
     end_seq: int | None = None  # position of its end among the rollout's session events
     closed_seq: int | None = None  # position of a ``closed`` event for it
+    ambiguous: bool = False  # ended ``ambiguous``: its origin is unproven (two claimed one Agent call)
 
 
 _STATE_JSON = json.JSONEncoder(separators=(",", ":"), check_circular=False)  # a state has no cycles
@@ -324,6 +326,7 @@ def _session(state: RolloutState, record: Mapping[str, Any]) -> Step:
     state.seq += 1
     if chain.end is None:
         chain.end, chain.turn_count, chain.end_seq = kind, count, state.seq
+        chain.ambiguous = record.get("reason") == AMBIGUOUS
     if kind == "closed":
         chain.closed_seq = state.seq
         if attempt not in state.closed:
@@ -405,7 +408,9 @@ def freeze_order(state: RolloutState) -> list[tuple[str, str]]:
     """
     attempt = state.reward["attempt_id"] if state.reward else ""
     chains = {
-        c: f for c, f in state.attempts.get(attempt, {}).items() if f.kind in TRAINABLE and f.turn_count
+        c: f
+        for c, f in state.attempts.get(attempt, {}).items()
+        if f.kind in TRAINABLE and f.turn_count and not f.ambiguous
     }
     closed_mains = [c for c, f in chains.items() if f.kind == "main" and f.closed_seq is not None]
     final = max(closed_mains, key=lambda c: chains[c].closed_seq) if closed_mains else None

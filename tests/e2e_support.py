@@ -34,6 +34,7 @@ EXAMPLES = ROOT / "examples"
 SCRIPTS = EXAMPLES / "scripts"
 MODEL = "rollbus-engine"
 SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}  # no __pycache__ in the agent's diff
+START_TIMEOUT = 300.0  # a service's start on a loaded box (the engine alone took 97 s at load 12)
 
 
 class Rig:
@@ -57,7 +58,7 @@ class Rig:
         )  # fmt: skip
 
     def start(self) -> None:
-        self.adapter.start()
+        self.adapter.start(timeout=START_TIMEOUT)
 
     def stop(self) -> None:
         self.stop_engine()
@@ -82,7 +83,7 @@ class Rig:
             health_url=f"http://127.0.0.1:{self.engine_port}/health",
             log_dir=self.log_dir / script.stem,
         )
-        self.engine.start()
+        self.engine.start(timeout=START_TIMEOUT)
         self.script = script
 
     def stop_engine(self) -> None:

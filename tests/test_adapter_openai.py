@@ -120,7 +120,7 @@ async def test_the_official_openai_client_talks_to_it_and_streams(engine_url) ->
     app = create_app(settings(engine_url, admin_token="adm", open_sessions=False), publisher)
     async with app.router.lifespan_context(app), served(app) as (url, _):
         async with httpx.AsyncClient(base_url=url, headers={"authorization": "Bearer adm"}) as admin:
-            opened = await admin.post("/admin/sessions", json={"rollout_id": "r-official"})
+            opened = await admin.post("/admin/sessions", json={"rollout_id": "r-official", "harness": "gym"})
         client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=opened.json()["token"])
         result = await client.chat.completions.create(
             model="rollbus-engine", messages=opening(), tools=TOOLS, max_tokens=200

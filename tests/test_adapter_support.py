@@ -122,7 +122,7 @@ def engine_process(script: dict[str, Any], tmp: Path) -> Iterator[str]:
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_http(f"{url}/health", 120, proc)
+        wait_http(f"{url}/health", 300, proc)  # a loaded CI box takes minutes to import the engine
         yield url
     finally:
         proc.terminate()

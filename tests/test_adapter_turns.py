@@ -238,6 +238,9 @@ async def test_conversations_no_agent_call_started_are_unattributed(adapter) -> 
         "agent-real": "subagent",
         "agent-curl3": "unattributed",
     }
+    # a second claim of one call: which claimant is the CLI's is unproven, so neither trains
+    ended = [(e["chain_id"], e["kind"], e["reason"]) for e in adapter.publisher.of("sessions", rollout_id)]
+    assert ("agent-real", "frozen", "ambiguous") in ended
 
 
 async def test_chains_per_rollout_are_capped(engine_url) -> None:

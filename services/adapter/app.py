@@ -19,6 +19,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from rollbus.markup import ContentFormsMarkup
 from services.adapter import anthropic, edge, openai
 from services.adapter.errors import ApiError, forbidden, invalid_request, not_found, unauthenticated
 from services.adapter.expiry import idle_expiry
@@ -26,11 +27,11 @@ from services.adapter.metrics import CountRequests
 from services.adapter.publisher import Publisher
 from services.adapter.replies import ClientGone, TurnStream, collect
 from services.adapter.restore import Records, load, restore
-from services.adapter.sessions import MAIN, RequestShape, answers_agent_call
+from services.adapter.sessions import CLAUDE_CODE, HARNESSES, MAIN, RequestShape, answers_agent_call
 from services.adapter.settings import AdapterSettings
 from services.adapter.state import AdapterState, build_state, shutdown, warm_up
 from services.adapter.translate import to_chat
-from services.adapter.turn import TurnInput, close_chains, hand_back, run_turn
+from services.adapter.turn import TurnInput, close_chains, hand_back, run_turn, settle_contests
 
 AGENT_HEADER = "x-claude-code-agent-id"
 log = logging.getLogger(__name__)
@@ -39,18 +40,22 @@ log = logging.getLogger(__name__)
 async def messages(request: Request) -> Response:
     state: AdapterState = request.app.state.adapter
     state.refuse_if_draining()
-    edge.grant(request, state.tokens)
+    edge.grant(request, state.tokens, CLAUDE_CODE)
     body = anthropic.parse_messages_request(
         await edge.read_body(request, state.kit.settings.body_limit, state.kit.settings.body_timeout)
     )
     chat = to_chat(body.system, body.messages, body.tools)
-    granted = edge.grant(request, state.tokens)  # again: the rollout may have closed during the upload
+    granted = edge.grant(request, state.tokens, CLAUDE_CODE)  # again: it may have closed meanwhile
     session = state.sessions.get(granted.rollout_id, granted.attempt_id)
     agent = session.route(
-        RequestShape(request.headers.get(AGENT_HEADER), chat.system, chat.messages, chat.tools)
+        RequestShape(
+            request.headers.get(AGENT_HEADER), chat.system, chat.messages, chat.tools, edge.peer(request)
+        )
     )
+    settle_contests(state.kit, session.contenders())
     if agent.kind == MAIN and answers_agent_call(chat.messages):
         hand_back(state.kit, session.finished_subagents())
+    state.kit.metrics.count_route(agent)
     state.admit()
     events = run_turn(state.kit, agent, TurnInput(chat, body.model, body.max_tokens, body.sampling()))
     try:
@@ -69,12 +74,15 @@ async def messages(request: Request) -> Response:
 
 async def count_tokens(request: Request) -> Response:
     state: AdapterState = request.app.state.adapter
-    edge.rollout_id(request, state.tokens)
+    edge.grant(request, state.tokens, CLAUDE_CODE)
     body = anthropic.parse_count_tokens_request(
         await edge.read_body(request, state.kit.settings.body_limit, state.kit.settings.body_timeout)
     )
     chat = to_chat(body.system, body.messages, body.tools)
-    ids = await asyncio.to_thread(state.renderer.full, chat.messages, chat.tools or None)
+    try:
+        ids = await asyncio.to_thread(state.renderer.full, chat.messages, chat.tools or None)
+    except ContentFormsMarkup as exc:
+        raise invalid_request(str(exc)) from None
     return JSONResponse({"input_tokens": len(ids)})
 
 
@@ -90,9 +98,12 @@ async def open_session(request: Request) -> Response:
         raise invalid_request("rollout_id: a non-empty string is required")
     if not isinstance(attempt, str):
         raise invalid_request("attempt_id: a string is required if given")
+    harness = data.get("harness", CLAUDE_CODE)
+    if harness not in HARNESSES:
+        raise invalid_request(f"harness: one of {', '.join(HARNESSES)}")
     await _end_earlier_attempt(state, rollout, attempt)
-    token = state.tokens.issue(rollout, attempt)
-    return JSONResponse({"rollout_id": rollout, "attempt_id": attempt, "token": token})
+    token = state.tokens.issue(rollout, attempt, harness)
+    return JSONResponse({"rollout_id": rollout, "attempt_id": attempt, "harness": harness, "token": token})
 
 
 async def _end_earlier_attempt(state: AdapterState, rollout: str, attempt: str) -> None:

@@ -6,8 +6,15 @@ import asyncio
 
 from starlette.requests import ClientDisconnect, Request
 
-from services.adapter.errors import ClientGone, body_timed_out, invalid_request, too_large, unauthenticated
-from services.adapter.sessions import Grant, SessionTokens
+from services.adapter.errors import (
+    ClientGone,
+    body_timed_out,
+    forbidden,
+    invalid_request,
+    too_large,
+    unauthenticated,
+)
+from services.adapter.sessions import AGENT_PEER, PEER_HEADER, TOOL_PEER, Grant, SessionTokens
 
 
 async def read_body(request: Request, limit: int, timeout: float) -> bytes:
@@ -47,16 +54,24 @@ def bearer_or_key(request: Request) -> str | None:
     return None
 
 
-def grant(request: Request, tokens: SessionTokens) -> Grant:
-    """The rollout (and attempt) the request's session token admits; 401 for none, a bad or a closed one."""
+def grant(request: Request, tokens: SessionTokens, harness: str) -> Grant:
+    """The rollout (and attempt) the request's session token admits on a route of ``harness``; 401 for
+    none, a bad or a closed one, 403 for another harness's token (a Claude Code rollout's token on the
+    OpenAI route would open a conversation its CLI never had)."""
     token = bearer_or_key(request)
     if token is None:
         raise unauthenticated("missing session token: send x-api-key or Authorization: Bearer")
     granted = tokens.verify(token)
     if granted is None:
         raise unauthenticated("unknown session token (or its rollout was closed)")
+    if granted.harness is not None and granted.harness != harness:
+        raise forbidden(f"this session token is a {granted.harness} rollout's; this route serves {harness}")
     return granted
 
 
-def rollout_id(request: Request, tokens: SessionTokens) -> str:
-    return grant(request, tokens).rollout_id
+def peer(request: Request) -> str | None:
+    """Who in the sandbox sent the request, as the adapter proxy says (None: a host-side caller)."""
+    said = request.headers.get(PEER_HEADER)
+    if said is None or said in (AGENT_PEER, TOOL_PEER):
+        return said
+    raise invalid_request(f"{PEER_HEADER}: {AGENT_PEER!r} or {TOOL_PEER!r} expected")

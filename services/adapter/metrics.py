@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -40,6 +41,20 @@ class AdapterMetrics:
         self.new_chains = Counter(
             "rollbus_adapter_new_chains", "Chains started, by reason", ["reason"], registry=r
         )
+        self.unattributed = Counter(
+            "rollbus_adapter_unattributed_requests",
+            "Requests routed to a chain that never trains, by cause (tool_peer: sent by a tool; "
+            "no_agent_call, contested_call, restored_main)",
+            ["cause"],
+            registry=r,
+        )
+        self.ambiguous = Counter(
+            "rollbus_adapter_ambiguous_attributions",
+            "Conversations whose origin could not be proven, by cause (contested_call: two claim one "
+            "Agent call, neither trains; restored_main: a rewrite of a main chain rebuilt from the bus)",
+            ["cause"],
+            registry=r,
+        )
         self.in_flight = Gauge("rollbus_adapter_in_flight", "Turns being generated", registry=r)
         self.backlog = Gauge("rollbus_adapter_bus_backlog", "Records waiting for the bus", registry=r)
         self.turn_seconds = Histogram(
@@ -54,6 +69,11 @@ class AdapterMetrics:
             registry=r,
             buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600),
         )
+
+    def count_route(self, agent: Any) -> None:
+        """A request routed to ``agent`` (``services.adapter.sessions.Agent``): counted if it never trains."""
+        if agent.kind == "unattributed":
+            self.unattributed.labels(agent.cause or "unknown").inc()
 
 
 class CountRequests:

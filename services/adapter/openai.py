@@ -32,6 +32,7 @@ from services.adapter import edge
 from services.adapter.anthropic import check_json, decode_json
 from services.adapter.errors import ApiError, invalid_request
 from services.adapter.replies import collect
+from services.adapter.sessions import GYM, RequestShape
 from services.adapter.translate import ChatPrompt
 from services.adapter.turn import Done, Ping, TurnEvent, TurnInput, run_turn
 
@@ -234,12 +235,14 @@ async def chat_completions(request: Request) -> Response:
     state = request.app.state.adapter
     try:
         state.refuse_if_draining()
-        edge.grant(request, state.tokens)
+        edge.grant(request, state.tokens, GYM)
         settings = state.kit.settings
         body = parse_request(await edge.read_body(request, settings.body_limit, settings.body_timeout))
         chat = to_chat(body)
-        granted = edge.grant(request, state.tokens)  # again: the rollout may have closed during the upload
-        agent = state.sessions.get(granted.rollout_id, granted.attempt_id).main_agent(chat.system)
+        granted = edge.grant(request, state.tokens, GYM)  # again: it may have closed during the upload
+        shape = RequestShape(None, chat.system, chat.messages, chat.tools, edge.peer(request))
+        agent = state.sessions.get(granted.rollout_id, granted.attempt_id).main_agent(shape)
+        state.kit.metrics.count_route(agent)
         max_tokens = body.max_completion_tokens or body.max_tokens or state.kit.settings.max_new_tokens
         state.admit()
         events = run_turn(state.kit, agent, TurnInput(chat, body.model, max_tokens, body.sampling()))

@@ -163,7 +163,7 @@ def restore(state: Any, log: BusLog) -> int:
         is_ours = echoes_turn(rollout, chain_id, chain.turns - 1) if chain.resumable else _never
         history.resume(_turns(chain), number, is_ours)
         parent = session.agents.get(MAIN) if name != MAIN else None
-        agent = Agent(rollout, name, opened["chain_kind"], history, "", parent, session=session)
+        agent = Agent(rollout, name, opened["chain_kind"], history, None, parent, session=session)
         agent.agent_id, agent.parent_tool_use_id = opened.get("agent_id"), opened.get("parent_tool_use_id")
         if agent.parent_tool_use_id:
             session.claimed.add(agent.parent_tool_use_id)

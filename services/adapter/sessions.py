@@ -6,11 +6,19 @@ marks them with ``x-claude-code-agent-id``) and side calls (titles, tool-less he
 The history names the agent's *chains* (``main``, ``main.1`` after a history rewrite, ...).
 
 Threat model: the session token sits in the agent's environment, so the agent's own tools (a ``curl``
-from Bash) can send requests with it. A new conversation is a trainable ``subagent`` only if it answers
-an ``Agent`` tool call of the main chain's newest turn, not yet claimed by another sub-agent, and its
-first user message carries that call's prompt; anything else is ``unattributed`` (recorded, never
-trained). A rollout may open at most ``max_chains`` chains. Tokens are HMACs of (rollout, attempt,
-issue time) under the adapter's signing key: checked in O(1), valid after a restart, and refused once
+from Bash) can send requests with it. A chain trains only when its origin is proven:
+
+* the sandbox's adapter proxy stamps every request with :data:`PEER_HEADER`; a tool's request
+  (``tool``) is ``unattributed`` (recorded, never trained) whatever it claims to be;
+* a new conversation is a trainable ``subagent`` only if it answers an ``Agent`` tool call of the main
+  chain's newest turn and its first user message carries that call's prompt; a second conversation
+  claiming the same call makes it ambiguous: the claimant's chain ends ``ambiguous`` and neither trains;
+* main's history is rewritten (compaction) only by a request with main's system prompt; after a
+  restart that prompt is unknown, so such a request is ambiguous too;
+* a token opens only its harness's route (:data:`HARNESSES`).
+
+A rollout may open at most ``max_chains`` chains. Tokens are HMACs of (rollout, attempt, issue time,
+harness) under the adapter's signing key: checked in O(1), valid after a restart, and refused once
 their rollout was closed after they were issued.
 """
 
@@ -30,6 +38,20 @@ from typing import Any, Protocol
 MAIN, SUBAGENT, SIDE, UNATTRIBUTED = "main", "subagent", "side", "unattributed"
 TOKEN_PREFIX = "rb1"
 AGENT_TOOLS = ("Agent", "Task")  # the CLI's sub-agent tool (named Task before 2.1)
+#: which harness a rollout runs, and so the one API its token opens: the Claude Code CLI speaks
+#: Anthropic's ``/v1/messages``, a gym episode OpenAI's ``/v1/chat/completions``
+CLAUDE_CODE, GYM = "claude_code", "gym"
+HARNESSES = (CLAUDE_CODE, GYM)
+#: set by the sandbox's adapter proxy (rollbus/sandbox/adapter_proxy.py) on every request it forwards,
+#: a client's own copy removed: ``agent`` when the harness's own process (the CLI) opened the connection,
+#: ``tool`` for any other process in the sandbox. Absent: a host-side caller (the gym runner, tests).
+PEER_HEADER = "x-rollbus-peer"
+AGENT_PEER, TOOL_PEER = "agent", "tool"
+#: why a conversation is unattributed (recorded, never trained), as counted in the adapter's metrics
+FROM_A_TOOL = "tool_peer"  # the proxy says a tool, not the agent, sent it
+NO_AGENT_CALL = "no_agent_call"  # a new conversation that answers no open Agent call
+CONTESTED_CALL = "contested_call"  # a second conversation claims an Agent call: every claimant is
+RESTORED_MAIN = "restored_main"  # after a restart: main's system prompt unknown, its rewrite unprovable
 
 
 class History(Protocol):
@@ -73,6 +95,7 @@ class Grant:
     rollout_id: str
     attempt_id: str = ""
     issued_at: float = 0.0
+    harness: str | None = CLAUDE_CODE  # None: any route (``open_sessions``, dev only)
 
 
 class SessionTokens:
@@ -99,10 +122,11 @@ class SessionTokens:
         self._issued: dict[str, float] = {}  # rollout id -> when its latest token was issued (unused check)
         self._closed: dict[str, float] = {}  # rollout id -> when it was closed
 
-    def issue(self, rollout_id: str, attempt_id: str = "") -> str:
+    def issue(self, rollout_id: str, attempt_id: str = "", harness: str = CLAUDE_CODE) -> str:
         # a rollout opened again after a close gets tokens issued after it (strictly, whatever the clock)
         now = max(self.clock(), self._closed.get(rollout_id, float("-inf")) + 1e-3)
-        payload = base64.urlsafe_b64encode(json.dumps([rollout_id, attempt_id, now]).encode()).decode()
+        data = [rollout_id, attempt_id, now, harness]
+        payload = base64.urlsafe_b64encode(json.dumps(data).encode()).decode()
         self._issued[rollout_id] = now
         return f"{TOKEN_PREFIX}.{payload}.{self._mac(payload)}"
 
@@ -113,7 +137,8 @@ class SessionTokens:
         """The grant of a valid, unexpired token whose rollout was not closed after it was issued."""
         grant = self._decode(token)
         if grant is None:
-            return Grant(token) if self.open_sessions and token and token not in self._closed else None
+            open_ = self.open_sessions and token and token not in self._closed
+            return Grant(token, harness=None) if open_ else None
         closed_at = self._closed.get(grant.rollout_id)
         if closed_at is not None and grant.issued_at <= closed_at:
             return None
@@ -128,10 +153,11 @@ class SessionTokens:
         if not hmac.compare_digest(self._mac(parts[1]).encode(), parts[2].encode()):
             return None
         try:
-            rollout, attempt, issued = json.loads(base64.urlsafe_b64decode(parts[1].encode()))
+            rollout, attempt, issued, *harness = json.loads(base64.urlsafe_b64decode(parts[1].encode()))
         except (ValueError, TypeError):
             return None
-        return Grant(str(rollout), str(attempt), float(issued))
+        # a token minted before harnesses were bound (3 fields) is a Claude Code rollout's
+        return Grant(str(rollout), str(attempt), float(issued), str(harness[0]) if harness else CLAUDE_CODE)
 
     def rollout_for(self, token: str) -> str | None:
         grant = self.verify(token)
@@ -164,12 +190,14 @@ class Agent:
     name: str
     kind: str
     history: History
-    system: str = ""
+    system: str | None = ""  # None: unknown (rebuilt from the bus, which does not keep it)
     parent: Agent | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     session: Session | None = None
     agent_id: str | None = None  # the CLI's x-claude-code-agent-id
     parent_tool_use_id: str | None = None  # the parent's Agent call this sub-agent answers
+    cause: str | None = None  # why it is unattributed (FROM_A_TOOL, ...), for the metrics
+    contested: bool = False  # another conversation claimed its Agent call: its chain ends `ambiguous`
 
     @property
     def chain_id(self) -> str:
@@ -193,6 +221,7 @@ class RequestShape:
     system: str
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
+    peer: str | None = None  # PEER_HEADER: AGENT_PEER, TOOL_PEER, or None for a host-side caller
 
     def fingerprint(self) -> str:
         first = next((m.get("content") for m in self.messages if m.get("role") == "user"), "")
@@ -211,10 +240,15 @@ class Session:
     chains_opened: int = 0  # chains this rollout started (every agent, every rewrite)
     agents: dict[str, Agent] = field(default_factory=dict)
     claimed: set[str] = field(default_factory=set)  # Agent tool calls already answered by a sub-agent
+    note: Callable[[str], None] = field(default=lambda cause: None, repr=False)  # an ambiguity, counted
     _side_serial: itertools.count = field(default_factory=itertools.count)
 
     def route(self, shape: RequestShape) -> Agent:
-        """Side if tool-less; a sub-agent by header, or by a history or system prompt that is not main's."""
+        """Unattributed if a tool sent it; side if tool-less; a sub-agent by header, or by a history or
+        system prompt that is not main's. Main's history is rewritten only by a request whose origin is
+        proven: not a tool's, with main's system prompt known (not rebuilt from the bus)."""
+        if shape.peer == TOOL_PEER:
+            return self._from_a_tool(shape)
         if not shape.tools:
             return self._new(f"side-{next(self._side_serial)}", SIDE, shape, keep=False)
         if shape.agent_id is not None:
@@ -222,51 +256,87 @@ class Session:
         main = self.agents.get(MAIN)
         if main is None or not main.history.turns or _continues(main, shape):
             main = self.agents.get(MAIN) or self._new(MAIN, MAIN, shape, keep=True)
-            main.system = main.system or shape.system  # a main agent restored from the bus learns it here
+            if main.system is None:  # rebuilt from the bus: the request echoing its last turn tells it
+                main.system = shape.system
             return main
         for agent in self.agents.values():
             if agent.kind in (SUBAGENT, UNATTRIBUTED) and agent.history.turns and _continues(agent, shape):
                 return agent
-        if shape.system == main.system or not main.system:  # unknown system: main restored from the bus
-            main.system = shape.system
+        if main.system is None:  # rebuilt from the bus: nothing proves this rewrite is main's
+            self.note(RESTORED_MAIN)
+            return self._unattributed(f"{RESTORED_MAIN}-{shape.fingerprint()}", shape, RESTORED_MAIN)
+        if shape.system == main.system:
             return main  # the main agent with a rewritten history (compaction): its history starts a chain
         return self._get_or_new(f"agent-{shape.fingerprint()}", shape)
 
-    def main_agent(self, system: str) -> Agent:
+    def main_agent(self, shape: RequestShape) -> Agent:
         """The rollout's main agent whatever the request looks like: one conversation per session token
-        (the OpenAI route, :mod:`services.adapter.openai`)."""
+        (the OpenAI route, :mod:`services.adapter.openai`); a tool's request is unattributed."""
+        if shape.peer == TOOL_PEER:
+            return self._from_a_tool(shape)
         main = self.agents.get(MAIN)
         if main is None:
-            main = self._new(MAIN, MAIN, RequestShape(None, system, [], []), keep=True)
+            main = self._new(MAIN, MAIN, RequestShape(None, shape.system, [], []), keep=True)
         return main
 
-    def _get_or_new(self, name: str, shape: RequestShape) -> Agent:
-        """The named sub-agent, or a new one: ``subagent`` if it answers an Agent call, else unattributed."""
+    def _from_a_tool(self, shape: RequestShape) -> Agent:
+        """A tool's conversation: its own earlier chain if it continues one, else a new one; never trained."""
+        for agent in self.agents.values():
+            if agent.cause == FROM_A_TOOL and agent.history.turns and _continues(agent, shape):
+                return agent
+        return self._unattributed(f"{FROM_A_TOOL}-{shape.fingerprint()}", shape, FROM_A_TOOL)
+
+    def _unattributed(self, name: str, shape: RequestShape, cause: str) -> Agent:
         known = self.agents.get(name)
         if known is not None:
             return known
-        call = self._agent_call_for(shape)
-        agent = self._new(name, SUBAGENT if call else UNATTRIBUTED, shape, keep=True)
-        if call is not None:
-            self.claimed.add(call)
-            agent.parent_tool_use_id = call
+        agent = self._new(name, UNATTRIBUTED, shape, keep=True)
+        agent.cause = cause
         return agent
 
-    def _agent_call_for(self, shape: RequestShape) -> str | None:
-        """The unclaimed Agent call of main's newest turn whose prompt opens this conversation."""
+    def _get_or_new(self, name: str, shape: RequestShape) -> Agent:
+        """The named sub-agent, or a new one: ``subagent`` if it answers an unclaimed Agent call, else
+        unattributed. A second claim of one call makes every claimant ambiguous: none of them trains."""
+        known = self.agents.get(name)
+        if known is not None:
+            return known
+        call, contested = self._agent_call_for(shape)
+        if contested:
+            for agent in self.agents.values():
+                if agent.kind == SUBAGENT and agent.parent_tool_use_id in contested:
+                    agent.contested = True
+            self.note(CONTESTED_CALL)
+            return self._unattributed(name, shape, CONTESTED_CALL)
+        if call is None:
+            return self._unattributed(name, shape, NO_AGENT_CALL)
+        agent = self._new(name, SUBAGENT, shape, keep=True)
+        self.claimed.add(call)
+        agent.parent_tool_use_id = call
+        return agent
+
+    def _agent_call_for(self, shape: RequestShape) -> tuple[str | None, list[str]]:
+        """The unclaimed Agent call of main's newest turn whose prompt opens this conversation; if every
+        such call is claimed already, those calls (contested)."""
         main = self.agents.get(MAIN)
-        if main is None or not main.history.sent or main.lock.locked():
-            return None  # no main turn yet, or main is generating: it cannot be waiting on a sub-agent
+        newest = main.history.sent[-1] if main is not None and main.history.sent else None
+        if main is None or newest is None or main.lock.locked():
+            return None, []  # no main turn known, or main is generating: it cannot wait on a sub-agent
         first = next((m.get("content") for m in shape.messages if m.get("role") == "user"), None)
         if not isinstance(first, str):
-            return None
-        for call_id, name, arguments in main.history.sent[-1].tool_calls:
-            if name not in AGENT_TOOLS or call_id in self.claimed:
+            return None, []
+        contested = []
+        for call_id, name, arguments in newest.tool_calls:
+            prompt = _prompt_of(arguments) if name in AGENT_TOOLS else ""
+            if not prompt or prompt not in first:
                 continue
-            prompt = _prompt_of(arguments)
-            if prompt and prompt in first:
-                return call_id
-        return None
+            if call_id not in self.claimed:
+                return call_id, []
+            contested.append(call_id)
+        return None, contested
+
+    def contenders(self) -> list[Agent]:
+        """Sub-agents whose Agent call was claimed again and whose chain has not ended yet."""
+        return [a for a in self.agents.values() if a.contested]
 
     def _new(self, name: str, kind: str, shape: RequestShape, *, keep: bool) -> Agent:
         parent = self.agents.get(MAIN) if kind != MAIN else None
@@ -312,9 +382,15 @@ class Sessions:
     """Every live rollout's :class:`Session`, created on its first request; it lives until the admin API
     closes it or it goes idle (:mod:`services.adapter.expiry`)."""
 
-    def __init__(self, new_history: NewHistory, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        new_history: NewHistory,
+        clock: Callable[[], float] = time.monotonic,
+        note: Callable[[str], None] = lambda cause: None,
+    ) -> None:
         self.new_history = new_history
         self.clock = clock
+        self.note = note  # an ambiguous attribution, by cause (the adapter counts them)
         self._sessions: dict[str, Session] = {}
 
     def get(self, rollout_id: str, attempt_id: str = "") -> Session:
@@ -322,7 +398,7 @@ class Sessions:
         session = self._sessions.get(rollout_id)
         if session is None:
             session = self._sessions[rollout_id] = Session(
-                rollout_id, self.new_history, attempt_id=attempt_id
+                rollout_id, self.new_history, attempt_id=attempt_id, note=self.note
             )
         session.last_active = self.clock()
         return session

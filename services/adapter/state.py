@@ -112,7 +112,8 @@ def build_state(
         return history_class(tokenizer, stop_token_ids=stops, chain_name=name, keep_frozen=False)
 
     tokens = SessionTokens(settings.signing_key, open_sessions=settings.open_sessions, ttl=settings.token_ttl)
-    return AdapterState(kit, tokens, Sessions(new_history), TemplateRenderer(tokenizer))
+    sessions = Sessions(new_history, note=lambda cause: kit.metrics.ambiguous.labels(cause).inc())
+    return AdapterState(kit, tokens, sessions, TemplateRenderer(tokenizer))
 
 
 def warm_up(state: AdapterState) -> None:

@@ -19,13 +19,15 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from rollbus.markup import ContentFormsMarkup
+from rollbus.segmentation import AMBIGUOUS
 from rollbus.trajectory import Turn
 from services.adapter import records, response
 from services.adapter.anthropic import Message
 from services.adapter.errors import invalid_request, prompt_too_long, unauthenticated, upstream_failed
 from services.adapter.metrics import AdapterMetrics
 from services.adapter.publisher import Outbox
-from services.adapter.sessions import SIDE, Agent
+from services.adapter.sessions import CONTESTED_CALL, SIDE, UNATTRIBUTED, Agent
 from services.adapter.settings import AdapterSettings
 from services.adapter.sglang_client import (
     EngineError,
@@ -117,7 +119,10 @@ async def run_turn(kit: TurnKit, agent: Agent, turn: TurnInput) -> AsyncIterator
 
 async def prepare(kit: TurnKit, agent: Agent, turn: TurnInput) -> Prepared:
     """Plan the prompt and size the generation to what the context has left."""
-    plan = await asyncio.to_thread(agent.history.plan, turn.chat.messages, turn.chat.tools)
+    try:
+        plan = await asyncio.to_thread(agent.history.plan, turn.chat.messages, turn.chat.tools)
+    except ContentFormsMarkup as exc:  # content spelling chat markup with the template's text: refused
+        raise invalid_request(str(exc)) from None
     prompt_len = len(plan.prompt_ids)
     context = kit.settings.context_length
     if prompt_len >= context:
@@ -204,6 +209,8 @@ async def finish(
     )
     if plan.new_chain and agent.session is not None:
         agent.session.chains_opened += 1
+    if agent.contested:  # claimed again while this turn generated: its chain ends here, with it
+        _demote(kit, agent)
     kit.metrics.backlog.set(len(kit.outbox.backlog))
     await asyncio.wait({delivered}, timeout=settings.publish_wait)  # never cancels the delivery
     stop = response.stop_reason(generation.finish_type, blocks, generation.matched)
@@ -260,6 +267,24 @@ def hand_back(kit: TurnKit, agents: list[Agent]) -> None:
         record = records.session_record(agent, chain_id, "frozen", turn_count=count, reason="subagent")
         kit.outbox.enqueue([("sessions", record, agent.rollout_id)])
         agent.history.freeze("subagent")
+
+
+def settle_contests(kit: TurnKit, agents: list[Agent]) -> None:
+    """End the chains of sub-agents whose Agent call another conversation claimed too (``ambiguous``:
+    the segmenter never trains them); one with a turn in flight ends when that turn is committed."""
+    for agent in agents:
+        if not agent.lock.locked():
+            _demote(kit, agent)
+
+
+def _demote(kit: TurnKit, agent: Agent) -> None:
+    """Queue and freeze together (no await), like a turn's queue and commit; later chains unattributed."""
+    if agent.history.turns:
+        chain_id, count = agent.history.chain_id, len(agent.history.turns)
+        record = records.session_record(agent, chain_id, "frozen", turn_count=count, reason=AMBIGUOUS)
+        kit.outbox.enqueue([("sessions", record, agent.rollout_id)])
+        agent.history.freeze("subagent")
+    agent.kind, agent.cause, agent.contested = UNATTRIBUTED, CONTESTED_CALL, False
 
 
 def close_chains(kit: TurnKit, agents: Iterable[Agent], reason: str = "rollout_end") -> list[str]:

@@ -36,7 +36,7 @@ class AdapterClient:
 
     async def open(self, rollout_id: str, attempt_id: str) -> str:
         """A session token for this attempt (the adapter keys the session by rollout id)."""
-        body = {"rollout_id": rollout_id, "attempt_id": attempt_id}
+        body = {"rollout_id": rollout_id, "attempt_id": attempt_id, "harness": "gym"}  # the OpenAI route only
         try:
             response = await self.http.post("/admin/sessions", json=body, headers=self._admin())
         except httpx.HTTPError as exc:

@@ -73,7 +73,8 @@ class AdapterSessions:
         """A token for a new attempt. What an earlier attempt left open (its runner died mid-rollout) is
         closed first, so its chains end and the new attempt starts a conversation of its own."""
         await self.close(rollout_id, None)
-        body = {"rollout_id": rollout_id, "attempt_id": attempt_id}
+        # the token opens /v1/messages only: the CLI's API, not a conversation of a tool's choosing
+        body = {"rollout_id": rollout_id, "attempt_id": attempt_id, "harness": "claude_code"}
         answer = await self._post("/admin/sessions", body)
         if answer.status_code != 200 or not isinstance(answer.json().get("token"), str):
             raise AttemptFailed(kinds.SESSION_FAILED, f"adapter refused a session: {answer.status_code} "
