@@ -92,6 +92,10 @@ def build_app(settings: SegmenterSettings, partitions: int) -> faust.App:
         broker_heartbeat_interval=settings.session_timeout / 10,
         consumer_auto_offset_reset="earliest",
         producer_max_request_size=DEAD_LETTER_MAX_BYTES + 64 * 1024,
+        # every table write is a changelog message (turn bodies are as large as the turns): aiokafka's 16 KiB
+        # batches, one request in flight, held the writes to one round trip per 16 KiB and partition
+        producer_max_batch_size=2**20,
+        producer_linger=0.005,
         consumer_max_fetch_size=MAX_EVENT_BYTES * 2,
         table_cleanup_interval=3600.0,
     )
