@@ -5,11 +5,17 @@ tested over the real broker: tests/integration/test_segmenter_commit.py, test_se
 from __future__ import annotations
 
 import asyncio
+import weakref
 from importlib import metadata
+from pathlib import Path
 
 import faust
+import faust.streams
 import pytest
+from faust.exceptions import PartitionsMismatch
 
+from services.segmenter.app import TABLES, build_app
+from services.segmenter.settings import SegmenterSettings
 from services.segmenter.upstream_fixes import (
     PROVEN,
     UnprovenUpstream,
@@ -64,3 +70,33 @@ async def test_the_end_of_a_recovery_stops_the_flow_and_waits_for_the_hand_over_
     assert not hand_over.done()
     await recovery.on_recovery_completed(1)
     assert found == [(False, False, True)]
+
+
+class Message:
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic, self.partition = topic, partition
+
+
+class Event:
+    def __init__(self, message: Message) -> None:
+        self.message = message
+
+
+def test_a_table_change_goes_to_the_event_s_partition_when_the_consumer_knows_no_changelog_partitions(
+    tmp_path: Path,
+) -> None:
+    """The consumer's metadata holds the just-created changelog with 0 partitions (as it did for a whole
+    bench run): Faust's own table refuses the write; the segmenter's tables log it to the event's partition.
+    Stand-ins: the consumer's answer and the current event (set as a stream sets it)."""
+    settings = SegmenterSettings(bootstrap_servers="127.0.0.1:9", namespace="ns", state_dir=tmp_path)
+    app = build_app(settings, partitions=6)
+    app.consumer.topic_partitions = lambda topic: 0 if topic.endswith("-changelog") else 6
+    plain = app.Table("plain", key_type=str, value_type=bytes, partitions=6)
+    event = Event(Message("ns.turns", 4))
+    token = faust.streams._current_event.set(weakref.ref(event))
+    try:
+        with pytest.raises(PartitionsMismatch, match="has 0 partitions"):
+            plain.partition_for_key("r-1")
+        assert [app.tables[name].partition_for_key("r-1") for name in TABLES] == [4, 4]
+    finally:
+        faust.streams._current_event.reset(token)
