@@ -16,9 +16,9 @@ What is replaced (instance attributes only; no private attribute is read or writ
 * ``app.consumer.seek_to_committed``: :func:`rewind_uncommitted_on_seek`.
 
 Read besides: ``app.tables.recovery``'s ``active_tps``, ``active_offsets``, ``standby_tps``,
-``standby_offsets``, and the consumer's ``stop_flow``, ``seek_wait`` and ``assignment``. The one private
-attribute in all this is in a test: the commit's test slows ``ProducerBuffer._send_pending`` to show the
-defect.
+``standby_offsets``, and the consumer's ``stop_flow``, ``seek_wait`` and ``assignment``. Private attributes
+appear only in tests, to stage a defect: ``ProducerBuffer._send_pending`` (slowed) and
+``faust.streams._current_event`` (an event set as a stream sets it).
 """
 
 from __future__ import annotations
