@@ -15,7 +15,6 @@ import pytest
 from rollbus.codec import decode, encode
 from rollbus.segmentation import RolloutState, Segmenter
 from services.segmenter.app import SegmenterHandler
-from services.segmenter.changelog import ChangelogBuffer
 from tests.synthetic_rollouts import simple_rollout
 
 EVENT = {"turns": "turn", "sessions": "session", "diffs": "diff", "rewards": "reward"}
@@ -77,7 +76,7 @@ async def test_a_state_machine_failure_dead_letters_the_message_and_processing_g
 
 async def test_a_bus_failure_crashes_the_worker_and_leaves_the_message_unhandled() -> None:
     """A segment's send that fails is not the message's fault: no dead letter, the worker stops (its
-    fetcher leaves the message uncommitted), and the rollout is not marked emitted."""
+    agent leaves the message unacked, so uncommitted), and the rollout is not marked emitted."""
     crashed: list[BaseException] = []
 
     class Failing(Topic):
@@ -97,24 +96,3 @@ async def test_a_bus_failure_crashes_the_worker_and_leaves_the_message_unhandled
         await worker.handle_or_crash(Message(f"ns.{topic}", encode(EVENT[topic], record), b"r3"))
     assert [type(e) for e in crashed] == [ConnectionError] and letters.sent == []
     assert RolloutState.from_bytes(worker.segmenter.states["r3"]).status == "open"
-
-
-async def test_table_changes_are_logged_to_the_handled_message_s_partition_and_only_while_handling() -> None:
-    logged: list[tuple[int, str]] = []
-
-    class Table:
-        def __init__(self) -> None:
-            self.data: dict[str, bytes] = {}
-
-        def send_changelog(self, partition: int, key: str, value: bytes | None, **kwargs: Any) -> None:
-            logged.append((partition, key))
-
-    states, bodies = ChangelogBuffer(Table()), ChangelogBuffer(Table())
-    worker, _, _ = handler(Segmenter(states, bodies))
-    with pytest.raises(RuntimeError, match="while a message is handled"):
-        states["r4"] = b"{}"
-    assert "r4" not in states
-    turn = next(record for topic, record in simple_rollout("r4").events if topic == "turns")
-    await worker.handle(Message("ns.turns", encode("turn", turn), b"r4", partition=5))
-    states.flush()
-    assert logged == [(5, "r4")]

@@ -1,15 +1,14 @@
-"""The segmenter as a Faust app: one handler of the four co-partitioned topics, state in two tables.
+"""The segmenter as a Faust app: one agent over the four co-partitioned topics, state in two tables.
 
 Why it is shaped like this (Faust facts it respects):
 
-* ``Stream.join`` is not implemented, so one handler (one message at a time, the only writer of the tables)
-  reads ``turns``, ``sessions``, ``diffs``, ``rewards`` and an internal ``segmenter-ticks`` topic, and drives
+* ``Stream.join`` is not implemented, so one agent (concurrency 1, the only writer of the tables) reads
+  ``turns``, ``sessions``, ``diffs``, ``rewards`` and an internal ``segmenter-ticks`` topic, and drives
   :class:`rollbus.segmentation.Segmenter`, the same state machine ``rollbus rebuild segments`` and the
   tests use. ``rollouts`` (rollout id -> small JSON state) is the state machine; ``turn-bodies`` holds each
   trainable turn once, as the bytes published (the prompt-reference encoding), so changelog bytes grow
   with tokens, not with their square. Values are always assigned whole; bodies are deleted once the
-  rollout's segments are out. Both tables are written through a :class:`ChangelogBuffer`: the local
-  store at once, the changelog once per key per commit (its latest value), like Kafka Streams' cache.
+  rollout's segments are out.
 * Faust writes a table change to the changelog partition of the event being processed; every input has
   the same partition count and murmur2 keys by rollout id, so a rollout's state, bodies and events share
   one partition number everywhere, and a rebalanced or restarted worker recovers exactly its rollouts.
@@ -17,30 +16,14 @@ Why it is shaped like this (Faust facts it respects):
 * ``processing_guarantee="at_least_once"``, never Faust's ``exactly_once``: segments are sent and their
   acks awaited *before* the rollout is marked emitted, segment ids are deterministic, and consumers
   deduplicate by id. A crash anywhere re-cuts identical segments or none.
-* Faust's commit flushes its producer buffer with 0.1 s of patience and commits the offsets even when table
-  writes are still queued; :func:`commit_after_changelogs` makes every commit wait for the acks of all table
-  writes made so far, so a ``kill -9`` never leaves a committed event whose state change was never logged.
 * Timers cannot write tables, so the leader's timer publishes one tick per partition to
-  ``segmenter-ticks``; the handler takes a tick like any event of that partition and aborts rollouts idle
+  ``segmenter-ticks``; the agent takes a tick like any event of that partition and aborts rollouts idle
   past the timeout there. Ticks are kept, so a rebuild replays the same aborts. The segmenter finds due
   rollouts through an in-memory clock index of the states it wrote; each assignment resets it (recovery
   rewrites the table), and the next tick rebuilds it from the table.
-* Faust's consumer fetches with aiokafka's one-byte minimum: a fetch round trip per event or two under a
-  trickle. :func:`~services.segmenter.delivery.batched_fetches` gives it ``--fetch-min-bytes`` and
-  ``--fetch-max-wait``.
-* The handler is not an agent: :func:`~services.segmenter.delivery.handle_inline` gives it each input in
-  the fetcher's own hand-over and acks the message when it returns (an agent's stream, its queue, its
-  event and its sensors: a no-op worker took 130-140 µs of CPU an event through an agent, 80-90 inline), and
-  :func:`~services.segmenter.delivery.quick_delivery` runs every hand-over without Faust's four tasks a
-  message. Table changelogs still reach Faust's recovery through its conductor.
-* Faust loses messages in two places when partitions move (seen with a second worker joining, then the first
-  leaving): the end of a recovery seeks the streams with the flow on and then empties their queues, and a
-  batch fetched as a rebalance stops the flow is dropped with only the streams sought back (changelogs have
-  no committed offset: the recovery then waits forever). :func:`~services.segmenter.delivery.
-  seek_before_streams_resume` and :func:`~services.segmenter.delivery.rewind_changelogs_on_seek` close both.
-  The seek that follows a dropped batch also leaves an input partition never committed where the fetcher
-  had got to (aiokafka seeks only committed offsets above 0): :func:`~services.segmenter.delivery.
-  rewind_uncommitted_on_seek` starts such a partition again from its beginning.
+* Faust and aiokafka lose data in four places (a commit before the table writes are acked, and three
+  seeks around a rebalance); :mod:`services.segmenter.upstream_fixes` closes them, and refuses versions
+  of those libraries it was not proven against.
 * Poison bytes (undecodable, wrong type, wrong key, oversized) go to ``dead-letters`` with the original
   bytes and the reason, and processing continues.
 """
@@ -60,15 +43,7 @@ from rollbus.bus import dead_letter
 from rollbus.codec import CodecError, encode
 from rollbus.segmentation import Outcome, Segmenter, decode_fact
 from rollbus.topics import DEAD_LETTER_MAX_BYTES, MAX_EVENT_BYTES, dead_letters_for, topic_name
-from services.segmenter.changelog import ChangelogBuffer, handling
-from services.segmenter.delivery import (
-    batched_fetches,
-    handle_inline,
-    quick_delivery,
-    rewind_changelogs_on_seek,
-    rewind_uncommitted_on_seek,
-    seek_before_streams_resume,
-)
+from services.segmenter import upstream_fixes
 from services.segmenter.settings import SegmenterSettings
 
 log = logging.getLogger("rollbus.segmenter")
@@ -76,6 +51,7 @@ SERVICE = "segmenter"
 INPUTS = ("turns", "sessions", "diffs", "rewards")
 TICKS = "segmenter-ticks"
 TABLES = ("rollouts", "turn-bodies")
+RAW = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
 
 
 def app_id(namespace: str) -> str:
@@ -85,7 +61,11 @@ def app_id(namespace: str) -> str:
 
 def internal_topics(namespace: str) -> list[str]:
     """Topics the app creates itself, which must share the inputs' partition count."""
-    return [topic_name(TICKS, namespace)] + [f"{app_id(namespace)}-{t}-changelog" for t in TABLES]
+    return [topic_name(TICKS, namespace)] + [changelog_name(namespace, t) for t in TABLES]
+
+
+def changelog_name(namespace: str, table: str) -> str:
+    return f"{app_id(namespace)}-{table}-changelog"  # Faust's name for a table's changelog
 
 
 def broker_urls(bootstrap_servers: str) -> list[str]:
@@ -93,7 +73,7 @@ def broker_urls(bootstrap_servers: str) -> list[str]:
 
 
 def build_app(settings: SegmenterSettings, partitions: int) -> faust.App:
-    """The Faust app: tables, inline handler, tick timer; ``partitions`` is the inputs' common count."""
+    """The Faust app with its tables, agent and tick timer; ``partitions`` is the inputs' common count."""
     ns = settings.namespace
     datadir = settings.state_dir / "segmenter" / (ns or "default")
     datadir.parent.mkdir(parents=True, exist_ok=True)
@@ -112,41 +92,29 @@ def build_app(settings: SegmenterSettings, partitions: int) -> faust.App:
         broker_heartbeat_interval=settings.session_timeout / 10,
         consumer_auto_offset_reset="earliest",
         producer_max_request_size=DEAD_LETTER_MAX_BYTES + 64 * 1024,
+        # every table write is a changelog message (turn bodies are as large as the turns): aiokafka's 16 KiB
+        # batches, one request in flight, held the writes to one round trip per 16 KiB and partition
+        producer_max_batch_size=2**20,
+        producer_linger=0.005,
         consumer_max_fetch_size=MAX_EVENT_BYTES * 2,
         table_cleanup_interval=3600.0,
     )
-    big = {"max.message.bytes": str(MAX_EVENT_BYTES + 64 * 1024)}
-    states = app.Table(
-        "rollouts", key_type=str, value_type=bytes, partitions=partitions, extra_topic_configs=big
-    )
-    bodies = app.Table(
-        "turn-bodies", key_type=str, value_type=bytes, partitions=partitions, extra_topic_configs=big
-    )
-    for table in (states, bodies):  # values are our own bytes (JSON state, Avro turns): no Faust codec
-        table.key_serializer = table.value_serializer = "raw"  # Faust derives "json" from non-model types
-        table.changelog_topic = table._new_changelog_topic()  # ...and would recover with it otherwise
-    buffers = (ChangelogBuffer(states), ChangelogBuffer(bodies))
-    # A commit hands the buffers' changes to Faust's producer buffer at once (a key each, ~2 per rollout in
-    # flight); past its default of 100 queued messages Faust stops the hand-overs and warns until it ebbs.
+    states, bodies = (table(app, ns, name, partitions) for name in TABLES)
+    # Each table write is queued in Faust's producer buffer; past its default of 100 queued messages Faust
+    # stops feeding the agent and warns until it ebbs, which a burst of turn bodies reaches.
     app.producer.buffer.max_messages = 10_000
-    batched_fetches(app.consumer, settings.fetch_min_bytes, settings.fetch_max_wait)  # not a fetch an event
-    delivery_idle = quick_delivery(app.consumer)  # each message handed over without four Faust tasks
-    seek_before_streams_resume(app, delivery_idle)  # ...and none is lost when a rebalance resumes the streams
-    rewind_changelogs_on_seek(app)  # ...or when a fetch comes back after a rebalance stopped the flow
     handled = [topic_name(t, ns) for t in (*INPUTS, TICKS)]
-    rewind_uncommitted_on_seek(app.consumer, handled)  # ...on a partition never committed too
-    commit_after_changelogs(app, buffers, settings.changelog_timeout)
-    raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
-    ticks = app.topic(topic_name(TICKS, ns), partitions=partitions, internal=True, **raw)
-    segments = app.topic(topic_name("segments", ns), **raw)
-    letters = app.topic(dead_letters_for(topic_name("segments", ns)), **raw)
-    segmenter = Segmenter(*buffers, settings.options())
+    upstream_fixes.install(app, (states, bodies), handled, settings.changelog_timeout)
+    ticks = app.topic(topic_name(TICKS, ns), partitions=partitions, internal=True, **RAW)
+    segments = app.topic(topic_name("segments", ns), **RAW)
+    letters = app.topic(dead_letters_for(topic_name("segments", ns)), **RAW)
+    segmenter = Segmenter(states, bodies, settings.options())
     worker = SegmenterHandler(segmenter, segments, letters, topic_name(TICKS, ns), app.crash)
 
-    # No agent: the fetcher hands each input straight to the worker (one at a time: the tables' only
-    # writer); the channel is only added so that the conductor subscribes the consumer to its topics.
-    app.topics.add(app.topic(*handled, **raw))
-    handle_inline(app, handled, worker.handle_or_crash)
+    @app.agent(app.topic(*handled, **RAW), concurrency=1)
+    async def segment(stream: Any) -> None:
+        async for event in stream.events():  # acked when the next is taken: a crash leaves it uncommitted
+            await worker.handle_or_crash(event.message)
 
     @app.timer(settings.tick_interval, on_leader=True)
     async def tick() -> None:
@@ -163,42 +131,27 @@ def build_app(settings: SegmenterSettings, partitions: int) -> faust.App:
     return app
 
 
-def commit_after_changelogs(app: faust.App, buffers: tuple[ChangelogBuffer, ...], timeout: float) -> None:
-    """Make the flush that precedes every offset commit log the ``buffers``' changes, then wait for their
-    tables' changelog acks.
+def table(app: faust.App, namespace: str, name: str, partitions: int) -> Any:
+    """A table of our own bytes (JSON states, Avro turns) by rollout-derived ``str`` keys, logged raw.
 
-    Why: ``ProducerBuffer.flush`` returns when one queued message takes over 0.1 s to hand over, and the
-    consumer then commits (faust/transport/consumer.py ``_commit_offsets``). A table write still queued at a
-    crash would be lost while the event that made it counts as processed: its rollout would never close.
-    Waiting for the writes' own futures (resolved by the broker's ack, failed by a send error) closes that
-    hole; a write that fails or outlasts ``timeout`` fails the commit, so the worker stops uncommitted.
-    """
-    pending: set[asyncio.Future[Any]] = set()
-    for table in (buffer.table for buffer in buffers):
-        send = table.send_changelog
-
-        def tracked(*args: Any, _send: Any = send, **kwargs: Any) -> Any:
-            written = _send(*args, **kwargs)
-            pending.add(written)
-            written.add_done_callback(pending.discard)
-            return written
-
-        table.send_changelog = tracked
-    producer = app.producer
-    flush = producer.flush
-
-    async def flush_then_wait_for_changelogs() -> None:
-        for buffer in buffers:  # the offsets to commit were chosen before this: their changes are all here
-            buffer.flush()
-        await flush()
-        if pending:
-            await asyncio.wait_for(asyncio.gather(*pending), timeout)
-
-    producer.flush = flush_then_wait_for_changelogs  # type: ignore[method-assign]
+    Faust derives a ``json`` key codec from ``key_type=str``; the changelog is given here instead, raw both
+    ways, so its records are the keys' and values' own bytes (and recovery reads back ``str`` keys)."""
+    big = {"max.message.bytes": str(MAX_EVENT_BYTES + 64 * 1024)}
+    codecs = {"key_type": str, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
+    changelog = app.topic(
+        changelog_name(namespace, name), **codecs, partitions=partitions, compacting=True, acks=False,
+        internal=True, config=big, maxsize=131_072, allow_empty=True,
+    )  # fmt: skip
+    created = app.Table(
+        name, key_type=str, value_type=bytes, partitions=partitions, changelog_topic=changelog,
+        extra_topic_configs=big,
+    )  # fmt: skip
+    created.key_serializer = created.value_serializer = "raw"  # what its writes and its store encode with
+    return created
 
 
 class SegmenterHandler:
-    """What the worker does with one message: tick, poison, or fact; outputs acked before settling."""
+    """What the agent does with one message: tick, poison, or fact; outputs acked before settling."""
 
     def __init__(
         self,
@@ -215,7 +168,7 @@ class SegmenterHandler:
             ticks_topic,
         )
         self.crash = crash
-        self._last_report = 0.0
+        self.last_report = 0.0
 
     async def handle_or_crash(self, message: Any) -> None:
         """:meth:`handle`; if the bus fails it (a send, an ack), the worker stops with the message
@@ -229,10 +182,6 @@ class SegmenterHandler:
             raise
 
     async def handle(self, message: Any) -> None:
-        with handling(message.partition):  # table changes are logged to the message's partition
-            await self._handle(message)
-
-    async def _handle(self, message: Any) -> None:
         if message.topic == self.ticks_topic:
             self.tick(message)
             return
@@ -280,8 +229,8 @@ class SegmenterHandler:
         aborted = self.segmenter.tick(now, message.partition)
         for state in aborted:
             log.warning("rollout %s aborted, nothing trainable: %s", state.rollout_id, state.reason)
-        if aborted or time.monotonic() - self._last_report > 5:  # an abort's count is shown with it
-            self._last_report = time.monotonic()
+        if aborted or time.monotonic() - self.last_report > 5:  # an abort's count is shown with it
+            self.last_report = time.monotonic()
             log.info("counts %s", json.dumps(self.segmenter.counts, sort_keys=True))
 
 

@@ -17,6 +17,7 @@ from aiokafka.errors import TopicAlreadyExistsError
 from rollbus.topics import TopicsError, check_topics, describe, spec_for, topic_name, wait_visible
 from services.segmenter.app import TICKS, build_app, internal_topics
 from services.segmenter.settings import SegmenterSettings
+from services.segmenter.upstream_fixes import UnprovenUpstream, check_versions
 
 add_arguments = SegmenterSettings.add_arguments
 
@@ -57,8 +58,9 @@ async def create_ticks(settings: SegmenterSettings, partitions: int) -> None:
 def run(args: argparse.Namespace) -> int:
     settings = SegmenterSettings.from_args(args)  # a bad value: rollbus.cli prints one line, exit 2
     try:
+        check_versions()
         partitions = asyncio.run(preflight(settings))
-    except TopicsError as error:
+    except (UnprovenUpstream, TopicsError) as error:
         print(f"rollbus segmenter: {error}", file=sys.stderr)
         return 1
     asyncio.set_event_loop(asyncio.new_event_loop())

@@ -43,15 +43,6 @@ class SegmenterSettings(BusSettings):
         description="seconds without heartbeats before the group counts a worker gone; a killed worker's "
         "partitions wait this long for a new owner (the broker's minimum is 6)",
     )
-    fetch_min_bytes: int = Field(
-        256 * 1024,
-        ge=1,
-        description="bytes a fetch waits for (or --fetch-max-wait): fewer round trips, each worth ~100 µs of "
-        "worker CPU",
-    )
-    fetch_max_wait: float = Field(
-        0.1, gt=0, le=5.0, description="seconds a fetch waits for --fetch-min-bytes: latency added when idle"
-    )
     changelog_timeout: float = Field(
         60.0, gt=0, description="seconds a commit waits for table changelog writes before the worker stops"
     )

@@ -2,7 +2,9 @@
 
 Faust drops a batch cut short by a rebalance and counts on a seek to committed offsets to fetch it again.
 aiokafka's ``seek_to_committed`` skips a partition never committed: without
-:func:`~services.segmenter.delivery.rewind_uncommitted_on_seek` the dropped messages were never read again.
+:func:`~services.segmenter.upstream_fixes.rewind_uncommitted_on_seek` the dropped messages of an input were
+never read again, and without :func:`~services.segmenter.upstream_fixes.rewind_changelogs_on_seek` those of a
+table changelog under recovery (which is never committed) were not either.
 """
 
 from __future__ import annotations
@@ -14,9 +16,29 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
-from services.segmenter.delivery import rewind_uncommitted_on_seek
+from services.segmenter.upstream_fixes import rewind_changelogs_on_seek, rewind_uncommitted_on_seek
 
 pytestmark = pytest.mark.kafka
+
+
+async def three_each(bootstrap: str, *tps: TopicPartition) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for tp in tps:
+            for n in range(3):
+                await producer.send_and_wait(tp.topic, f"m{n}".encode(), key=b"k", partition=tp.partition)
+    finally:
+        await producer.stop()
+
+
+def group_consumer(bootstrap: str) -> AIOKafkaConsumer:
+    return AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=f"seek-{uuid.uuid4().hex[:8]}",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
 
 
 async def test_a_seek_to_committed_offsets_reads_a_partition_never_committed_again_from_its_start(
@@ -27,20 +49,8 @@ async def test_a_seek_to_committed_offsets_reads_a_partition_never_committed_aga
         TopicPartition(topics["rewards"], 1),
         TopicPartition(topics["diffs"], 0),
     )
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
-    await producer.start()
-    try:
-        for tp in (fresh, committed, other):
-            for n in range(3):
-                await producer.send_and_wait(tp.topic, f"m{n}".encode(), key=b"k", partition=tp.partition)
-    finally:
-        await producer.stop()
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=kafka_bootstrap,
-        group_id=f"seek-{uuid.uuid4().hex[:8]}",
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-    )
+    await three_each(kafka_bootstrap, fresh, committed, other)
+    consumer = group_consumer(kafka_bootstrap)
     await consumer.start()
     try:
         consumer.assign([fresh, committed, other])
@@ -65,5 +75,56 @@ async def test_a_seek_to_committed_offsets_reads_a_partition_never_committed_aga
         assert [await consumer.position(tp) for tp in (fresh, committed, other)] == [0, 2, 3]
         fetched = await consumer.getmany(fresh, timeout_ms=5000)
         assert [record.value for record in fetched[fresh]] == [b"m0", b"m1", b"m2"]
+    finally:
+        await consumer.stop()
+
+
+async def test_a_seek_to_committed_offsets_rewinds_changelogs_under_recovery_to_what_was_applied(
+    kafka_bootstrap: str, topics: dict[str, str]
+) -> None:
+    """Two changelog partitions under recovery (one active, record 0 and 1 applied; one standby, nothing
+    applied) and a stream partition, all read past by a dropped batch: the stream goes back to its committed
+    offset, each changelog to the last record its recovery applied (read again: applying is idempotent)."""
+    active, standby, stream = (
+        TopicPartition(topics["segments"], 0),
+        TopicPartition(topics["segments"], 1),
+        TopicPartition(topics["rewards"], 0),
+    )
+    await three_each(kafka_bootstrap, active, standby, stream)
+    consumer = group_consumer(kafka_bootstrap)
+    await consumer.start()
+    try:
+        consumer.assign([active, standby, stream])
+        await consumer.commit({stream: OffsetAndMetadata(1, "")})
+
+        async def seek_wait(offsets: dict[TopicPartition, int]) -> None:  # Faust's, without its thread
+            for tp, offset in offsets.items():
+                consumer.seek(tp, offset)
+
+        async def perform_seek() -> None:  # what Faust's does to the positions
+            await consumer.seek_to_committed()
+
+        faust_consumer = SimpleNamespace(
+            perform_seek=perform_seek, seek_wait=seek_wait, assignment=consumer.assignment
+        )
+        recovery = SimpleNamespace(
+            active_tps={active},
+            active_offsets={active: 1},
+            standby_tps={standby},
+            standby_offsets={standby: -1},
+        )
+        app = SimpleNamespace(consumer=faust_consumer, tables=SimpleNamespace(recovery=recovery))
+        for tp in (active, standby, stream):
+            consumer.seek(tp, 3)
+        await faust_consumer.perform_seek()  # Faust alone: the changelogs stay past the dropped records
+        assert [await consumer.position(tp) for tp in (active, standby, stream)] == [3, 3, 1]
+
+        rewind_changelogs_on_seek(app)
+        for tp in (active, standby, stream):
+            consumer.seek(tp, 3)
+        await faust_consumer.perform_seek()
+        assert [await consumer.position(tp) for tp in (active, standby, stream)] == [1, 0, 1]
+        fetched = await consumer.getmany(active, timeout_ms=5000)
+        assert [record.value for record in fetched[active]] == [b"m1", b"m2"]
     finally:
         await consumer.stop()
