@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, SecretStr
 
 from rollbus.policy_model import ModelSettings
 from rollbus.settings import BusSettings
-from trainer.loss import LossConfig
-from trainer.step import OptimConfig
+
+if TYPE_CHECKING:  # torch comes with them: imported when the trainer runs, not for --help
+    from trainer.loss import LossConfig
+    from trainer.step import OptimConfig
 
 
 class TrainerSettings(ModelSettings, BusSettings):
@@ -81,12 +83,16 @@ class TrainerSettings(ModelSettings, BusSettings):
     engine_retries: int = Field(3, ge=0, description="retries of a failed weight push before moving on")
 
     def loss(self) -> LossConfig:
+        from trainer.loss import LossConfig
+
         return LossConfig(
             policy_loss=self.policy_loss, eps_clip_low=self.eps_clip_low, eps_clip_high=self.eps_clip_high,
             tis_clip=self.tis_clip, logits_chunk=self.logits_chunk,
         )  # fmt: skip
 
     def optim(self) -> OptimConfig:
+        from trainer.step import OptimConfig
+
         return OptimConfig(lr=self.lr, weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm)
 
     def checkpoints(self) -> Path:
