@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import AliasChoices, Field, model_validator
 
 from rollbus.policy_model import DEFAULT_TOKENIZER, ModelSettings
+from rollbus.settings import ENGINE_PORT
 
 if TYPE_CHECKING:  # torch and transformers load when the engine runs, not for --help
     from services.engine.engine import Engine
@@ -27,7 +28,7 @@ class EngineSettings(ModelSettings):
     model_config = ModelSettings.scoped("engine")
 
     host: str = Field("127.0.0.1", min_length=1, description="address to listen on")
-    port: int = Field(30000, ge=0, le=65535, description="port to listen on (SGLang's default)")
+    port: int = Field(ENGINE_PORT, ge=0, le=65535, description="port to listen on (SGLang's default)")
     policy: Literal["sample", "scripted"] = Field(
         "sample", description="sample from the weights, or replay --script with real logprobs"
     )

@@ -50,7 +50,9 @@ class GraderSettings(GradingOptions, BusSettings):
 
     model_config = BusSettings.scoped("grader")
 
-    group_id: str = Field("rollbus-grader", min_length=1, description="consumer group (add graders to scale)")
+    consumer_group: str = Field(
+        "rollbus-grader", min_length=1, description="Kafka consumer group on diffs (add graders to scale)"
+    )
     grade_failed_rollouts: bool = Field(
         False,
         description="grade the patch of a rollout the runner reported as failed (default: reward 0, "
