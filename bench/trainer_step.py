@@ -105,7 +105,9 @@ def line(name: str, r: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one step per measurement")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: one step per measurement, short segments"
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     for flag, default in (
         ("--tokens", 0),
@@ -123,13 +125,13 @@ def main() -> None:
         return
     steps = 1 if args.quick else 3
     print("long segments, chunked logits (1 thread):")
-    for tokens in (20_000, 64_000):
+    for tokens in (2_000,) if args.quick else (20_000, 64_000):
         r = run_child(child_args(tokens, 512, 1, steps, 1))
         every = tokens * 248077 * 4 / 2**30
         masked = r["trained"] * 248077 * 4 / 2**30
         note = f" (full logits: {every:.0f} GB per copy; at trained positions only {masked:.1f} GB)"
         print(line(f"  {tokens // 1000}k tokens, chunk 512", r) + note)
-    short = 1000 if args.quick else 2000
+    short = 500 if args.quick else 2000
     print(f"chunked vs full logits, {short}-token segment (1 thread):")
     chunked = run_child(child_args(short, 512, 1, steps, 1))
     full = run_child(child_args(short, 0, 1, steps, 1))

@@ -52,7 +52,7 @@ class DemoSettings(StackSettings):
     json_summary: Path | None = Field(None, description="also write the summary as JSON here")
     timeout: float = Field(1800.0, gt=0, description="seconds the whole demo may take")
     idle_timeout: float = Field(
-        120.0, gt=0, description="seconds without any new event, once every rollout ended, before giving up"
+        300.0, gt=0, description="seconds without any new event, once every rollout ended, before giving up"
     )
     gym: bool = Field(False, description="also run the gym runner")
     namespace: str = Field(
