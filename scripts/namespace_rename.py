@@ -135,6 +135,8 @@ def link(root: Path) -> list[str]:
     made = []
     for package in PACKAGES:
         target = root / "rollbus" / package
+        if target.with_suffix(".py").exists():  # a package of the same name would shadow this module
+            raise SystemExit(f"{target}.py exists: rollbus.{package} would name two things")
         if target.is_symlink() and os.readlink(target) == f"../{package}":
             continue
         if target.exists() or target.is_symlink():

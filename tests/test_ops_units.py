@@ -141,7 +141,7 @@ def test_service_stop_ends_the_service_and_what_it_started_even_if_it_ignores_si
 
     import psutil
 
-    from rollbus.services import ServiceProcess
+    from tests.service_process import ServiceProcess
 
     service = ServiceProcess("stubborn", [], health_url="http://127.0.0.1:1/", log_dir=tmp_path)
     service.proc = subprocess.Popen(["bash", "-c", "trap '' TERM; sleep 300 & wait"], start_new_session=True)
