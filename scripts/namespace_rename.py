@@ -20,6 +20,13 @@ A second run changes nothing. ``--check`` changes nothing and exits 1 if a run w
 
     python scripts/namespace_rename.py            # in the repository root (or give the root as argument)
     ruff check --fix --select I rollbus services trainer tests bench examples   # re-sort the renamed imports
+    ruff check rollbus services trainer tests bench examples   # E501: lines grown too long; wrap them
+    git add -A rollbus/services rollbus/trainer                 # the two links
+
+Then: a few tests; ``uv build --wheel``; the wheel in a fresh venv outside the clone; ``rollbus demo --help``
+there, and ``rollbus demo --tasks <checkout>/examples/swe-mini/demo.jsonl --script
+<checkout>/examples/swe-mini/scripts`` (``examples/`` is not package data: the demo's defaults point into a
+checkout).
 """
 
 from __future__ import annotations
@@ -188,8 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if changed or missing else 0
     made = link(root)
     print(f"rewrote {len(changed)} files; linked {', '.join(made) or 'nothing (already there)'}")
-    for name in changed:
-        print(f"  {name}")
+    print("\n".join(f"  {name}" for name in changed), flush=True)
     return 0
 
 
