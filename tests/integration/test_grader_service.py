@@ -79,7 +79,7 @@ async def test_grader_publishes_rewards_and_dead_letters_poison(
     namespace = topics["diffs"].rsplit(".", 1)[0]
     settings = GraderSettings.load({
         "bootstrap_servers": kafka_bootstrap, "namespace": namespace, "data_dir": SWE_MINI,
-        "group_id": f"grader-{uuid.uuid4().hex[:8]}",
+        "consumer_group": f"grader-{uuid.uuid4().hex[:8]}",
     })  # fmt: skip
     stop = asyncio.Event()
     service = asyncio.create_task(serve(settings, stop))
