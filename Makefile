@@ -9,7 +9,7 @@ VENV_FILE := .rollbus/venv-path
 help:
 	@echo "make demo   - the closed loop on embedded defaults: roll out, grade, segment, train, serve the new policy"
 	@echo "make test   - bootstrap, lint and run the whole test suite against a real Kafka broker"
-	@echo "make bench  - run the benchmarks in bench/"
+	@echo "make bench  - run the benchmarks in bench/ (BENCH_ARGS=--quick: a smoke run of each)"
 	@echo "make lint   - ruff over the code"
 	@echo "make broker-start / broker-stop - the embedded Kafka broker of .rollbus (any free port if 9092 is taken)"
 	@echo "make clean  - remove .rollbus (broker data, the clone's venv layer)"
@@ -30,7 +30,8 @@ lint: bootstrap
 	@"$$(cat $(VENV_FILE))/bin/ruff" check rollbus services trainer tests bench examples
 
 bench: bootstrap
-	@v="$$(cat $(VENV_FILE))"; for b in bench/*.py; do echo "== $$b"; "$$v/bin/python" "$$b" || exit 1; done
+	@v="$$(cat $(VENV_FILE))"; for b in $$(grep -l __main__ bench/*.py); do \
+	echo "== $$b $(BENCH_ARGS)"; "$$v/bin/python" "$$b" $(BENCH_ARGS) || exit 1; done
 
 broker-start: bootstrap
 	@"$$(cat $(VENV_FILE))/bin/rollbus" broker start

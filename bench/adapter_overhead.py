@@ -1,8 +1,9 @@
 """What the adapter adds per turn: latency and CPU, against the engine alone on the same prompts.
 
-Run: ``python bench/adapter_overhead.py [--turns 10 50 100] [--final-context 64000] [--engine-flags "..."]``.
-``--state [--quick]`` instead reports memory per live 64k-token session and the restart rebuild time with
-10k finished and 100 open rollouts on the bus (:mod:`bench.adapter_state`).
+Run: ``python bench/adapter_overhead.py [--turns 10 50 100] [--final-context 64000] [--engine-flags "..."]``;
+``--quick``: one 3-turn conversation to 4k tokens (a smoke run). ``--state [--quick]`` instead reports memory
+per live 64k-token session and the restart rebuild time with 10k finished and 100 open rollouts on the bus
+(:mod:`bench.adapter_state`).
 
 Starts the rollbus engine (scripted policy: every turn a Read tool call, real logprobs) and the adapter
 (real tokenizer, chat template, SGLang parsers, canonical history; turns encoded with the real codec and
@@ -239,17 +240,18 @@ def serve_adapter(port: int, engine_url: str, records_file: str) -> None:
 
     import uvicorn
 
-    from rollbus.codec import decode, encode
+    from rollbus.codec import decode
     from services.adapter.app import create_app
     from services.adapter.settings import AdapterSettings
 
     out = open(records_file, "a")  # noqa: SIM115 - lives as long as the process
 
     class FilePublisher:
-        async def publish(self, topic: str, record: dict, *, key: str) -> None:
-            data = encode({"turns": "turn", "sessions": "session"}[topic], record)
+        """The adapter's publisher (``services.adapter.publisher.Publisher``): takes the encoded records."""
+
+        async def publish_bytes(self, topic: str, value: bytes, *, key: str | bytes | None) -> None:
             if topic == "turns":
-                out.write(json.dumps(decode(data).record) + "\n")
+                out.write(json.dumps(decode(value).record) + "\n")
                 out.flush()
 
     settings = AdapterSettings(sglang_url=engine_url, open_sessions=True, context_length=65536)
@@ -268,8 +270,12 @@ def main() -> int:
         "--serve-adapter", nargs=3, metavar=("PORT", "ENGINE_URL", "RECORDS"), help=argparse.SUPPRESS
     )
     parser.add_argument("--state", action="store_true", help="memory per session and restart time instead")
-    parser.add_argument("--quick", action="store_true", help="with --state: fewer sessions")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: 3 turns to 4k tokens (--state: fewer sessions)"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.turns, args.final_context = [3], 4_000
     if args.state:
         from bench.adapter_state import main as state_main
 

@@ -96,6 +96,7 @@ def memory(sessions: int, turns: int, context: int) -> None:
     print(f"  RSS growth per session      {per_session / 2**20:8.2f} MiB")
     print(f"  its tokens at 4 bytes       {per_tokens * 4 / 2**20:8.2f} MiB")
     print(f"  beyond the tokens           {(per_session - per_tokens * 4) / 2**20:8.2f} MiB (aim: < 1 MiB)")
+    print(f"  ratio RSS growth / tokens at 4 bytes: {per_session / max(per_tokens * 4, 1):.2f}x")
 
 
 def bus(
@@ -163,9 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few sessions, a smaller bus")
     args = parser.parse_args(argv)
-    if args.quick:
-        memory(sessions=3, turns=100, context=64_000)
-        asyncio.run(restart(finished=10_000, open_rollouts=100))
+    if args.quick:  # a smoke run: the figures of the docs come from the full one
+        memory(sessions=2, turns=20, context=8_000)
+        asyncio.run(restart(finished=500, open_rollouts=10))
     else:
         memory(sessions=10, turns=100, context=64_000)
         asyncio.run(restart(finished=10_000, open_rollouts=100))

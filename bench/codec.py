@@ -39,7 +39,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=96_000, help="response tokens in the segment")
     parser.add_argument("--repeats", type=int, default=9, help="timed repetitions per operation")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 8k tokens, 3 repetitions")
     args = parser.parse_args()
+    if args.quick:
+        args.tokens, args.repeats = 8_000, 3
 
     record = segment(args.tokens)
     reference_schema = avro.schema.parse(json.dumps(codec.schema("segment")))

@@ -53,7 +53,10 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--tokens-per-turn", type=int, default=1600)
     parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 3 turns of 300 tokens")
     args = parser.parse_args()
+    if args.quick:
+        args.turns, args.tokens_per_turn = 3, 300
     torch.set_num_threads(os.cpu_count() or 1)
     tokenizer = load_tokenizer("qwen3.6")
     stops = SpecialIds.from_tokenizer(tokenizer).stop_token_ids

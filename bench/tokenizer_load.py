@@ -46,7 +46,10 @@ def converter_only_dir(out: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="timed repetitions per operation")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: one repetition")
     args = parser.parse_args()
+    if args.quick:
+        args.repeats = 1
 
     with tempfile.TemporaryDirectory() as scratch:
         os.environ["ROLLBUS_CACHE"] = scratch

@@ -1,4 +1,4 @@
-"""The one place that owns Kafka clients, so every service publishes and consumes the same way.
+"""The shared Kafka clients: most services publish and consume through them (docs/architecture.md "Delivery").
 
 * :class:`Publisher` — an idempotent producer (``acks=all``): events are encoded with the codec and
   keyed by rollout id, so every event of one rollout lands on the same partition number of every

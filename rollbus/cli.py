@@ -2,22 +2,18 @@
 
 Subcommands are listed explicitly in :data:`COMMANDS` (name -> module); each module exposes
 ``add_arguments(parser)`` and ``run(args) -> int``. Modules are imported only when chosen, so
-``rollbus --help`` stays fast and a service's heavy imports never slow another.
-
-A stage whose module still answers with :func:`services._stub.not_built_yet` (or does not exist yet) is
-marked "not built yet" in ``rollbus --help`` and in its own ``--help``; the mark goes away by itself
-when the module stops using the stub.
+``rollbus --help`` stays fast and a service's heavy imports never slow another. A command module keeps its
+heavy imports (torch, transformers, sglang) inside ``run``, so its ``--help`` is as fast as its flags
+(``tests/test_cli_help.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import sys
 from typing import Any
 
-from rollbus.config import default_bootstrap
 from rollbus.settings import SettingsError
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -44,33 +40,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-STUB_MARK = "services._stub import not_built_yet"
-NOT_BUILT = "NOT BUILT YET: "
-
-
-def built(module_name: str) -> bool:
-    """False for a stage still on the stub (read from its source, without importing it) or missing."""
-    try:
-        spec = importlib.util.find_spec(module_name)
-    except ModuleNotFoundError:
-        return False
-    if spec is None or spec.origin is None:
-        return False
-    try:
-        with open(spec.origin, encoding="utf-8") as source:
-            return STUB_MARK not in source.read()
-    except OSError:
-        return True
-
-
-def summary(name: str) -> str:
-    module_name, text = COMMANDS[name]
-    return text if built(module_name) else NOT_BUILT + text
-
-
 def command_parser(name: str, module: Any) -> argparse.ArgumentParser:
     """The parser of ``rollbus <name>``, filled by add_<name>_arguments or add_arguments."""
-    parser = argparse.ArgumentParser(prog=f"rollbus {name}", description=summary(name))
+    parser = argparse.ArgumentParser(prog=f"rollbus {name}", description=COMMANDS[name][1])
     add = getattr(module, f"add_{name.replace('-', '_')}_arguments", module.add_arguments)
     add(parser)
     return parser
@@ -81,24 +53,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rollbus", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        sub.add_parser(name, help=summary(name), add_help=False)
+        sub.add_parser(name, help=COMMANDS[name][1], add_help=False)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         parser.parse_args(argv or ["--help"])
         return 2
     name = argv[0]
-    try:
-        module = importlib.import_module(COMMANDS[name][0])
-    except ModuleNotFoundError as missing:
-        if missing.name is None or not COMMANDS[name][0].startswith(missing.name):
-            raise
-        print(f"rollbus {name}: not built yet (no {missing.name}); see the open issues", file=sys.stderr)
-        return 2
+    module = importlib.import_module(COMMANDS[name][0])
     try:
         cmd_parser = command_parser(name, module)  # options read their variables here
         args = cmd_parser.parse_args(argv[1:])
         args.command = name
-        if "bootstrap_servers" in vars(args) and args.bootstrap_servers is None:  # once --state-dir is known
-            args.bootstrap_servers = default_bootstrap(getattr(args, "state_dir", None))
         return int(module.run(args) or 0)
     except SettingsError as exc:  # a bad flag or variable: one line, before anything started
         print(f"rollbus {name}: error: {exc}", file=sys.stderr)

@@ -37,7 +37,8 @@ __all__ = [
 
 MAGIC = b"RB"
 HEADER = struct.Struct(">2sBH")  # magic, event type id (index in EVENT_TYPES), schema version
-SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
+# the repository's schemas/, through the rollbus/schemas link in a clone and as package data in a wheel
+SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 _HISTORY_NAME = re.compile(r"^(?P<event>\w+)\.v(?P<version>\d+)\.avsc$")
 _BODY_ERRORS = (EOFError, ValueError, IndexError, OverflowError, struct.error)
 
@@ -710,7 +711,7 @@ def _describe(exc: ValidationError, record_name: str) -> str:
 
 @functools.cache
 def default_codec() -> Codec:
-    """The codec over the repository's ``schemas/`` directory, loaded on first use."""
+    """The codec over ``schemas/`` (:data:`SCHEMA_DIR`), loaded on first use."""
     return Codec()
 
 

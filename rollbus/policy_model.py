@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from pydantic import Field
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from rollbus.settings import Settings
-from rollbus.tokenizer import DEFAULT_TOKENIZER
+
+if TYPE_CHECKING:  # torch and transformers load when a model is built, not with the settings (--help)
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+DEFAULT_TOKENIZER = "qwen3.6"  # the built-in tokenizer (rollbus.tokenizer builds it)
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,8 @@ class ModelSettings(Settings):
 
 
 def qwen3_config(spec: ModelSpec, vocab_size: int, stop_token_ids: tuple[int, ...]) -> Qwen3Config:
+    from transformers import Qwen3Config
+
     return Qwen3Config(
         vocab_size=vocab_size,
         hidden_size=spec.hidden_size,
@@ -75,6 +80,9 @@ def random_qwen3(
     spec: ModelSpec, vocab_size: int, stop_token_ids: tuple[int, ...], seed: int
 ) -> Qwen3ForCausalLM:
     """A freshly initialised float32 model; the same ``seed`` always gives the same weights."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(qwen3_config(spec, vocab_size, stop_token_ids))

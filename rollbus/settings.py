@@ -33,10 +33,15 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rollbus.config import recorded_bootstrap
 
-__all__ = ["BusSettings", "Field", "Settings", "SettingsError", "shared"]
+__all__ = ["ADAPTER_URL", "ENGINE_URL", "BusSettings", "Field", "Settings", "SettingsError", "shared"]
 
 DEFAULT_STATE_DIR = Path(".rollbus")
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+# Where each HTTP service listens by default, declared once for it and for the services that call it.
+ENGINE_PORT = 30000  # SGLang's default
+ENGINE_URL = f"http://127.0.0.1:{ENGINE_PORT}"
+ADAPTER_PORT = 8082
+ADAPTER_URL = f"http://127.0.0.1:{ADAPTER_PORT}"
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off", "")
 

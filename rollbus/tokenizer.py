@@ -29,8 +29,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import TikTokenConverter, bytes_to_unicode
 
 from rollbus.config import cache_dir
+from rollbus.policy_model import DEFAULT_TOKENIZER
 
-DEFAULT_TOKENIZER = "qwen3.6"
 TEMPLATE_NAME = "qwen3.6"
 _BUILD_VERSION = "1-markup"  # bump when the on-disk layout or the build recipe changes
 _MODEL_MAX_LENGTH = 262144

@@ -24,10 +24,10 @@ from rollbus import claude_cli
 from rollbus.broker import free_port
 from rollbus.replay import ReadPlan, read
 from rollbus.sandbox import BwrapSandbox, Completed, prepare_repo
-from rollbus.services import ServiceProcess
 from rollbus.topics import topic_name
 from rollbus.trajectory import Segment, Turn, fan_out
 from rollbus.turn_log import frozen_chains, resolve_turns
+from tests.service_process import ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rollbus.broker import DEFAULT_PORT, EmbeddedBroker, start_port
-from rollbus.config import default_bootstrap, recorded_bootstrap
+from rollbus.config import recorded_bootstrap
 from rollbus.polling import WaitTimeout, wait_until, wait_until_async
 from services.stack.demo import replay_hint
 
@@ -60,16 +60,19 @@ def record_broker(state: Path, port: int) -> None:
 def test_default_bootstrap_is_the_variable_then_the_recorded_broker_then_9092(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from rollbus.settings import BusSettings
+
+    where = lambda: BusSettings.load({"state_dir": tmp_path}).bootstrap_servers  # noqa: E731
     monkeypatch.delenv("ROLLBUS_BOOTSTRAP_SERVERS", raising=False)
     assert recorded_bootstrap(tmp_path) is None
-    assert default_bootstrap(tmp_path) == "127.0.0.1:9092"
+    assert where() == "127.0.0.1:9092"
     record_broker(tmp_path, 41234)
-    assert default_bootstrap(tmp_path) == "127.0.0.1:41234"
+    assert where() == "127.0.0.1:41234"
     monkeypatch.setenv("ROLLBUS_BOOTSTRAP_SERVERS", "kafka:9092")
-    assert default_bootstrap(tmp_path) == "kafka:9092"
+    assert where() == "kafka:9092"
     (tmp_path / "kafka" / "broker.json").write_text("{torn")  # a half-written record is no record
     monkeypatch.delenv("ROLLBUS_BOOTSTRAP_SERVERS")
-    assert default_bootstrap(tmp_path) == "127.0.0.1:9092"
+    assert where() == "127.0.0.1:9092"
 
 
 def test_the_cli_resolves_the_default_against_the_state_dir_given(tmp_path: Path, monkeypatch) -> None:
@@ -138,7 +141,7 @@ def test_service_stop_ends_the_service_and_what_it_started_even_if_it_ignores_si
 
     import psutil
 
-    from rollbus.services import ServiceProcess
+    from tests.service_process import ServiceProcess
 
     service = ServiceProcess("stubborn", [], health_url="http://127.0.0.1:1/", log_dir=tmp_path)
     service.proc = subprocess.Popen(["bash", "-c", "trap '' TERM; sleep 300 & wait"], start_new_session=True)

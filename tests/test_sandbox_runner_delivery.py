@@ -58,8 +58,10 @@ async def namespace(kafka_bootstrap: str) -> str:
 async def runner(
     bootstrap: str, namespace: str, gate: Gate, concurrency: int
 ) -> AsyncIterator[SandboxRunner]:
-    settings = RunnerSettings.load({"bootstrap_servers": bootstrap, "namespace": namespace, "group_id": GROUP,
-                                    "concurrency": concurrency, "poll_ms": 100})  # fmt: skip
+    settings = RunnerSettings.load({
+        "bootstrap_servers": bootstrap, "namespace": namespace, "consumer_group": GROUP,
+        "concurrency": concurrency, "poll_ms": 100,
+    })  # fmt: skip
     service = SandboxRunner(settings, run=gate)
     stop = asyncio.Event()
     loop = asyncio.create_task(service.run(stop))

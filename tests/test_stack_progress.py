@@ -35,3 +35,22 @@ def test_a_run_folds_into_its_summary():
 def test_a_rollout_with_turns_and_no_diff_is_running():
     progress = fold([("task", SAMPLES["task"]), ("turn", turn())])
     assert progress.running == {"r-1"} and progress.finished == 0
+
+
+def test_a_continued_run_counts_only_its_own_events_and_steps_from_the_earlier_policy():
+    """The second demo of a run on the same topics: the first one's rollouts and steps are not its own."""
+    progress = fold([])
+    for event_type, record in [
+        ("task", {**SAMPLES["task"], "rollout_id": "old"}),
+        ("reward", {**SAMPLES["reward"], "rollout_id": "old"}),
+        ("policy", {**SAMPLES["policy"], "version": 1}),
+        ("policy", {**SAMPLES["policy"], "version": 2}),
+    ]:
+        progress.earlier(event_type, record)
+    assert progress.policy_base == progress.policy_version == 2 and progress.summary(train_steps=0)[
+        "rollouts_submitted"] == 0  # fmt: skip
+    progress.add("task", {**SAMPLES["task"], "rollout_id": "new"})
+    progress.add("policy", {**SAMPLES["policy"], "version": 2})  # republished at a restart: no step
+    progress.add("policy", {**SAMPLES["policy"], "version": 3})
+    summary = progress.summary(train_steps=progress.policy_updates)
+    assert (summary["rollouts_submitted"], summary["train_steps"], summary["policy_version"]) == (1, 1, 3)

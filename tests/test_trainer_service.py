@@ -27,9 +27,9 @@ from safetensors.torch import load_file
 
 from rollbus.broker import free_port
 from rollbus.bus import Event, Publisher, decode_message
-from rollbus.services import ServiceProcess
 from rollbus.topics import create_topics, topic_name
 from tests.conftest import unique_namespace
+from tests.service_process import ServiceProcess
 from trainer import checkpoint
 from trainer.feed import latest_policy_version, push_weights
 from trainer.learner import Learner

@@ -13,12 +13,10 @@ import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-DeviceChoice = Literal["auto", "cpu", "cuda"]
-PrecisionChoice = Literal["auto", "fp32", "bf16"]
+from trainer.settings import DeviceChoice, PrecisionChoice
 
 
 class DeviceError(ValueError):

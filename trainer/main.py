@@ -13,21 +13,27 @@ import logging
 import os
 import signal
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
-import torch
-import torch.distributed as dist
-import transformers
-
-from trainer.device import placement
-from trainer.learner import Learner, follow
-from trainer.service import Trainer
 from trainer.settings import TrainerSettings
+
+if TYPE_CHECKING:
+    from trainer.service import Trainer
 
 add_arguments = TrainerSettings.add_arguments
 
 
 def run(args: argparse.Namespace) -> int:
     settings = TrainerSettings.from_args(args)
+    # torch and transformers load here, not at import: `rollbus trainer --help` stays fast
+    import torch
+    import torch.distributed as dist
+    import transformers
+
+    from trainer.device import placement
+    from trainer.learner import Learner, follow
+    from trainer.service import Trainer
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(settings.threads or os.cpu_count() or 1)

@@ -8,19 +8,11 @@ does not force.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from rollbus.policy_model import ModelSpec
-
-
-@dataclass(frozen=True)
-class MoeSpec:
-    experts: int = 8
-    top_k: int = 2
-    expert_size: int = 32  # each expert's intermediate width
+from trainer.settings import MoeSpec
 
 
 def qwen3_moe_config(

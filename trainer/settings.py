@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, SecretStr
 
 from rollbus.policy_model import ModelSettings
 from rollbus.settings import BusSettings
-from trainer.device import DeviceChoice, PrecisionChoice
-from trainer.loss import LossConfig
-from trainer.moe import MoeSpec
-from trainer.step import OptimConfig
+
+if TYPE_CHECKING:  # torch comes with them: imported when the trainer runs, not for --help
+    from trainer.loss import LossConfig
+    from trainer.step import OptimConfig
+
+DeviceChoice = Literal["auto", "cpu", "cuda"]
+PrecisionChoice = Literal["auto", "fp32", "bf16"]
+
+
+@dataclass(frozen=True)
+class MoeSpec:
+    """The shape of the small random Qwen3-MoE (:mod:`trainer.moe`), here so flags need no torch."""
+
+    experts: int = 8
+    top_k: int = 2
+    expert_size: int = 32  # each expert's intermediate width
 
 
 class TrainerSettings(ModelSettings, BusSettings):
@@ -104,6 +117,8 @@ class TrainerSettings(ModelSettings, BusSettings):
     engine_retries: int = Field(3, ge=0, description="retries of a failed weight push before moving on")
 
     def loss(self) -> LossConfig:
+        from trainer.loss import LossConfig
+
         return LossConfig(
             policy_loss=self.policy_loss, eps_clip_low=self.eps_clip_low, eps_clip_high=self.eps_clip_high,
             tis_clip=self.tis_clip, logits_chunk=self.logits_chunk,
@@ -111,6 +126,8 @@ class TrainerSettings(ModelSettings, BusSettings):
         )  # fmt: skip
 
     def optim(self) -> OptimConfig:
+        from trainer.step import OptimConfig
+
         return OptimConfig(lr=self.lr, weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm)
 
     def moe_spec(self) -> MoeSpec:

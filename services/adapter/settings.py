@@ -8,7 +8,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from rollbus.settings import BusSettings
+from rollbus.policy_model import DEFAULT_TOKENIZER
+from rollbus.settings import ADAPTER_PORT, ENGINE_URL, BusSettings
 
 HISTORY_MODES = ("canonical", "rerender")
 MIN_SIGNING_KEY_BYTES = 16
@@ -20,14 +21,16 @@ class AdapterSettings(BusSettings):
     model_config = BusSettings.scoped("adapter")
 
     host: str = Field("127.0.0.1", min_length=1, description="address to listen on")
-    port: int = Field(8082, ge=0, le=65535, description="port to listen on")
+    port: int = Field(ADAPTER_PORT, ge=0, le=65535, description="port to listen on")
     sglang_url: str = Field(
-        "http://127.0.0.1:30000", pattern=r"^https?://", description="SGLang (or rollbus engine) base URL"
+        ENGINE_URL, pattern=r"^https?://", description="SGLang (or rollbus engine) base URL"
     )
     engine_api_key: str | None = Field(
         None, repr=False, description="the engine's --api-key, sent as a bearer token (prefer the variable)"
     )
-    tokenizer: str = Field("qwen3.6", min_length=1, description="built-in tokenizer name or directory")
+    tokenizer: str = Field(
+        DEFAULT_TOKENIZER, min_length=1, description="built-in tokenizer name or directory"
+    )
     context_length: int = Field(
         32768, ge=1, description="model context in tokens; longer prompts get 'prompt is too long'"
     )

@@ -10,24 +10,16 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-import transformers
 from pydantic import AliasChoices, Field, model_validator
 
-from rollbus.policy_model import ModelSettings
-from rollbus.tokenizer import DEFAULT_TOKENIZER, SpecialIds, load_tokenizer, tokenizer_dir
-from services.engine.engine import Engine
-from services.engine.model import load_model, random_model
-from services.engine.policies import (
-    Policy,
-    SamplePolicy,
-    Script,
-    ScriptedPolicy,
-    load_script,
-    load_script_dir,
-)
+from rollbus.policy_model import DEFAULT_TOKENIZER, ModelSettings
+from rollbus.settings import ENGINE_PORT
+
+if TYPE_CHECKING:  # torch and transformers load when the engine runs, not for --help
+    from services.engine.engine import Engine
+    from services.engine.policies import Policy
 
 
 class EngineSettings(ModelSettings):
@@ -36,7 +28,7 @@ class EngineSettings(ModelSettings):
     model_config = ModelSettings.scoped("engine")
 
     host: str = Field("127.0.0.1", min_length=1, description="address to listen on")
-    port: int = Field(30000, ge=0, le=65535, description="port to listen on (SGLang's default)")
+    port: int = Field(ENGINE_PORT, ge=0, le=65535, description="port to listen on (SGLang's default)")
     policy: Literal["sample", "scripted"] = Field(
         "sample", description="sample from the weights, or replay --script with real logprobs"
     )
@@ -81,6 +73,8 @@ add_arguments = EngineSettings.add_arguments
 
 
 def build_policy(settings: EngineSettings) -> Policy:
+    from services.engine.policies import SamplePolicy, Script, ScriptedPolicy, load_script, load_script_dir
+
     if settings.policy == "sample" or settings.script is None:
         return SamplePolicy()
     if settings.script.is_dir():  # one script per task; rollouts of no task get default.json or nothing
@@ -90,6 +84,10 @@ def build_policy(settings: EngineSettings) -> Policy:
 
 
 def build_engine(settings: EngineSettings) -> Engine:
+    from rollbus.tokenizer import SpecialIds, load_tokenizer
+    from services.engine.engine import Engine
+    from services.engine.model import load_model, random_model
+
     tokenizer = load_tokenizer(settings.tokenizer)
     if settings.model_path:
         model, model_path = load_model(settings.model_path, len(tokenizer)), str(settings.model_path)
@@ -112,6 +110,8 @@ def build_engine(settings: EngineSettings) -> Engine:
 
 
 def tokenizer_path(name_or_path: str) -> str:
+    from rollbus.tokenizer import tokenizer_dir
+
     return str(tokenizer_dir()) if name_or_path == DEFAULT_TOKENIZER else str(name_or_path)
 
 
@@ -121,6 +121,9 @@ def run(parsed: argparse.Namespace) -> int:
     from services.engine.app import create_app
 
     settings = EngineSettings.from_args(parsed)  # a bad value: one line, exit 2, before torch or a port
+    import torch
+    import transformers
+
     torch.set_num_threads(settings.threads or os.cpu_count() or 1)
     transformers.utils.logging.disable_progress_bar()
     engine = build_engine(settings)

@@ -1,6 +1,6 @@
 """Grader: consumes `diffs`, grades each patch in fresh network-less sandboxes, publishes `rewards`.
 
-One member of the ``group_id`` consumer group grades one diff at a time (add graders to scale: partitions are
+One member of the ``--consumer-group`` grades one diff at a time (add graders to scale: partitions are
 shared among them). A diff is committed only after its reward is on the bus (at-least-once: a grader killed
 mid-grade leaves the diff to the next member, which publishes the same grade again; rewards carry rollout and
 attempt ids, so readers keep one). Undecodable diffs, diffs without a rollout id and diffs that crash the
@@ -95,11 +95,12 @@ async def serve(
     async with Publisher(settings.bootstrap_servers, client_id="rollbus-grader") as publisher:
         handler = DiffGrader(settings, publisher)
         consumer = EventConsumer(
-            settings.bootstrap_servers, [topic_name("diffs", settings.namespace)], group_id=settings.group_id,
+            settings.bootstrap_servers, [topic_name("diffs", settings.namespace)],
+            group_id=settings.consumer_group,
             handler=handler, service="grader", publisher=publisher, max_batch=settings.max_batch,
             max_poll_interval_ms=poll_interval_ms,
         )  # fmt: skip
         async with consumer:
-            log.info("grading diffs as group %s (bwrap sandboxes, no network)", settings.group_id)
+            log.info("grading diffs as group %s (bwrap sandboxes, no network)", settings.consumer_group)
             with contextlib.suppress(asyncio.CancelledError):
                 await consumer.run(stop)

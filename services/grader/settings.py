@@ -61,5 +61,7 @@ class GraderSettings(DiffGrading, BusSettings):
 
     model_config = BusSettings.scoped("grader")
 
-    group_id: str = Field("rollbus-grader", min_length=1, description="consumer group (add graders to scale)")
+    consumer_group: str = Field(
+        "rollbus-grader", min_length=1, description="Kafka consumer group on diffs (add graders to scale)"
+    )
     max_batch: int = Field(1, ge=1, description="diffs fetched per poll (they are graded one after another)")

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr
 
-from rollbus.settings import BusSettings
+from rollbus.settings import ADAPTER_URL, BusSettings
 
 
 class GymRunnerSettings(BusSettings):
@@ -14,7 +14,7 @@ class GymRunnerSettings(BusSettings):
 
     model_config = BusSettings.scoped("gym-runner")
 
-    adapter_url: str = Field("http://127.0.0.1:8082", min_length=1, description="adapter base URL")
+    adapter_url: str = Field(ADAPTER_URL, min_length=1, description="adapter base URL")
     admin_token: SecretStr | None = Field(None, description="the adapter's --admin-token (required)")
     model: str = Field("rollbus-engine", min_length=1, description="model name sent with each model call")
     gym_env: str | None = Field(None, description="env for rows whose env_config has no name")

@@ -72,7 +72,7 @@ async def _serve(settings: RunnerSettings) -> int:
         loop.add_signal_handler(sig, stop.set)
     runner = SandboxRunner(settings)
     log.info("consuming %s as group %s: %d rollouts at once, %d booting, budget %.0fs, %s, adapter %s",
-             runner.tasks_topic, settings.group_id, settings.concurrency, settings.boot_concurrency,
+             runner.tasks_topic, settings.consumer_group, settings.concurrency, settings.boot_concurrency,
              settings.agent_timeout, settings.backend, settings.adapter_url)  # fmt: skip
     await runner.run(stop)
     return 0

@@ -76,7 +76,7 @@ class SandboxRunner:
         self.running: dict[tuple[TopicPartition, int], asyncio.Task[None]] = {}
         self.failed: BaseException | None = None
         self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.bootstrap_servers, group_id=settings.group_id,
+            bootstrap_servers=settings.bootstrap_servers, group_id=settings.consumer_group,
             client_id="rollbus-sandbox-runner", enable_auto_commit=False, auto_offset_reset="earliest",
             isolation_level="read_committed", session_timeout_ms=settings.session_timeout_ms,
             heartbeat_interval_ms=max(settings.session_timeout_ms // 4, 250),

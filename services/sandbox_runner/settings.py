@@ -15,7 +15,7 @@ from rollbus.sandbox import Limits
 from rollbus.sandbox.base import SandboxError
 from rollbus.sandbox.bwrap import SCRATCH_ROOT
 from rollbus.sandbox.e2b_backend import E2BOptions
-from rollbus.settings import BusSettings
+from rollbus.settings import ADAPTER_URL, BusSettings
 
 MIB = 1 << 20
 
@@ -27,7 +27,7 @@ class RunnerSettings(BusSettings):
 
     model_config = BusSettings.scoped("sandbox-runner")
 
-    adapter_url: str = Field("http://127.0.0.1:8080", description="adapter the agent talks to", min_length=1)
+    adapter_url: str = Field(ADAPTER_URL, description="adapter the agent talks to", min_length=1)
     admin_token: SecretStr | None = Field(None, description="the adapter's admin token (sessions API)")
     backend: Literal["bwrap", "e2b"] = Field(
         "bwrap", description="sandbox backend of the agent (e2b: template and routing from ROLLBUS_E2B_*)"
@@ -67,7 +67,9 @@ class RunnerSettings(BusSettings):
     tmp_mb: int | None = Field(1024, ge=1, description="size of the sandbox's /tmp, MiB (unset: none)")
     disk_mb: int | None = Field(4096, ge=1, description="workspace + HOME size limit, MiB (unset: none)")
     output_mb: int = Field(32, ge=1, description="agent output kept per stream, MiB (head and tail)")
-    group_id: str = Field("rollbus-sandbox-runner", description="consumer group on `tasks`", min_length=1)
+    consumer_group: str = Field(
+        "rollbus-sandbox-runner", min_length=1, description="Kafka consumer group on tasks (add runners)"
+    )
     concurrency: int = Field(2, ge=1, description="rollouts run at once by this runner")
     boot_concurrency: int = Field(4, ge=1, description="sandboxes booting at once")
     boot_attempts: int = Field(3, ge=1, description="tries to boot a sandbox before the attempt fails")

@@ -6,6 +6,11 @@ rollouts per row: one group each; the trainer steps once all of a round's groups
 step to be published and for the engine to serve it, then starts the next round, whose turns therefore carry
 the new policy version. Progress is folded live from the bus. Ends with a summary; ``--json-summary OUT`` also
 writes it as JSON.
+
+Each demo is a run of its own: a new topic namespace (``demo-<time>-<hex>``, so its own topics, segmenter
+tables and trainer checkpoints on the same broker and state dir), named in its first line. ``--resume``
+continues the last demo run of the state dir, ``--namespace NAME`` a named one; either way the summary counts
+only what this invocation did, and its steps come after the run's newest policy version.
 """
 
 from __future__ import annotations
@@ -21,12 +26,14 @@ import time
 from pathlib import Path
 
 import httpx
-from pydantic import Field
+from pydantic import Field, model_validator
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from rollbus.settings import SettingsError, shared
 from services.stack.progress import Progress, watch
+from services.stack.runs import NoEarlierRun, last_demo, new_demo_namespace, record_demo
 from services.stack.supervisor import Supervisor
 from services.stack.up import EXAMPLES, Stack, StackSettings, running_stack
 
@@ -45,19 +52,55 @@ class DemoSettings(StackSettings):
     json_summary: Path | None = Field(None, description="also write the summary as JSON here")
     timeout: float = Field(1800.0, gt=0, description="seconds the whole demo may take")
     idle_timeout: float = Field(
-        120.0, gt=0, description="seconds without any new event, once every rollout ended, before giving up"
+        300.0, gt=0, description="seconds without any new event, once every rollout ended, before giving up"
     )
     gym: bool = Field(False, description="also run the gym runner")
+    namespace: str = Field(
+        "",
+        validation_alias=shared("namespace"),
+        description="the run's topic namespace: an earlier run's continues that run; unset: a new run of its "
+        "own (demo-<time>-<hex>)",
+        pattern=r"^[A-Za-z0-9._-]*$",
+    )
+    resume: bool = Field(
+        False, description="continue the last demo run of the state dir (its topics and trainer checkpoints)"
+    )
+
+    @model_validator(mode="after")
+    def _one_run(self) -> DemoSettings:
+        if self.resume and "namespace" in self.model_fields_set:
+            raise ValueError("--resume continues the last demo run and --namespace names one: give one")
+        return self
+
+    def run_namespace(self) -> tuple[str, str]:
+        """The namespace this demo runs in, and how it was chosen (for its first line)."""
+        state = self.state_dir / "up"
+        if self.resume:
+            return last_demo(state), "continuing the last demo run"
+        if "namespace" in self.model_fields_set:
+            return self.namespace, "the namespace given"
+        return new_demo_namespace(), "a new run"
 
 
 async def demo(settings: DemoSettings) -> dict[str, int]:
     say = lambda name, what: console.print(Text(f"{name:15} {what}"))  # noqa: E731
+    started_ms = int(time.time() * 1000)  # what the topics hold from before is an earlier run's
+    namespace, how = settings.run_namespace()
+    record_demo(settings.state_dir / "up", namespace)
+    checkpoints = settings.state_dir / "up" / "trainer" / (namespace or "default")
+    say("demo", f"run {namespace or '(no namespace)'} ({how}): its topics {namespace}.*, trainer checkpoints "
+                f"in {checkpoints}; `rollbus demo --resume` continues it")  # fmt: skip
     await asyncio.to_thread(prepare, settings.tasks)
     groups = rows_in(settings.tasks)
-    stack_settings = settings.model_copy(update={"rollout_batch_size": groups})  # one step per round
+    # one step per round; the trainer runs until the demo stops it (its --steps counts across runs)
+    stack_settings = settings.model_copy(
+        update={"rollout_batch_size": groups, "namespace": namespace, "steps": 0}
+    )
     async with running_stack(stack_settings, say) as (stack, supervisor):
         progress, stop = Progress(), asyncio.Event()
-        watcher = asyncio.create_task(watch(stack.bootstrap, stack.namespace, progress, stop))
+        watcher = asyncio.create_task(
+            watch(stack.bootstrap, stack.namespace, progress, stop, since_ms=started_ms)
+        )
         keeper = asyncio.create_task(supervisor.watch())
         try:
             await rounds(settings, stack, supervisor, progress)
@@ -67,8 +110,9 @@ async def demo(settings: DemoSettings) -> dict[str, int]:
             stop.set()
             keeper.cancel()
             await asyncio.gather(watcher, keeper, return_exceptions=True)
-    summary = progress.summary(train_steps=progress.policy_updates, tokens_trained=tokens_trained(settings))
-    show(settings, progress, summary, stack)
+    trained = tokens_trained(stack_settings, progress.policy_base)
+    summary = progress.summary(train_steps=progress.policy_updates, tokens_trained=trained)
+    show(stack_settings, progress, summary, stack)
     if settings.json_summary is not None:
         settings.json_summary.write_text(json.dumps(summary, indent=2) + "\n")
     return summary
@@ -85,7 +129,7 @@ async def rounds(settings: DemoSettings, stack: Stack, supervisor: Supervisor, p
         if not await follow(settings, progress, deadline, steps=number if settings.steps else 0):
             return
         if settings.steps:  # the last round's too: the demo ends serving the policy it trained
-            await wait_served(stack, number, deadline)
+            await wait_served(stack, progress.policy_base + number, deadline)
 
 
 def rows_in(dataset: Path) -> int:
@@ -155,12 +199,13 @@ async def served_version(stack: Stack) -> str:
     return str(answer.json().get("weight_version")) if answer.status_code == 200 else f"unknown ({answer})"
 
 
-def tokens_trained(settings: DemoSettings) -> int | None:
+def tokens_trained(settings: DemoSettings, base_version: int) -> int | None:
+    """Tokens the steps of this run trained (the metrics of an earlier run's steps are in the same file)."""
     metrics = settings.state_dir / "up" / "trainer" / (settings.namespace or "default") / "metrics.jsonl"
     if not metrics.exists():
         return 0
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    return sum(int(row.get("tokens_trained", 0)) for row in rows)
+    return sum(int(row.get("tokens_trained", 0)) for row in rows if int(row.get("version", 0)) > base_version)
 
 
 def show(settings: DemoSettings, progress: Progress, summary: dict[str, int], stack: Stack) -> None:
@@ -180,7 +225,7 @@ def show(settings: DemoSettings, progress: Progress, summary: dict[str, int], st
         console.print(Text(f"{key:20} {value}"))
     console.print(Text(f"logs: {stack.log_dir}"))
     if progress.rewards:
-        embedded = settings.state_dir / "up" if settings.embedded_broker else None
+        embedded = settings.state_dir / "up" if settings.starts_broker() else None
         first = sorted(progress.rewards)[0]
         console.file.flush()
         print(replay_hint(first, stack.bootstrap, embedded, stack.namespace), flush=True)  # whole lines
@@ -220,6 +265,8 @@ def run(args: argparse.Namespace) -> int:
     settings = DemoSettings.from_args(args)
     try:
         summary = asyncio.run(cancellable(settings))
+    except NoEarlierRun as exc:
+        raise SettingsError(str(exc)) from None
     except asyncio.CancelledError:
         console.print(Text("rollbus demo: interrupted; every service was stopped"))
         return 130

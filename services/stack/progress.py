@@ -1,7 +1,9 @@
 """What a running stack has done, folded from the bus: the demo's live view and its JSON summary.
 
 :class:`Progress` is a plain fold over decoded events (no I/O), so what the demo reports is exactly what the
-topics say; :func:`watch` feeds it from the broker.
+topics say; :func:`watch` feeds it from the broker. A run continued on its topics counts only what it did:
+events older than its start are earlier runs' (only their policy version is kept, as the base its steps
+count from).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ class Progress:
     duplicates_dropped: int = 0
     tokens_in_segments: int = 0
     policy_version: int = 0
-    policy_updates: int = 0
+    policy_base: int = 0  # the newest version published before this run started
+    policy_updates: int = 0  # versions published by this run
     turns: int = 0
     turn_policy_versions: list[int] = field(default_factory=list)  # version of each turn, in bus order
     undecodable: int = 0
@@ -38,6 +41,12 @@ class Progress:
         fold: Callable[[dict[str, Any]], None] | None = getattr(self, f"_on_{event_type}", None)
         if fold is not None:
             fold(record)
+
+    def earlier(self, event_type: str, record: dict[str, Any]) -> None:
+        """An earlier run's event on the same topics: not counted; its policy is where this run starts."""
+        if event_type == "policy":
+            self.policy_base = max(self.policy_base, int(record["version"]))
+            self.policy_version = max(self.policy_version, self.policy_base)
 
     def _on_task(self, record: dict[str, Any]) -> None:
         self.submitted.add(record["rollout_id"])
@@ -63,7 +72,7 @@ class Progress:
         self.tokens_in_segments += sum(record["loss_mask"])
 
     def _on_policy(self, record: dict[str, Any]) -> None:
-        if int(record["version"]) > 0:  # version 0 is the initial policy, published before any step
+        if int(record["version"]) > self.policy_base:  # the initial policy (or an earlier run's) is no step
             self.policy_updates += 1
         self.policy_version = max(self.policy_version, int(record["version"]))
 
@@ -112,9 +121,11 @@ def fold(events: Iterable[tuple[str, dict[str, Any]]]) -> Progress:
 
 
 async def watch(
-    bootstrap: str, namespace: str, progress: Progress, stop: asyncio.Event, poll_ms: int = 500
+    bootstrap: str, namespace: str, progress: Progress, stop: asyncio.Event, poll_ms: int = 500,
+    since_ms: int = 0,
 ) -> None:
-    """Fold every watched topic from its beginning into ``progress`` until ``stop`` is set."""
+    """Fold every watched topic from its beginning into ``progress`` until ``stop`` is set; events stamped
+    before ``since_ms`` (an earlier run's) go to :meth:`Progress.earlier`."""
     topics = [topic_name(base, namespace) for base in WATCHED]
     # no group: every partition of every topic is ours, read from its beginning
     consumer = AIOKafkaConsumer(
@@ -132,6 +143,9 @@ async def watch(
                     except CodecError:
                         progress.undecodable += 1
                         continue
-                    progress.add(decoded.event_type, decoded.record)
+                    if message.timestamp < since_ms:
+                        progress.earlier(decoded.event_type, decoded.record)
+                    else:
+                        progress.add(decoded.event_type, decoded.record)
     finally:
         await consumer.stop()

@@ -1,9 +1,11 @@
 """``rollbus up``: the whole pipeline on embedded defaults, as supervised processes, until Ctrl-C.
 
-Broker (the embedded Apache Kafka of the state dir, unless ``--bootstrap-servers`` names a cluster), engine,
-adapter, sandbox runner, grader, gym runner, segmenter and trainer, each started as a user would
-(``python -m rollbus <service>``) and ready before the next starts; a crashed service is restarted with
-backoff; Ctrl-C (or SIGTERM) stops everything, also during start-up, leaving no process behind.
+Broker (the embedded Apache Kafka of the state dir, unless a bootstrap address is given: then that cluster,
+and no broker is started), engine, adapter, sandbox runner, grader, gym runner, segmenter and trainer, each
+started as a user would (``python -m rollbus <service>``) and ready before the next starts; a crashed service
+is restarted with backoff; Ctrl-C (or SIGTERM) stops everything, also during start-up, leaving no process
+behind. Started again on the same state dir and namespace it continues that run, and says so
+(:mod:`services.stack.runs`).
 
 Secrets (the engine's API key, the adapter's admin token) are made per run and handed to the services that
 need them through their variables, never on a command line (``ps`` shows those) and never to a sandbox.
@@ -26,7 +28,8 @@ from pydantic import Field, model_validator
 
 from rollbus.broker import EmbeddedBroker, free_port
 from rollbus.settings import BusSettings
-from rollbus.topics import create_topics
+from rollbus.topics import TOPICS, create_topics
+from services.stack.runs import checkpoint_version, run_line
 from services.stack.supervisor import ServiceSpec, Supervisor
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -38,8 +41,10 @@ class StackSettings(BusSettings):
     """Settings of ``rollbus up`` (flags --x-y, variables ROLLBUS_UP_X_Y)."""
 
     model_config = BusSettings.scoped("up")
-    embedded_broker: bool = Field(
-        True, description="start the state dir's embedded broker (off: use --bootstrap-servers as it is)"
+    embedded_broker: bool | None = Field(
+        None,
+        description="start the state dir's embedded broker; unset: yes, unless a bootstrap address is given "
+        "(--bootstrap-servers or ROLLBUS_BOOTSTRAP_SERVERS): that cluster is used and no broker started",
     )
     policy: Literal["sample", "scripted"] = Field("scripted", description="the engine's policy")
     script: Path = Field(
@@ -69,6 +74,22 @@ class StackSettings(BusSettings):
             if path.suffix != ".py" or not path.is_file():
                 raise ValueError(f"--external-plugins: {str(path)!r} is not a Python file")
         return self
+
+    @model_validator(mode="after")
+    def _one_broker(self) -> StackSettings:
+        if self.embedded_broker and self.bootstrap_given():
+            raise ValueError(
+                f"--embedded-broker true and a bootstrap address ({self.bootstrap_servers}) name two "
+                "brokers: give one (unset ROLLBUS_BOOTSTRAP_SERVERS to use the embedded broker)"
+            )
+        return self
+
+    def bootstrap_given(self) -> bool:
+        """A bootstrap address named by the user (flag or variable), not found in the state dir."""
+        return "bootstrap_servers" in self.model_fields_set
+
+    def starts_broker(self) -> bool:
+        return self.embedded_broker if self.embedded_broker is not None else not self.bootstrap_given()
 
 
 @dataclass(frozen=True)
@@ -154,12 +175,16 @@ async def running_stack(
     bootstrap = settings.bootstrap_servers
     say = on_event or (lambda name, what: log.info("%s: %s", name, what))
     try:
-        if settings.embedded_broker:
+        if settings.starts_broker():
             broker = EmbeddedBroker(settings.state_dir / "up", port=free_port())
             seconds = await asyncio.to_thread(broker.start)
             bootstrap = broker.bootstrap_servers
             say("broker", f"Apache Kafka (KRaft) on {bootstrap}, ready in {seconds:.1f}s")
-        await create_topics(bootstrap, namespace=settings.namespace)
+        else:
+            say("broker", f"the cluster at {bootstrap} (no embedded broker started)")
+        created = await create_topics(bootstrap, namespace=settings.namespace)
+        version = checkpoint_version(settings.state_dir / "up", settings.namespace)
+        say("run", run_line(settings.namespace, len(created), len(TOPICS), version))
         engine_port = settings.engine_port or free_port()
         adapter_port = settings.adapter_port or free_port()
         stack = Stack(

@@ -79,7 +79,7 @@ async def test_grader_publishes_rewards_and_dead_letters_poison(
     namespace = topics["diffs"].rsplit(".", 1)[0]
     settings = GraderSettings.load({
         "bootstrap_servers": kafka_bootstrap, "namespace": namespace, "data_dir": SWE_MINI,
-        "group_id": f"grader-{uuid.uuid4().hex[:8]}",
+        "consumer_group": f"grader-{uuid.uuid4().hex[:8]}",
     })  # fmt: skip
     stop = asyncio.Event()
     service = asyncio.create_task(serve(settings, stop))
@@ -122,7 +122,7 @@ async def test_rollbus_grader_process_grades_and_stops_on_sigterm(
     env = {**os.environ, "ROLLBUS_NAMESPACE": namespace, "ROLLBUS_GRADER_GRADE_TIMEOUT": "120"}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "rollbus", "grader", "--bootstrap-servers", kafka_bootstrap,
-        "--group-id", f"grader-{uuid.uuid4().hex[:8]}", env=env,
+        "--consumer-group", f"grader-{uuid.uuid4().hex[:8]}", env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     try:

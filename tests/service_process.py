@@ -1,4 +1,4 @@
-"""Start rollbus services as child processes and wait until they answer: for the demo and end-to-end tests.
+"""Start rollbus services as child processes and wait until they answer: for the end-to-end tests.
 
 Each service runs as ``python -m rollbus <service> ...``, exactly as a user would start it, with its output
 in a log file, so a failure shows the service's own words.

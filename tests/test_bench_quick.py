@@ -1,0 +1,31 @@
+"""Every bench still runs: each one's ``--quick`` smoke run exits 0 and prints its ratio (what it compares,
+as a number), so a bench that rots fails here rather than in the next ``make bench``. Speed is not judged."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHES = sorted(p.name for p in (ROOT / "bench").glob("*.py") if "__main__" in p.read_text())
+# "ratio 1.24", "ratio: chunked time / full time = 0.93", or a figure like "3.1x" / "80x" in a ratio column
+RATIO = re.compile(r"ratio\b[^\n]*?\d+\.\d+|\b\d+(?:\.\d+)?x\b")
+
+
+def test_every_bench_is_found() -> None:
+    assert {"adapter_overhead.py", "codec.py", "pipeline.py", "trainer_step.py"} <= set(BENCHES)
+
+
+@pytest.mark.parametrize("bench", BENCHES)
+def test_quick_run_prints_its_ratio(bench: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / bench), "--quick"],
+        cwd=ROOT, capture_output=True, text=True, timeout=1200, check=False,
+    )  # fmt: skip
+    tail = done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, tail
+    assert RATIO.search(done.stdout), f"no ratio printed:\n{tail}"

@@ -1,0 +1,44 @@
+"""Defaults that must agree do: a service's default address of another service is where that one listens by
+default, and one thing has one option name in every service (the Kafka consumer group: --consumer-group)."""
+
+from __future__ import annotations
+
+import importlib
+from urllib.parse import urlsplit
+
+import pytest
+
+from rollbus.cli import COMMANDS
+from rollbus.settings import Settings
+
+
+def settings_classes() -> dict[str, type[Settings]]:
+    found: dict[str, type[Settings]] = {}
+    for module_name, _ in COMMANDS.values():
+        module = importlib.import_module(module_name)
+        for value in vars(module).values():
+            declared = isinstance(value, type) and issubclass(value, Settings)
+            if declared and value.__module__ != "rollbus.settings":
+                found[value.__name__] = value
+    return found
+
+
+def default(cls: type[Settings], name: str) -> object:
+    return cls.model_fields[name].default
+
+
+def port_of(url: object) -> int | None:
+    return urlsplit(str(url)).port
+
+
+def test_callers_default_to_where_the_adapter_and_the_engine_listen() -> None:
+    classes = settings_classes()
+    adapter, engine = classes["AdapterSettings"], classes["EngineSettings"]
+    assert port_of(default(adapter, "sglang_url")) == default(engine, "port")
+    for caller in ("RunnerSettings", "GymRunnerSettings"):
+        assert port_of(default(classes[caller], "adapter_url")) == default(adapter, "port"), caller
+
+
+@pytest.mark.parametrize("name", sorted(settings_classes()))
+def test_the_consumer_group_has_one_name(name: str) -> None:
+    assert "group_id" not in settings_classes()[name].model_fields, f"{name} has --group-id"
