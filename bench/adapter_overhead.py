@@ -241,13 +241,14 @@ def serve_adapter(port: int, engine_url: str, records_file: str) -> None:
     import uvicorn
 
     from rollbus.codec import decode
-    from services.adapter.app import create_app
-    from services.adapter.settings import AdapterSettings
+    from rollbus.services.adapter.app import create_app
+    from rollbus.services.adapter.settings import AdapterSettings
 
     out = open(records_file, "a")  # noqa: SIM115 - lives as long as the process
 
     class FilePublisher:
-        """The adapter's publisher (``services.adapter.publisher.Publisher``): takes the encoded records."""
+        """The adapter's publisher (``rollbus.services.adapter.publisher.Publisher``): takes the encoded
+        records."""
 
         async def publish_bytes(self, topic: str, value: bytes, *, key: str | bytes | None) -> None:
             if topic == "turns":
@@ -293,7 +294,7 @@ def main() -> int:
         twin_url = f"http://127.0.0.1:{twin_port}"
         records_file = tmp / "turns.jsonl"
         engine_cmd = [
-            sys.executable, "-m", "services.engine", "--policy", "scripted",
+            sys.executable, "-m", "rollbus.services.engine", "--policy", "scripted",
             "--script", str(tmp / "script.json"), "--threads", "1", *shlex.split(args.engine_flags),
         ]  # fmt: skip
         engine = start([*engine_cmd, "--port", str(engine_port)], f"{engine_url}/health", tmp / "engine.log")

@@ -8,8 +8,9 @@ Run: ``python bench/adapter_overhead.py --state [--quick]`` (or this file direct
   tokens it holds, and the growth beyond those tokens at 4 bytes each.
 * Restart: a bus of N finished and M open rollouts (session and turn records shaped as the adapter
   publishes them, kept in memory and read as the broker would: the session topic whole, the turn topic
-  from the oldest open chain's timestamp) folded into live sessions by :mod:`services.adapter.restore`.
-  Reading from Kafka adds the fetch time of the same records; the fold is what grows with the topics.
+  from the oldest open chain's timestamp) folded into live sessions by
+  :mod:`rollbus.services.adapter.restore`. Reading from Kafka adds the fetch time of the same records; the
+  fold is what grows with the topics.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from rollbus.canonical import CanonicalHistory  # noqa: E402
+from rollbus.services.adapter.restore import load, restore  # noqa: E402
+from rollbus.services.adapter.settings import AdapterSettings  # noqa: E402
 from rollbus.tokenizer import SpecialIds, load_tokenizer  # noqa: E402
-from services.adapter.restore import load, restore  # noqa: E402
-from services.adapter.settings import AdapterSettings  # noqa: E402
 
 TOOLS = [
     {
@@ -126,7 +127,7 @@ def bus(
 
 
 async def restart(finished: int, open_rollouts: int) -> None:
-    from services.adapter.state import AdapterState, build_state
+    from rollbus.services.adapter.state import AdapterState, build_state
 
     topics, _ = bus(finished, open_rollouts, turns=5, prompt=2000)
     read = {"sessions": 0, "turns": 0}

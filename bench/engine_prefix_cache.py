@@ -18,12 +18,12 @@ import time
 
 import torch
 
+from rollbus.services.engine.engine import Engine
+from rollbus.services.engine.model import ModelSpec, random_model
+from rollbus.services.engine.policies import ChainRoute, SamplePolicy
+from rollbus.services.engine.protocol import GenerateRequest, Generation, SamplingParams
+from rollbus.services.engine.sampling import Sampling
 from rollbus.tokenizer import SpecialIds, load_tokenizer
-from services.engine.engine import Engine
-from services.engine.model import ModelSpec, random_model
-from services.engine.policies import ChainRoute, SamplePolicy
-from services.engine.protocol import GenerateRequest, Generation, SamplingParams
-from services.engine.sampling import Sampling
 
 
 def tool_result(tokenizer, rng: random.Random, n_tokens: int) -> list[int]:

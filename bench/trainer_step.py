@@ -35,7 +35,7 @@ MASK_FRACTION = 0.15
 def make_segment(total: int, seed: int):
     import torch
 
-    from trainer.loss import SegmentInput
+    from rollbus.trainer.loss import SegmentInput
 
     g = torch.Generator().manual_seed(seed)
     prompt = min(2000, total // 4)
@@ -74,12 +74,12 @@ def measure(tokens: int, chunk: int, segments: int, steps: int, threads: int, ki
     import torch.distributed as dist
 
     from rollbus.policy_model import ModelSpec, random_qwen3
-    from trainer.batch import split_for_ranks
-    from trainer.device import placement
-    from trainer.loss import LossConfig, PolicyForward
-    from trainer.moe import MoeSpec, random_qwen3_moe
-    from trainer.sharding import even_shares, shard
-    from trainer.step import OptimConfig, make_optimizer, train_step
+    from rollbus.trainer.batch import split_for_ranks
+    from rollbus.trainer.device import placement
+    from rollbus.trainer.loss import LossConfig, PolicyForward
+    from rollbus.trainer.moe import MoeSpec, random_qwen3_moe
+    from rollbus.trainer.sharding import even_shares, shard
+    from rollbus.trainer.step import OptimConfig, make_optimizer, train_step
 
     torch.set_num_threads(threads)
     where = placement(device, "auto")

@@ -12,11 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rollbus.canonical import TemplateRenderer
+from rollbus.services.adapter.anthropic import parse_messages_request
+from rollbus.services.adapter.app import create_app
+from rollbus.services.adapter.errors import ApiError
+from rollbus.services.adapter.translate import to_chat
 from rollbus.tokenizer import load_tokenizer
-from services.adapter.anthropic import parse_messages_request
-from services.adapter.app import create_app
-from services.adapter.errors import ApiError
-from services.adapter.translate import to_chat
 from tests.test_adapter_support import BusPublisher, StalledEngine, body, free_port
 from tests.test_adapter_support import settings as adapter_settings
 

@@ -62,7 +62,7 @@ async def test_deep_nesting_anywhere_is_a_400() -> None:
 
 
 async def test_a_body_shorter_than_its_length_is_a_408_after_the_body_timeout(caplog) -> None:
-    from services.adapter.app import create_app
+    from rollbus.services.adapter.app import create_app
 
     app = create_app(settings(DEAD_ENGINE, body_timeout=0.3), BusPublisher())
     async with served(app) as (url, _):
@@ -103,10 +103,10 @@ async def test_an_engine_4xx_is_a_400_the_cli_does_not_retry() -> None:
 
 async def test_closing_a_turn_aborts_the_engine_call_before_the_agent_is_free() -> None:
     """The engine call is closed with the turn (``aclosing``), not whenever the collector gets to it."""
-    from services.adapter.anthropic import parse_messages_request
-    from services.adapter.sessions import RequestShape
-    from services.adapter.translate import to_chat
-    from services.adapter.turn import Ping, Started, TurnInput, run_turn
+    from rollbus.services.adapter.anthropic import parse_messages_request
+    from rollbus.services.adapter.sessions import RequestShape
+    from rollbus.services.adapter.translate import to_chat
+    from rollbus.services.adapter.turn import Ping, Started, TurnInput, run_turn
 
     async with StalledEngine() as engine:
         async with adapter_client(settings(engine.url), BusPublisher()) as client:

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from services.adapter.app import create_app
+from rollbus.services.adapter.app import create_app
 from tests.test_adapter_support import BusPublisher, adapter_client, engine_process, served, settings
 
 CALL = (

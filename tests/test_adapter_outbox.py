@@ -11,7 +11,7 @@ import pytest
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, MessageSizeTooLargeError
 
 from rollbus.codec import CodecError, decode
-from services.adapter.publisher import SPILL_FILE, BacklogFull, Outbox, RecordTooLarge, retriable
+from rollbus.services.adapter.publisher import SPILL_FILE, BacklogFull, Outbox, RecordTooLarge, retriable
 from tests.test_adapter_support import BusPublisher
 
 

@@ -10,9 +10,9 @@ import signal
 import httpx
 import pytest
 
+from rollbus.services.adapter.app import create_app
+from rollbus.services.adapter.main import install_drain
 from rollbus.tokenizer import load_tokenizer
-from services.adapter.app import create_app
-from services.adapter.main import install_drain
 from tests.test_adapter_support import (
     READ_TOOL,
     BusPublisher,

@@ -14,9 +14,9 @@ import uuid
 import pytest
 
 from rollbus.segmentation import Fact, RolloutState, apply, freeze_order
+from rollbus.services.adapter.app import create_app
+from rollbus.services.adapter.sessions import PEER_HEADER
 from rollbus.tokenizer import load_tokenizer
-from services.adapter.app import create_app
-from services.adapter.sessions import PEER_HEADER
 from tests.test_adapter_restore import READ_CALL, echo_and_answer, records_of
 from tests.test_adapter_support import (
     BusPublisher,
@@ -265,7 +265,7 @@ def test_a_token_carries_its_harness_across_a_restart_and_old_tokens_are_claude_
     import base64
     import json
 
-    from services.adapter.sessions import SessionTokens
+    from rollbus.services.adapter.sessions import SessionTokens
 
     key = b"k" * 32
     gym = SessionTokens(key).issue("r-g", "a", "gym")

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 
+from rollbus.services.adapter.app import create_app
+from rollbus.services.adapter.restore import BusLog, read_sessions, read_turns, split_chain
 from rollbus.tokenizer import load_tokenizer
 from rollbus.trajectory import segment_chain
 from rollbus.turn_log import resolve_turns
-from services.adapter.app import create_app
-from services.adapter.restore import BusLog, read_sessions, read_turns, split_chain
 from tests.test_adapter_support import BusPublisher, StalledEngine, adapter_client, body, settings
 
 KEY = b"s" * 32

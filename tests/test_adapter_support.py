@@ -24,8 +24,8 @@ from aiokafka.errors import KafkaConnectionError
 
 from rollbus.codec import decode, encode
 from rollbus.events import EVENTS
-from services.adapter.app import create_app
-from services.adapter.settings import AdapterSettings
+from rollbus.services.adapter.app import create_app
+from rollbus.services.adapter.settings import AdapterSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 _EVENT_OF_TOPIC = {spec.topic: spec.event_type for spec in EVENTS}
@@ -108,7 +108,7 @@ def engine_process(script: dict[str, Any], tmp: Path) -> Iterator[str]:
     cmd = [
         sys.executable,
         "-m",
-        "services.engine",
+        "rollbus.services.engine",
         "--policy",
         "scripted",
         "--script",

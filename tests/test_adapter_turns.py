@@ -14,10 +14,10 @@ import httpx
 import pytest
 
 from rollbus.parsing import parse_output
+from rollbus.services.adapter.app import create_app
+from rollbus.services.adapter.expiry import TASK_NAME
+from rollbus.services.adapter.response import signed_turn
 from rollbus.tokenizer import load_tokenizer
-from services.adapter.app import create_app
-from services.adapter.expiry import TASK_NAME
-from services.adapter.response import signed_turn
 from tests.test_adapter_support import (
     BusPublisher,
     adapter_client,

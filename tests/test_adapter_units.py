@@ -11,15 +11,18 @@ from hypothesis import strategies as st
 
 from rollbus.canonical import CanonicalHistory
 from rollbus.cli import main as cli_main
-from rollbus.tokenizer import load_tokenizer
-from rollbus.trajectory import Turn
-from rollbus.turn_log import prompt_reference
-from services.adapter import sse
-from services.adapter.anthropic import Message, parse_messages_request
-from services.adapter.errors import overloaded
-from services.adapter.main import add_arguments, settings_from
-from services.adapter.response import TurnRef, signed_turn, stop_reason, thinking_signature, tool_use_id
-from services.adapter.sessions import (
+from rollbus.services.adapter import sse
+from rollbus.services.adapter.anthropic import Message, parse_messages_request
+from rollbus.services.adapter.errors import overloaded
+from rollbus.services.adapter.main import add_arguments, settings_from
+from rollbus.services.adapter.response import (
+    TurnRef,
+    signed_turn,
+    stop_reason,
+    thinking_signature,
+    tool_use_id,
+)
+from rollbus.services.adapter.sessions import (
     MAIN,
     SIDE,
     UNATTRIBUTED,
@@ -28,10 +31,13 @@ from services.adapter.sessions import (
     SessionTokens,
     answers_agent_call,
 )
-from services.adapter.settings import AdapterSettings
-from services.adapter.sglang_client import EngineError, parse_generation
-from services.adapter.translate import IMAGE_PLACEHOLDER, to_chat
-from services.adapter.turn import policy_version
+from rollbus.services.adapter.settings import AdapterSettings
+from rollbus.services.adapter.sglang_client import EngineError, parse_generation
+from rollbus.services.adapter.translate import IMAGE_PLACEHOLDER, to_chat
+from rollbus.services.adapter.turn import policy_version
+from rollbus.tokenizer import load_tokenizer
+from rollbus.trajectory import Turn
+from rollbus.turn_log import prompt_reference
 from tests.test_adapter_support import READ_TOOL, body
 
 

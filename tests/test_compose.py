@@ -24,13 +24,13 @@ COMPOSE = Path(__file__).resolve().parents[1] / "compose" / "docker-compose.yml"
 # each rollbus container -> the settings class its command reads
 SETTINGS = {
     "topics": "rollbus.topics:TopicsSettings",
-    "engine": "services.engine.main:EngineSettings",
-    "adapter": "services.adapter.settings:AdapterSettings",
-    "sandbox-runner": "services.sandbox_runner.settings:RunnerSettings",
-    "grader": "services.grader.settings:GraderSettings",
-    "gym-runner": "services.gym_runner.settings:GymRunnerSettings",
-    "segmenter": "services.segmenter.settings:SegmenterSettings",
-    "trainer": "trainer.settings:TrainerSettings",
+    "engine": "rollbus.services.engine.main:EngineSettings",
+    "adapter": "rollbus.services.adapter.settings:AdapterSettings",
+    "sandbox-runner": "rollbus.services.sandbox_runner.settings:RunnerSettings",
+    "grader": "rollbus.services.grader.settings:GraderSettings",
+    "gym-runner": "rollbus.services.gym_runner.settings:GymRunnerSettings",
+    "segmenter": "rollbus.services.segmenter.settings:SegmenterSettings",
+    "trainer": "rollbus.trainer.settings:TrainerSettings",
 }
 SERVICES = {"kafka", "sglang", *SETTINGS}
 SECRETS = {

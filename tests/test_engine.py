@@ -19,12 +19,12 @@ import pytest
 import torch
 import uvicorn
 
+from rollbus.services.engine.app import create_app
+from rollbus.services.engine.engine import Engine
+from rollbus.services.engine.model import ModelSpec, random_model
+from rollbus.services.engine.policies import ChainRoute, SamplePolicy, Script, ScriptedPolicy, ScriptedTurn
+from rollbus.services.engine.protocol import parse_generate
 from rollbus.tokenizer import SpecialIds, load_tokenizer
-from services.engine.app import create_app
-from services.engine.engine import Engine
-from services.engine.model import ModelSpec, random_model
-from services.engine.policies import ChainRoute, SamplePolicy, Script, ScriptedPolicy, ScriptedTurn
-from services.engine.protocol import parse_generate
 
 TINY = ModelSpec(hidden_size=32, layers=2, heads=2, kv_heads=1, head_dim=16, intermediate_size=64)
 TOLERANCE = 1e-4

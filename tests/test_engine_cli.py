@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 
+from rollbus.services.engine.main import add_arguments, run
 from rollbus.tokenizer import SpecialIds, load_tokenizer
-from services.engine.main import add_arguments, run
 
 TINY_FLAGS = "--hidden-size 32 --layers 1 --heads 2 --kv-heads 1 --intermediate-size 64".split()
 

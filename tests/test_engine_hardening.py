@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from services.engine.policies import ChainRoute, SamplePolicy, ScriptedPolicy
-from services.engine.protocol import IncrementalText
+from rollbus.services.engine.policies import ChainRoute, SamplePolicy, ScriptedPolicy
+from rollbus.services.engine.protocol import IncrementalText
 from tests.test_adapter_protocol import KEY
 from tests.test_adapter_support import BusPublisher, StalledEngine, adapter_client, body, settings
 from tests.test_engine import SCRIPT, chat_prompt, make_engine, serving

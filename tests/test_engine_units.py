@@ -11,12 +11,18 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from services.engine.attention import suffix_attention
-from services.engine.kv import GrowingLayer
-from services.engine.policies import ChainRoute, ScriptedPolicy, ScriptedTurn, load_script, parse_script
-from services.engine.prefix_cache import PrefixCache, common_prefix_length
-from services.engine.protocol import BadRequest, parse_generate, parse_sampling
-from services.engine.sampling import Sampling, sample_token, truncated_probs
+from rollbus.services.engine.attention import suffix_attention
+from rollbus.services.engine.kv import GrowingLayer
+from rollbus.services.engine.policies import (
+    ChainRoute,
+    ScriptedPolicy,
+    ScriptedTurn,
+    load_script,
+    parse_script,
+)
+from rollbus.services.engine.prefix_cache import PrefixCache, common_prefix_length
+from rollbus.services.engine.protocol import BadRequest, parse_generate, parse_sampling
+from rollbus.services.engine.sampling import Sampling, sample_token, truncated_probs
 
 VOCAB = 1000
 

@@ -22,15 +22,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from rollbus.trainer.learner import Learner
+from rollbus.trainer.service import Trainer
+from rollbus.trainer.settings import TrainerSettings
 from rollbus.trajectory import fan_out
 from rollbus.turn_log import resolve_turns
 from tests.segmenter_support import SegmenterProcess, namespace_of, publish, read_all, unique_segments
 from tests.synthetic_rollouts import RolloutWriter, simple_rollout
 from tests.test_gym_e2e import engine_url, events, rewards_for, stack, task  # noqa: F401  (a fixture)
 from tests.test_trainer_service import TINY, weights
-from trainer.learner import Learner
-from trainer.service import Trainer
-from trainer.settings import TrainerSettings
 
 pytestmark = pytest.mark.kafka
 

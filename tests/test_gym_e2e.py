@@ -24,11 +24,11 @@ from rollbus import gym
 from rollbus.bus import Publisher
 from rollbus.export import ExportSettings, export_completions
 from rollbus.replay import ReadPlan, read
+from rollbus.services.adapter.app import create_app
+from rollbus.services.gym_runner.main import serve
+from rollbus.services.gym_runner.settings import GymRunnerSettings
 from rollbus.trajectory import fan_out
 from rollbus.turn_log import frozen_chains, resolve_turns
-from services.adapter.app import create_app
-from services.gym_runner.main import serve
-from services.gym_runner.settings import GymRunnerSettings
 from tests.e2e_support import SCRIPTS
 from tests.test_adapter_support import engine_process, served, settings
 

@@ -13,11 +13,11 @@ from rollbus import gym
 from rollbus.broker import free_port
 from rollbus.codec import encode
 from rollbus.gym import Episode, GymConfigError
-from services.adapter.app import create_app
-from services.gym_runner.adapter_client import AdapterClient
-from services.gym_runner.runner import MAX_DETAILS_CHARS, GymRunner, Outcome, reward_record
-from services.gym_runner.settings import GymRunnerSettings
-from services.gym_runner.submit import parse_row, tasks_for
+from rollbus.services.adapter.app import create_app
+from rollbus.services.gym_runner.adapter_client import AdapterClient
+from rollbus.services.gym_runner.runner import MAX_DETAILS_CHARS, GymRunner, Outcome, reward_record
+from rollbus.services.gym_runner.settings import GymRunnerSettings
+from rollbus.services.gym_runner.submit import parse_row, tasks_for
 from tests.e2e_support import SCRIPTS
 from tests.test_adapter_support import BusPublisher, engine_process, served, settings
 

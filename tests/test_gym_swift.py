@@ -23,15 +23,15 @@ from pathlib import Path
 
 import pytest
 
-import services.stack.demo
-import services.stack.up
+import rollbus.services.stack.demo
+import rollbus.services.stack.up
 from rollbus.cli import command_parser
 from rollbus.gym import RolloutInferRequest, as_decoded
+from rollbus.services.gym_runner.runner import request_for
+from rollbus.services.stack.demo import DemoSettings
+from rollbus.services.stack.supervisor import ServiceSpec
+from rollbus.services.stack.up import Stack, StackSettings, service_specs
 from rollbus.settings import SettingsError
-from services.gym_runner.runner import request_for
-from services.stack.demo import DemoSettings
-from services.stack.supervisor import ServiceSpec
-from services.stack.up import Stack, StackSettings, service_specs
 from tests.test_adapter_support import engine_process
 from tests.test_gym_e2e import SCRIPT, events, rewards_for, stack
 
@@ -144,7 +144,7 @@ def write_plugin(folder: Path) -> Path:
 
 
 def up_settings(*argv: str, command: str = "up") -> StackSettings:
-    module = services.stack.up if command == "up" else services.stack.demo
+    module = rollbus.services.stack.up if command == "up" else rollbus.services.stack.demo
     settings = DemoSettings if command == "demo" else StackSettings
     return settings.from_args(command_parser(command, module).parse_args(list(argv)))
 

@@ -29,9 +29,9 @@ from rollbus.sandbox import scratch as scratch_module
 from rollbus.sandbox.bwrap import SCRATCH_ROOT
 from rollbus.sandbox.capture import capture_patch
 from rollbus.sandbox.scratch import capped_scratch
-from services.grader.core import diff_patch
-from services.sandbox_runner.outcome import Outcome, diff_event
-from services.sandbox_runner.rollout import attempt_outcome
+from rollbus.services.grader.core import diff_patch
+from rollbus.services.sandbox_runner.outcome import Outcome, diff_event
+from rollbus.services.sandbox_runner.rollout import attempt_outcome
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_REPO = ROOT / "examples" / "buggy_repo"

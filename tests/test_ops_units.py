@@ -13,7 +13,7 @@ import pytest
 from rollbus.broker import DEFAULT_PORT, EmbeddedBroker, start_port
 from rollbus.config import recorded_bootstrap
 from rollbus.polling import WaitTimeout, wait_until, wait_until_async
-from services.stack.demo import replay_hint
+from rollbus.services.stack.demo import replay_hint
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,8 +20,8 @@ from rollbus.bus import Publisher
 from rollbus.codec import Decoded, encode
 from rollbus.grading import GradeResult
 from rollbus.replay import ReadPlan, read
-from services.grader import regrade as regrade_module
-from services.grader.core import reward_record
+from rollbus.services.grader import regrade as regrade_module
+from rollbus.services.grader.core import reward_record
 from tests.event_samples import SAMPLES, turn
 from tests.test_grading_swe_mini import CHEATS, CORPUS, SWE_MINI, load_build
 

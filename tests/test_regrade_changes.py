@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.grader.changes import UNKNOWN, Ledger, report_lines
+from rollbus.services.grader.changes import UNKNOWN, Ledger, report_lines
 
 
 def reward(rollout: str, value: float, attempt: str = "a-1", flags: tuple[str, ...] = (), kind: Any = None):

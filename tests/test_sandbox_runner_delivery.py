@@ -14,10 +14,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from rollbus.bus import Publisher
+from rollbus.services.sandbox_runner.outcome import Outcome
+from rollbus.services.sandbox_runner.service import SandboxRunner
+from rollbus.services.sandbox_runner.settings import RunnerSettings
 from rollbus.topics import create_topics, topic_name
-from services.sandbox_runner.outcome import Outcome
-from services.sandbox_runner.service import SandboxRunner
-from services.sandbox_runner.settings import RunnerSettings
 from tests.conftest import unique_namespace
 from tests.runner_support import all_events
 

@@ -37,10 +37,10 @@ import pytest
 
 from rollbus.sandbox import apply_patch
 from rollbus.sandbox.e2b_backend import E2BOptions
+from rollbus.services.sandbox_runner.outcome import diff_event
+from rollbus.services.sandbox_runner.rollout import RunnerKit, run_task
+from rollbus.services.sandbox_runner.settings import RunnerSettings
 from rollbus.settings import SettingsError
-from services.sandbox_runner.outcome import diff_event
-from services.sandbox_runner.rollout import RunnerKit, run_task
-from services.sandbox_runner.settings import RunnerSettings
 from tests.test_sandbox_e2b import EXAMPLE_REPO, FakeSDK, processes_named
 
 PUBLIC_URL = "https://adapter.example:8443"

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from rollbus.rows import RowError, RowKeys, parse_row, read_rows, tasks_for
 from rollbus.sandbox import Completed
 from rollbus.sandbox.capture import Captured
+from rollbus.services.sandbox_runner.offsets import OffsetTracker
+from rollbus.services.sandbox_runner.outcome import Outcome, cap_patch, classify, diff_event, drop_paths
+from rollbus.services.sandbox_runner.rollout import attempt_outcome, task_prompt
+from rollbus.services.sandbox_runner.settings import RunnerSettings
 from rollbus.settings import SettingsError
-from services.sandbox_runner.offsets import OffsetTracker
-from services.sandbox_runner.outcome import Outcome, cap_patch, classify, diff_event, drop_paths
-from services.sandbox_runner.rollout import attempt_outcome, task_prompt
-from services.sandbox_runner.settings import RunnerSettings
 
 # --- offsets ------------------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import pytest
 
 from rollbus.codec import decode, encode
 from rollbus.segmentation import RolloutState, Segmenter
-from services.segmenter.app import SegmenterHandler
+from rollbus.services.segmenter.app import SegmenterHandler
 from tests.synthetic_rollouts import simple_rollout
 
 EVENT = {"turns": "turn", "sessions": "session", "diffs": "diff", "rewards": "reward"}

@@ -14,9 +14,9 @@ import faust.streams
 import pytest
 from faust.exceptions import PartitionsMismatch
 
-from services.segmenter.app import TABLES, build_app
-from services.segmenter.settings import SegmenterSettings
-from services.segmenter.upstream_fixes import (
+from rollbus.services.segmenter.app import TABLES, build_app
+from rollbus.services.segmenter.settings import SegmenterSettings
+from rollbus.services.segmenter.upstream_fixes import (
     PROVEN,
     UnprovenUpstream,
     check_versions,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.stack.progress import fold
+from rollbus.services.stack.progress import fold
 from tests.event_samples import SAMPLES, segment, turn
 
 

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rollbus.settings import SettingsError
-from services.stack.demo import DemoSettings
-from services.stack.runs import (
+from rollbus.services.stack.demo import DemoSettings
+from rollbus.services.stack.runs import (
     NoEarlierRun,
     checkpoint_version,
     last_demo,
@@ -18,7 +17,8 @@ from services.stack.runs import (
     record_demo,
     run_line,
 )
-from services.stack.up import StackSettings
+from rollbus.services.stack.up import StackSettings
+from rollbus.settings import SettingsError
 
 
 def test_a_new_demo_namespace_is_a_valid_unique_topic_prefix() -> None:

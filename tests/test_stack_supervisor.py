@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from rollbus.broker import free_port
-from services.stack.supervisor import ServiceSpec, StackFailed, Supervisor
+from rollbus.services.stack.supervisor import ServiceSpec, StackFailed, Supervisor
 
 PY = sys.executable
 # a child that starts a grandchild in its own process group and records both pids

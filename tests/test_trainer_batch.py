@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.advantages import group_advantages, has_reward_variance, reward_std, segment_advantages
-from trainer.batch import (
+from rollbus.trainer.advantages import group_advantages, has_reward_variance, reward_std, segment_advantages
+from rollbus.trainer.batch import (
     Admission,
     GroupBuffer,
     InvalidSegment,

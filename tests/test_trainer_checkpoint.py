@@ -7,9 +7,9 @@ from pathlib import Path
 import torch
 
 from rollbus.policy_model import ModelSpec, random_qwen3
-from trainer import checkpoint
-from trainer.checkpoint import TrainerState
-from trainer.step import OptimConfig, make_optimizer
+from rollbus.trainer import checkpoint
+from rollbus.trainer.checkpoint import TrainerState
+from rollbus.trainer.step import OptimConfig, make_optimizer
 
 SPEC = ModelSpec(hidden_size=16, layers=1, heads=2, kv_heads=1, head_dim=8, intermediate_size=32)
 
@@ -74,9 +74,9 @@ def test_a_sharded_hugging_face_moe_directory_loads_and_each_version_is_written_
     itself once past ``MAX_SHARD``, and a resumed learner starts from it with its optimizer state."""
     from transformers import AutoModelForCausalLM
 
-    from trainer.learner import Learner, initial_model
-    from trainer.moe import MoeSpec, random_qwen3_moe
-    from trainer.settings import TrainerSettings
+    from rollbus.trainer.learner import Learner, initial_model
+    from rollbus.trainer.moe import MoeSpec, random_qwen3_moe
+    from rollbus.trainer.settings import TrainerSettings
 
     source = tmp_path / "hub"
     original = random_qwen3_moe(SPEC, MoeSpec(experts=4, top_k=2, expert_size=16), 97, (0,), seed=2)

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from rollbus.policy_model import ModelSpec
-from trainer.device import DeviceError, placement
-from trainer.loss import LossConfig, PolicyForward, SegmentInput
-from trainer.moe import MoeSpec, random_qwen3_moe
-from trainer.routing_replay import RoutingReplay
-from trainer.step import OptimConfig, make_optimizer, train_step
+from rollbus.trainer.device import DeviceError, placement
+from rollbus.trainer.loss import LossConfig, PolicyForward, SegmentInput
+from rollbus.trainer.moe import MoeSpec, random_qwen3_moe
+from rollbus.trainer.routing_replay import RoutingReplay
+from rollbus.trainer.step import OptimConfig, make_optimizer, train_step
 
 SPEC = ModelSpec(hidden_size=16, layers=2, heads=2, kv_heads=1, head_dim=8, intermediate_size=32)
 

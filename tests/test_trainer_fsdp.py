@@ -26,10 +26,10 @@ sys.path.insert(0, str(ROOT))
 
 from rollbus.broker import free_port  # noqa: E402
 from rollbus.policy_model import ModelSpec, random_qwen3  # noqa: E402
-from trainer import checkpoint  # noqa: E402
-from trainer.checkpoint import TrainerState  # noqa: E402
-from trainer.loss import SegmentInput  # noqa: E402
-from trainer.moe import MoeSpec, random_qwen3_moe  # noqa: E402
+from rollbus.trainer import checkpoint  # noqa: E402
+from rollbus.trainer.checkpoint import TrainerState  # noqa: E402
+from rollbus.trainer.loss import SegmentInput  # noqa: E402
+from rollbus.trainer.moe import MoeSpec, random_qwen3_moe  # noqa: E402
 
 VOCAB = 97
 SPEC = ModelSpec(hidden_size=16, layers=2, heads=2, kv_heads=1, head_dim=8, intermediate_size=32,
@@ -75,9 +75,9 @@ def batch(model: torch.nn.Module, kind: str, step: int) -> list[SegmentInput]:
 def worker(out: Path, kind: str, steps: int) -> None:
     import torch.distributed as dist
 
-    from trainer.batch import split_for_ranks
-    from trainer.learner import Learner, follow, stop_followers
-    from trainer.settings import TrainerSettings
+    from rollbus.trainer.batch import split_for_ranks
+    from rollbus.trainer.learner import Learner, follow, stop_followers
+    from rollbus.trainer.settings import TrainerSettings
 
     torch.set_num_threads(1)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:

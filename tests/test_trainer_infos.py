@@ -12,8 +12,8 @@ from pathlib import Path
 from rollbus.codec import decode, encode
 from rollbus.events import spec
 from rollbus.segmentation import FACT_KINDS, Fact, Segmenter
+from rollbus.trainer.metrics import MetricsLog, info_count, info_rows
 from tests.synthetic_rollouts import RolloutWriter, simple_rollout
-from trainer.metrics import MetricsLog, info_count, info_rows
 
 INFOS = [{"reset": True, "map": "SFFG"}, {"step": 1, "action": "right"}, {"step": 2, "solved": True}]
 TOPIC_EVENT = {e.topic: e.event_type for e in (spec("turn"), spec("session"), spec("diff"), spec("reward"))}

@@ -1,11 +1,12 @@
 """The trainer's loss and gradient against a deliberately naive, separate computation.
 
-The naive side shares nothing with ``trainer.loss`` / ``trainer.batch`` / ``trainer.advantages``: it runs the
-full model on each segment, takes every trained token's log-probability from the full-vocabulary logits one
-token at a time, computes group advantages, ratios, clipping, importance weights and the per-rollout-mean
-reducer with plain Python over tokens. Both sides run a tiny float64 Qwen3 on the same fixed batch (several
-segments per rollout, masked tool-result tokens, rollout log-probabilities perturbed so both clip edges are
-hit), and loss and every parameter's gradient must agree to 1e-9 relative.
+The naive side shares nothing with ``rollbus.trainer.loss`` / ``rollbus.trainer.batch`` /
+``rollbus.trainer.advantages``: it runs the full model on each segment, takes every trained token's
+log-probability from the full-vocabulary logits one token at a time, computes group advantages, ratios,
+clipping, importance weights and the per-rollout-mean reducer with plain Python over tokens. Both sides run a
+tiny float64 Qwen3 on the same fixed batch (several segments per rollout, masked tool-result tokens, rollout
+log-probabilities perturbed so both clip edges are hit), and loss and every parameter's gradient must agree to
+1e-9 relative.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import pytest
 import torch
 
 from rollbus.policy_model import ModelSpec, random_qwen3
-from trainer.batch import Group, segment_inputs
-from trainer.loss import LossConfig, PolicyForward, batch_loss
+from rollbus.trainer.batch import Group, segment_inputs
+from rollbus.trainer.loss import LossConfig, PolicyForward, batch_loss
 
 VOCAB = 61
 SPEC = ModelSpec(hidden_size=16, layers=2, heads=2, kv_heads=1, head_dim=8, intermediate_size=32,

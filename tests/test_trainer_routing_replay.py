@@ -1,9 +1,9 @@
 """Rollout routing replay (R3) on a small random Qwen3-MoE, against an independent "rollout" forward.
 
-The rollout side shares nothing with ``trainer.routing_replay``: it samples tokens with the plain transformers
-model, takes their log-probabilities from the full logits, and records each layer's chosen experts with a
-forward hook, returning them as SGLang does (int32 ``[T-1, layers, top_k]``). The trainer side computes the
-same tokens' log-probabilities through ``PolicyForward`` with or without replay.
+The rollout side shares nothing with ``rollbus.trainer.routing_replay``: it samples tokens with the plain
+transformers model, takes their log-probabilities from the full logits, and records each layer's chosen
+experts with a forward hook, returning them as SGLang does (int32 ``[T-1, layers, top_k]``). The trainer side
+computes the same tokens' log-probabilities through ``PolicyForward`` with or without replay.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from rollbus.policy_model import ModelSpec
-from trainer.batch import Group, InvalidSegment, segment_inputs, validate
-from trainer.loss import LossConfig, PolicyForward, SegmentInput, batch_loss
-from trainer.metrics import mismatch
-from trainer.moe import MoeSpec, random_qwen3_moe
-from trainer.routing_replay import MoeShape, RoutingReplay
+from rollbus.trainer.batch import Group, InvalidSegment, segment_inputs, validate
+from rollbus.trainer.loss import LossConfig, PolicyForward, SegmentInput, batch_loss
+from rollbus.trainer.metrics import mismatch
+from rollbus.trainer.moe import MoeSpec, random_qwen3_moe
+from rollbus.trainer.routing_replay import MoeShape, RoutingReplay
 
 VOCAB = 89
 SPEC = ModelSpec(hidden_size=32, layers=3, heads=2, kv_heads=1, head_dim=16, intermediate_size=32,

@@ -28,14 +28,14 @@ from safetensors.torch import load_file
 from rollbus.broker import free_port
 from rollbus.bus import Event, Publisher, decode_message
 from rollbus.topics import create_topics, topic_name
+from rollbus.trainer import checkpoint
+from rollbus.trainer.feed import latest_policy_version, push_weights
+from rollbus.trainer.learner import Learner
+from rollbus.trainer.metrics import MetricsLog
+from rollbus.trainer.service import Trainer
+from rollbus.trainer.settings import TrainerSettings
 from tests.conftest import unique_namespace
 from tests.service_process import ServiceProcess
-from trainer import checkpoint
-from trainer.feed import latest_policy_version, push_weights
-from trainer.learner import Learner
-from trainer.metrics import MetricsLog
-from trainer.service import Trainer
-from trainer.settings import TrainerSettings
 
 pytestmark = pytest.mark.kafka
 TINY = {"hidden_size": 16, "heads": 2, "kv_heads": 1, "head_dim": 8, "intermediate_size": 32, "layers": 1}
@@ -271,10 +271,10 @@ def test_two_ranks_reach_the_weights_of_one_process(kafka_bootstrap: str, tmp_pa
     for namespace in spaces:
         asyncio.run(publish(kafka_bootstrap, namespace, batches()))
     one, two = tmp_path / "one", tmp_path / "two"
-    subprocess.run([sys.executable, "-m", "trainer"], env=trainer_env(kafka_bootstrap, spaces[0], one),
-                   check=True, timeout=600)  # fmt: skip
+    subprocess.run([sys.executable, "-m", "rollbus.trainer"],
+                   env=trainer_env(kafka_bootstrap, spaces[0], one), check=True, timeout=600)  # fmt: skip
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                str(free_port()), "-m", "trainer"]  # fmt: skip
+                str(free_port()), "-m", "rollbus.trainer"]  # fmt: skip
     subprocess.run(torchrun, env=trainer_env(kafka_bootstrap, spaces[1], two), check=True, timeout=600)
     single, ranks = weights(one / "v00000001"), weights(two / "v00000001")
     moved = weights(one / "v00000000")
@@ -301,17 +301,18 @@ THREE_STEPS = {"ROLLBUS_TRAINER_STEPS": "3", "ROLLBUS_TRAINER_ROLLOUT_BATCH_SIZE
 def test_sigkill_mid_run_then_restart_reaches_the_uninterrupted_weights(
     kafka_bootstrap: str, tmp_path
 ) -> None:
-    """A real ``kill -9`` of ``python -m trainer`` the moment its second checkpoint appears (so somewhere
-    among publish, commit and the next fetch), then a plain restart; three steps of one group each."""
+    """A real ``kill -9`` of ``python -m rollbus.trainer`` the moment its second checkpoint appears (so
+    somewhere among publish, commit and the next fetch), then a plain restart; three steps of one group
+    each."""
     spaces = [asyncio.run(one_partition_namespace(kafka_bootstrap)) for _ in range(2)]
     for namespace in spaces:
         asyncio.run(publish(kafka_bootstrap, namespace, batches()))
     ref, killed = tmp_path / "ref", tmp_path / "killed"
     env = trainer_env(kafka_bootstrap, spaces[0], ref) | THREE_STEPS
-    subprocess.run([sys.executable, "-m", "trainer"], env=env, check=True, timeout=600)
+    subprocess.run([sys.executable, "-m", "rollbus.trainer"], env=env, check=True, timeout=600)
 
     env = trainer_env(kafka_bootstrap, spaces[1], killed) | THREE_STEPS
-    proc = subprocess.Popen([sys.executable, "-m", "trainer"], env=env, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-m", "rollbus.trainer"], env=env, start_new_session=True)
     try:
         deadline = time.monotonic() + 600
         while not (killed / "v00000002").exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -322,7 +323,7 @@ def test_sigkill_mid_run_then_restart_reaches_the_uninterrupted_weights(
         proc.kill()
         proc.wait()
     assert not (killed / "v00000003").exists()
-    subprocess.run([sys.executable, "-m", "trainer"], env=env, check=True, timeout=600)
+    subprocess.run([sys.executable, "-m", "rollbus.trainer"], env=env, check=True, timeout=600)
     expected, got = weights(ref / "v00000003"), weights(killed / "v00000003")
     for key in expected:
         torch.testing.assert_close(got[key], expected[key], rtol=0, atol=0, msg=key)

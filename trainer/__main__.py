@@ -1,4 +1,4 @@
-"""``python -m trainer``: the same as ``rollbus trainer``."""
+"""``python -m rollbus.trainer``: the same as ``rollbus trainer``."""
 
 import sys
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from trainer.advantages import group_advantages
-from trainer.loss import SegmentInput
-from trainer.routing_replay import InvalidRoutes, MoeShape, check_routes
+from rollbus.trainer.advantages import group_advantages
+from rollbus.trainer.loss import SegmentInput
+from rollbus.trainer.routing_replay import InvalidRoutes, MoeShape, check_routes
 
 Segment = Mapping[str, Any]
 LOGPROB_SLACK = 1e-3  # a log-probability is never positive; this only forgives float rounding

@@ -4,7 +4,7 @@ Each policy version is one directory ``v00000007/`` in the Hugging Face layout (
 ``model.safetensors``, or shards with their ``model.safetensors.index.json`` past ``MAX_SHARD``: what
 ``from_pretrained`` and ``/update_weights_from_disk`` read) plus ``optimizer.pt`` (AdamW's state keyed by
 parameter name) and ``trainer_state.json``. The weights arrive already gathered from the ranks' shards
-(:mod:`trainer.sharding`), so one consolidated checkpoint is written however many ranks trained it.
+(:mod:`rollbus.trainer.sharding`), so one consolidated checkpoint is written however many ranks trained it.
 It is written under a temporary name, every file and the directory fsynced, then renamed into place: a
 directory with a final name is complete, whatever instant the trainer died at. Only after that rename may the
 step's offsets be committed.

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.settings import DeviceChoice, PrecisionChoice
+from rollbus.trainer.settings import DeviceChoice, PrecisionChoice
 
 
 class DeviceError(ValueError):

@@ -1,9 +1,9 @@
 """The model, its optimiser and the resumable state: what every rank holds, built identically everywhere.
 
-Rank 0 (the :class:`trainer.service.Trainer`) decides what every rank does next and says so with one
+Rank 0 (the :class:`rollbus.trainer.service.Trainer`) decides what every rank does next and says so with one
 ``broadcast_object_list``: train a batch (every rank its share), save a checkpoint (every rank gives its
 shards, rank 0 writes), or stop. The other ranks run :func:`follow`. Every rank starts from the same
-checkpoint (or the same seeded random model), then shards it (:mod:`trainer.sharding`).
+checkpoint (or the same seeded random model), then shards it (:mod:`rollbus.trainer.sharding`).
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from transformers import PreTrainedModel
 
 from rollbus.policy_model import random_qwen3
 from rollbus.tokenizer import SpecialIds, load_tokenizer
-from trainer import checkpoint
-from trainer.checkpoint import TrainerState
-from trainer.device import placement
-from trainer.loss import PolicyForward, SegmentInput
-from trainer.moe import random_qwen3_moe
-from trainer.routing_replay import MoeShape, RoutingReplay
-from trainer.settings import TrainerSettings
-from trainer.sharding import (
+from rollbus.trainer import checkpoint
+from rollbus.trainer.checkpoint import TrainerState
+from rollbus.trainer.device import placement
+from rollbus.trainer.loss import PolicyForward, SegmentInput
+from rollbus.trainer.moe import random_qwen3_moe
+from rollbus.trainer.routing_replay import MoeShape, RoutingReplay
+from rollbus.trainer.settings import TrainerSettings
+from rollbus.trainer.sharding import (
     distributed,
     even_shares,
     full_model_state,
@@ -33,7 +33,7 @@ from trainer.sharding import (
     load_optimizer_state,
     shard,
 )
-from trainer.step import StepResult, make_optimizer, train_step
+from rollbus.trainer.step import StepResult, make_optimizer, train_step
 
 log = logging.getLogger("rollbus.trainer")
 STOP, TRAIN, SAVE = "stop", "train", "save"

@@ -26,7 +26,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
 if TYPE_CHECKING:
-    from trainer.routing_replay import RoutingReplay
+    from rollbus.trainer.routing_replay import RoutingReplay
 
 PolicyLoss = Literal["ppo", "gspo"]
 
@@ -192,10 +192,11 @@ def segment_loss(
 class PolicyForward(torch.nn.Module):
     """The policy's trained forward as one module: decoder, then the chunked LM head at the trained positions.
 
-    It is the FSDP2 root (:mod:`trainer.sharding`): the parameters outside the decoder layers (embeddings,
-    final norm, a tied LM head) are gathered by its forward, once per segment, and reduced by its backward;
-    calling the decoder and the head separately would bypass the root's hooks. One process uses it unsharded.
-    ``replay`` (:class:`trainer.routing_replay.RoutingReplay`, MoE only) forces the rollout's experts.
+    It is the FSDP2 root (:mod:`rollbus.trainer.sharding`): the parameters outside the decoder layers
+    (embeddings, final norm, a tied LM head) are gathered by its forward, once per segment, and reduced by its
+    backward; calling the decoder and the head separately would bypass the root's hooks. One process uses it
+    unsharded. ``replay`` (:class:`rollbus.trainer.routing_replay.RoutingReplay`, MoE only) forces the
+    rollout's experts.
     """
 
     def __init__(self, policy: PreTrainedModel, replay: RoutingReplay | None = None) -> None:

@@ -1,8 +1,8 @@
 """``rollbus trainer``: consume ``segments``, train the policy, publish each new version to ``policy``.
 
 Single process: ``rollbus trainer --group-size 4 --rollout-batch-size 2``. Sharded on one or more machines:
-``torchrun --nproc-per-node 2 -m trainer ...`` (FSDP2; NCCL between GPUs, gloo between CPU processes): rank 0
-consumes and commits, every rank trains a share of each batch on its shard of the model.
+``torchrun --nproc-per-node 2 -m rollbus.trainer ...`` (FSDP2; NCCL between GPUs, gloo between CPU processes):
+rank 0 consumes and commits, every rank trains a share of each batch on its shard of the model.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import signal
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from trainer.settings import TrainerSettings
+from rollbus.trainer.settings import TrainerSettings
 
 if TYPE_CHECKING:
-    from trainer.service import Trainer
+    from rollbus.trainer.service import Trainer
 
 add_arguments = TrainerSettings.add_arguments
 
@@ -30,9 +30,9 @@ def run(args: argparse.Namespace) -> int:
     import torch.distributed as dist
     import transformers
 
-    from trainer.device import placement
-    from trainer.learner import Learner, follow
-    from trainer.service import Trainer
+    from rollbus.trainer.device import placement
+    from rollbus.trainer.learner import Learner, follow
+    from rollbus.trainer.service import Trainer
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     transformers.utils.logging.disable_progress_bar()

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from trainer.loss import LossStats
+from rollbus.trainer.loss import LossStats
 
 CONSOLE_KEYS = (
     "step", "version", "reward_mean", "solve_rate", "loss", "tokens_trained", "masked_fraction",

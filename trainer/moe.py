@@ -12,7 +12,7 @@ import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from rollbus.policy_model import ModelSpec
-from trainer.settings import MoeSpec
+from rollbus.trainer.settings import MoeSpec
 
 
 def qwen3_moe_config(

@@ -29,9 +29,9 @@ from aiokafka import ConsumerRecord, TopicPartition
 from rollbus.bus import Publisher, dead_letter, decode_message
 from rollbus.codec import CodecError
 from rollbus.topics import MAX_EVENT_BYTES, dead_letters_for, topic_name
-from trainer import checkpoint
-from trainer.advantages import has_reward_variance
-from trainer.batch import (
+from rollbus.trainer import checkpoint
+from rollbus.trainer.advantages import has_reward_variance
+from rollbus.trainer.batch import (
     Admission,
     Group,
     GroupBuffer,
@@ -42,10 +42,10 @@ from trainer.batch import (
     staleness,
     validate,
 )
-from trainer.feed import SegmentFeed, latest_policy_version, push_weights
-from trainer.learner import Learner, stop_followers
-from trainer.metrics import MetricsLog, info_count, info_rows, mismatch
-from trainer.step import StepResult
+from rollbus.trainer.feed import SegmentFeed, latest_policy_version, push_weights
+from rollbus.trainer.learner import Learner, stop_followers
+from rollbus.trainer.metrics import MetricsLog, info_count, info_rows, mismatch
+from rollbus.trainer.step import StepResult
 
 log = logging.getLogger("rollbus.trainer")
 Fault = Callable[[str], None]

@@ -12,8 +12,8 @@ from rollbus.policy_model import ModelSettings
 from rollbus.settings import BusSettings
 
 if TYPE_CHECKING:  # torch comes with them: imported when the trainer runs, not for --help
-    from trainer.loss import LossConfig
-    from trainer.step import OptimConfig
+    from rollbus.trainer.loss import LossConfig
+    from rollbus.trainer.step import OptimConfig
 
 DeviceChoice = Literal["auto", "cpu", "cuda"]
 PrecisionChoice = Literal["auto", "fp32", "bf16"]
@@ -21,7 +21,7 @@ PrecisionChoice = Literal["auto", "fp32", "bf16"]
 
 @dataclass(frozen=True)
 class MoeSpec:
-    """The shape of the small random Qwen3-MoE (:mod:`trainer.moe`), here so flags need no torch."""
+    """The shape of the small random Qwen3-MoE (:mod:`rollbus.trainer.moe`), here so flags need no torch."""
 
     experts: int = 8
     top_k: int = 2
@@ -117,7 +117,7 @@ class TrainerSettings(ModelSettings, BusSettings):
     engine_retries: int = Field(3, ge=0, description="retries of a failed weight push before moving on")
 
     def loss(self) -> LossConfig:
-        from trainer.loss import LossConfig
+        from rollbus.trainer.loss import LossConfig
 
         return LossConfig(
             policy_loss=self.policy_loss, eps_clip_low=self.eps_clip_low, eps_clip_high=self.eps_clip_high,
@@ -126,7 +126,7 @@ class TrainerSettings(ModelSettings, BusSettings):
         )  # fmt: skip
 
     def optim(self) -> OptimConfig:
-        from trainer.step import OptimConfig
+        from rollbus.trainer.step import OptimConfig
 
         return OptimConfig(lr=self.lr, weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm)
 

@@ -2,10 +2,10 @@
 
 Every rank holds 1/N of each parameter (fp32) and of its AdamW state; a layer's full parameters exist only
 while it runs (cast to the compute dtype by the mixed-precision policy), and gradients are reduce-scattered in
-fp32 and summed, not averaged (the loss weights are global). The root is :class:`trainer.loss.PolicyForward`,
-so the embeddings, the final norm and a tied LM head form the root's unit. Ranks must take the same
-collectives, so every rank runs as many segment passes as the busiest rank (:func:`even_shares` pads with
-fillers).
+fp32 and summed, not averaged (the loss weights are global). The root is
+:class:`rollbus.trainer.loss.PolicyForward`, so the embeddings, the final norm and a tied LM head form the
+root's unit. Ranks must take the same collectives, so every rank runs as many segment passes as the busiest
+rank (:func:`even_shares` pads with fillers).
 
 A checkpoint is gathered from the shards with torch's distributed state-dict API (``full_state_dict`` with
 ``cpu_offload``: only rank 0 keeps the full tensors, on the CPU), then written by rank 0 alone.
@@ -27,8 +27,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import PreTrainedModel
 
-from trainer.device import Placement
-from trainer.loss import PolicyForward, SegmentInput, decoder_of
+from rollbus.trainer.device import Placement
+from rollbus.trainer.loss import PolicyForward, SegmentInput, decoder_of
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 

@@ -1,9 +1,9 @@
 """One optimiser step over a batch of segments, in one process or sharded across ``torchrun`` ranks.
 
 Each rank computes the loss of its share of the batch (the reducer weights are global, so shares simply add).
-Under FSDP2 (:mod:`trainer.sharding`) every layer's backward reduce-scatters its gradient, so each rank ends
-with the summed gradient of its parameter shard; the norm is clipped over all shards and every rank takes the
-AdamW step of its shard. Ranks holding fewer segments run fillers, so all take the same collectives.
+Under FSDP2 (:mod:`rollbus.trainer.sharding`) every layer's backward reduce-scatters its gradient, so each
+rank ends with the summed gradient of its parameter shard; the norm is clipped over all shards and every rank
+takes the AdamW step of its shard. Ranks holding fewer segments run fillers, so all take the same collectives.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from trainer.device import Placement, autocast
-from trainer.loss import LossConfig, LossStats, PolicyForward, SegmentInput, batch_loss
-from trainer.sharding import distributed
+from rollbus.trainer.device import Placement, autocast
+from rollbus.trainer.loss import LossConfig, LossStats, PolicyForward, SegmentInput, batch_loss
+from rollbus.trainer.sharding import distributed
 
 
 @dataclass(frozen=True)

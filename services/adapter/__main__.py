@@ -1,4 +1,4 @@
-"""``python -m services.adapter``: the same as ``rollbus adapter``."""
+"""``python -m rollbus.services.adapter``: the same as ``rollbus adapter``."""
 
 import sys
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from services.adapter.errors import invalid_request
+from rollbus.services.adapter.errors import invalid_request
 
 _STRICT = ConfigDict(strict=True, extra="ignore", frozen=True)
 MAX_INT = 2**31 - 1  # what the engine's int fields hold; larger is a 400 here, not a failure there

@@ -1,5 +1,5 @@
 """The adapter's HTTP surface: the Anthropic Messages API the Claude Code CLI talks to, plus admin,
-health and metrics. Routes only; the work is in :mod:`services.adapter.turn`."""
+health and metrics. Routes only; the work is in :mod:`rollbus.services.adapter.turn`."""
 
 from __future__ import annotations
 
@@ -20,18 +20,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from rollbus.markup import ContentFormsMarkup
-from services.adapter import anthropic, edge, openai
-from services.adapter.errors import ApiError, forbidden, invalid_request, not_found, unauthenticated
-from services.adapter.expiry import idle_expiry
-from services.adapter.metrics import CountRequests
-from services.adapter.publisher import Publisher
-from services.adapter.replies import ClientGone, TurnStream, collect
-from services.adapter.restore import Records, load, restore
-from services.adapter.sessions import CLAUDE_CODE, HARNESSES, MAIN, RequestShape, answers_agent_call
-from services.adapter.settings import AdapterSettings
-from services.adapter.state import AdapterState, build_state, shutdown, warm_up
-from services.adapter.translate import to_chat
-from services.adapter.turn import TurnInput, close_chains, hand_back, run_turn, settle_contests
+from rollbus.services.adapter import anthropic, edge, openai
+from rollbus.services.adapter.errors import ApiError, forbidden, invalid_request, not_found, unauthenticated
+from rollbus.services.adapter.expiry import idle_expiry
+from rollbus.services.adapter.metrics import CountRequests
+from rollbus.services.adapter.publisher import Publisher
+from rollbus.services.adapter.replies import ClientGone, TurnStream, collect
+from rollbus.services.adapter.restore import Records, load, restore
+from rollbus.services.adapter.sessions import CLAUDE_CODE, HARNESSES, MAIN, RequestShape, answers_agent_call
+from rollbus.services.adapter.settings import AdapterSettings
+from rollbus.services.adapter.state import AdapterState, build_state, shutdown, warm_up
+from rollbus.services.adapter.translate import to_chat
+from rollbus.services.adapter.turn import TurnInput, close_chains, hand_back, run_turn, settle_contests
 
 AGENT_HEADER = "x-claude-code-agent-id"
 log = logging.getLogger(__name__)
@@ -217,7 +217,7 @@ def create_app(
 
     ``publisher`` is ``rollbus.bus.Publisher`` (started by the caller) or any :class:`Publisher`; an
     ``http`` client passed in stays the caller's to close. With ``records`` (a reader of the bus, see
-    :mod:`services.adapter.restore`) the open rollouts are rebuilt from the bus at start.
+    :mod:`rollbus.services.adapter.restore`) the open rollouts are rebuilt from the bus at start.
     """
     state = build_state(settings, publisher, tokenizer=tokenizer, http=http, parse=parse)
     owned_http = http is None

@@ -6,7 +6,7 @@ import asyncio
 
 from starlette.requests import ClientDisconnect, Request
 
-from services.adapter.errors import (
+from rollbus.services.adapter.errors import (
     ClientGone,
     body_timed_out,
     forbidden,
@@ -14,7 +14,7 @@ from services.adapter.errors import (
     too_large,
     unauthenticated,
 )
-from services.adapter.sessions import AGENT_PEER, PEER_HEADER, TOOL_PEER, Grant, SessionTokens
+from rollbus.services.adapter.sessions import AGENT_PEER, PEER_HEADER, TOOL_PEER, Grant, SessionTokens
 
 
 async def read_body(request: Request, limit: int, timeout: float) -> bytes:

@@ -13,8 +13,8 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
-from services.adapter.state import AdapterState
-from services.adapter.turn import close_chains
+from rollbus.services.adapter.state import AdapterState
+from rollbus.services.adapter.turn import close_chains
 
 log = logging.getLogger(__name__)
 

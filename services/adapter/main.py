@@ -13,9 +13,9 @@ from types import FrameType
 
 import uvicorn
 
+from rollbus.services.adapter.settings import AdapterSettings
+from rollbus.services.adapter.state import AdapterState
 from rollbus.topics import TopicsError, check_topics
-from services.adapter.settings import AdapterSettings
-from services.adapter.state import AdapterState
 
 add_arguments = AdapterSettings.add_arguments
 
@@ -28,8 +28,8 @@ def settings_from(args: argparse.Namespace) -> AdapterSettings:
 
 async def serve(settings: AdapterSettings) -> None:
     from rollbus.bus import Publisher
-    from services.adapter.app import create_app
-    from services.adapter.restore import bus_records
+    from rollbus.services.adapter.app import create_app
+    from rollbus.services.adapter.restore import bus_records
 
     # refuse to run on missing or mismatched topics: a rollout's events must meet in one partition
     await check_topics(settings.bootstrap_servers, settings.topic_namespace)

@@ -71,7 +71,8 @@ class AdapterMetrics:
         )
 
     def count_route(self, agent: Any) -> None:
-        """A request routed to ``agent`` (``services.adapter.sessions.Agent``): counted if it never trains."""
+        """A request routed to ``agent`` (``rollbus.services.adapter.sessions.Agent``): counted if it never
+        trains."""
         if agent.kind == "unattributed":
             self.unattributed.labels(agent.cause or "unknown").inc()
 

@@ -2,8 +2,8 @@
 
 Any OpenAI client can use it (``base_url=<adapter>/v1``, ``api_key=<session token>``); the gym runner does.
 A request is translated to the same chat messages the Anthropic route produces and runs through
-:func:`services.adapter.turn.run_turn`, so its turn is planned on the rollout's canonical history, token
-recorded and published exactly like a Claude Code turn (same session tokens, same ``turns``/``sessions``
+:func:`rollbus.services.adapter.turn.run_turn`, so its turn is planned on the rollout's canonical history,
+token recorded and published exactly like a Claude Code turn (same session tokens, same ``turns``/``sessions``
 events). All requests of one session token are one conversation: the rollout's ``main`` agent, tools or not
 (the Anthropic route's side-call and sub-agent routing is for the CLI's traffic, not needed here).
 
@@ -28,13 +28,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from services.adapter import edge
-from services.adapter.anthropic import check_json, decode_json
-from services.adapter.errors import ApiError, invalid_request
-from services.adapter.replies import collect
-from services.adapter.sessions import GYM, RequestShape
-from services.adapter.translate import ChatPrompt
-from services.adapter.turn import Done, Ping, TurnEvent, TurnInput, run_turn
+from rollbus.services.adapter import edge
+from rollbus.services.adapter.anthropic import check_json, decode_json
+from rollbus.services.adapter.errors import ApiError, invalid_request
+from rollbus.services.adapter.replies import collect
+from rollbus.services.adapter.sessions import GYM, RequestShape
+from rollbus.services.adapter.translate import ChatPrompt
+from rollbus.services.adapter.turn import Done, Ping, TurnEvent, TurnInput, run_turn
 
 _MODEL = ConfigDict(extra="ignore", frozen=True)
 FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls"}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rollbus.services.adapter.sessions import Agent
 from rollbus.turn_log import prompt_reference
-from services.adapter.sessions import Agent
 
 
 def turn_record(

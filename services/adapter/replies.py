@@ -13,9 +13,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from services.adapter import sse
-from services.adapter.errors import ApiError, ClientGone
-from services.adapter.turn import Done, Ping, Started, TurnEvent
+from rollbus.services.adapter import sse
+from rollbus.services.adapter.errors import ApiError, ClientGone
+from rollbus.services.adapter.turn import Done, Ping, Started, TurnEvent
 
 
 class TurnStream(StreamingResponse):

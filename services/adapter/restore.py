@@ -8,8 +8,8 @@ signed); closed rollouts are revoked again so their tokens stay refused.
 
 A restored chain knows its tokens but not the messages that produced them: the first request after the
 restart continues it if that request's last assistant message carries the tool_use ids of the chain's
-last turn (ids name their turn, see :mod:`services.adapter.response`), else it starts a new chain. Either
-way no turn is lost or duplicated, and every sampled token stays trainable.
+last turn (ids name their turn, see :mod:`rollbus.services.adapter.response`), else it starts a new chain.
+Either way no turn is lost or duplicated, and every sampled token stays trainable.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollbus.services.adapter.response import TurnRef, tool_use_id
+from rollbus.services.adapter.sessions import MAIN, Agent, Session
 from rollbus.trajectory import Turn
-from services.adapter.response import TurnRef, tool_use_id
-from services.adapter.sessions import MAIN, Agent, Session
 
 Records = Callable[[str, int | None], AsyncIterator[Mapping[str, Any]]]  # (topic, since_ms) -> records
 SINCE_SLACK_MS = 60_000  # clock skew between the adapter's `at` stamps and the broker's timestamps

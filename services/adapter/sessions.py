@@ -70,7 +70,7 @@ class History(Protocol):
         """End the live chain (a finished sub-agent); the next plan starts a new chain."""
 
     def resume(self, turns: list[Any], chain_number: int, is_ours: Any) -> None:
-        """Continue a live chain rebuilt from the bus (:mod:`services.adapter.restore`)."""
+        """Continue a live chain rebuilt from the bus (:mod:`rollbus.services.adapter.restore`)."""
 
     def plan(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Any: ...
 
@@ -271,7 +271,7 @@ class Session:
 
     def main_agent(self, shape: RequestShape) -> Agent:
         """The rollout's main agent whatever the request looks like: one conversation per session token
-        (the OpenAI route, :mod:`services.adapter.openai`); a tool's request is unattributed."""
+        (the OpenAI route, :mod:`rollbus.services.adapter.openai`); a tool's request is unattributed."""
         if shape.peer == TOOL_PEER:
             return self._from_a_tool(shape)
         main = self.agents.get(MAIN)
@@ -380,7 +380,7 @@ def answers_agent_call(messages: list[dict[str, Any]]) -> bool:
 
 class Sessions:
     """Every live rollout's :class:`Session`, created on its first request; it lives until the admin API
-    closes it or it goes idle (:mod:`services.adapter.expiry`)."""
+    closes it or it goes idle (:mod:`rollbus.services.adapter.expiry`)."""
 
     def __init__(
         self,

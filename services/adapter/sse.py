@@ -10,7 +10,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from services.adapter.errors import ApiError
+from rollbus.services.adapter.errors import ApiError
 
 
 def event(name: str, data: dict[str, Any]) -> bytes:

@@ -9,13 +9,13 @@ from typing import Any
 
 import httpx
 
-from services.adapter.errors import overloaded, unavailable
-from services.adapter.metrics import AdapterMetrics
-from services.adapter.publisher import BacklogFull, Outbox, Publisher
-from services.adapter.sessions import Sessions, SessionTokens
-from services.adapter.settings import AdapterSettings
-from services.adapter.sglang_client import SGLangClient
-from services.adapter.turn import TurnKit
+from rollbus.services.adapter.errors import overloaded, unavailable
+from rollbus.services.adapter.metrics import AdapterMetrics
+from rollbus.services.adapter.publisher import BacklogFull, Outbox, Publisher
+from rollbus.services.adapter.sessions import Sessions, SessionTokens
+from rollbus.services.adapter.settings import AdapterSettings
+from rollbus.services.adapter.sglang_client import SGLangClient
+from rollbus.services.adapter.turn import TurnKit
 
 log = logging.getLogger(__name__)
 

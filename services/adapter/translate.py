@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.adapter.anthropic import (
+from rollbus.services.adapter.anthropic import (
     ImageBlock,
     Message,
     TextBlock,

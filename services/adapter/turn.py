@@ -21,22 +21,22 @@ from typing import Any
 
 from rollbus.markup import ContentFormsMarkup
 from rollbus.segmentation import AMBIGUOUS
-from rollbus.trajectory import Turn
-from services.adapter import records, response
-from services.adapter.anthropic import Message
-from services.adapter.errors import invalid_request, prompt_too_long, unauthenticated, upstream_failed
-from services.adapter.metrics import AdapterMetrics
-from services.adapter.publisher import Outbox
-from services.adapter.sessions import CONTESTED_CALL, SIDE, UNATTRIBUTED, Agent
-from services.adapter.settings import AdapterSettings
-from services.adapter.sglang_client import (
+from rollbus.services.adapter import records, response
+from rollbus.services.adapter.anthropic import Message
+from rollbus.services.adapter.errors import invalid_request, prompt_too_long, unauthenticated, upstream_failed
+from rollbus.services.adapter.metrics import AdapterMetrics
+from rollbus.services.adapter.publisher import Outbox
+from rollbus.services.adapter.sessions import CONTESTED_CALL, SIDE, UNATTRIBUTED, Agent
+from rollbus.services.adapter.settings import AdapterSettings
+from rollbus.services.adapter.sglang_client import (
     EngineError,
     EngineRejected,
     Generation,
     SGLangClient,
     TurnHeaders,
 )
-from services.adapter.translate import ChatPrompt, assistant_message
+from rollbus.services.adapter.translate import ChatPrompt, assistant_message
+from rollbus.trajectory import Turn
 
 
 @dataclass(frozen=True)

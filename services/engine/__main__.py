@@ -1,4 +1,4 @@
-"""``python -m services.engine``: the same as ``rollbus engine``."""
+"""``python -m rollbus.services.engine``: the same as ``rollbus engine``."""
 
 import sys
 

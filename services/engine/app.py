@@ -32,9 +32,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from services.engine.engine import Engine, TokenCallback
-from services.engine.policies import ChainRoute
-from services.engine.protocol import (
+from rollbus.services.engine.engine import Engine, TokenCallback
+from rollbus.services.engine.policies import ChainRoute
+from rollbus.services.engine.protocol import (
     BadRequest,
     GenerateRequest,
     Generation,

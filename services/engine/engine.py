@@ -17,11 +17,10 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase, Qwen3ForCausalLM
 
-from rollbus.tokenizer import SpecialIds
-from services.engine.model import context_length, load_model, new_kv
-from services.engine.policies import ChainRoute, Policy, ScriptedTurn
-from services.engine.prefix_cache import CacheEntry, PrefixCache
-from services.engine.protocol import (
+from rollbus.services.engine.model import context_length, load_model, new_kv
+from rollbus.services.engine.policies import ChainRoute, Policy, ScriptedTurn
+from rollbus.services.engine.prefix_cache import CacheEntry, PrefixCache
+from rollbus.services.engine.protocol import (
     GenerateRequest,
     Generation,
     abort_reason,
@@ -29,7 +28,8 @@ from services.engine.protocol import (
     stop_reason,
     text_ids,
 )
-from services.engine.sampling import logprob_temperature, sample_token, token_logprobs
+from rollbus.services.engine.sampling import logprob_temperature, sample_token, token_logprobs
+from rollbus.tokenizer import SpecialIds
 
 TokenCallback = Callable[[Generation], None]
 FORCED_CHUNK = 64  # scripted tokens scored per forward: 64 x vocab float32 logits, ~64 MB
@@ -222,7 +222,7 @@ class Engine:
 
         A cold prompt goes in one forward: with no past, attention takes SDPA's causal kernel, several
         times faster on CPU than chunks. A suffix after cached tokens goes in ``prefill_chunk`` pieces
-        (mask-free, see :mod:`services.engine.attention`) so an abort is seen between them.
+        (mask-free, see :mod:`rollbus.services.engine.attention`) so an abort is seen between them.
         """
         suffix = prompt[len(entry.token_ids) :]
         chunk = self.prefill_chunk if len(entry.token_ids) else len(suffix)

@@ -18,8 +18,8 @@ from rollbus.policy_model import DEFAULT_TOKENIZER, ModelSettings
 from rollbus.settings import ENGINE_PORT
 
 if TYPE_CHECKING:  # torch and transformers load when the engine runs, not for --help
-    from services.engine.engine import Engine
-    from services.engine.policies import Policy
+    from rollbus.services.engine.engine import Engine
+    from rollbus.services.engine.policies import Policy
 
 
 class EngineSettings(ModelSettings):
@@ -73,7 +73,13 @@ add_arguments = EngineSettings.add_arguments
 
 
 def build_policy(settings: EngineSettings) -> Policy:
-    from services.engine.policies import SamplePolicy, Script, ScriptedPolicy, load_script, load_script_dir
+    from rollbus.services.engine.policies import (
+        SamplePolicy,
+        Script,
+        ScriptedPolicy,
+        load_script,
+        load_script_dir,
+    )
 
     if settings.policy == "sample" or settings.script is None:
         return SamplePolicy()
@@ -84,9 +90,9 @@ def build_policy(settings: EngineSettings) -> Policy:
 
 
 def build_engine(settings: EngineSettings) -> Engine:
+    from rollbus.services.engine.engine import Engine
+    from rollbus.services.engine.model import load_model, random_model
     from rollbus.tokenizer import SpecialIds, load_tokenizer
-    from services.engine.engine import Engine
-    from services.engine.model import load_model, random_model
 
     tokenizer = load_tokenizer(settings.tokenizer)
     if settings.model_path:
@@ -118,7 +124,7 @@ def tokenizer_path(name_or_path: str) -> str:
 def run(parsed: argparse.Namespace) -> int:
     import uvicorn
 
-    from services.engine.app import create_app
+    from rollbus.services.engine.app import create_app
 
     settings = EngineSettings.from_args(parsed)  # a bad value: one line, exit 2, before torch or a port
     import torch

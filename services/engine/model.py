@@ -4,7 +4,7 @@ There are no pretrained weights here, so the default model is a Qwen3-architectu
 from a fixed seed, sized by flags and sharing the Qwen3.6 tokenizer's id space; it is built by
 :mod:`rollbus.policy_model`, shared with the trainer. Checkpoints are plain ``save_pretrained`` directories,
 the same format the trainer writes and ``/update_weights_from_disk`` reads. Served models use
-:mod:`services.engine.attention` and grow their KV cache with :mod:`services.engine.kv`.
+:mod:`rollbus.services.engine.attention` and grow their KV cache with :mod:`rollbus.services.engine.kv`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import torch
 from transformers import DynamicCache, Qwen3ForCausalLM
 
 from rollbus.policy_model import ModelSpec, random_qwen3
-from services.engine.attention import use_prefix_attention
-from services.engine.kv import growing_cache
+from rollbus.services.engine.attention import use_prefix_attention
+from rollbus.services.engine.kv import growing_cache
 
 
 def random_model(

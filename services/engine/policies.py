@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from services.engine.protocol import BadRequest
+from rollbus.services.engine.protocol import BadRequest
 
 DEFAULT_FINAL_TEXT = "The scripted session is over; I have nothing further to do."
 DEFAULT_SIDE_TEXT = "Scripted session"

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
 
-from services.engine.sampling import SAMPLING_EPS, TOP_K_ALL, Sampling
+from rollbus.services.engine.sampling import SAMPLING_EPS, TOP_K_ALL, Sampling
 
 
 class BadRequest(ValueError):

@@ -1,4 +1,4 @@
-"""``python -m services.grader``: the same as ``rollbus grader``."""
+"""``python -m rollbus.services.grader``: the same as ``rollbus grader``."""
 
 import sys
 

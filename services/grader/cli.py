@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from services.grader.core import grade_row
-from services.grader.settings import GradingOptions
+from rollbus.services.grader.core import grade_row
+from rollbus.services.grader.settings import GradingOptions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -21,9 +21,9 @@ from aiokafka.errors import KafkaError
 from rollbus.bus import Event, EventConsumer, EventTooLarge, PermanentError, Publisher
 from rollbus.sandbox import bwrap_usable
 from rollbus.sandbox.scratch import GRADE_SCRATCH_PREFIX, sweep_scratch
+from rollbus.services.grader.core import grade_diff, reward_record, without_bulk
+from rollbus.services.grader.settings import GraderSettings
 from rollbus.topics import TopicsError, check_topics, topic_name
-from services.grader.core import grade_diff, reward_record, without_bulk
-from services.grader.settings import GraderSettings
 
 log = logging.getLogger("rollbus.grader")
 add_arguments = GraderSettings.add_arguments

@@ -3,9 +3,9 @@
 The log keeps every diff ever graded, so a fixed grader can say which past rewards were earned. This reads
 ``turns`` (the policy version of each rollout attempt) and ``rewards`` (what was published), then ``diffs``,
 each from the beginning to the end it had when the read started; grades every diff as the grader service
-does (:func:`services.grader.core.grade_diff`, :func:`~services.grader.core.reward_record`); publishes the
-new rewards to a fresh topic (never to ``rewards``: the segmenter and trainer go on as they were); and reports
-per policy version how many rewards changed and with which flags (``changes.py``).
+does (:func:`rollbus.services.grader.core.grade_diff`, :func:`~rollbus.services.grader.core.reward_record`);
+publishes the new rewards to a fresh topic (never to ``rewards``: the segmenter and trainer go on as they
+were); and reports per policy version how many rewards changed and with which flags (``changes.py``).
 
 Bad input never stops it and is never dropped silently: an undecodable diff, a diff without a rollout id, or
 one that crashes the grader is a ``problem`` line naming its partition and offset, and the log keeps it.
@@ -28,11 +28,11 @@ from rollbus.bus import EventTooLarge, Publisher
 from rollbus.codec import CodecError, Decoded, encode
 from rollbus.reach import BrokerUnreachable, quiet_kafka_logs
 from rollbus.replay import ReadPlan, read
+from rollbus.services.grader.changes import Ledger, report_lines
+from rollbus.services.grader.core import grade_diff, reward_record, without_bulk
+from rollbus.services.grader.settings import DiffGrading
 from rollbus.settings import BusSettings
 from rollbus.topics import TopicsError, check_topics, create_fresh, spec_for, topic_name
-from services.grader.changes import Ledger, report_lines
-from services.grader.core import grade_diff, reward_record, without_bulk
-from services.grader.settings import DiffGrading
 
 
 class RegradeSettings(DiffGrading, BusSettings):

@@ -1,4 +1,4 @@
-"""``python -m services.gym_runner``: the same as ``rollbus gym-runner``."""
+"""``python -m rollbus.services.gym_runner``: the same as ``rollbus gym-runner``."""
 
 import sys
 

@@ -24,11 +24,11 @@ from aiokafka.errors import KafkaConnectionError
 
 from rollbus.bus import Event, EventConsumer, Publisher
 from rollbus.gym import GymConfigError, context_managers, envs, load_builtins, load_plugins
+from rollbus.services.gym_runner.adapter_client import AdapterClient
+from rollbus.services.gym_runner.runner import GymRunner
+from rollbus.services.gym_runner.settings import GymRunnerSettings
 from rollbus.settings import SettingsError
 from rollbus.topics import TopicsError, check_topics, topic_name
-from services.gym_runner.adapter_client import AdapterClient
-from services.gym_runner.runner import GymRunner
-from services.gym_runner.settings import GymRunnerSettings
 
 log = logging.getLogger("rollbus.gym_runner")
 add_arguments = GymRunnerSettings.add_arguments

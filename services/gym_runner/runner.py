@@ -36,8 +36,8 @@ from rollbus.gym import (
     parse_config,
     run_episode,
 )
-from services.gym_runner.adapter_client import AdapterClient, AdapterError
-from services.gym_runner.settings import GymRunnerSettings
+from rollbus.services.gym_runner.adapter_client import AdapterClient, AdapterError
+from rollbus.services.gym_runner.settings import GymRunnerSettings
 
 log = logging.getLogger(__name__)
 RETRIED = ("model_error", "timeout", "adapter_error")

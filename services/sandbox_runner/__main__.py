@@ -1,4 +1,4 @@
-"""``python -m services.sandbox_runner``: the same as ``rollbus sandbox-runner``."""
+"""``python -m rollbus.services.sandbox_runner``: the same as ``rollbus sandbox-runner``."""
 
 import sys
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from rollbus.rows import Row, RowError, RowKeys, read_rows
 from rollbus.sandbox import Completed, SandboxError, SandboxSpec, create_local, resolve_image
 from rollbus.sandbox.bwrap import WORKSPACE
-from services.sandbox_runner.rollout import AttemptFailed, agent_binary, sandbox_spec
-from services.sandbox_runner.settings import RunnerSettings
+from rollbus.services.sandbox_runner.rollout import AttemptFailed, agent_binary, sandbox_spec
+from rollbus.services.sandbox_runner.settings import RunnerSettings
 
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
 

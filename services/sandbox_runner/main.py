@@ -1,7 +1,7 @@
 """``rollbus sandbox-runner``: consumes `tasks`, runs the agent in a sandbox per attempt, publishes `diffs`.
 
 Library use (``rollbus demo``, tests): :func:`run_one` runs one task to its diff event without Kafka;
-:class:`~services.sandbox_runner.service.SandboxRunner` is the service loop.
+:class:`~rollbus.services.sandbox_runner.service.SandboxRunner` is the service loop.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Any
 from aiokafka.errors import KafkaError
 
 from rollbus.sandbox import bwrap_usable
-from services.sandbox_runner.outcome import diff_event
-from services.sandbox_runner.rollout import AdapterSessions, RunnerKit, run_task
-from services.sandbox_runner.service import SandboxRunner
-from services.sandbox_runner.settings import RunnerSettings
+from rollbus.services.sandbox_runner.outcome import diff_event
+from rollbus.services.sandbox_runner.rollout import AdapterSessions, RunnerKit, run_task
+from rollbus.services.sandbox_runner.service import SandboxRunner
+from rollbus.services.sandbox_runner.settings import RunnerSettings
 
 log = logging.getLogger("rollbus.sandbox_runner")
 add_arguments = RunnerSettings.add_arguments

@@ -39,10 +39,16 @@ import httpx
 
 from rollbus.sandbox import Completed, SandboxBase, SandboxSpec, create_sandbox
 from rollbus.sandbox.bwrap import WORKSPACE
-from services.sandbox_runner import outcome as kinds
-from services.sandbox_runner.outcome import Outcome, agent_turns, cap_patch, classify, drop_paths
-from services.sandbox_runner.rollout import AttemptFailed, RunnerKit, boot_retrying, parse_metadata, run_agent
-from services.sandbox_runner.settings import RunnerSettings
+from rollbus.services.sandbox_runner import outcome as kinds
+from rollbus.services.sandbox_runner.outcome import Outcome, agent_turns, cap_patch, classify, drop_paths
+from rollbus.services.sandbox_runner.rollout import (
+    AttemptFailed,
+    RunnerKit,
+    boot_retrying,
+    parse_metadata,
+    run_agent,
+)
+from rollbus.services.sandbox_runner.settings import RunnerSettings
 
 log = logging.getLogger("rollbus.sandbox_runner")
 NODE_MAJOR = 22

@@ -1,9 +1,9 @@
 """One attempt at one task: boot a sandbox, run the real Claude Code CLI against the adapter, take its patch.
 
-Every way an attempt can end becomes an :class:`~services.sandbox_runner.outcome.Outcome` with a failure kind
-(never an exception), so every attempt ends with a `diffs` event. The sandbox is killed and the adapter
-session closed on every path, cancellation included (a runner shutting down abandons its attempts; their
-tasks stay uncommitted and are re-run as new attempts).
+Every way an attempt can end becomes an :class:`~rollbus.services.sandbox_runner.outcome.Outcome` with a
+failure kind (never an exception), so every attempt ends with a `diffs` event. The sandbox is killed and the
+adapter session closed on every path, cancellation included (a runner shutting down abandons its attempts;
+their tasks stay uncommitted and are re-run as new attempts).
 
 Threat model: the agent is the attacker and owns everything in its workspace. It gets the prompt, its own
 session token (good for this attempt only; revoked when the attempt ends) and a complete environment (no host
@@ -43,9 +43,9 @@ from rollbus.sandbox import (
 from rollbus.sandbox.bwrap import WORKSPACE
 from rollbus.sandbox.capture import Captured, capture_patch
 from rollbus.sandbox.e2b_backend import E2BOptions
-from services.sandbox_runner import outcome as kinds
-from services.sandbox_runner.outcome import Outcome, agent_turns, cap_patch, classify
-from services.sandbox_runner.settings import RunnerSettings
+from rollbus.services.sandbox_runner import outcome as kinds
+from rollbus.services.sandbox_runner.outcome import Outcome, agent_turns, cap_patch, classify
+from rollbus.services.sandbox_runner.settings import RunnerSettings
 
 log = logging.getLogger("rollbus.sandbox_runner")
 SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}  # no __pycache__ from the agent's test runs in its patch
@@ -154,7 +154,7 @@ async def run_task(kit: RunnerKit, task: dict[str, Any], attempt_id: str | None 
     started = time.monotonic()
     try:
         if kit.settings.backend == "e2b":
-            from services.sandbox_runner import remote
+            from rollbus.services.sandbox_runner import remote
 
             return await remote.attempt(kit, task, attempt_id)
         return await _attempt(kit, task, attempt_id)

@@ -21,11 +21,11 @@ from aiokafka.structs import OffsetAndMetadata
 
 from rollbus.bus import Publisher, dead_letter, decode_message
 from rollbus.codec import CodecError
+from rollbus.services.sandbox_runner.offsets import OffsetTracker
+from rollbus.services.sandbox_runner.outcome import Outcome, diff_event
+from rollbus.services.sandbox_runner.rollout import AdapterSessions, RunnerKit, run_task
+from rollbus.services.sandbox_runner.settings import RunnerSettings
 from rollbus.topics import MAX_EVENT_BYTES, dead_letters_for, topic_name
-from services.sandbox_runner.offsets import OffsetTracker
-from services.sandbox_runner.outcome import Outcome, diff_event
-from services.sandbox_runner.rollout import AdapterSessions, RunnerKit, run_task
-from services.sandbox_runner.settings import RunnerSettings
 
 log = logging.getLogger("rollbus.sandbox_runner")
 PUBLISH_TRIES = 5

@@ -1,4 +1,4 @@
-"""``python -m services.segmenter``: the same as ``rollbus segmenter``."""
+"""``python -m rollbus.services.segmenter``: the same as ``rollbus segmenter``."""
 
 import sys
 

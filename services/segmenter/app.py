@@ -22,8 +22,8 @@ Why it is shaped like this (Faust facts it respects):
   rollouts through an in-memory clock index of the states it wrote; each assignment resets it (recovery
   rewrites the table), and the next tick rebuilds it from the table.
 * Faust and aiokafka lose data in four places (a commit before the table writes are acked, and three
-  seeks around a rebalance); :mod:`services.segmenter.upstream_fixes` closes them, and refuses versions
-  of those libraries it was not proven against.
+  seeks around a rebalance); :mod:`rollbus.services.segmenter.upstream_fixes` closes them, and refuses
+  versions of those libraries it was not proven against.
 * Poison bytes (undecodable, wrong type, wrong key, oversized) go to ``dead-letters`` with the original
   bytes and the reason, and processing continues.
 """
@@ -42,9 +42,9 @@ import faust
 from rollbus.bus import dead_letter
 from rollbus.codec import CodecError, encode
 from rollbus.segmentation import Outcome, Segmenter, decode_fact
+from rollbus.services.segmenter import upstream_fixes
+from rollbus.services.segmenter.settings import SegmenterSettings
 from rollbus.topics import DEAD_LETTER_MAX_BYTES, MAX_EVENT_BYTES, dead_letters_for, topic_name
-from services.segmenter import upstream_fixes
-from services.segmenter.settings import SegmenterSettings
 
 log = logging.getLogger("rollbus.segmenter")
 SERVICE = "segmenter"

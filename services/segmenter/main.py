@@ -14,10 +14,10 @@ import sys
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
+from rollbus.services.segmenter.app import TICKS, build_app, internal_topics
+from rollbus.services.segmenter.settings import SegmenterSettings
+from rollbus.services.segmenter.upstream_fixes import UnprovenUpstream, check_versions
 from rollbus.topics import TopicsError, check_topics, describe, spec_for, topic_name, wait_visible
-from services.segmenter.app import TICKS, build_app, internal_topics
-from services.segmenter.settings import SegmenterSettings
-from services.segmenter.upstream_fixes import UnprovenUpstream, check_versions
 
 add_arguments = SegmenterSettings.add_arguments
 

@@ -24,6 +24,8 @@ from pydantic import Field
 from rollbus.bus import Publisher
 from rollbus.codec import CodecError
 from rollbus.segmentation import Segmenter, decode_fact
+from rollbus.services.segmenter.app import INPUTS, TICKS
+from rollbus.services.segmenter.settings import SegmenterSettings
 from rollbus.topics import (
     MAX_EVENT_BYTES,
     TopicsError,
@@ -33,8 +35,6 @@ from rollbus.topics import (
     spec_for,
     topic_name,
 )
-from services.segmenter.app import INPUTS, TICKS
-from services.segmenter.settings import SegmenterSettings
 
 Messages = dict[int, list[list[ConsumerRecord]]]  # partition -> one ordered list per topic
 

@@ -1,4 +1,4 @@
-"""``python -m services.stack``: the same as ``rollbus up``."""
+"""``python -m rollbus.services.stack``: the same as ``rollbus up``."""
 
 import sys
 

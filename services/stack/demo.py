@@ -31,11 +31,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from rollbus.services.stack.progress import Progress, watch
+from rollbus.services.stack.runs import NoEarlierRun, last_demo, new_demo_namespace, record_demo
+from rollbus.services.stack.supervisor import Supervisor
+from rollbus.services.stack.up import EXAMPLES, Stack, StackSettings, running_stack
 from rollbus.settings import SettingsError, shared
-from services.stack.progress import Progress, watch
-from services.stack.runs import NoEarlierRun, last_demo, new_demo_namespace, record_demo
-from services.stack.supervisor import Supervisor
-from services.stack.up import EXAMPLES, Stack, StackSettings, running_stack
 
 console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 

@@ -5,7 +5,7 @@ and no broker is started), engine, adapter, sandbox runner, grader, gym runner, 
 started as a user would (``python -m rollbus <service>``) and ready before the next starts; a crashed service
 is restarted with backoff; Ctrl-C (or SIGTERM) stops everything, also during start-up, leaving no process
 behind. Started again on the same state dir and namespace it continues that run, and says so
-(:mod:`services.stack.runs`).
+(:mod:`rollbus.services.stack.runs`).
 
 Secrets (the engine's API key, the adapter's admin token) are made per run and handed to the services that
 need them through their variables, never on a command line (``ps`` shows those) and never to a sandbox.
@@ -27,10 +27,10 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rollbus.broker import EmbeddedBroker, free_port
+from rollbus.services.stack.runs import checkpoint_version, run_line
+from rollbus.services.stack.supervisor import ServiceSpec, Supervisor
 from rollbus.settings import BusSettings
 from rollbus.topics import TOPICS, create_topics
-from services.stack.runs import checkpoint_version, run_line
-from services.stack.supervisor import ServiceSpec, Supervisor
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 MODEL = "rollbus-engine"

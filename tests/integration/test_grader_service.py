@@ -16,8 +16,8 @@ import pytest
 from rollbus.bus import Event, Publisher
 from rollbus.codec import decode
 from rollbus.grading import absolute_paths
-from services.grader.main import DiffGrader, serve
-from services.grader.settings import GraderSettings
+from rollbus.services.grader.main import DiffGrader, serve
+from rollbus.services.grader.settings import GraderSettings
 from tests.integration.test_bus import read_raw
 from tests.test_grading_swe_mini import CHEATS, SWE_MINI, load_build
 

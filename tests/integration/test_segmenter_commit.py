@@ -2,8 +2,8 @@
 
 Faust's own flush gives a queued message 0.1 s and then lets the consumer commit; here the buffer hands each
 write over slowly (0.3 s, as on a starved event loop). Faust alone returns from that flush with writes still
-queued; the segmenter's flush (:func:`~services.segmenter.upstream_fixes.commit_after_changelogs`) returns
-only once every write is acked, so a ``kill -9`` after the commit cannot lose one.
+queued; the segmenter's flush (:func:`~rollbus.services.segmenter.upstream_fixes.commit_after_changelogs`)
+returns only once every write is acked, so a ``kill -9`` after the commit cannot lose one.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 import faust
 import pytest
 
-from services.segmenter.app import build_app, table
-from services.segmenter.settings import SegmenterSettings
+from rollbus.services.segmenter.app import build_app, table
+from rollbus.services.segmenter.settings import SegmenterSettings
 from tests.segmenter_support import namespace_of
 
 pytestmark = pytest.mark.kafka

@@ -2,9 +2,10 @@
 
 Faust drops a batch cut short by a rebalance and counts on a seek to committed offsets to fetch it again.
 aiokafka's ``seek_to_committed`` skips a partition never committed: without
-:func:`~services.segmenter.upstream_fixes.rewind_uncommitted_on_seek` the dropped messages of an input were
-never read again, and without :func:`~services.segmenter.upstream_fixes.rewind_changelogs_on_seek` those of a
-table changelog under recovery (which is never committed) were not either.
+:func:`~rollbus.services.segmenter.upstream_fixes.rewind_uncommitted_on_seek` the dropped messages of an input
+were never read again, and without
+:func:`~rollbus.services.segmenter.upstream_fixes.rewind_changelogs_on_seek` those of a table changelog under
+recovery (which is never committed) were not either.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
-from services.segmenter.upstream_fixes import rewind_changelogs_on_seek, rewind_uncommitted_on_seek
+from rollbus.services.segmenter.upstream_fixes import rewind_changelogs_on_seek, rewind_uncommitted_on_seek
 
 pytestmark = pytest.mark.kafka
 

@@ -12,7 +12,7 @@ from tests.conftest import TEST_PARTITIONS, unique_namespace
 
 def start_adapter(bootstrap: str, namespace: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "ROLLBUS_BOOTSTRAP_SERVERS": bootstrap, "ROLLBUS_NAMESPACE": namespace}
-    command = [sys.executable, "-m", "services.adapter", "--port", "0"]
+    command = [sys.executable, "-m", "rollbus.services.adapter", "--port", "0"]
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
 
 
