@@ -31,7 +31,7 @@ from rollbus.sandbox.peer import AgentProcess, Peer, attribute
 
 log = logging.getLogger("rollbus.sandbox.adapter_proxy")
 SANDBOX_HEADER = b"x-rollbus-sandbox"
-PEER_HEADER = b"x-rollbus-peer"  # "agent" or "tool"; the adapter trains on "agent" only
+PEER_HEADER = b"x-rollbus-peer"  # "agent" or "tool": "tool" never trains (no header: a host-side caller)
 MAX_HEAD = 64 << 10
 CHUNK = 1 << 16
 BAD_REQUEST = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
