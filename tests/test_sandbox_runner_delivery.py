@@ -35,7 +35,7 @@ class Gate:
     async def __call__(self, kit: Any, task: dict[str, Any]) -> Outcome:
         self.started.append(task["rollout_id"])
         await self.release.setdefault(task["rollout_id"], asyncio.Event()).wait()
-        return Outcome(f"att-{task['rollout_id']}", patch="", exit_status=0)
+        return Outcome(f"att-{task['rollout_id']}", patch=b"", exit_status=0)
 
     def end(self, rollout_id: str) -> None:
         self.release.setdefault(rollout_id, asyncio.Event()).set()

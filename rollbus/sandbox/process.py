@@ -152,11 +152,17 @@ async def _collect(stream: asyncio.StreamReader, sink: BoundedOutput) -> None:
 
 
 async def _capture(stream: asyncio.StreamReader, sink: CappedBytes, stop: Callable[[], None]) -> None:
-    """Fill ``sink``; at its first byte too many, stop the writer and read no further."""
+    """Fill ``sink``; at its first byte too many, stop the writer and discard the rest until end of file.
+
+    Draining matters: a stream nobody reads pauses its pipe once asyncio's buffer fills, the pipe's end of
+    file is then never seen, and ``proc.wait()`` (which waits for the pipes too) would sit until the timeout.
+    """
     while chunk := await stream.read(CHUNK):
         sink.add(chunk)
         if sink.overflowed:
             stop()
+            while await stream.read(CHUNK):
+                pass
             return
 
 
