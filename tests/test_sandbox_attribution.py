@@ -15,6 +15,7 @@ import shutil
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -273,30 +274,14 @@ TOOL_ATTACK = (
 async def test_the_real_clis_requests_are_the_agents_and_its_bash_tools_are_not(adapter: Adapter) -> None:
     """The runner's own path: the execute-only CLI as the agent command; its Bash tool attacks (the CLI is pid
     2 inside), with the CLI's token from its environment and a forged header."""
-    from rollbus import claude_cli
-    from tests.fake_anthropic import FakeAnthropic, Reply, text, tool_use
-    from tests.test_claude_cli_e2e import MODEL, TOKEN, result_text, tool_results
+    from tests.fake_anthropic import Reply, text, tool_use
+    from tests.test_claude_cli_e2e import TOKEN, result_text, tool_results
 
-    claude_cli.fetch()
-    binary = claude_cli.execute_only_binary()
     replies = [
         Reply([tool_use("toolu_attack", "Bash", {"command": TOOL_ATTACK})], "tool_use"),
         Reply([text("done")], "end_turn"),
     ]
-    async with FakeAnthropic(replies) as server:
-        spec = SandboxSpec(
-            image=EXAMPLE_REPO,
-            adapter_url=server.url,
-            base_url=BASE_URL,
-            ro_binds={str(binary): claude_cli.SANDBOX_BINARY},
-        )
-        async with await create_local(spec) as box:
-            cmd = claude_cli.build_command(
-                "Look around.", model=MODEL, max_turns=4, binary=claude_cli.SANDBOX_BINARY
-            )
-            env = claude_cli.build_env(BASE_URL, TOKEN, model=MODEL, home=box.home)
-            episode = await box.run(cmd, env, timeout=300, agent=True)
-    assert episode.exit_code == 0, episode.stderr
+    server = await run_real_cli("Look around.", replies)
     calls = server.message_requests()
     assert len(calls) == 2 and all(c.headers["x-rollbus-peer"] == "agent" for c in calls)
     [forged] = [r for r in server.requests if r.path == "/tool/v1/models"]
@@ -309,31 +294,14 @@ async def test_the_real_clis_requests_are_the_agents_and_its_bash_tools_are_not(
 async def test_the_real_clis_sub_agent_runs_in_its_process_and_is_stamped_agent(adapter: Adapter) -> None:
     """An ``Agent`` call's sub-agent is the CLI's own loop (in the same process): its requests, which carry
     ``x-claude-code-agent-id``, are the agent's; only processes the CLI starts are tools."""
-    from rollbus import claude_cli
-    from tests.fake_anthropic import FakeAnthropic, Reply, text, tool_use
-    from tests.test_claude_cli_e2e import MODEL, TOKEN
+    from tests.fake_anthropic import Reply, text, tool_use
 
-    claude_cli.fetch()
-    binary = claude_cli.execute_only_binary()
     replies = [
         Reply([tool_use("toolu_sub", "Agent", {"description": "look", "prompt": "Say hi."})], "tool_use"),
         Reply([text("hi")], "end_turn"),  # the sub-agent's
         Reply([text("done")], "end_turn"),
     ]
-    async with FakeAnthropic(replies) as server:
-        spec = SandboxSpec(
-            image=EXAMPLE_REPO,
-            adapter_url=server.url,
-            base_url=BASE_URL,
-            ro_binds={str(binary): claude_cli.SANDBOX_BINARY},
-        )
-        async with await create_local(spec) as box:
-            cmd = claude_cli.build_command(
-                "Delegate.", model=MODEL, max_turns=4, binary=claude_cli.SANDBOX_BINARY
-            )
-            env = claude_cli.build_env(BASE_URL, TOKEN, model=MODEL, home=box.home)
-            episode = await box.run(cmd, env, timeout=300, agent=True)
-    assert episode.exit_code == 0, episode.stderr
+    server = await run_real_cli("Delegate.", replies)
     calls = server.message_requests()
     assert [("x-claude-code-agent-id" in c.headers) for c in calls] == [False, True, False]
     assert [c.headers["x-rollbus-peer"] for c in calls] == ["agent"] * 3
@@ -374,3 +342,27 @@ async def test_the_proxy_stamps_tool_whenever_the_agent_is_not_known(
     finally:
         await proxy.close()
     assert peers(adapter) == {"/probe": ["agent" if known == "this process" else "tool"]}
+
+
+async def run_real_cli(prompt: str, replies: list[Any]) -> Any:
+    """The real CLI, execute-only, as the sandbox's agent against a scripted Anthropic server; the server
+    (its recorded requests) once the episode ended cleanly."""
+    from rollbus import claude_cli
+    from tests.fake_anthropic import FakeAnthropic
+    from tests.test_claude_cli_e2e import MODEL, TOKEN
+
+    claude_cli.fetch()
+    binary = claude_cli.execute_only_binary()
+    async with FakeAnthropic(replies) as server:
+        spec = SandboxSpec(
+            image=EXAMPLE_REPO,
+            adapter_url=server.url,
+            base_url=BASE_URL,
+            ro_binds={str(binary): claude_cli.SANDBOX_BINARY},
+        )
+        async with await create_local(spec) as box:
+            cmd = claude_cli.build_command(prompt, model=MODEL, max_turns=4, binary=claude_cli.SANDBOX_BINARY)
+            env = claude_cli.build_env(BASE_URL, TOKEN, model=MODEL, home=box.home)
+            episode = await box.run(cmd, env, timeout=300, agent=True)
+    assert episode.exit_code == 0, episode.stderr
+    return server
