@@ -185,13 +185,18 @@ async def test_runner_killed_mid_rollout_reruns_the_task_and_only_the_rewarded_a
     segmenter = SegmenterProcess(rig.bootstrap, namespace, tmp_path / "segmenter").start()  # starts meanwhile
     grader = RunnerProcess.grader(rig.bootstrap, namespace, tmp_path / "grader").start()
     first = RunnerProcess(rig, namespace, tmp_path / "first", name="first").start()
-    try:  # the first attempt is inside its 20 s sleep once its first turn is on the bus
+    try:  # the first attempt is inside its 90 s sleep once its first turn is on the bus
         early = await wait_for(rig.bootstrap, namespace, "turns", {rollout_id}, 180)
         await asyncio.sleep(2)
         started = first.kill9()
     finally:
         first.stop()
     (killed,) = {t["attempt_id"] for t in early[rollout_id]}
+    # the premise: killed inside the sleep, so the engine's cursor stands at the script's Read (were it past
+    # it, the second attempt would Edit an unread file, which the CLI refuses, and be graded 0 for that)
+    turns = await all_events(rig.bootstrap, namespace, "turns")
+    turns_before = [t for t in turns if t["rollout_id"] == rollout_id]
+    assert len(turns_before) == 1, "the first attempt was killed inside its sleep, after exactly one turn"
     assert started, "the first runner had its sandbox running"
     assert not survivors(started), "the killed runner's sandbox died with it"
     second = RunnerProcess(rig, namespace, tmp_path / "second", name="second").start()
