@@ -25,11 +25,11 @@ from rollbus.codec import HEADER, MAGIC
 from rollbus.events import EVENT_TYPES
 from rollbus.grading import grade, parse_row
 from rollbus.sandbox import BwrapSandbox, Limits, SandboxSpec, bwrap_usable, create_local
-from rollbus.sandbox import scratch as scratch_module
 from rollbus.sandbox.bwrap import SCRATCH_ROOT
 from rollbus.sandbox.capture import capture_patch
 from rollbus.sandbox.scratch import capped_scratch
 from rollbus.services.grader.core import diff_patch
+from rollbus.services.grader.settings import GradingOptions
 from rollbus.services.sandbox_runner.outcome import Outcome, diff_event
 from rollbus.services.sandbox_runner.rollout import attempt_outcome
 
@@ -214,16 +214,14 @@ async def test_fallocate_past_the_graders_disk_never_reaches_the_host_disk() -> 
 
 
 @needs_root_bwrap
-async def test_a_patch_that_fills_the_graders_disk_scores_zero_named_disk_full(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+async def test_a_patch_that_fills_the_graders_disk_scores_zero_named_disk_full(tmp_path: Path) -> None:
     """Through ``grade``: the gold fix plus code in the fixed module that, at import, allocates 6 GB and then
     writes zeros until the disk is full, errors swallowed. Reward 0, failure kind ``disk_full``; the gold
     fix alone on the same capped scratch still scores 1 (the cap is roomy for honest work)."""
     row = next(r for r in load_build().build() if r["metadata"]["image"].endswith("/sum-to"))
-    monkeypatch.setattr(scratch_module, "SCRATCH_BYTES", 48 * MIB)
+    config = GradingOptions(scratch_bytes=48 * MIB).grade_config()  # what --scratch-bytes sets
     spec = parse_row(row, SWE_MINI)
-    gold = await grade(spec, row["label"])
+    gold = await grade(spec, row["label"], config)
     assert (gold.reward, gold.failure_kind) == (1.0, None), gold
     fill = (
         "\n\ntry:\n"
@@ -238,7 +236,7 @@ async def test_a_patch_that_fills_the_graders_disk_scores_zero_named_disk_full(
     )
     image = SWE_MINI / row["metadata"]["image"]
     attack = patch_of(image, tmp_path / "repo", row["label"], "calc/core.py", fill)
-    filled = await grade(spec, attack)
+    filled = await grade(spec, attack, config)
     assert (filled.reward, filled.failure_kind) == (0.0, "disk_full"), filled
 
 

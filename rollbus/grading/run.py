@@ -48,7 +48,7 @@ from rollbus.grading.rows import EvalCmd, F2PScript, GradingSpec, Swepro
 from rollbus.grading.verdict import Evidence, GradeResult, Outcome, failed
 from rollbus.sandbox import BwrapSandbox, Completed, SandboxUnavailable
 from rollbus.sandbox.images import agent_workspace
-from rollbus.sandbox.scratch import GRADE_SCRATCH_PREFIX, capped_scratch
+from rollbus.sandbox.scratch import GRADE_SCRATCH_PREFIX, SCRATCH_BYTES, capped_scratch
 
 try:  # the hardened sandbox contract (branch `sandbox`) names start-up failures; before it, only these exist
     from rollbus.sandbox import SandboxError  # type: ignore[attr-defined]
@@ -90,6 +90,7 @@ class GradeConfig:
     zero_flagged: bool = True
     log_excerpt_bytes: int = 8192
     scratch_dir: Path | None = None
+    scratch_bytes: int = SCRATCH_BYTES
     readonly_tests: bool = True
 
 
@@ -117,7 +118,8 @@ async def _grade(
     missing = [str(p) for p in eval_material(spec) if not p.is_file()]
     if missing:
         return failed(verdict.BAD_ROW, f"eval-only files missing: {', '.join(missing)}")
-    with capped_scratch(GRADE_SCRATCH_PREFIX, config.scratch_dir) as tmp:  # a capped tmpfs: disk never grows
+    # a capped tmpfs: the host disk never grows
+    with capped_scratch(GRADE_SCRATCH_PREFIX, config.scratch_dir, config.scratch_bytes) as tmp:
         scratch = Path(tmp)
         image = materialize(spec.image, scratch / "image")
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rollbus.grading import GradeConfig
+from rollbus.sandbox.scratch import SCRATCH_BYTES
 from rollbus.settings import BusSettings, Field, Settings
 
 
@@ -33,6 +34,12 @@ class GradingOptions(Settings):
     scratch_dir: Path | None = Field(
         None, description="where grading copies of images are made (unset: TMPDIR)"
     )
+    scratch_bytes: int = Field(
+        SCRATCH_BYTES,
+        gt=0,
+        description="size of one grade's scratch filesystem (the image's copy, the base, the repository and "
+        "what tests write); a write past it fails as it is written and the grade fails as disk_full",
+    )
 
     def grade_config(self) -> GradeConfig:
         return GradeConfig(
@@ -41,6 +48,7 @@ class GradingOptions(Settings):
             zero_flagged=self.zero_flagged,
             log_excerpt_bytes=self.log_excerpt_bytes,
             scratch_dir=self.scratch_dir,
+            scratch_bytes=self.scratch_bytes,
             readonly_tests=self.readonly_tests,
         )
 
