@@ -24,7 +24,7 @@ demo: bootstrap
 test: bootstrap
 	@v="$$(cat $(VENV_FILE))"; \
 	"$$v/bin/ruff" check rollbus services trainer tests bench examples && \
-	"$$v/bin/python" -m pytest -p no:cacheprovider -ra $(PYTEST_ARGS)
+	"$$v/bin/python" -m pytest -p no:cacheprovider -ra --durations=30 $(PYTEST_ARGS)
 
 lint: bootstrap
 	@"$$(cat $(VENV_FILE))/bin/ruff" check rollbus services trainer tests bench examples
