@@ -191,7 +191,8 @@ async def run_claude(
 ) -> Completed:
     """The real CLI, headless, in a bwrap sandbox that only reaches loopback (the adapter)."""
     binary = claude_cli.fetch()
-    sandbox = BwrapSandbox(workdir, network="loopback", ro_binds={binary: claude_cli.SANDBOX_BINARY})
+    binds = {binary: claude_cli.SANDBOX_BINARY}
+    sandbox = await BwrapSandbox.create(workdir, network="loopback", ro_binds=binds)
     try:
         cmd = claude_cli.build_command(
             prompt, model=MODEL, max_turns=max_turns, binary=claude_cli.SANDBOX_BINARY, extra_args=extra_args

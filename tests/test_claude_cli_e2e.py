@@ -68,7 +68,7 @@ async def test_real_cli_fixes_example_repo_in_bwrap(cli_binary: Path, tmp_path: 
     replies = scripted_replies()
     read_id, edit_id = replies[0].blocks[-1]["id"], replies[1].blocks[-1]["id"]
     workdir = prepare_repo(EXAMPLES / "buggy_repo", tmp_path / "repo")
-    sandbox = BwrapSandbox(workdir, network="loopback", ro_binds={cli_binary: CLI_IN_SANDBOX})
+    sandbox = await BwrapSandbox.create(workdir, network="loopback", ro_binds={cli_binary: CLI_IN_SANDBOX})
     async with FakeAnthropic(replies) as server:
         cmd = claude_cli.build_command(
             "Make the tests in /workspace pass.", model=MODEL, max_turns=6, binary=CLI_IN_SANDBOX
@@ -102,7 +102,7 @@ async def test_real_cli_fixes_example_repo_in_bwrap(cli_binary: Path, tmp_path: 
 async def test_build_env_and_tools_shape_the_requests(cli_binary: Path, tmp_path: Path) -> None:
     """What our command line and environment change on the wire (checked against the real CLI)."""
     workdir = prepare_repo(EXAMPLES / "buggy_repo", tmp_path / "repo")
-    sandbox = BwrapSandbox(workdir, network="loopback", ro_binds={cli_binary: CLI_IN_SANDBOX})
+    sandbox = await BwrapSandbox.create(workdir, network="loopback", ro_binds={cli_binary: CLI_IN_SANDBOX})
     async with FakeAnthropic([Reply([text("Nothing to do.")], "end_turn")]) as server:
         cmd = claude_cli.build_command(
             "Say hi.", model=MODEL, max_turns=2, binary=CLI_IN_SANDBOX, tools=["Read", "Edit"]

@@ -25,7 +25,7 @@ from rollbus.codec import HEADER, MAGIC
 from rollbus.events import EVENT_TYPES
 from rollbus.grading import grade, parse_row
 from rollbus.sandbox import BwrapSandbox, Limits, SandboxSpec, bwrap_usable, create_local
-from rollbus.sandbox.bwrap import SCRATCH_ROOT
+from rollbus.sandbox.bwrap_host import SCRATCH_ROOT
 from rollbus.sandbox.capture import capture_patch
 from rollbus.sandbox.scratch import capped_scratch
 from rollbus.services.grader.core import diff_patch
@@ -200,7 +200,7 @@ async def test_fallocate_past_the_graders_disk_never_reaches_the_host_disk() -> 
     with capped_scratch("rollbus-grade-test-", host, size=32 * MIB) as scratch:
         repo = scratch / "repo"
         subprocess.run(["cp", "-r", str(EXAMPLE_REPO), str(repo)], check=True)
-        box = BwrapSandbox(repo, network="none")
+        box = await BwrapSandbox.create(repo, network="none")
         try:
             attack = "exec 2>/dev/null; fallocate -l 6G big; head -c 6G /dev/zero > fill; exit 0"
             done = await box.run(["sh", "-c", attack], ENV, timeout=120)

@@ -27,7 +27,9 @@ needs_bwrap = pytest.mark.skipif(not bwrap_usable(), reason="bubblewrap cannot c
 @pytest.fixture(params=[pytest.param("bwrap", marks=needs_bwrap), "local"])
 async def sandbox(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Sandbox]:
     workdir = prepare_repo(EXAMPLE_REPO, tmp_path / "repo")
-    box: Sandbox = BwrapSandbox(workdir) if request.param == "bwrap" else LocalSubprocessSandbox(workdir)
+    box: Sandbox = (
+        await BwrapSandbox.create(workdir) if request.param == "bwrap" else LocalSubprocessSandbox(workdir)
+    )
     yield box
     await box.close()
 
@@ -36,7 +38,7 @@ async def sandbox(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
 async def bwrap_box(tmp_path: Path) -> AsyncIterator[BwrapSandbox]:
     if not bwrap_usable():
         pytest.skip("bubblewrap cannot create namespaces here")
-    box = BwrapSandbox(prepare_repo(EXAMPLE_REPO, tmp_path / "repo"))
+    box = await BwrapSandbox.create(prepare_repo(EXAMPLE_REPO, tmp_path / "repo"))
     yield box
     await box.close()
 
@@ -127,7 +129,7 @@ async def test_bwrap_network_none_cannot_reach_a_host_loopback_port(tmp_path: Pa
     workdir = prepare_repo(EXAMPLE_REPO, tmp_path / "repo")
     results = {}
     for network in ("none", "loopback"):
-        box = BwrapSandbox(workdir, network=network)
+        box = await BwrapSandbox.create(workdir, network=network)
         results[network] = await box.run(connect, ENV, timeout=30)
         await box.close()
     server.close()
@@ -141,7 +143,7 @@ async def test_bwrap_home_is_private_to_each_sandbox(tmp_path: Path) -> None:
     if not bwrap_usable():
         pytest.skip("bubblewrap cannot create namespaces here")
     workdir = prepare_repo(EXAMPLE_REPO, tmp_path / "repo")
-    first, second = BwrapSandbox(workdir), BwrapSandbox(workdir)
+    first, second = await BwrapSandbox.create(workdir), await BwrapSandbox.create(workdir)
     await first.run(["sh", "-c", "echo secret > $HOME/.token"], {**ENV, "HOME": first.home})
     done = await second.run(["sh", "-c", "cat $HOME/.token"], {**ENV, "HOME": second.home})
     assert done.exit_code != 0

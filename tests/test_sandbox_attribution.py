@@ -172,7 +172,7 @@ async def test_behind_the_forwarder_every_request_is_a_tools(adapter: Adapter, t
     """Without root (forced here) the proxy sees only socat, which relays for every process alike."""
     socket_path = tmp_path / "adapter.sock"
     binds = {str(standin(tmp_path / "standin", 0o111)): "/opt/standin"}
-    box = BwrapSandbox(
+    box = await BwrapSandbox.create(
         prepare_repo(EXAMPLE_REPO, tmp_path / "repo"),
         network="adapter",
         adapter_socket=socket_path,
@@ -240,7 +240,7 @@ async def test_the_agent_is_pinned_as_the_namespaces_second_process_while_it_run
     class Proxy:
         agent: asyncio.Future[AgentProcess | None] | None = None
 
-    box = BwrapSandbox(prepare_repo(EXAMPLE_REPO, tmp_path / "repo"))
+    box = await BwrapSandbox.create(prepare_repo(EXAMPLE_REPO, tmp_path / "repo"))
     box.proxy = Proxy()
     script = "sleep 60 & echo $$ > started; while [ ! -e go ]; do sleep 0.01; done; kill $!"
     run = asyncio.ensure_future(box.run(["sh", "-c", script], ENV, timeout=60, agent=True))

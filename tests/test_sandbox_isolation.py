@@ -156,7 +156,7 @@ async def test_without_a_namespace_of_its_own_socat_forwards_to_the_adapter_sock
     from rollbus.sandbox import AdapterProxy, prepare_repo
 
     socket_path = tmp_path / "adapter.sock"
-    box = BwrapSandbox(
+    box = await BwrapSandbox.create(
         prepare_repo(EXAMPLE_REPO, tmp_path / "repo"),
         network="adapter",
         adapter_socket=socket_path,
@@ -383,7 +383,8 @@ async def test_nested_user_namespaces_fail_with_either_guard(guard: str, tmp_pat
     """``--disable-userns`` here; the seccomp filter is what a bwrap without it gets (forced here)."""
     from rollbus.sandbox import prepare_repo
 
-    box = BwrapSandbox(prepare_repo(EXAMPLE_REPO, tmp_path / "repo"), userns_guard=guard)  # type: ignore[arg-type]
+    repo = prepare_repo(EXAMPLE_REPO, tmp_path / "repo")
+    box = await BwrapSandbox.create(repo, userns_guard=guard)  # type: ignore[arg-type]
     script = (
         "unshare -U true 2>&1; echo rc=$?; unshare -Ur id -u 2>&1; echo rc=$?;"
         'python3 -c \'import os, threading; t = threading.Thread(target=print, args=("thread",)); t.start();'

@@ -24,7 +24,7 @@ from rollbus.sandbox import (
     git_diff,
     prepare_repo,
 )
-from rollbus.sandbox.bwrap import SCRATCH_ROOT
+from rollbus.sandbox.bwrap_host import SCRATCH_ROOT
 from rollbus.sandbox.limits import Cgroups, enforcement, failure_from_counters, rlimits
 from rollbus.sandbox.process import BoundedOutput, CappedBytes
 from rollbus.sandbox.spec import sweep_stale
@@ -117,7 +117,7 @@ async def test_stale_sandboxes_of_a_dead_runner_are_swept(tmp_path: Path) -> Non
     cgroups = list(box.cgroups.dirs.values()) if box.cgroups else []
     dead = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True, check=True).stdout.strip()
     (data / "owner.pid").write_text(dead)  # as if the runner that made it had been killed -9
-    legacy = BwrapSandbox(prepare_repo(EXAMPLE_REPO, tmp_path / "repo"))  # made without the factory
+    legacy = await BwrapSandbox.create(prepare_repo(EXAMPLE_REPO, tmp_path / "repo"))  # without create_local
     (SCRATCH_ROOT / legacy.sandbox_id / "owner.pid").write_text(dead)
     assert {box.sandbox_id, legacy.sandbox_id} <= set(sweep_stale())
     assert not data.exists() and not os.path.ismount(data / "ws") and not any(c.exists() for c in cgroups)

@@ -28,7 +28,7 @@ import pytest
 from rollbus.bus import Publisher
 from rollbus.grading.rows import absolute_paths
 from rollbus.rows import RowKeys, parse_row, tasks_for
-from rollbus.sandbox.bwrap import SCRATCH_ROOT
+from rollbus.sandbox.bwrap_host import SCRATCH_ROOT
 from rollbus.services.sandbox_runner.main import run_one
 from rollbus.services.sandbox_runner.settings import RunnerSettings
 from rollbus.topics import create_topics, topic_name

@@ -28,7 +28,6 @@ The whole grade has one deadline; the sandbox of whatever runs when it passes is
 from __future__ import annotations
 
 import asyncio
-import inspect
 import re
 import secrets
 import shlex
@@ -38,7 +37,6 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 from rollbus.grading import canaries as canary
 from rollbus.grading import flags as fl
@@ -212,19 +210,14 @@ def materialize(image: Path, dest: Path) -> Path:
     return entries[0] if len(entries) == 1 and entries[0].is_dir() else dest
 
 
-def grading_sandbox(
+async def grading_sandbox(
     repo: Path, workdir: str, eval_dir: Path | None = None, protected: Sequence[str] = ()
 ) -> BwrapSandbox:
-    """A network-less sandbox over ``repo``, at the row's ``workdir`` where the backend can mount it there
-    (the hardened contract's ``inside_workdir``; otherwise ``/workspace``), eval scripts read-only at
-    ``/eval``, and the ``protected`` repository paths mounted read-only over themselves."""
-    inside = workdir if "inside_workdir" in inspect.signature(BwrapSandbox).parameters else "/workspace"
+    """A network-less sandbox over ``repo`` at the row's ``workdir``, eval scripts read-only at ``/eval``,
+    and the ``protected`` repository paths mounted read-only over themselves."""
     binds: dict[Path, str] = {eval_dir: EVAL_DIR} if eval_dir is not None else {}
-    binds |= {repo / rel: f"{inside}/{rel}" for rel in protected}
-    options: dict[str, Any] = {"network": "none", "ro_binds": binds}
-    if inside != "/workspace":
-        options["inside_workdir"] = inside
-    return BwrapSandbox(repo, **options)
+    binds |= {repo / rel: f"{workdir}/{rel}" for rel in protected}
+    return await BwrapSandbox.create(repo, network="none", ro_binds=binds, inside_workdir=workdir)
 
 
 async def apply(
@@ -240,7 +233,7 @@ async def apply(
         if attempt:
             shutil.rmtree(repo)
             trees.copy_tree(image, repo)
-        sandbox = grading_sandbox(repo, workdir)
+        sandbox = await grading_sandbox(repo, workdir)
         env = BASE_ENV | {"HOME": sandbox.home}
         try:
             target = f"{sandbox.home}/{PATCH_NAME}"
@@ -289,7 +282,7 @@ async def run_grader(
     canaries = place_plugins(eval_dir)
     placed = place_canaries(repo, spec.test_files(), canaries)
     protected = trees.protected_dirs(repo, spec.test_files()) if readonly_tests else []
-    sandbox = grading_sandbox(repo, spec.workdir, eval_dir, protected)
+    sandbox = await grading_sandbox(repo, spec.workdir, eval_dir, protected)
     env = BASE_ENV | {"HOME": sandbox.home} | report_env(sandbox, canaries, placed)
     try:
         if isinstance(grader, Swepro):
@@ -432,7 +425,7 @@ async def parse_swepro(
     logs.mkdir()
     (logs / "stdout.log").write_text(ran.stdout)
     (logs / "stderr.log").write_text(ran.stderr)
-    sandbox = grading_sandbox(logs, "/workspace", eval_dir)
+    sandbox = await grading_sandbox(logs, "/workspace", eval_dir)
     try:
         w = sandbox.workdir
         argv = [

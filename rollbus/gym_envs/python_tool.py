@@ -129,7 +129,7 @@ class PythonToolEnv(Env):
             from rollbus.sandbox import BwrapSandbox  # bwrap checks at construction: only when code runs
 
             self._workdir = Path(tempfile.mkdtemp(prefix="rollbus-pytool-"))
-            self._sandbox = BwrapSandbox(self._workdir, network="none", limits=self.limits)
+            self._sandbox = await BwrapSandbox.create(self._workdir, network="none", limits=self.limits)
         return self._sandbox
 
     async def close(self) -> None:

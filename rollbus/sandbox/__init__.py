@@ -15,8 +15,9 @@ from rollbus.sandbox.base import (
     SandboxBase,
     SandboxError,
     SandboxPathError,
+    SandboxUnavailable,
 )
-from rollbus.sandbox.bwrap import BwrapSandbox, SandboxUnavailable, bwrap_usable
+from rollbus.sandbox.bwrap import BwrapSandbox, bwrap_usable
 from rollbus.sandbox.e2b_backend import E2BSandbox
 from rollbus.sandbox.images import resolve_image
 from rollbus.sandbox.limits import Limits

@@ -77,6 +77,10 @@ class SandboxError(RuntimeError):
         self.failure_kind = failure_kind
 
 
+class SandboxUnavailable(RuntimeError):
+    """This backend cannot run on this machine (binary missing, namespaces refused)."""
+
+
 class Sandbox(Protocol):
     sandbox_id: str
     workdir: str  # the repository, as seen inside

@@ -24,7 +24,7 @@ import socket
 import struct
 from concurrent.futures import ThreadPoolExecutor
 
-from rollbus.sandbox.bwrap import CLONE_NEWNET, _libc
+from rollbus.sandbox.bwrap_host import CLONE_NEWNET, libc
 
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 BACKLOG = 128
@@ -32,7 +32,7 @@ BACKLOG = 128
 
 def _make(port: int) -> tuple[int, socket.socket]:
     """In the calling thread: a new network namespace, loopback up, a listener in it (fd, socket)."""
-    if _libc().unshare(CLONE_NEWNET) != 0:
+    if libc().unshare(CLONE_NEWNET) != 0:
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET)")
     netns = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:

@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from rollbus.sandbox.bwrap import mount_tmpfs, unmount
+from rollbus.sandbox.bwrap_host import mount_tmpfs, unmount
 from rollbus.sandbox.limits import Limits
 
 SCRATCH_BYTES = Limits().disk_bytes or 4 << 30  # a grade's whole tree: the image's copy, what tests write

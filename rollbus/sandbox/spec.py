@@ -21,19 +21,17 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from rollbus.sandbox.adapter_proxy import AdapterProxy
-from rollbus.sandbox.base import Network, SandboxBase, SandboxError
-from rollbus.sandbox.bwrap import (
+from rollbus.sandbox.base import Network, SandboxBase, SandboxError, SandboxUnavailable
+from rollbus.sandbox.bwrap import TMP_MEASURED, BwrapSandbox
+from rollbus.sandbox.bwrap_host import (
     OWNER_FILE,
     SCRATCH_ROOT,
-    TMP_MEASURED,
-    WORKSPACE,
-    BwrapSandbox,
-    SandboxUnavailable,
     bwrap_supports,
     mount_tmpfs,
     remove_scratch,
     unmount,
 )
+from rollbus.sandbox.bwrap_layout import WORKSPACE
 from rollbus.sandbox.e2b_backend import E2B_WORKSPACE
 from rollbus.sandbox.images import cached_agent_workspace, grader_workspace, unpack
 from rollbus.sandbox.limits import CGROUP_ROOT, Cgroups, Limits, enforcement
@@ -99,7 +97,7 @@ async def create_local(spec: SandboxSpec, *, scratch_root: Path = SCRATCH_ROOT) 
             toolchain = await asyncio.to_thread(
                 unpack, spec.toolchain, scratch_root / "images", repository=False
             )
-        box = BwrapSandbox(
+        box = await BwrapSandbox.create(
             workspace,
             network=spec.network,
             ro_binds=spec.ro_binds,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rollbus.rows import Row, RowError, RowKeys, read_rows
 from rollbus.sandbox import Completed, SandboxError, SandboxSpec, create_local, resolve_image
-from rollbus.sandbox.bwrap import WORKSPACE
+from rollbus.sandbox.bwrap_layout import WORKSPACE
 from rollbus.services.sandbox_runner.rollout import AttemptFailed, agent_binary, sandbox_spec
 from rollbus.services.sandbox_runner.settings import RunnerSettings
 

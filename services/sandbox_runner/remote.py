@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from rollbus.sandbox import Completed, SandboxBase, SandboxSpec, create_sandbox
-from rollbus.sandbox.bwrap import WORKSPACE
+from rollbus.sandbox.bwrap_layout import WORKSPACE
 from rollbus.services.sandbox_runner import outcome as kinds
 from rollbus.services.sandbox_runner.outcome import Outcome, agent_turns, cap_patch, classify, drop_paths
 from rollbus.services.sandbox_runner.rollout import (

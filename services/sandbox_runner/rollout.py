@@ -40,7 +40,7 @@ from rollbus.sandbox import (
     create_local,
     resolve_image,
 )
-from rollbus.sandbox.bwrap import WORKSPACE
+from rollbus.sandbox.bwrap_layout import WORKSPACE
 from rollbus.sandbox.capture import Captured, capture_patch
 from rollbus.sandbox.e2b_backend import E2BOptions
 from rollbus.services.sandbox_runner import outcome as kinds

@@ -13,7 +13,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from rollbus import claude_cli
 from rollbus.sandbox import Limits
 from rollbus.sandbox.base import SandboxError
-from rollbus.sandbox.bwrap import SCRATCH_ROOT
+from rollbus.sandbox.bwrap_host import SCRATCH_ROOT
 from rollbus.sandbox.e2b_backend import E2BOptions
 from rollbus.settings import ADAPTER_URL, BusSettings
 
