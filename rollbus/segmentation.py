@@ -543,7 +543,7 @@ class Options:
 
 
 @dataclass
-class Outcome:
+class Handled:
     """What handling one event produced. ``segments`` (records, and ``messages``, the same encoded) must be
     acknowledged before :meth:`Segmenter.settle`."""
 
@@ -630,7 +630,7 @@ class Segmenter:
         if self._clock is not None:
             self._clock.get(state.partition, {}).pop(state.rollout_id, None)
 
-    def handle(self, fact: Fact, raw: bytes, partition: int = -1) -> Outcome:
+    def handle(self, fact: Fact, raw: bytes, partition: int = -1) -> Handled:
         """Merge one event (``raw`` is its message bytes, kept as the turn body) and cut if complete."""
         rollout_id = fact.record["rollout_id"]
         state = self.load(rollout_id, partition)
@@ -642,7 +642,7 @@ class Segmenter:
             self.bodies[key] = raw
             if fact.scanned is not None and fact.scanned.data == raw:
                 self._scans[key] = fact.scanned
-        outcome = Outcome(rollout_id, step.verdict, dead_letter=step.dead_letter)
+        outcome = Handled(rollout_id, step.verdict, dead_letter=step.dead_letter)
         if complete(state):
             self._cut(state, outcome)
         if was_open and state.status == "dead":
@@ -653,7 +653,7 @@ class Segmenter:
         self._store(state)
         return outcome
 
-    def _cut(self, state: RolloutState, outcome: Outcome) -> None:
+    def _cut(self, state: RolloutState, outcome: Handled) -> None:
         def bodies(keys: list[TurnKey]) -> Sequence[Mapping[str, Any]]:
             """The turns' records: ids as the bytes they arrived as, logprobs as numpy arrays."""
             named = [body_key(state.rollout_id, key) for key in keys]
@@ -674,7 +674,7 @@ class Segmenter:
             return
         outcome.finished = "emitted"
 
-    def settle(self, outcome: Outcome) -> None:
+    def settle(self, outcome: Handled) -> None:
         """After the outcome's segments are acknowledged: the rollout's tombstone, its bodies deleted."""
         if outcome.finished != "emitted":
             return

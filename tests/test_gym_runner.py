@@ -15,7 +15,7 @@ from rollbus.codec import encode
 from rollbus.gym import Episode, GymConfigError
 from rollbus.services.adapter.app import create_app
 from rollbus.services.gym_runner.adapter_client import AdapterClient
-from rollbus.services.gym_runner.runner import MAX_DETAILS_CHARS, GymRunner, Outcome, reward_record
+from rollbus.services.gym_runner.runner import MAX_DETAILS_CHARS, EpisodeResult, GymRunner, reward_record
 from rollbus.services.gym_runner.settings import GymRunnerSettings
 from rollbus.services.gym_runner.submit import parse_row, tasks_for
 from tests.e2e_support import SCRIPTS
@@ -122,7 +122,8 @@ async def test_an_unreachable_adapter_is_retried_then_fails_and_each_env_is_clos
 def test_reward_record_drops_a_huge_conversation_and_falls_back_to_reward_for_solved() -> None:
     episode = Episode(messages=[{"role": "user", "content": "x" * (MAX_DETAILS_CHARS + 1)}],
                       step_rewards=[0.0, 2.0], infos=[{}, {}, {"note": 1}])  # fmt: skip
-    record = reward_record(task("r", {"name": "x"}), Outcome(episode, "r.a1", 1, None, "x"), "all_turns")
+    result = EpisodeResult(episode, "r.a1", 1, None, "x")
+    record = reward_record(task("r", {"name": "x"}), result, "all_turns")
     details = json.loads(record["details"])
     assert details["messages"] is None and details["messages_omitted"] is True
     assert record["solved"] is True and record["reward"] == 2.0 and record["group_size"] == 2
@@ -172,7 +173,7 @@ def test_replay_tables_show_a_gym_rewards_steps_and_infos() -> None:
 
     episode = Episode(step_rewards=[0.0, 0.5], infos=[{"q": "2+2"}, {"given": "5"}, {"given": "4"}])
     record = reward_record(
-        task("r", {"name": "math"}), Outcome(episode, "r.a1", 1, None, "math"), "all_turns"
+        task("r", {"name": "math"}), EpisodeResult(episode, "r.a1", 1, None, "math"), "all_turns"
     )
     cells = {name: cell(record) for name, cell in COLUMNS["reward"]}
     assert cells["step rewards"] == "0,0.5" and cells["infos"].startswith('[{"q": "2+2"}, {"given": "5"}')

@@ -30,7 +30,7 @@ from rollbus.sandbox.capture import capture_patch
 from rollbus.sandbox.scratch import capped_scratch
 from rollbus.services.grader.core import diff_patch
 from rollbus.services.grader.settings import GradingOptions
-from rollbus.services.sandbox_runner.outcome import Outcome, diff_event
+from rollbus.services.sandbox_runner.outcome import AttemptResult, diff_event
 from rollbus.services.sandbox_runner.rollout import attempt_outcome
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,7 +164,7 @@ async def test_a_latin1_edit_reaches_the_grader_byte_for_byte(tmp_path: Path) ->
         wanted = [(box.host_workdir / name).read_bytes() for name in ("calc.py", "new_latin1.txt")]
     outcome = attempt_outcome("att-1", done, captured, CAP)
     assert outcome.failure_kind is None and b"+# caf\xe9 cr\xe8me\n" in outcome.patch
-    event = diff_event({"rollout_id": "r-1"}, Outcome("att-1", outcome.patch), now_ms=1)
+    event = diff_event({"rollout_id": "r-1"}, AttemptResult("att-1", outcome.patch), now_ms=1)
     received = diff_patch(codec.decode(codec.encode("diff", event)).record)
     assert received == outcome.patch
     fresh = tmp_path / "fresh"

@@ -14,7 +14,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from rollbus.bus import Publisher
-from rollbus.services.sandbox_runner.outcome import Outcome
+from rollbus.services.sandbox_runner.outcome import AttemptResult
 from rollbus.services.sandbox_runner.service import SandboxRunner
 from rollbus.services.sandbox_runner.settings import RunnerSettings
 from rollbus.topics import create_topics, topic_name
@@ -32,10 +32,10 @@ class Gate:
         self.started: list[str] = []
         self.release: dict[str, asyncio.Event] = {}
 
-    async def __call__(self, kit: Any, task: dict[str, Any]) -> Outcome:
+    async def __call__(self, kit: Any, task: dict[str, Any]) -> AttemptResult:
         self.started.append(task["rollout_id"])
         await self.release.setdefault(task["rollout_id"], asyncio.Event()).wait()
-        return Outcome(f"att-{task['rollout_id']}", patch=b"", exit_status=0)
+        return AttemptResult(f"att-{task['rollout_id']}", patch=b"", exit_status=0)
 
     def end(self, rollout_id: str) -> None:
         self.release.setdefault(rollout_id, asyncio.Event()).set()

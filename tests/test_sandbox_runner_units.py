@@ -15,7 +15,7 @@ from rollbus.rows import RowError, RowKeys, parse_row, read_rows, tasks_for
 from rollbus.sandbox import Completed
 from rollbus.sandbox.capture import Captured
 from rollbus.services.sandbox_runner.offsets import OffsetTracker
-from rollbus.services.sandbox_runner.outcome import Outcome, cap_patch, classify, diff_event, drop_paths
+from rollbus.services.sandbox_runner.outcome import AttemptResult, cap_patch, classify, diff_event, drop_paths
 from rollbus.services.sandbox_runner.rollout import attempt_outcome, task_prompt
 from rollbus.services.sandbox_runner.settings import RunnerSettings
 from rollbus.settings import SettingsError
@@ -143,7 +143,7 @@ def test_diff_event_copies_what_the_grader_needs() -> None:
         "metadata": '{"image": "/i"}',
         "label": "L",
     }
-    event = diff_event(task, Outcome("att-1", b"p\xe9", 0, 2.5, 3), now_ms=7)
+    event = diff_event(task, AttemptResult("att-1", b"p\xe9", 0, 2.5, 3), now_ms=7)
     assert event["patch"] == b"p\xe9"
     assert event["task_metadata"] == '{"image": "/i"}' and event["label"] == "L" and event["group_size"] == 4
     assert (event["attempt_id"], event["failure_kind"], event["patch_truncated"], event["at"]) == (

@@ -43,7 +43,7 @@ from rollbus.grading import flags as fl
 from rollbus.grading import report, tamper, toolchain, trees, verdict
 from rollbus.grading.patches import PatchRejected, Sanitized, sanitize
 from rollbus.grading.rows import EvalCmd, F2PScript, GradingSpec, Swepro
-from rollbus.grading.verdict import Evidence, GradeResult, Outcome, failed
+from rollbus.grading.verdict import Evidence, GradeResult, Verdict, failed
 from rollbus.sandbox import BwrapSandbox, Completed, SandboxUnavailable
 from rollbus.sandbox.images import agent_workspace
 from rollbus.sandbox.scratch import GRADE_SCRATCH_PREFIX, SCRATCH_BYTES, capped_scratch
@@ -269,7 +269,7 @@ async def run_grader(
     deadline: float,
     readonly_tests: bool = True,
     known_files: set[str] | frozenset[str] = frozenset(),
-) -> tuple[Outcome, str]:
+) -> tuple[Verdict, str]:
     """The row's one grader. The test sandbox mounts the row's test directories read-only: code under test
     that rewrites a test file not yet collected (or re-executes pytest on rewritten ones) fails to write.
     ``known_files``: files a reported test may also come from (:func:`untouched_python_files`)."""
@@ -359,7 +359,7 @@ async def _run_swepro(
     scratch: Path,
     deadline: float,
     canaries: canary.Canaries,
-) -> tuple[Outcome, str]:
+) -> tuple[Verdict, str]:
     files = shlex.quote(",".join(grader.selected_test_files))
     command = shell(spec, f"bash {EVAL_DIR}/run_script.sh {files}")
     ran = await sandbox.run(command, env, timeout=_left(deadline))
@@ -367,7 +367,7 @@ async def _run_swepro(
     if ran.timed_out:
         raise TimeoutError
     if limit := sandbox_failure(ran):
-        return Outcome(False, limit, (), f"the tests hit a sandbox limit: {limit}"), log
+        return Verdict(False, limit, (), f"the tests hit a sandbox limit: {limit}"), log
     evidence: Evidence | None = await evidence_of(sandbox, ran, env, canaries)
     if not evidence.sessions and not verdict.runs_pytest(grader.run_script.read_text(errors="replace")):
         evidence = None  # no pytest (a Go or JavaScript row): the parser's reading of the log alone
@@ -381,7 +381,7 @@ async def _run_command(
     deadline: float,
     canaries: canary.Canaries,
     known_files: set[str] | frozenset[str] = frozenset(),
-) -> tuple[Outcome, str]:
+) -> tuple[Verdict, str]:
     """eval_cmd or f2p_script, every pytest run carrying the grader's plugin, ``-m unittest`` run by the
     grader's runner, and the verdict read from their report. A reported test must come from a file the row
     names or from ``known_files`` (the row names none: no such check)."""
@@ -396,7 +396,7 @@ async def _run_command(
     if ran.timed_out:
         raise TimeoutError
     if limit := sandbox_failure(ran):
-        return Outcome(False, limit, (), f"the tests hit a sandbox limit: {limit}"), log
+        return Verdict(False, limit, (), f"the tests hit a sandbox limit: {limit}"), log
     evidence = await evidence_of(sandbox, ran, env, canaries)
     named = spec.test_files()
     watched = verdict.runs_pytest(text) or (command != grader.cmd if isinstance(grader, EvalCmd) else False)
@@ -417,7 +417,7 @@ async def parse_swepro(
     scratch: Path,
     deadline: float,
     evidence: Evidence | None = None,
-) -> Outcome:
+) -> Verdict:
     """Run the row's parser over the logs in a sandbox of its own (nothing of the tested code is there)."""
     if ran.timed_out:
         raise TimeoutError
@@ -443,13 +443,13 @@ async def parse_swepro(
     if parsed.timed_out:
         raise TimeoutError
     if parsed.exit_code != 0 or output is None:
-        return Outcome(
+        return Verdict(
             False, verdict.PARSER_FAILED, (), f"parser exit {parsed.exit_code}: {parsed.stderr[-500:]}"
         )
     try:
         reported = verdict.parse_parser_output(output)
     except ValueError as exc:
-        return Outcome(False, verdict.PARSER_FAILED, (), str(exc))
+        return Verdict(False, verdict.PARSER_FAILED, (), str(exc))
     return verdict.swepro_outcome(
         reported, grader.required, evidence=evidence, selected_files=grader.selected_test_files
     )

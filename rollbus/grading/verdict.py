@@ -60,7 +60,7 @@ class TestResult:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class Verdict:
     """What running the row's grader showed: solved or why not, and the tests where known."""
 
     solved: bool
@@ -100,7 +100,7 @@ def failed(kind: str, note: str = "", *, applied: bool = False, flags: Iterable[
 
 
 def final(
-    outcome: Outcome, flags: Iterable[str], zeroing: Iterable[str], details: Mapping[str, Any]
+    outcome: Verdict, flags: Iterable[str], zeroing: Iterable[str], details: Mapping[str, Any]
 ) -> GradeResult:
     """The reward: 1 only when the tests solved it and no zeroing flag is raised."""
     flags = tuple(sorted(set(flags) | set(outcome.flags)))
@@ -140,7 +140,7 @@ def swepro_outcome(
     *,
     evidence: Evidence | None = None,
     selected_files: Sequence[str] = (),
-) -> Outcome:
+) -> Verdict:
     """Solved iff every required test is PASSED: in the grader's report and in the parser's reading of the
     log, wherever each names it (named by neither: MISSING). With ``evidence``, tampering is judged first,
     and the log may not claim a pass that the grader's report contradicts."""
@@ -149,27 +149,27 @@ def swepro_outcome(
     flags: tuple[str, ...] = ()
     if evidence is not None:
         if why := tampering(evidence):
-            return Outcome(False, TAMPERED, _results(reported, required, {}, evidence.canaries), why)
+            return Verdict(False, TAMPERED, _results(reported, required, {}, evidence.canaries), why)
         ours = evidence.tests()
         if not evidence.sessions and reported:
             note = "the log reports tests, but no pytest run reported to the grader"
-            return Outcome(False, TAMPERED, _results(reported, required, {}, evidence.canaries), note)
+            return Verdict(False, TAMPERED, _results(reported, required, {}, evidence.canaries), note)
         flags = unexpected(ours, [f.split(" | ")[0] for f in selected_files])
     by_name = {t.name: t.status for t in reported}
     tests = _results(reported, required, ours, evidence.canaries if evidence else None)
     if not reported and not ours:
-        return Outcome(False, NO_TESTS, tests, "the parser reported no tests", flags)
+        return Verdict(False, NO_TESTS, tests, "the parser reported no tests", flags)
     if not required:
-        return Outcome(False, NO_TESTS, tests, "the row names no fail_to_pass or pass_to_pass tests", flags)
+        return Verdict(False, NO_TESTS, tests, "the row names no fail_to_pass or pass_to_pass tests", flags)
     contradicted = [n for n in required if by_name.get(n) == PASSED and ours.get(n, PASSED) != PASSED]
     if contradicted:
         note = f"the log says passed, the grader's report does not: {contradicted[:5]}"
-        return Outcome(False, REPORT_MISMATCH, tests, note, flags)
+        return Verdict(False, REPORT_MISMATCH, tests, note, flags)
     status = {t.name: t.status for t in tests}
     bad = [n for n in required if status.get(n) != PASSED]
     if bad:
-        return Outcome(False, TESTS_FAILED, tests, f"{len(bad)} required tests not passed: {bad[:5]}", flags)
-    return Outcome(True, None, tests, "", flags)
+        return Verdict(False, TESTS_FAILED, tests, f"{len(bad)} required tests not passed: {bad[:5]}", flags)
+    return Verdict(True, None, tests, "", flags)
 
 
 def _results(
@@ -272,7 +272,7 @@ def command_outcome(
     runner_expected: bool,
     unittest_output: bool,
     expected_files: Sequence[str] = (),
-) -> Outcome:
+) -> Verdict:
     """eval_cmd / f2p_script: the evidence holds, exit 0, every run ended with status 0, every test PASSED.
 
     ``runner_expected``: the command runs pytest or unittest, so a run must have reported. Without any
@@ -281,47 +281,47 @@ def command_outcome(
     tests = evidence.tests()
     results = tuple(TestResult(n, s) for n, s in tests.items())[:MAX_TESTS_REPORTED]
     if why := tampering(evidence):
-        return Outcome(False, TAMPERED, results, why)
+        return Verdict(False, TAMPERED, results, why)
     code = evidence.exit_code
     if not evidence.sessions:
         if runner_expected and code == 0:
-            return Outcome(
+            return Verdict(
                 False, TAMPERED, (), "exit 0, but no pytest or unittest run reported to the grader"
             )
         if code != 0:
-            return Outcome(False, TESTS_FAILED, (), f"exit status {code}")
-        return _unittest_output(output) if unittest_output else Outcome(True, None, ())
+            return Verdict(False, TESTS_FAILED, (), f"exit status {code}")
+        return _unittest_output(output) if unittest_output else Verdict(True, None, ())
     flags = unexpected(tests, expected_files)
     if code != 0:
-        return Outcome(False, TESTS_FAILED, results, f"exit status {code}", flags)
+        return Verdict(False, TESTS_FAILED, results, f"exit status {code}", flags)
     ended = [s.exitstatus for s in evidence.sessions if s.exitstatus != 0]
     if ended:
-        return Outcome(
+        return Verdict(
             False, REPORT_MISMATCH, results, f"exit 0, but a test run ended with status {ended[0]}", flags
         )
     if not tests:
-        return Outcome(False, NO_TESTS, results, "no test ran", flags)
+        return Verdict(False, NO_TESTS, results, "no test ran", flags)
     bad = [n for n, s in tests.items() if s != PASSED]
     if bad:
         note = f"{len(bad)} tests not passed (skipped, xfailed and errored are not passes): {bad[:5]}"
-        return Outcome(False, TESTS_FAILED, results, note, flags)
-    return Outcome(True, None, results, "", flags)
+        return Verdict(False, TESTS_FAILED, results, note, flags)
+    return Verdict(True, None, results, "", flags)
 
 
-def _unittest_output(output: str) -> Outcome:
+def _unittest_output(output: str) -> Verdict:
     """A unittest run the grader could not watch: ``Ran N tests`` with N > 0 and a bare ``OK`` (no skips,
     no expected failures: those are not passes)."""
     runs = UNITTEST_RAN.findall(output)
     if not runs:
-        return Outcome(False, REPORT_MISMATCH, (), "exit 0 but unittest reported no run")
+        return Verdict(False, REPORT_MISMATCH, (), "exit 0 but unittest reported no run")
     if int(runs[-1]) == 0:
-        return Outcome(False, NO_TESTS, (), "unittest ran no tests")
+        return Verdict(False, NO_TESTS, (), "unittest ran no tests")
     oks = UNITTEST_OK.findall(output)
     if not oks or re.search(r"^FAILED \(", output, re.MULTILINE):
-        return Outcome(False, REPORT_MISMATCH, (), "exit 0 but unittest did not report OK")
+        return Verdict(False, REPORT_MISMATCH, (), "exit 0 but unittest did not report OK")
     if oks[-1]:
-        return Outcome(False, TESTS_FAILED, (), f"unittest reported OK ({oks[-1]}): not every test passed")
-    return Outcome(True, None, ())
+        return Verdict(False, TESTS_FAILED, (), f"unittest reported OK ({oks[-1]}): not every test passed")
+    return Verdict(True, None, ())
 
 
 def runs_pytest(command: str) -> bool:

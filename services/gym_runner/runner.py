@@ -103,7 +103,7 @@ def _messages(task: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @dataclass
-class Outcome:
+class EpisodeResult:
     episode: Episode
     attempt_id: str
     attempts: int
@@ -122,12 +122,12 @@ class GymRunner:
             record = reward_record(task, await self.attempts(task), self.settings.loss_scope)
         except Exception as exc:
             log.exception("%s: the runner failed", task.get("rollout_id"))
-            failed = Outcome(Episode(error=f"{type(exc).__name__}: {exc}"), "", 0, "runner_error", None)
+            failed = EpisodeResult(Episode(error=f"{type(exc).__name__}: {exc}"), "", 0, "runner_error", None)
             record = reward_record(_plain_task(task), failed, self.settings.loss_scope)
         await self.publish("rewards", record)
         return record
 
-    async def attempts(self, task: dict[str, Any]) -> Outcome:
+    async def attempts(self, task: dict[str, Any]) -> EpisodeResult:
         rollout = task["rollout_id"]
         outcome = None
         for attempt in range(1, self.settings.attempts + 1):
@@ -140,7 +140,7 @@ class GymRunner:
         assert outcome is not None
         return outcome
 
-    async def attempt(self, task: dict[str, Any], attempt_id: str, number: int) -> Outcome:
+    async def attempt(self, task: dict[str, Any], attempt_id: str, number: int) -> EpisodeResult:
         settings = self.settings
         try:
             row = GymRow.from_task(task)
@@ -148,7 +148,8 @@ class GymRunner:
             manager = make_context_manager(row.ctx_config, settings.context_manager)
         except GymConfigError as exc:  # the env's own constructor raising is in its traceback
             log.error("%s: %s: %s", task.get("rollout_id"), BAD_ENV_CONFIG, exc, exc_info=exc.__cause__)
-            return Outcome(Episode(stop="done", error=str(exc)), attempt_id, number, BAD_ENV_CONFIG, None)
+            failed = Episode(stop="done", error=str(exc))
+            return EpisodeResult(failed, attempt_id, number, BAD_ENV_CONFIG, None)
         name = (row.env_config or {}).get("name") or settings.gym_env
         rollout = task["rollout_id"]
         episode = Episode()
@@ -160,7 +161,7 @@ class GymRunner:
             if not isinstance(exc, AdapterError):
                 raise
             episode.stop, episode.error = "done", str(exc)
-            return Outcome(episode, attempt_id, number, "adapter_error", name)
+            return EpisodeResult(episode, attempt_id, number, "adapter_error", name)
         try:
             episode = await run_episode(
                 env, row.request, self.adapter.model_call(token), max_turns=settings.max_turns,
@@ -169,7 +170,7 @@ class GymRunner:
             )  # fmt: skip
         finally:
             await asyncio.shield(self._close_session(rollout, attempt_id))
-        return Outcome(episode, attempt_id, number, episode.failure_kind, name)
+        return EpisodeResult(episode, attempt_id, number, episode.failure_kind, name)
 
     async def _close_session(self, rollout: str, attempt_id: str | None) -> None:
         try:
@@ -188,7 +189,7 @@ def _plain_task(task: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def reward_record(task: dict[str, Any], outcome: Outcome, loss_scope: str) -> dict[str, Any]:
+def reward_record(task: dict[str, Any], outcome: EpisodeResult, loss_scope: str) -> dict[str, Any]:
     episode = outcome.episode
     details: dict[str, Any] = {
         "kind": "gym",

@@ -99,7 +99,7 @@ def cap_patch(patch: bytes, max_bytes: int) -> tuple[bytes, bool]:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class AttemptResult:
     """What one attempt produced, before it becomes a diff event."""
 
     attempt_id: str
@@ -112,7 +112,7 @@ class Outcome:
     patch_truncated: bool = False
 
 
-def diff_event(task: dict[str, Any], outcome: Outcome, now_ms: int | None = None) -> dict[str, Any]:
+def diff_event(task: dict[str, Any], outcome: AttemptResult, now_ms: int | None = None) -> dict[str, Any]:
     """The v3 ``diffs`` record of ``outcome`` (the task's group, metadata and label copied for the grader)."""
     return {
         "rollout_id": task["rollout_id"],

@@ -40,7 +40,13 @@ import httpx
 from rollbus.sandbox import Completed, SandboxBase, SandboxSpec, create_sandbox
 from rollbus.sandbox.bwrap_layout import WORKSPACE
 from rollbus.services.sandbox_runner import outcome as kinds
-from rollbus.services.sandbox_runner.outcome import Outcome, agent_turns, cap_patch, classify, drop_paths
+from rollbus.services.sandbox_runner.outcome import (
+    AttemptResult,
+    agent_turns,
+    cap_patch,
+    classify,
+    drop_paths,
+)
 from rollbus.services.sandbox_runner.rollout import (
     AttemptFailed,
     RunnerKit,
@@ -163,7 +169,7 @@ def remote_spec(settings: RunnerSettings, metadata: dict[str, Any], sandbox_id: 
     )  # fmt: skip
 
 
-async def attempt(kit: RunnerKit, task: dict[str, Any], attempt_id: str) -> Outcome:
+async def attempt(kit: RunnerKit, task: dict[str, Any], attempt_id: str) -> AttemptResult:
     """One attempt on E2B (the E2B twin of ``rollout._attempt``)."""
     settings, rollout_id = kit.settings, task["rollout_id"]
     metadata = parse_metadata(task)
@@ -187,7 +193,7 @@ async def attempt(kit: RunnerKit, task: dict[str, Any], attempt_id: str) -> Outc
     failure = classify(completed) or (kinds.PATCH_FAILED if capture_error else None)
     failure = failure or (kinds.PATCH_TOO_LARGE if truncated else None)
     error = (capture_error or completed.stderr.strip()[-2000:] or None) if failure else None
-    return Outcome(
+    return AttemptResult(
         attempt_id, patch, completed.exit_code, completed.wall_time_s, agent_turns(completed.stdout), failure,
         error, truncated,
     )  # fmt: skip

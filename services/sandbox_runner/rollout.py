@@ -1,6 +1,6 @@
 """One attempt at one task: boot a sandbox, run the real Claude Code CLI against the adapter, take its patch.
 
-Every way an attempt can end becomes an :class:`~rollbus.services.sandbox_runner.outcome.Outcome` with a
+Every way an attempt can end becomes an :class:`~rollbus.services.sandbox_runner.outcome.AttemptResult` with a
 failure kind (never an exception), so every attempt ends with a `diffs` event. The sandbox is killed and the
 adapter session closed on every path, cancellation included (a runner shutting down abandons its attempts;
 their tasks stay uncommitted and are re-run as new attempts).
@@ -44,7 +44,7 @@ from rollbus.sandbox.bwrap_layout import WORKSPACE
 from rollbus.sandbox.capture import Captured, capture_patch
 from rollbus.sandbox.e2b_backend import E2BOptions
 from rollbus.services.sandbox_runner import outcome as kinds
-from rollbus.services.sandbox_runner.outcome import Outcome, agent_turns, cap_patch, classify
+from rollbus.services.sandbox_runner.outcome import AttemptResult, agent_turns, cap_patch, classify
 from rollbus.services.sandbox_runner.settings import RunnerSettings
 
 log = logging.getLogger("rollbus.sandbox_runner")
@@ -148,7 +148,7 @@ def parse_metadata(task: dict[str, Any]) -> dict[str, Any]:
     return metadata
 
 
-async def run_task(kit: RunnerKit, task: dict[str, Any], attempt_id: str | None = None) -> Outcome:
+async def run_task(kit: RunnerKit, task: dict[str, Any], attempt_id: str | None = None) -> AttemptResult:
     """Run ``task`` once, as a new attempt; always returns its outcome (a failure kind instead of raising)."""
     attempt_id = attempt_id or new_attempt_id()
     started = time.monotonic()
@@ -160,16 +160,16 @@ async def run_task(kit: RunnerKit, task: dict[str, Any], attempt_id: str | None 
         return await _attempt(kit, task, attempt_id)
     except AttemptFailed as exc:
         log.info("rollout %s attempt %s: %s: %s", task["rollout_id"], attempt_id, exc.kind, exc)
-        return Outcome(attempt_id, failure_kind=exc.kind, error=str(exc)[:4000],
+        return AttemptResult(attempt_id, failure_kind=exc.kind, error=str(exc)[:4000],
                        wall_time_s=time.monotonic() - started)  # fmt: skip
     except Exception as exc:  # a runner bug or a host failure: still an outcome, never a lost rollout
         log.exception("rollout %s attempt %s failed in the runner", task["rollout_id"], attempt_id)
         error = f"{type(exc).__name__}: {exc}"[:4000]
-        return Outcome(attempt_id, failure_kind=kinds.RUNNER_ERROR, error=error,
+        return AttemptResult(attempt_id, failure_kind=kinds.RUNNER_ERROR, error=error,
                        wall_time_s=time.monotonic() - started)  # fmt: skip
 
 
-async def _attempt(kit: RunnerKit, task: dict[str, Any], attempt_id: str) -> Outcome:
+async def _attempt(kit: RunnerKit, task: dict[str, Any], attempt_id: str) -> AttemptResult:
     settings, rollout_id = kit.settings, task["rollout_id"]
     metadata = parse_metadata(task)
     binary = agent_binary()
@@ -188,7 +188,9 @@ async def _attempt(kit: RunnerKit, task: dict[str, Any], attempt_id: str) -> Out
     return attempt_outcome(attempt_id, completed, captured, settings.patch_max_bytes)
 
 
-def attempt_outcome(attempt_id: str, completed: Completed, captured: Captured, max_bytes: int) -> Outcome:
+def attempt_outcome(
+    attempt_id: str, completed: Completed, captured: Captured, max_bytes: int
+) -> AttemptResult:
     """The agent's failure wins, then the capture's (its limits: no patch at all), then the cap's."""
     patch, truncated = cap_patch(captured.patch, max_bytes)
     failure = classify(completed)
@@ -198,7 +200,7 @@ def attempt_outcome(attempt_id: str, completed: Completed, captured: Captured, m
         error = error or f"taking the patch: {captured.failure}: {captured.error.strip()}"[:2000]
     failure = failure or (kinds.PATCH_TOO_LARGE if truncated else None)
     turns = agent_turns(completed.stdout)
-    return Outcome(
+    return AttemptResult(
         attempt_id, patch, completed.exit_code, completed.wall_time_s, turns, failure, error, truncated
     )
 

@@ -22,7 +22,7 @@ from aiokafka.structs import OffsetAndMetadata
 from rollbus.bus import Publisher, dead_letter, decode_message
 from rollbus.codec import CodecError
 from rollbus.services.sandbox_runner.offsets import OffsetTracker
-from rollbus.services.sandbox_runner.outcome import Outcome, diff_event
+from rollbus.services.sandbox_runner.outcome import AttemptResult, diff_event
 from rollbus.services.sandbox_runner.rollout import AdapterSessions, RunnerKit, run_task
 from rollbus.services.sandbox_runner.settings import RunnerSettings
 from rollbus.topics import MAX_EVENT_BYTES, dead_letters_for, topic_name
@@ -37,7 +37,9 @@ def is_gym_task(record: dict[str, Any]) -> bool:
     return bool(record.get("env_config"))
 
 
-async def publish_outcome(publisher: Publisher, topic: str, task: dict[str, Any], outcome: Outcome) -> None:
+async def publish_outcome(
+    publisher: Publisher, topic: str, task: dict[str, Any], outcome: AttemptResult
+) -> None:
     """Publish the attempt's diff, retrying while the broker is away (the task stays uncommitted)."""
     event = diff_event(task, outcome)
     for attempt in range(PUBLISH_TRIES):

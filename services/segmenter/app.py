@@ -41,7 +41,7 @@ import faust
 
 from rollbus.bus import dead_letter
 from rollbus.codec import CodecError, encode
-from rollbus.segmentation import Outcome, Segmenter, decode_fact
+from rollbus.segmentation import Handled, Segmenter, decode_fact
 from rollbus.services.segmenter import upstream_fixes
 from rollbus.services.segmenter.settings import SegmenterSettings
 from rollbus.topics import DEAD_LETTER_MAX_BYTES, MAX_EVENT_BYTES, dead_letters_for, topic_name
@@ -204,7 +204,7 @@ class SegmenterHandler:
         await self.publish(outcome)
         self.segmenter.settle(outcome)
 
-    async def publish(self, outcome: Outcome) -> None:
+    async def publish(self, outcome: Handled) -> None:
         """Send the segments and wait for every ack: only then may the rollout be marked emitted."""
         if not outcome.messages:
             return
