@@ -4,8 +4,9 @@ import os
 import subprocess
 import sys
 
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 
+from rollbus.kafka import clients
 from rollbus.topics import create_topics, topic_name
 from tests.conftest import TEST_PARTITIONS, unique_namespace
 
@@ -25,12 +26,8 @@ def test_adapter_refuses_missing_topics(kafka_bootstrap: str) -> None:
 
 async def test_adapter_refuses_mismatched_partition_counts(kafka_bootstrap: str) -> None:
     namespace = unique_namespace()
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
+    async with clients.admin(kafka_bootstrap, client_id="test-topics") as admin:
         await admin.create_topics([NewTopic(topic_name("turns", namespace), TEST_PARTITIONS + 1, 1)])
-    finally:
-        await admin.close()
     await create_topics(kafka_bootstrap, TEST_PARTITIONS, namespace)
     done = start_adapter(kafka_bootstrap, namespace)
     assert done.returncode == 1
