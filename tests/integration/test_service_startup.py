@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from aiokafka.admin import NewTopic
 
 from rollbus.kafka import clients
@@ -15,6 +16,16 @@ def start_adapter(bootstrap: str, namespace: str) -> subprocess.CompletedProcess
     env = {**os.environ, "ROLLBUS_BOOTSTRAP_SERVERS": bootstrap, "ROLLBUS_NAMESPACE": namespace}
     command = [sys.executable, "-m", "rollbus.services.adapter", "--port", "0"]
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+
+
+@pytest.mark.parametrize("service", [["sandbox-runner"], ["trainer"]])
+def test_consumers_refuse_missing_topics_naming_them(kafka_bootstrap: str, service: list[str]) -> None:
+    namespace = unique_namespace()
+    env = {**os.environ, "ROLLBUS_BOOTSTRAP_SERVERS": kafka_bootstrap, "ROLLBUS_NAMESPACE": namespace}
+    command = [sys.executable, "-m", "rollbus", *service]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert f"missing topics {namespace}.tasks" in done.stderr and "rollbus topics create" in done.stderr
 
 
 def test_adapter_refuses_missing_topics(kafka_bootstrap: str) -> None:
