@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import NewTopic
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 from rollbus.broker import EmbeddedBroker, free_port  # noqa: E402
 from rollbus.bus import Publisher  # noqa: E402
 from rollbus.codec import encode  # noqa: E402
+from rollbus.kafka import clients  # noqa: E402
 from rollbus.services.segmenter.app import app_id  # noqa: E402
 from rollbus.services.stack.supervisor import stop_group  # noqa: E402
 from rollbus.topics import create_topics, spec_for, topic_name  # noqa: E402
@@ -156,7 +157,7 @@ def segments_expected(rollout: Rollout) -> int:
 
 def producer(bootstrap: str) -> AIOKafkaProducer:
     """The load generator's producer, one for both paths (the adapter's settings: acks=all, idempotent)."""
-    return AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
+    return clients.producer(bootstrap, client_id="rollbus-bench", acks="all", enable_idempotence=True,
                             max_request_size=9 * 2**20)  # fmt: skip
 
 
@@ -169,7 +170,7 @@ async def through_segmenter(
     rewarded: dict[str, float] = {}
     done: dict[bytes, float] = {}
     expected = {r.rollout_id.encode(): segments_expected(r) for r in rollouts}
-    consumer = AIOKafkaConsumer(topic_name("segments", ns), bootstrap_servers=bootstrap, group_id=None,
+    consumer = clients.consumer(bootstrap, topic_name("segments", ns), client_id="rollbus-bench",
                                 auto_offset_reset="earliest", fetch_max_bytes=64 * 2**20,
                                 max_partition_fetch_bytes=16 * 2**20)  # fmt: skip
     await consumer.start()
@@ -210,14 +211,12 @@ async def raw_aiokafka(
 ) -> dict[str, float]:
     """The same encoded bytes produced to a plain topic and consumed back: what the bus alone costs."""
     topic = topic_name(f"raw-{uuid.uuid4().hex[:6]}", ns)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    await admin.create_topics(
-        [NewTopic(topic, PARTITIONS, 1, topic_configs={"max.message.bytes": str(8 * 2**20)})]
-    )
-    await admin.close()
+    async with clients.admin(bootstrap, client_id="rollbus-bench") as admin:
+        await admin.create_topics(
+            [NewTopic(topic, PARTITIONS, 1, topic_configs={"max.message.bytes": str(8 * 2**20)})]
+        )
     load = producer(bootstrap)
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None,
+    consumer = clients.consumer(bootstrap, topic, client_id="rollbus-bench",
                                 auto_offset_reset="earliest",
                                 fetch_max_bytes=64 * 2**20, max_partition_fetch_bytes=16 * 2**20)  # fmt: skip
     await load.start()
@@ -254,10 +253,8 @@ async def raw_aiokafka(
 async def group_stable(bootstrap: str, group: str, members: int, timeout: float = 180) -> None:
     """Wait until the workers' consumer group is ``Stable`` with ``members`` members: a worker that joins
     while the clock runs makes a rebalance (and a recovery) part of the figure."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
     deadline = time.monotonic() + timeout
-    try:
+    async with clients.admin(bootstrap, client_id="rollbus-bench") as admin:
         while time.monotonic() < deadline:
             try:
                 [response] = await admin.describe_consumer_groups([group])
@@ -267,8 +264,6 @@ async def group_stable(bootstrap: str, group: str, members: int, timeout: float 
             except Exception:  # the group does not exist yet, its coordinator is still loading
                 pass
             await asyncio.sleep(0.5)
-    finally:
-        await admin.close()
     raise TimeoutError(f"consumer group {group} not stable with {members} member(s) after {timeout:.0f} s")
 
 
@@ -403,7 +398,7 @@ async def soak(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
     await create_topics(bootstrap, PARTITIONS, ns)
     workers = start_workers(bootstrap, ns, state, args)
     await group_stable(bootstrap, app_id(ns), len(workers))
-    consumer = AIOKafkaConsumer(topic_name("segments", ns), bootstrap_servers=bootstrap, group_id=None,
+    consumer = clients.consumer(bootstrap, topic_name("segments", ns), client_id="rollbus-bench",
                                 auto_offset_reset="earliest",
                                 max_partition_fetch_bytes=16 * 2**20)  # fmt: skip
     await consumer.start()

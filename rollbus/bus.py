@@ -24,11 +24,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka import ConsumerRecord, TopicPartition
 from aiokafka.structs import OffsetAndMetadata, RecordMetadata
 
 from rollbus.codec import CodecError, decode, encode
 from rollbus.events import POLICY_KEY
+from rollbus.kafka import clients
 from rollbus.topics import DEAD_LETTER_MAX_BYTES, MAX_EVENT_BYTES, dead_letters_for, spec_for
 
 Key = str | bytes | None
@@ -80,8 +81,8 @@ class Publisher:
         it does not stop it, so a retry after that sends the event twice."""
         self.max_event_bytes = max_event_bytes  # None: each topic's own max.message.bytes
         self.transactional = transactional_id is not None
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap_servers,
+        self._producer = clients.producer(
+            bootstrap_servers,
             client_id=client_id,
             enable_idempotence=True,
             acks="all",
@@ -224,12 +225,11 @@ class EventConsumer:
         self.group_id = group_id
         self.handler = handler
         self.max_event_bytes = max_event_bytes
-        self._consumer = AIOKafkaConsumer(
+        self._consumer = clients.consumer(
+            bootstrap_servers,
             *topics,
-            bootstrap_servers=bootstrap_servers,
             group_id=group_id,
             client_id=service,
-            enable_auto_commit=False,
             auto_offset_reset=auto_offset_reset,
             isolation_level=isolation_level,
             max_poll_records=max_batch,

@@ -25,6 +25,8 @@ from aiokafka.errors import KafkaError
 from aiokafka.partitioner import murmur2
 
 from rollbus.codec import CodecError, Decoded, decode
+from rollbus.kafka import clients
+from rollbus.kafka.read import behind, from_beginning
 from rollbus.reach import (
     DEFAULT_CONNECT_TIMEOUT,
     BrokerUnreachable,
@@ -131,17 +133,16 @@ async def read(
     (replay) when it goes away mid-read; a follower instead tells ``on_status`` once that it lost the
     broker and once that it is back, and keeps waiting."""
     await require_broker(bootstrap_servers, connect_timeout)
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
-        isolation_level="read_committed", client_id="rollbus-replay",
-    )  # fmt: skip
+    consumer = clients.consumer(
+        bootstrap_servers, client_id="rollbus-replay", isolation_level="read_committed"
+    )
     try:
         await consumer.start()
         partitions = await _assign(consumer, bootstrap_servers, plan)
         end = None if plan.follow else await consumer.end_offsets(partitions)
         watch = BrokerWatch(bootstrap_servers, connect_timeout, plan.follow, on_status)
         count = 0
-        while end is None or await _behind(consumer, end):
+        while end is None or await behind(consumer, end):
             batch = await consumer.getmany(timeout_ms=500)
             if not batch:
                 await watch.idle()
@@ -223,13 +224,13 @@ async def _assign(consumer: AIOKafkaConsumer, bootstrap_servers: str, plan: Read
     if plan.key is not None:  # every rollbus producer keys with the default partitioner
         numbers = [key_partition(plan.key, counts[plan.topic])]
     partitions = [TopicPartition(plan.topic, p) for p in numbers]
-    consumer.assign(partitions)
-    # explicit offsets: seek_to_beginning()/seek_to_end() right after assign() race the consumer's own
-    # offset reset, and a read could silently start at the end
     if plan.start == "beginning":
-        for tp, offset in (await consumer.beginning_offsets(partitions)).items():
-            consumer.seek(tp, offset)
-    elif plan.start == "end":
+        await from_beginning(consumer, partitions)
+        return partitions
+    consumer.assign(partitions)
+    # explicit offsets: seek_to_end() right after assign() races the consumer's own offset reset (see
+    # rollbus.kafka.read)
+    if plan.start == "end":
         for tp, offset in (await consumer.end_offsets(partitions)).items():
             consumer.seek(tp, offset)
     elif plan.start == "offset":
@@ -241,13 +242,6 @@ async def _assign(consumer: AIOKafkaConsumer, bootstrap_servers: str, plan: Read
         for tp, at in found.items():
             consumer.seek(tp, ends[tp] if at is None else at.offset)
     return partitions
-
-
-async def _behind(consumer: AIOKafkaConsumer, end: dict[TopicPartition, int]) -> bool:
-    for tp, last in end.items():
-        if await consumer.position(tp) < last:
-            return True
-    return False
 
 
 # --- printing and CLI --------------------------------------------------------------------------

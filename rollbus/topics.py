@@ -21,11 +21,12 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka import TopicPartition
+from aiokafka.admin import NewTopic
 from aiokafka.errors import KafkaError
 
 from rollbus.events import EVENTS
+from rollbus.kafka import clients
 from rollbus.polling import WaitTimeout, wait_until_async
 from rollbus.reach import DEFAULT_CONNECT_TIMEOUT, BrokerUnreachable, quiet_kafka_logs, require_broker
 from rollbus.settings import BusSettings, Field
@@ -131,9 +132,7 @@ async def create_topics(
     replication_factor: int = 1,
 ) -> list[str]:
     """Create the missing rollbus topics; existing ones are left alone. Returns the names created."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id="rollbus-topics")
-    await admin.start()
-    try:
+    async with clients.admin(bootstrap_servers, client_id="rollbus-topics") as admin:
         existing = set(await admin.list_topics())
         wanted = [
             NewTopic(
@@ -148,8 +147,6 @@ async def create_topics(
         if wanted:
             response = await admin.create_topics(wanted)
             _raise_create_errors(response)
-    finally:
-        await admin.close()
     await wait_visible(bootstrap_servers, [t.name for t in wanted])
     return [t.name for t in wanted]
 
@@ -187,15 +184,11 @@ def _raise_create_errors(response: Any) -> None:
 
 async def describe(bootstrap_servers: str, topics: list[str] | None = None) -> dict[str, int]:
     """Partition count of each topic that exists (all topics if ``topics`` is None)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id="rollbus-topics")
-    await admin.start()
-    try:
+    async with clients.admin(bootstrap_servers, client_id="rollbus-topics") as admin:
         present = set(await admin.list_topics())
         names = [t for t in (present if topics is None else topics) if t in present]
         described = await admin.describe_topics(names) if names else []
         return {t["topic"]: len(t["partitions"]) for t in described if t["error_code"] == 0}
-    finally:
-        await admin.close()
 
 
 async def partition_counts(bootstrap_servers: str, namespace: str = "") -> dict[str, int]:
@@ -222,24 +215,16 @@ async def create_fresh(bootstrap_servers: str, topic: str, partitions: int, like
     derivations never mix in one topic."""
     existing = await describe(bootstrap_servers, [topic])
     if topic in existing:
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None)
-        await consumer.start()
-        try:
-            tps = [TopicPartition(topic, p) for p in range(existing[topic])]
+        tps = [TopicPartition(topic, p) for p in range(existing[topic])]
+        async with clients.started_consumer(bootstrap_servers, client_id="rollbus-topics") as consumer:
             ends, starts = await consumer.end_offsets(tps), await consumer.beginning_offsets(tps)
-        finally:
-            await consumer.stop()
         if any(ends[tp] > starts[tp] for tp in tps):
             raise TopicsError(f"{topic} already holds messages: write into a fresh topic")
         return
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id="rollbus-topics")
-    await admin.start()
-    try:
+    async with clients.admin(bootstrap_servers, client_id="rollbus-topics") as admin:
         _raise_create_errors(
             await admin.create_topics([NewTopic(topic, partitions, 1, topic_configs=spec_for(like).config())])
         )
-    finally:
-        await admin.close()
     await wait_visible(bootstrap_servers, [topic])
 
 

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
+from rollbus.kafka import clients
 from rollbus.replay import ReadPlan, read
-from rollbus.topics import topic_name
+from rollbus.topics import describe, topic_name
 from tests.e2e_support import EXAMPLES, Rig
 
 RUNNER_SCRIPTS = EXAMPLES / "scripts" / "runner"
@@ -137,18 +138,12 @@ async def all_events(bootstrap: str, namespace: str, topic: str) -> list[dict[st
 async def group_lag(bootstrap: str, namespace: str, group_id: str) -> int:
     """Tasks the group has not committed past (0: every task's offset is committed)."""
     topic = topic_name("tasks", namespace)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
-        if not partitions:
-            await consumer._client.force_metadata_update()
-            partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+    counts = await describe(bootstrap, [topic])
+    partitions = [TopicPartition(topic, p) for p in range(counts.get(topic, 0))]
+    async with clients.started_consumer(bootstrap, client_id="test-lag", group_id=group_id) as consumer:
         ends = await consumer.end_offsets(partitions)
         lag = 0
         for tp in partitions:
             committed = await consumer.committed(tp)
             lag += ends[tp] - (committed or 0)
         return lag
-    finally:
-        await consumer.stop()

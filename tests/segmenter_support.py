@@ -12,10 +12,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
-
 from rollbus.bus import Publisher
 from rollbus.codec import decode
+from rollbus.kafka import clients
 from rollbus.topics import split_name
 
 Event = tuple[str, dict[str, Any]]
@@ -84,13 +83,7 @@ async def read_all(
     """Decoded records of ``topic`` from the beginning: once ``until`` distinct ones arrived (a segment counts
     once per id: after a crash its duplicates are no progress), then a little more so that duplicates show;
     or, with ``until`` None, what is there now. Fails fast if ``worker`` died."""
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        group_id=None,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
+    consumer = clients.consumer(bootstrap, topic, client_id="test-read", auto_offset_reset="earliest")
     await consumer.start()
     records: list[Any] = []
     deadline = time.monotonic() + timeout

@@ -216,8 +216,8 @@ async def test_timeouts_are_retried_then_fail_and_every_env_is_closed(kafka_boot
 
 async def test_shutdown_loses_nothing(kafka_bootstrap, topics, engine_url):
     """SIGTERM with one episode running and one task waiting for the only slot: the running episode's env and
-    session are closed and its task handed back; the waiting task stays uncommitted. The next runner of
-    the group gets both (here they time out, so each ends with exactly one reward)."""
+    session are closed; neither task is committed. The next runner of the group gets both (here they time
+    out, so each ends with exactly one reward)."""
     namespace = topics["tasks"].rsplit(".", 1)[0]
     (running, waiting), tags = (
         [f"stop-{uuid.uuid4().hex[:6]}" for _ in range(2)],
@@ -239,7 +239,7 @@ async def test_shutdown_loses_nothing(kafka_bootstrap, topics, engine_url):
         STARTED.remove(stepping)
     assert (CLOSED.count(tags[0]), CLOSED.count(tags[1])) == (1, 0)
     tasks = [t["rollout_id"] for t in await events(kafka_bootstrap, topics["tasks"])]
-    assert (tasks.count(running), tasks.count(waiting)) == (2, 1)  # the running one was handed back
+    assert (tasks.count(running), tasks.count(waiting)) == (1, 1)  # redelivered, not published again
     assert not {running, waiting} & {
         r["rollout_id"] for r in await events(kafka_bootstrap, topics["rewards"])
     }
@@ -294,3 +294,74 @@ async def test_the_rollbus_gym_runner_command_runs_episodes_and_stops_on_sigterm
             log.close()
     assert code == 0, (tmp_path / "gym-runner.log").read_text()
     assert reward["reward"] == 1.0 and json.loads(reward["details"])["loss_scope"] == "last_turn"
+
+
+HELD_ENV = '''
+import asyncio
+import pathlib
+
+from rollbus import gym
+
+
+@gym.register_env("held-test")
+class Held(gym.Env):
+    """Marks its first step as begun, then holds it until the test's release file exists."""
+
+    async def reset(self, request):
+        return "wait", {}, ""
+
+    async def step(self, messages):
+        pathlib.Path(self.env_config["begun"]).touch()
+        while not pathlib.Path(self.env_config["release"]).exists():
+            await asyncio.sleep(0.05)
+        return "", 1.0, True, {}
+'''
+
+
+async def test_a_runner_killed_mid_episode_leaves_its_task_to_the_next(
+    kafka_bootstrap, topics, engine_url, tmp_path
+):
+    """``kill -9`` of ``rollbus gym-runner`` while its episode holds in a step: the task was not committed, so
+    the next runner of the group runs the episode again as a new attempt and publishes its one reward; the
+    killed attempt's adapter session is closed by the new attempt."""
+    namespace = topics["tasks"].rsplit(".", 1)[0]
+    rollout, group = f"held-{uuid.uuid4().hex[:6]}", f"gym-kill-{uuid.uuid4().hex[:6]}"
+    plugin, begun, release = tmp_path / "held.py", tmp_path / "begun", tmp_path / "release"
+    plugin.write_text(HELD_ENV)
+    config = {"name": "held-test", "begun": str(begun), "release": str(release)}
+    async with stack(kafka_bootstrap, namespace, engine_url, in_process=False) as (_, publisher, url):
+        env = {**os.environ, "ROLLBUS_GYM_RUNNER_ADMIN_TOKEN": "adm", "ROLLBUS_NAMESPACE": namespace}
+
+        def runner(name: str) -> subprocess.Popen[bytes]:
+            with (tmp_path / f"{name}.log").open("wb") as log:
+                return subprocess.Popen(
+                    [sys.executable, "-m", "rollbus", "gym-runner", "--bootstrap-servers", kafka_bootstrap,
+                     "--adapter-url", url, "--max-tokens", "64", "--external-plugins", str(plugin),
+                     "--consumer-group", group],
+                    stdout=log, stderr=subprocess.STDOUT, env=env,
+                )  # fmt: skip
+
+        await publisher.publish(topics["tasks"], task(rollout, config))
+        first = runner("first")
+        try:
+            async with asyncio.timeout(180):
+                while not begun.exists():
+                    assert first.poll() is None, (tmp_path / "first.log").read_text()
+                    await asyncio.sleep(0.1)
+        finally:
+            first.kill()
+            await asyncio.to_thread(first.wait, 60)
+        release.touch()
+        second = runner("second")
+        try:
+            got = await rewards_for(kafka_bootstrap, topics["rewards"], {rollout}, deadline=180)
+        finally:
+            second.send_signal(signal.SIGTERM)
+            await asyncio.to_thread(second.wait, 60)
+    assert rollout in got, (tmp_path / "second.log").read_text()[-3000:]
+    rewards = [r for r in await events(kafka_bootstrap, topics["rewards"]) if r["rollout_id"] == rollout]
+    assert len(rewards) == 1 and rewards[0]["reward"] == 1.0 and rewards[0]["failure_kind"] is None
+    sessions = [s for s in await events(kafka_bootstrap, topics["sessions"]) if s["rollout_id"] == rollout]
+    opened = [s["attempt_id"] for s in sessions if s["kind"] == "opened"]
+    assert len(opened) == 2 and rewards[0]["attempt_id"] == opened[1], "the re-run is a new attempt"
+    assert {s["attempt_id"] for s in sessions if s["kind"] == "closed"} == set(opened)

@@ -11,9 +11,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from rollbus.bus import Publisher
+from rollbus.kafka import clients
 from rollbus.services.sandbox_runner.outcome import AttemptResult
 from rollbus.services.sandbox_runner.service import SandboxRunner
 from rollbus.services.sandbox_runner.settings import RunnerSettings
@@ -73,12 +74,8 @@ async def runner(
 
 
 async def committed(bootstrap: str, namespace: str) -> int:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=GROUP, enable_auto_commit=False)
-    await consumer.start()
-    try:
+    async with clients.started_consumer(bootstrap, client_id="test-committed", group_id=GROUP) as consumer:
         return await consumer.committed(TopicPartition(topic_name("tasks", namespace), 0)) or 0
-    finally:
-        await consumer.stop()
 
 
 async def until(condition: Any, timeout: float = 60.0) -> None:

@@ -1,4 +1,4 @@
-"""The runner's pure parts, exhaustively: which offsets may be committed, how an attempt's end is named, what
+"""The runner's pure parts, exhaustively: how an attempt's end is named, what
 its patch keeps, and which dataset rows become tasks (and why the others do not)."""
 
 from __future__ import annotations
@@ -14,48 +14,10 @@ from hypothesis import strategies as st
 from rollbus.rows import RowError, RowKeys, parse_row, read_rows, tasks_for
 from rollbus.sandbox import Completed
 from rollbus.sandbox.capture import Captured
-from rollbus.services.sandbox_runner.offsets import OffsetTracker
 from rollbus.services.sandbox_runner.outcome import AttemptResult, cap_patch, classify, diff_event, drop_paths
 from rollbus.services.sandbox_runner.rollout import attempt_outcome, task_prompt
 from rollbus.services.sandbox_runner.settings import RunnerSettings
 from rollbus.settings import SettingsError
-
-# --- offsets ------------------------------------------------------------------------------------------
-
-
-@given(st.permutations(list(range(12))), st.integers(0, 12))
-def test_commit_never_passes_a_running_task(order: list[int], ended: int) -> None:
-    """Tasks 0..11 started in order, some ended in any order: the commit is the oldest still running."""
-    tracker = OffsetTracker()
-    for offset in range(12):
-        tracker.start("p", offset)
-    done = set(order[:ended])
-    for offset in order[:ended]:
-        tracker.end("p", offset)
-    running = set(range(12)) - done
-    expected = min(running) if running else 12
-    assert tracker.to_commit(["p"]) == {"p": expected}
-
-
-def test_commit_once_per_advance_and_only_for_assigned_partitions() -> None:
-    tracker = OffsetTracker()
-    tracker.start("a", 5)
-    tracker.start("b", 0)
-    assert tracker.to_commit(["a"]) == {"a": 5}  # the running task itself is re-read after a crash
-    tracker.committed({"a": 5})
-    assert tracker.to_commit(["a"]) == {}
-    tracker.end("a", 5)
-    assert tracker.to_commit(["a"]) == {"a": 6}
-
-
-def test_redelivered_offsets_are_recognised_until_forgotten() -> None:
-    tracker = OffsetTracker()
-    tracker.start("p", 3)
-    tracker.end("p", 3)
-    assert tracker.seen("p", 3) and tracker.seen("p", 0) and not tracker.seen("p", 4)
-    tracker.forget({"p"})
-    assert not tracker.seen("p", 3)
-
 
 # --- failure kinds ------------------------------------------------------------------------------------
 

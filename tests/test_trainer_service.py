@@ -22,11 +22,12 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from safetensors.torch import load_file
 
 from rollbus.broker import free_port
 from rollbus.bus import Event, Publisher, decode_message
+from rollbus.kafka import clients
 from rollbus.topics import create_topics, topic_name
 from rollbus.trainer import checkpoint
 from rollbus.trainer.feed import latest_policy_version, push_weights
@@ -90,7 +91,7 @@ async def policy_versions(bootstrap: str, namespace: str) -> list[dict]:
 
 async def read_topic(bootstrap: str, topic: str) -> list[Event]:
     """Every event on a one-partition topic, from the start to the current end."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = clients.consumer(bootstrap, client_id="test-read")
     await consumer.start()
     try:
         tp = TopicPartition(topic, 0)

@@ -12,11 +12,13 @@ import asyncio
 import logging
 
 import httpx
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka import ConsumerRecord, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 from aiokafka.structs import OffsetAndMetadata
 
 from rollbus.bus import decode_message
+from rollbus.kafka import clients
+from rollbus.kafka.read import read_partitions
 
 log = logging.getLogger("rollbus.trainer")
 
@@ -28,12 +30,11 @@ class SegmentFeed:
         self, bootstrap_servers: str, topic: str, group_id: str, *, max_poll_interval_ms: int,
         session_timeout_ms: int,
     ) -> None:  # fmt: skip
-        self._consumer = AIOKafkaConsumer(
+        self._consumer = clients.consumer(
+            bootstrap_servers,
             topic,
-            bootstrap_servers=bootstrap_servers,
             group_id=group_id,
             client_id="trainer",
-            enable_auto_commit=False,
             auto_offset_reset="earliest",
             isolation_level="read_committed",
             max_poll_interval_ms=max_poll_interval_ms,
@@ -68,29 +69,11 @@ class SegmentFeed:
 
 async def latest_policy_version(bootstrap_servers: str, topic: str, max_event_bytes: int) -> int | None:
     """The highest version ever published on ``policy`` (a compacted, single-partition topic), or None."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap_servers,
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-        auto_offset_reset="earliest",
-    )
-    await consumer.start()
-    try:
-        partition = TopicPartition(topic, 0)
-        consumer.assign([partition])
-        end = (await consumer.end_offsets([partition]))[partition]
-        # an explicit seek: seek_to_beginning() right after assign() races the consumer's own offset reset
-        # and can leave the position at the end, which would read as "nothing ever published"
-        consumer.seek(partition, (await consumer.beginning_offsets([partition]))[partition])
-        latest: int | None = None
-        while await consumer.position(partition) < end:
-            for messages in (await consumer.getmany(partition, timeout_ms=1000)).values():
-                for message in messages:
-                    version = int(decode_message(message, max_event_bytes).record["version"])
-                    latest = version if latest is None else max(latest, version)
-        return latest
-    finally:
-        await consumer.stop()
+    latest: int | None = None
+    async for message in read_partitions(bootstrap_servers, [TopicPartition(topic, 0)], client_id="trainer"):
+        version = int(decode_message(message, max_event_bytes).record["version"])
+        latest = version if latest is None else max(latest, version)
+    return latest
 
 
 async def push_weights(

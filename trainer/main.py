@@ -12,9 +12,11 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from rollbus.topics import TopicsError, check_topics
 from rollbus.trainer.settings import TrainerSettings
 
 if TYPE_CHECKING:
@@ -25,6 +27,11 @@ add_arguments = TrainerSettings.add_arguments
 
 def run(args: argparse.Namespace) -> int:
     settings = TrainerSettings.from_args(args)
+    try:  # refuse missing/mismatched topics before the minutes torch and the model take to load
+        asyncio.run(check_topics(settings.bootstrap_servers, settings.namespace))
+    except TopicsError as exc:
+        print(f"rollbus trainer: {exc}", file=sys.stderr)
+        return 1
     # torch and transformers load here, not at import: `rollbus trainer --help` stays fast
     import torch
     import torch.distributed as dist

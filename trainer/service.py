@@ -28,6 +28,7 @@ from aiokafka import ConsumerRecord, TopicPartition
 
 from rollbus.bus import Publisher, dead_letter, decode_message
 from rollbus.codec import CodecError
+from rollbus.kafka.watermark import low_watermark
 from rollbus.topics import MAX_EVENT_BYTES, dead_letters_for, topic_name
 from rollbus.trainer import checkpoint
 from rollbus.trainer.advantages import has_reward_variance
@@ -172,10 +173,10 @@ class Trainer:
 
     def commit_offsets(self) -> dict[TopicPartition, int]:
         """Per partition: the first offset with a buffered (untrained) segment, else all that was read."""
-        offsets = dict(self.position)
+        buffered: dict[TopicPartition, list[int]] = {}
         for tp, offset in self.where.values():
-            offsets[tp] = min(offsets[tp], offset)
-        return offsets
+            buffered.setdefault(tp, []).append(offset)
+        return {tp: low_watermark(n, buffered.get(tp, ())) for tp, n in self.position.items()}
 
     # ---------------------------------------------------------------- the step
 

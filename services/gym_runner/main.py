@@ -1,29 +1,29 @@
 """``rollbus gym-runner``: consumes ``tasks`` that carry an ``env_config``, runs each as a gym episode through
 the adapter's OpenAI endpoint, publishes ``rewards``. Tasks without ``env_config`` are not ours: skipped.
 
-Delivery: a task's offset is committed once its episode has *started* (so up to ``--concurrency`` episodes
-run while the consumer polls on); a task still waiting for a slot at shutdown stays uncommitted, so the
-group redelivers it. On SIGTERM/SIGINT the runner stops taking tasks, lets running episodes
-finish for ``--drain-timeout`` seconds, then cancels the rest (each env is closed, each adapter session
-closed) and publishes their tasks back to ``tasks`` so another runner picks them up. Only a hard kill loses
-episodes in flight (their tasks' offsets are committed): resubmit them.
+Delivery is the sandbox runner's (:mod:`rollbus.kafka.in_flight`): up to ``--concurrency`` episodes run
+while the consumer polls on, and a task's offset is committed only once its episode has ended and its
+reward is published, and every task before it too. On SIGTERM/SIGINT the runner stops taking tasks, lets
+running episodes finish for ``--drain-timeout`` seconds, then cancels the rest (each env is closed, each
+adapter session closed); their tasks stay uncommitted, as do those of a runner killed outright, so the
+group hands them to the next runner, which runs each episode again as a new attempt.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import signal
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 import httpx
 from aiokafka.errors import KafkaConnectionError
 
-from rollbus.bus import Event, EventConsumer, Publisher
+from rollbus.bus import Event, Publisher
 from rollbus.gym import GymConfigError, context_managers, envs, load_builtins, load_plugins
+from rollbus.kafka.in_flight import InFlightConsumer
 from rollbus.services.gym_runner.adapter_client import AdapterClient
 from rollbus.services.gym_runner.runner import GymRunner
 from rollbus.services.gym_runner.settings import GymRunnerSettings
@@ -66,50 +66,6 @@ async def _main(settings: GymRunnerSettings) -> None:
     await serve(settings, stop)
 
 
-class Stopping(Exception):
-    """Raised by the handler when shutdown came while a task waited for a slot: the consumer then leaves
-    that task uncommitted, so the next runner of the group gets it."""
-
-
-class Episodes:
-    """At most ``limit`` episodes at once; at shutdown, cancelled ones hand their task back."""
-
-    def __init__(self, limit: int) -> None:
-        self.slots = asyncio.Semaphore(limit)
-        self.running: dict[asyncio.Task[Any], dict[str, Any]] = {}
-
-    async def start(
-        self, work: Callable[[], Coroutine[Any, Any, Any]], task: dict[str, Any], stop: asyncio.Event
-    ) -> None:
-        """Start ``work()`` once a slot is free; :class:`Stopping` if ``stop`` is set first."""
-        acquire, stopped = asyncio.ensure_future(self.slots.acquire()), asyncio.ensure_future(stop.wait())
-        await asyncio.wait({acquire, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        stopped.cancel()
-        if not acquire.done() or acquire.cancelled():
-            acquire.cancel()
-            raise Stopping(task["rollout_id"])
-        job = asyncio.create_task(work())
-        self.running[job] = task
-        job.add_done_callback(self._done)
-
-    def _done(self, job: asyncio.Task[Any]) -> None:
-        self.running.pop(job, None)
-        self.slots.release()
-        if not job.cancelled() and job.exception() is not None:
-            log.error("episode failed outside the episode driver", exc_info=job.exception())
-
-    async def drain(self, timeout: float) -> list[dict[str, Any]]:
-        """Wait up to ``timeout`` s, then cancel what still runs; returns the cancelled ones' tasks."""
-        jobs = dict(self.running)
-        if not jobs:
-            return []
-        _, pending = await asyncio.wait(jobs, timeout=timeout)
-        for job in pending:
-            job.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        return [jobs[job] for job in pending]
-
-
 async def serve(settings: GymRunnerSettings, stop: asyncio.Event) -> None:
     """Consume tasks until ``stop`` is set, then drain (see the module docstring)."""
     load_builtins()
@@ -130,23 +86,15 @@ async def serve(settings: GymRunnerSettings, stop: asyncio.Event) -> None:
             await publisher.publish(topic_name(topic, ns), record)
 
         runner = GymRunner(settings, adapter, publish)
-        episodes = Episodes(settings.concurrency)
 
-        async def handle(event: Event) -> None:
+        def start(event: Event) -> Coroutine[Any, Any, Any] | None:
             if not event.record.get("env_config"):
-                return  # a coding-agent task: the sandbox runner's
-            await episodes.start(lambda: runner.run_task(event.record), event.record, stop)
+                return None  # a coding-agent task: the sandbox runner's
+            return runner.run_task(event.record)
 
-        poll_budget_ms = int((settings.episode_timeout * settings.attempts + 60) * 1000)
-        consumer = EventConsumer(
-            settings.bootstrap_servers, [topic_name("tasks", ns)], group_id=settings.consumer_group,
-            handler=handle, service="gym-runner", publisher=publisher, max_batch=settings.concurrency,
-            max_poll_interval_ms=poll_budget_ms,
+        tasks = InFlightConsumer(
+            settings.bootstrap_servers, topic_name("tasks", ns), group_id=settings.consumer_group,
+            client_id="gym-runner", service="gym-runner", publisher=publisher, start=start,
+            capacity=settings.concurrency,
         )  # fmt: skip
-        async with consumer:
-            with contextlib.suppress(Stopping):  # the waiting task stays uncommitted: redelivered later
-                await consumer.run(stop)
-        for task in await episodes.drain(settings.drain_timeout):
-            log.warning("%s: cancelled at shutdown; task handed back to tasks", task["rollout_id"])
-            with contextlib.suppress(Exception):
-                await publish("tasks", task)
+        await tasks.run(stop, drain_timeout=settings.drain_timeout)

@@ -21,6 +21,7 @@ from rollbus.services.sandbox_runner.outcome import diff_event
 from rollbus.services.sandbox_runner.rollout import AdapterSessions, RunnerKit, run_task
 from rollbus.services.sandbox_runner.service import SandboxRunner
 from rollbus.services.sandbox_runner.settings import RunnerSettings
+from rollbus.topics import TopicsError, check_topics
 
 log = logging.getLogger("rollbus.sandbox_runner")
 add_arguments = RunnerSettings.add_arguments
@@ -52,6 +53,9 @@ def run(args: argparse.Namespace) -> int:
     except KafkaError as exc:  # the broker is away: one line, not a traceback
         print(f"rollbus sandbox-runner: {settings.bootstrap_servers}: {exc}", file=sys.stderr)
         return 1
+    except TopicsError as exc:
+        print(f"rollbus sandbox-runner: {exc}", file=sys.stderr)
+        return 1
 
 
 def e2b_unusable() -> str | None:
@@ -66,6 +70,7 @@ def e2b_unusable() -> str | None:
 
 
 async def _serve(settings: RunnerSettings) -> int:
+    await check_topics(settings.bootstrap_servers, settings.namespace)  # refuse missing/mismatched topics
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -11,9 +11,10 @@ import argparse
 import asyncio
 import sys
 
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
+from rollbus.kafka import clients
 from rollbus.services.segmenter.app import TICKS, build_app, internal_topics
 from rollbus.services.segmenter.settings import SegmenterSettings
 from rollbus.services.segmenter.upstream_fixes import UnprovenUpstream, check_versions
@@ -44,14 +45,11 @@ async def create_ticks(settings: SegmenterSettings, partitions: int) -> None:
     name = topic_name(TICKS, settings.namespace)
     if name in await describe(settings.bootstrap_servers, [name]):
         return
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers, client_id="rollbus-segmenter")
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(name, partitions, 1, topic_configs={"retention.ms": "-1"})])
-    except TopicAlreadyExistsError:
-        pass  # a second worker starting at the same moment
-    finally:
-        await admin.close()
+    async with clients.admin(settings.bootstrap_servers, client_id="rollbus-segmenter") as admin:
+        try:
+            await admin.create_topics([NewTopic(name, partitions, 1, topic_configs={"retention.ms": "-1"})])
+        except TopicAlreadyExistsError:
+            pass  # a second worker starting at the same moment
     await wait_visible(settings.bootstrap_servers, [name])
 
 

@@ -18,11 +18,12 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka import ConsumerRecord, TopicPartition
 from pydantic import Field
 
 from rollbus.bus import Publisher
 from rollbus.codec import CodecError
+from rollbus.kafka.read import read_partitions
 from rollbus.segmentation import Segmenter, decode_fact
 from rollbus.services.segmenter.app import INPUTS, TICKS
 from rollbus.services.segmenter.settings import SegmenterSettings
@@ -108,25 +109,12 @@ async def read_raw(settings: SegmenterSettings) -> Messages:
     names = [topic_name(t, settings.namespace) for t in (*INPUTS, TICKS)]
     present = await describe(settings.bootstrap_servers, names)
     tps = [TopicPartition(t, p) for t in names if t in present for p in range(present[t])]
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers, group_id=None, enable_auto_commit=False,
-        isolation_level="read_committed", max_partition_fetch_bytes=MAX_EVENT_BYTES + 64 * 1024,
-        fetch_max_bytes=4 * MAX_EVENT_BYTES,
-    )  # fmt: skip
-    await consumer.start()
     by_tp: dict[TopicPartition, list[ConsumerRecord]] = {tp: [] for tp in tps}
-    try:
-        consumer.assign(tps)
-        # explicit offsets: seek_to_beginning() right after assign() races the consumer's own offset reset
-        for tp, offset in (await consumer.beginning_offsets(tps)).items():
-            consumer.seek(tp, offset)
-        ends = await consumer.end_offsets(tps)
-        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
-            batch = await consumer.getmany(timeout_ms=500)
-            for tp, records in batch.items():
-                by_tp[tp] += [r for r in records if r.offset < ends[tp]]
-    finally:
-        await consumer.stop()
+    async for record in read_partitions(
+        settings.bootstrap_servers, tps, client_id="rollbus-rebuild",
+        max_partition_fetch_bytes=MAX_EVENT_BYTES + 64 * 1024, fetch_max_bytes=4 * MAX_EVENT_BYTES,
+    ):  # fmt: skip
+        by_tp[TopicPartition(record.topic, record.partition)].append(record)
     grouped: Messages = {}
     for tp, records in by_tp.items():
         grouped.setdefault(tp.partition, []).append(records)

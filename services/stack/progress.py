@@ -13,9 +13,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
-
 from rollbus.codec import CodecError, decode
+from rollbus.kafka import clients
 from rollbus.topics import topic_name
 
 WATCHED = ("tasks", "turns", "diffs", "rewards", "segments", "policy")
@@ -128,10 +127,9 @@ async def watch(
     before ``since_ms`` (an earlier run's) go to :meth:`Progress.earlier`."""
     topics = [topic_name(base, namespace) for base in WATCHED]
     # no group: every partition of every topic is ours, read from its beginning
-    consumer = AIOKafkaConsumer(
-        *topics, bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-        auto_offset_reset="earliest",
-    )  # fmt: skip
+    consumer = clients.consumer(
+        bootstrap, *topics, client_id="rollbus-progress", auto_offset_reset="earliest"
+    )
     await consumer.start()
     try:
         while not stop.is_set():

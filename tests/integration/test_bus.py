@@ -7,11 +7,12 @@ import asyncio
 import uuid
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from rollbus.bus import Event, EventConsumer, EventTooLarge, Publisher, key_for
 from rollbus.codec import decode
 from rollbus.events import EVENTS
+from rollbus.kafka import clients
 from tests.event_samples import SAMPLES
 
 pytestmark = pytest.mark.kafka
@@ -29,10 +30,9 @@ async def drain(consumer: EventConsumer, want: int, rounds: int = 20) -> int:
 
 async def read_raw(bootstrap: str, topic: str, *, isolation_level: str = "read_committed") -> list:
     """Every message on ``topic`` from the beginning, as a fresh group-less reader sees it."""
-    reader = AIOKafkaConsumer(
-        topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
-        isolation_level=isolation_level,
-    )  # fmt: skip
+    reader = clients.consumer(
+        bootstrap, topic, client_id="test-read", auto_offset_reset="earliest", isolation_level=isolation_level
+    )
     await reader.start()
     try:
         partitions = [TopicPartition(topic, p) for p in reader.partitions_for_topic(topic) or ()]

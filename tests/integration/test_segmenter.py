@@ -17,6 +17,7 @@ import sys
 import pytest
 
 from rollbus.bus import Publisher
+from rollbus.kafka import clients
 from rollbus.segmentation import segment_id
 from tests.segmenter_support import (
     SegmenterProcess,
@@ -164,15 +165,11 @@ async def test_a_second_worker_takes_partitions_over_mid_rollout(kafka_bootstrap
 
 
 async def test_start_fails_fast_when_an_internal_topic_has_another_partition_count(kafka_bootstrap, topics):
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.admin import NewTopic
 
     ns = namespace_of(topics)
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
+    async with clients.admin(kafka_bootstrap, client_id="test-topics") as admin:
         await admin.create_topics([NewTopic(f"{ns}.segmenter-ticks", 2, 1)])
-    finally:
-        await admin.close()
     done = subprocess.run(
         [sys.executable, "-m", "rollbus", "segmenter",
          "--bootstrap-servers", kafka_bootstrap, "--namespace", ns],

@@ -14,16 +14,17 @@ import uuid
 from types import SimpleNamespace
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
+from rollbus.kafka import clients
 from rollbus.services.segmenter.upstream_fixes import rewind_changelogs_on_seek, rewind_uncommitted_on_seek
 
 pytestmark = pytest.mark.kafka
 
 
 async def three_each(bootstrap: str, *tps: TopicPartition) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    producer = clients.producer(bootstrap, client_id="test-seek")
     await producer.start()
     try:
         for tp in tps:
@@ -34,12 +35,10 @@ async def three_each(bootstrap: str, *tps: TopicPartition) -> None:
 
 
 def group_consumer(bootstrap: str) -> AIOKafkaConsumer:
-    return AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        group_id=f"seek-{uuid.uuid4().hex[:8]}",
-        enable_auto_commit=False,
+    return clients.consumer(
+        bootstrap, client_id="test-seek", group_id=f"seek-{uuid.uuid4().hex[:8]}",
         auto_offset_reset="earliest",
-    )
+    )  # fmt: skip
 
 
 async def test_a_seek_to_committed_offsets_reads_a_partition_never_committed_again_from_its_start(

@@ -7,9 +7,10 @@ import subprocess
 import sys
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
+from rollbus.kafka import clients
 from rollbus.topics import TOPICS, TopicsError, check_topics, create_topics, topic_name
 from tests.conftest import TEST_PARTITIONS, unique_namespace
 
@@ -17,14 +18,10 @@ pytestmark = pytest.mark.kafka
 
 
 async def topic_config(bootstrap: str, topic: str) -> dict[str, str]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
+    async with clients.admin(bootstrap, client_id="test-topics") as admin:
         [response] = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
-        [(_, _, _, _, entries)] = response.resources
-        return {entry[0]: entry[1] for entry in entries}
-    finally:
-        await admin.close()
+    [(_, _, _, _, entries)] = response.resources
+    return {entry[0]: entry[1] for entry in entries}
 
 
 async def test_create_is_idempotent_and_applies_specs(kafka_bootstrap: str) -> None:
@@ -43,12 +40,9 @@ async def test_create_is_idempotent_and_applies_specs(kafka_bootstrap: str) -> N
 
 async def test_partition_count_mismatch_is_refused(kafka_bootstrap: str) -> None:
     namespace = unique_namespace()
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:  # someone created "rewards" by hand with a different partition count
+    async with clients.admin(kafka_bootstrap, client_id="test-topics") as admin:
+        # someone created "rewards" by hand with a different partition count
         await admin.create_topics([NewTopic(topic_name("rewards", namespace), TEST_PARTITIONS + 1, 1)])
-    finally:
-        await admin.close()
     await create_topics(kafka_bootstrap, TEST_PARTITIONS, namespace)
     with pytest.raises(TopicsError, match=r"must share one partition count.*rewards=4"):
         await check_topics(kafka_bootstrap, namespace)

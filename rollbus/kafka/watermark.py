@@ -1,8 +1,9 @@
-"""Which offsets of `tasks` a runner may commit while rollouts end out of order.
+"""The low-watermark commit rule: which offset a consumer may commit while its work ends out of order.
 
-A partition's offset is committed only up to its oldest task still running: a runner killed with tasks in
-flight leaves them uncommitted, so they are redelivered (at-least-once) and re-run as new attempts.
-Plain data, no Kafka: the consumer loop feeds it offsets and asks what to commit.
+A partition's offset is committed only up to its oldest message whose work is unfinished: a consumer killed
+with work in flight leaves it uncommitted, so it is redelivered (at-least-once) and done again. Plain data,
+no Kafka: a consumer loop feeds :class:`OffsetTracker` offsets and asks what to commit; the trainer, which
+keeps its own positions, asks :func:`low_watermark` directly.
 """
 
 from __future__ import annotations
@@ -11,9 +12,15 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
 
+def low_watermark(next_offset: int | None, unfinished: Iterable[int]) -> int | None:
+    """The offset safe to commit on one partition (Kafka's convention: the next one to read): the oldest
+    unfinished offset, else one past everything read (``next_offset``); None if nothing was read."""
+    return min(unfinished, default=next_offset)
+
+
 @dataclass
 class PartitionProgress:
-    """Offsets of one partition: started tasks not yet ended, and the next offset after everything seen."""
+    """Offsets of one partition: work started and not yet ended, and the next offset after everything seen."""
 
     running: set[int] = field(default_factory=set)
     next_offset: int | None = None  # one past the highest offset seen
@@ -21,13 +28,11 @@ class PartitionProgress:
 
     def committable(self) -> int | None:
         """The offset to commit (Kafka's convention: the next one to read), or None if nothing is done."""
-        if self.running:
-            return min(self.running)
-        return self.next_offset
+        return low_watermark(self.next_offset, self.running)
 
 
 class OffsetTracker:
-    """Started and ended tasks per partition; ``to_commit`` gives the commits that move forward."""
+    """Started and ended work per partition; ``to_commit`` gives the commits that move forward."""
 
     def __init__(self) -> None:
         self._parts: dict[Hashable, PartitionProgress] = {}
@@ -71,6 +76,6 @@ class OffsetTracker:
         return set(self._parts)
 
     def forget(self, partitions: Iterable[Hashable]) -> None:
-        """Partitions this runner lost: their progress restarts from the broker's committed offset."""
+        """Partitions this consumer lost: their progress restarts from the broker's committed offset."""
         for partition in partitions:
             self._parts.pop(partition, None)

@@ -1,0 +1,154 @@
+"""The consumer loop of services whose work outlives many polls (a rollout, a gym episode: minutes).
+
+The loop never blocks on the work: it keeps polling (so the group keeps this member), pauses every
+partition while ``capacity`` pieces of work run, and commits each partition only up to its oldest message
+whose work is unfinished (:mod:`rollbus.kafka.watermark`). Work ends by returning once its results are
+published; killed or cancelled first, its message stays uncommitted and the group hands it to another
+member (or to this one restarted), which does it again. Poison messages go to dead-letters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from aiokafka import ConsumerRecord, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.structs import OffsetAndMetadata
+
+from rollbus.bus import Event, Publisher, dead_letter, decode_message
+from rollbus.codec import CodecError
+from rollbus.kafka import clients
+from rollbus.kafka.watermark import OffsetTracker
+from rollbus.topics import MAX_EVENT_BYTES, dead_letters_for
+
+log = logging.getLogger("rollbus.kafka")
+Work = Coroutine[Any, Any, Any]
+Start = Callable[[Event], Work | None]  # None: nothing to do for this event (it is done at once)
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    """Commit what is done before partitions go; forget and cancel what did not come back."""
+
+    def __init__(self, loop: InFlightConsumer) -> None:
+        self.loop = loop
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self.loop.commit(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self.loop.reassigned(assigned)
+
+
+class InFlightConsumer:
+    """Runs ``start(event)``'s work for each message of ``topic``; see the module docstring.
+
+    Work raising (anything but a cancellation) stops the loop: :meth:`run` raises it, and its message
+    stays uncommitted. The caller owns ``publisher`` (dead letters go through it)."""
+
+    def __init__(
+        self, bootstrap_servers: str, topic: str, *, group_id: str, client_id: str, service: str,
+        publisher: Publisher, start: Start, capacity: int, poll_ms: int = 500, **options: Any,
+    ) -> None:  # fmt: skip
+        """``service`` names this service in dead letters; ``options`` are the consumer's (aiokafka's)."""
+        self.topic, self.service, self.publisher = topic, service, publisher
+        self.start, self.capacity, self.poll_ms = start, capacity, poll_ms
+        self.tracker = OffsetTracker()
+        self.running: dict[tuple[TopicPartition, int], asyncio.Task[None]] = {}
+        self.failed: BaseException | None = None
+        self.consumer = clients.consumer(
+            bootstrap_servers, client_id=client_id, group_id=group_id, auto_offset_reset="earliest",
+            isolation_level="read_committed", **options,
+        )  # fmt: skip
+
+    async def run(self, stop: asyncio.Event, drain_timeout: float = 0.0) -> None:
+        """Consume until ``stop`` is set; then give running work ``drain_timeout`` seconds to end, commit
+        what ended, and cancel the rest (left uncommitted)."""
+        try:
+            self.consumer.subscribe([self.topic], listener=_Rebalance(self))
+            await self.consumer.start()
+            while not stop.is_set() and self.failed is None:
+                await self.poll_once()
+            if self.failed is not None:
+                raise self.failed
+            if self.running and drain_timeout > 0:
+                await asyncio.wait(list(self.running.values()), timeout=drain_timeout)
+                await self.commit(self.consumer.assignment())
+        finally:
+            await self._abandon()
+            with contextlib.suppress(Exception):
+                await self.consumer.stop()
+
+    async def poll_once(self) -> None:
+        free = self.capacity - len(self.running)
+        assigned = self.consumer.assignment()
+        if free <= 0:
+            self.consumer.pause(*assigned)
+        else:
+            self.consumer.resume(*assigned)
+        batch = await self.consumer.getmany(timeout_ms=self.poll_ms, max_records=max(free, 1))
+        for partition, messages in batch.items():
+            for message in messages:
+                await self._take(partition, message)
+        await self.commit(self.consumer.assignment())
+
+    async def _take(self, partition: TopicPartition, message: ConsumerRecord) -> None:
+        if self.tracker.seen(partition, message.offset):
+            return  # redelivered after a rebalance while it runs (or ended, not yet committed)
+        self.tracker.start(partition, message.offset)
+        try:
+            event = decode_message(message, MAX_EVENT_BYTES)
+        except CodecError as poison:
+            record = dead_letter(message, poison, self.service)
+            await self.publisher.publish(dead_letters_for(message.topic), record, key=message.key)
+            self.tracker.end(partition, message.offset)
+            return
+        work = self.start(event)
+        if work is None:
+            self.tracker.end(partition, message.offset)
+            return
+        key = (partition, message.offset)
+        self.running[key] = asyncio.create_task(self._work(key, work), name=event.rollout_id)
+
+    async def _work(self, key: tuple[TopicPartition, int], work: Work) -> None:
+        try:
+            await work
+            self.tracker.end(*key)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # the work failed for good: stop; its message stays uncommitted
+            self.failed = exc
+        finally:
+            self.running.pop(key, None)
+
+    async def commit(self, partitions: set[TopicPartition]) -> None:
+        commits = self.tracker.to_commit(partitions)
+        if not commits:
+            return
+        try:
+            await self.consumer.commit({tp: OffsetAndMetadata(n, "") for tp, n in commits.items()})
+        except Exception:  # a rebalance in progress: the next poll commits again
+            log.warning("offset commit failed; will retry", exc_info=True)
+            return
+        self.tracker.committed(commits)
+
+    def reassigned(self, assigned: set[TopicPartition]) -> None:
+        """Partitions another member now owns: their running work is abandoned (it does it again)."""
+        lost = {tp for tp, _ in self.running} - assigned
+        for (tp, offset), task in list(self.running.items()):
+            if tp in lost:
+                log.warning("partition %s moved to another member: abandoning offset %s", tp, offset)
+                task.cancel()
+        self.tracker.forget(self.tracker.partitions() - assigned)
+
+    async def _abandon(self) -> None:
+        """Stopping: cancel all running work; its messages stay uncommitted."""
+        tasks = list(self.running.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
