@@ -1,0 +1,143 @@
+"""The pages: FastAPI routes over a :class:`ReadModel`, rendered server-side with Jinja2.
+
+``Pages`` renders from the model alone (the bench times it without a server); :func:`create_app` wires it to
+HTTP, the static files and, when given, the task that keeps the model fed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager, suppress
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
+
+from rollbus.services.ui import views
+from rollbus.services.ui.model import ReadModel, consuming_step, overview
+from rollbus.topics import TOPICS
+
+HERE = Path(__file__).resolve().parent
+STEP_KEYS = ("step", "version", "reward_mean", "solve_rate", "tokens_trained", "masked_fraction",
+             "staleness_mean", "staleness_max", "logprob_diff_mean", "logprob_diff_max",
+             "ratio_outside_fraction", "approx_kl", "loss", "step_s")  # fmt: skip
+PAGE_LIMIT = 100  # events per topic-browser page
+TIMELINE_PX = 400  # width of the longest turn bar
+
+
+def _num(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _when(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+def environment() -> Environment:
+    env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"]))
+    env.filters.update(num=_num, when=_when, fold=lambda value: Markup(views.folded_html(value)))
+    return env
+
+
+class Pages:
+    """Every page as a string, from the read model (and the trainer's metrics rows, when known)."""
+
+    def __init__(
+        self, model: ReadModel, source: str, steps: Callable[[], list[dict[str, Any]]] = list
+    ) -> None:
+        self.model, self.source, self.steps = model, source, steps
+        self.env = environment()
+
+    def _page(self, name: str, **context: Any) -> str:
+        return self.env.get_template(name).render(source=self.source, **context)
+
+    def overview(self) -> str:
+        rollouts = sorted(self.model.rollouts.values(), key=lambda r: r.rollout_id)
+        return self._page("overview.html", o=overview(self.model), rollouts=rollouts, steps=self.steps(),
+                          step_keys=STEP_KEYS)  # fmt: skip
+
+    def rollout(self, rollout_id: str) -> str | None:
+        rollout = self.model.rollout(rollout_id)
+        if rollout is None:
+            return None
+        chains = views.timeline(rollout)
+        spans = [t["model_ms"] + t["queue_ms"] + (t["tool_ms"] or 0) for c in chains for t in c["turns"]]
+        longest = max(spans, default=0)
+        return self._page(
+            "rollout.html", r=rollout, task=views.task_fields(rollout), chains=chains,
+            scale=TIMELINE_PX / longest if longest else 0, segments=views.segment_rows(rollout),
+            patch=views.patch_text(rollout), v=views.verdict(rollout),
+            step=consuming_step(self.model, rollout),
+        )  # fmt: skip
+
+    def topics(self, topic: str, partition: int | None, offset: int, rollout_id: str | None) -> str:
+        entries, next_offset = views.browse(self.model, topic, partition, offset, rollout_id, PAGE_LIMIT)
+        return self._page(
+            "topics.html", topics=[spec.name for spec in TOPICS], topic=topic, partition=partition,
+            offset=offset, rollout=rollout_id, entries=entries, next_offset=next_offset,
+        )  # fmt: skip
+
+    def missing(self, what: str) -> str:
+        return self._page("missing.html", what=what)
+
+
+def metrics_rows(path: Path | None) -> Callable[[], list[dict[str, Any]]]:
+    """The trainer's ``metrics.jsonl`` rows, read afresh on each call (none when there is no such file)."""
+
+    def rows() -> list[dict[str, Any]]:
+        if path is None or not path.exists():
+            return []
+        out = []
+        for line in path.read_text().splitlines():
+            with suppress(ValueError):
+                out.append(json.loads(line))
+        return out
+
+    return rows
+
+
+def create_app(pages: Pages, feeding: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):  # type: ignore[no-untyped-def]
+        task = asyncio.create_task(feeding()) if feeding is not None else None
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                with suppress(asyncio.CancelledError):
+                    await task
+
+    app = FastAPI(title="rollbus ui", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+
+    @app.get("/", response_class=HTMLResponse)
+    def index() -> str:
+        return pages.overview()
+
+    @app.get("/api/overview")
+    def overview_json() -> JSONResponse:
+        return JSONResponse(overview(pages.model))
+
+    @app.get("/rollout/{rollout_id:path}", response_class=HTMLResponse)
+    def rollout(rollout_id: str) -> HTMLResponse:
+        page = pages.rollout(rollout_id)
+        if page is None:
+            return HTMLResponse(pages.missing(f"no events of rollout {rollout_id!r} (yet)"), status_code=404)
+        return HTMLResponse(page)
+
+    @app.get("/topics", response_class=HTMLResponse)
+    def topics(topic: str = "tasks", partition: str = "", offset: int = 0, rollout: str = "") -> HTMLResponse:
+        if topic not in [spec.name for spec in TOPICS]:
+            return HTMLResponse(pages.missing(f"{topic!r} is not a rollbus topic"), status_code=404)
+        part = int(partition) if partition.strip().isdigit() else None
+        return HTMLResponse(pages.topics(topic, part, max(offset, 0), rollout.strip() or None))
+
+    return app
