@@ -2,9 +2,9 @@
 
 Every message read is kept with where it was (topic, partition, offset) so the topic browser needs no second
 read, and the per-rollout view is built from those records on demand. The fold is indifferent to the order
-in which *topics* arrive (the feed reads them concurrently, a rebuild one after another): per-rollout state is keyed
-by what identifies it (chain and turn index, segment id), and "latest" only ever compares events of one
-partition, whose order Kafka keeps. So a model folded live equals one rebuilt from scratch.
+in which *topics* arrive (the feed reads them concurrently, a rebuild one after another): per-rollout state
+is keyed by what identifies it (chain and turn index, segment id), and "latest" only ever compares events of
+one partition, whose order Kafka keeps. So a model folded live equals one rebuilt from scratch.
 """
 
 from __future__ import annotations
