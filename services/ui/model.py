@@ -9,6 +9,7 @@ one partition, whose order Kafka keeps. So a model folded live equals one rebuil
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,12 +67,12 @@ class ReadModel:
     rollouts: dict[str, Rollout] = field(default_factory=dict)
     policies: dict[int, dict[str, Any]] = field(default_factory=dict)  # version -> first published record
     dead_letters: list[Entry] = field(default_factory=list)
-    log: dict[str, list[Entry]] = field(default_factory=dict)  # base topic -> entries, per-partition order
+    log: dict[str, list[Entry]] = field(default_factory=dict)  # base topic -> entries by (partition, offset)
     duplicate_segments: int = 0
 
     def add(self, entry: Entry) -> None:
         """Fold one message (decoded or not) in."""
-        self.log.setdefault(entry.topic, []).append(entry)
+        _place(self.log.setdefault(entry.topic, []), entry)
         if entry.record is None:
             return
         if entry.topic == DEAD_LETTERS:
@@ -94,6 +95,14 @@ class ReadModel:
 
     def events(self) -> int:
         return sum(len(entries) for entries in self.log.values())
+
+
+def _place(entries: list[Entry], entry: Entry) -> None:
+    """Keep a topic's entries in (partition, offset) order, however its partitions were interleaved."""
+    if not entries or (entries[-1].partition, entries[-1].offset) < (entry.partition, entry.offset):
+        entries.append(entry)
+    else:
+        bisect.insort(entries, entry, key=lambda e: (e.partition, e.offset))
 
 
 def _task(rollout: Rollout, record: dict[str, Any]) -> None:
