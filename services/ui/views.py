@@ -11,11 +11,11 @@ from html import escape
 from itertools import groupby
 from typing import Any
 
-from rollbus.replay import summarise
+from rollbus.replay import SUMMARY_EDGE, summarise
 from rollbus.services.ui.model import Entry, ReadModel, Rollout, drift_masked_tokens, trained_tokens
 
 TRAINED, DRIFT, CONTEXT = "trained", "drift", "ctx"  # sampled and trained / sampled, masked / never sampled
-FOLD_OVER = 8  # arrays longer than this are folded (expandable)
+FOLD_OVER = SUMMARY_EDGE + 1  # longer arrays are folded (expandable), as `rollbus replay` summarises
 LONG_TEXT = 400  # strings longer than this are folded
 
 
