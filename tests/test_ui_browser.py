@@ -56,7 +56,7 @@ async def test_overview_to_rollout_to_topics_in_a_real_browser(ui, tmp_path: Pat
         await page.wait_for_selector("body[data-tokens-counted='yes']")
         assert page.url.endswith("/rollout/r-0")
         trained = sum(sum(s["loss_mask"]) for s in segments)
-        versions = [(m, v) for s in segments for m, v in zip(s["loss_mask"], s["policy_versions"], strict=True)]
+        versions = [pair for s in segments for pair in zip(s["loss_mask"], s["policy_versions"], strict=True)]
         drift = sum(1 for m, v in versions if not m and v >= 0)
         assert int(await page.locator("#count-trained").inner_text()) == trained > 0
         assert int(await page.locator("#count-drift").inner_text()) == drift == 2
