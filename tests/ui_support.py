@@ -55,6 +55,11 @@ def rollout_events(
     drift: bool = False, cut_at: int = AT + 1000,
 ) -> list[Event]:  # fmt: skip
     writer = simple_rollout(rollout_id, reward=reward, group=group, policy_version=version)
+    clock = AT
+    for topic, record in writer.events:  # the adapter's clock: each call queued, generated, then tool time
+        if topic == "turns":
+            record["timings"] = {"started_at": clock, "finished_at": clock + 900, "generation_ms": 800}
+            clock += 900 + 1500
     return [("tasks", task(rollout_id, group, sample)), *writer.events,
             *(("segments", s) for s in segments(writer, reward, drift, cut_at))]  # fmt: skip
 

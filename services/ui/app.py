@@ -50,9 +50,10 @@ class Pages:
     """Every page as a string, from the read model (and the trainer's metrics rows, when known)."""
 
     def __init__(
-        self, model: ReadModel, source: str, steps: Callable[[], list[dict[str, Any]]] = list
-    ) -> None:
-        self.model, self.source, self.steps = model, source, steps
+        self, model: ReadModel, source: str, steps: Callable[[], list[dict[str, Any]]] = list,
+        decode: views.Decode | None = None,
+    ) -> None:  # fmt: skip
+        self.model, self.source, self.steps, self.decode = model, source, steps, decode
         self.env = environment()
 
     def _page(self, name: str, **context: Any) -> str:
@@ -67,12 +68,13 @@ class Pages:
         rollout = self.model.rollout(rollout_id)
         if rollout is None:
             return None
-        chains = views.timeline(rollout)
+        chains = views.timeline(rollout, self.decode)
         spans = [t["model_ms"] + t["queue_ms"] + (t["tool_ms"] or 0) for c in chains for t in c["turns"]]
         longest = max(spans, default=0)
         return self._page(
             "rollout.html", r=rollout, task=views.task_fields(rollout), chains=chains,
-            scale=TIMELINE_PX / longest if longest else 0, segments=views.segment_rows(rollout),
+            scale=TIMELINE_PX / longest if longest else 0,
+            segments=views.segment_rows(rollout, self.decode or views.ids_text),
             patch=views.patch_text(rollout), v=views.verdict(rollout),
             step=consuming_step(self.model, rollout),
         )  # fmt: skip

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
+from rollbus.policy_model import DEFAULT_TOKENIZER
 from rollbus.settings import BusSettings, Field, SettingsError
 
 UI_PORT = 8090
@@ -26,6 +28,10 @@ class UiSettings(BusSettings):
     port: int = Field(UI_PORT, ge=0, le=65535, description="port to listen on (0: any free one)")
     demo: bool = Field(
         False, description="open the last `rollbus demo` run of --state-dir (its broker and namespace)"
+    )
+    tokenizer: str = Field(
+        DEFAULT_TOKENIZER,
+        description="tokenizer that decodes token ids (a name or a model directory); empty: show the ids",
     )
     trainer_metrics: Path | None = Field(
         None, description="the trainer's metrics.jsonl, shown on the overview (--demo finds the run's own)"
@@ -59,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
             bootstrap, namespace, metrics = open_demo(settings, stack)
         model = ReadModel()
         source = f"{bootstrap} · {namespace or '(no namespace)'}"
-        pages = Pages(model, source, metrics_rows(metrics))
+        pages = Pages(model, source, metrics_rows(metrics), decoder(settings.tokenizer))
         app = create_app(pages, lambda: feed(bootstrap, namespace, model, follow=True, on_status=say))
         say(f"reading {source}; serving http://{settings.host}:{settings.port}/")
         try:
@@ -67,6 +73,16 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             return 130
     return 0
+
+
+def decoder(tokenizer: str) -> Callable[[list[int]], str] | None:
+    """The tokenizer's decode (special tokens shown, so template tokens stay visible), or None for ids."""
+    if not tokenizer:
+        return None
+    from rollbus.tokenizer import load_tokenizer
+
+    loaded = load_tokenizer(tokenizer)
+    return lambda ids: loaded.decode(ids, skip_special_tokens=False)
 
 
 def open_demo(settings: UiSettings, stack: ExitStack) -> tuple[str, str, Path]:

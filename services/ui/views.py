@@ -7,6 +7,7 @@ over its tokens, grouped into runs of one colour (``bench/ui_render.py``).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from html import escape
 from itertools import groupby
 from typing import Any
@@ -36,20 +37,27 @@ def token_runs(segment: dict[str, Any]) -> list[tuple[str, int, int]]:
     return runs
 
 
-def _run(cls: str, ids: list[int]) -> str:
-    return f'<span class="tok {cls}" data-n="{len(ids)}">{" ".join(map(str, ids))}</span>'
+Decode = Callable[[list[int]], str]  # token ids -> text (the tokenizer's decode)
 
 
-def segment_tokens_html(segment: dict[str, Any], freeze: str | None) -> str:
-    """One segment's tokens: its prompt (context), its response coloured by mask, a mark where each drift cut
-    starts, and the freeze that ended it."""
-    parts = [f'<span class="tok prompt" data-n="{len(segment["prompt_ids"])}">'
-             f'{" ".join(map(str, segment["prompt_ids"]))}</span>']  # fmt: skip
+def ids_text(ids: list[int]) -> str:
+    """Token ids as they are, when there is no tokenizer to decode them."""
+    return " ".join(map(str, ids))
+
+
+def _run(cls: str, ids: list[int], decode: Decode) -> str:
+    return f'<span class="tok {cls}" data-n="{len(ids)}">{escape(decode(ids))}</span>'
+
+
+def segment_tokens_html(segment: dict[str, Any], freeze: str | None, decode: Decode = ids_text) -> str:
+    """One segment's tokens: its prompt (context), its response coloured by mask (each run of one colour
+    decoded as one piece), a mark where each drift cut starts, and the freeze that ended it."""
+    parts = [_run("prompt", segment["prompt_ids"], decode)]
     response = segment["response_ids"]
     for cls, start, end in token_runs(segment):
         if cls == DRIFT:
             parts.append(f'<mark class="mark drift" title="drift at response token {start}">drift</mark>')
-        parts.append(_run(cls, response[start:end]))
+        parts.append(_run(cls, response[start:end], decode))
     ending = freeze or segment["kind"]
     parts.append(f'<mark class="mark freeze {escape(segment["kind"])}" title="segment ends: '
                  f'{escape(ending)}">{escape(ending)}</mark>')  # fmt: skip
@@ -76,7 +84,7 @@ def chain_kinds(rollout: Rollout) -> dict[tuple[str, str], str]:
     return kinds
 
 
-def segment_rows(rollout: Rollout) -> list[dict[str, Any]]:
+def segment_rows(rollout: Rollout, decode: Decode = ids_text) -> list[dict[str, Any]]:
     """The segments table and token view: K segments with reward shares, counts and their coloured tokens."""
     ends, kinds = freezes(rollout), chain_kinds(rollout)
     rows = []
@@ -88,13 +96,14 @@ def segment_rows(rollout: Rollout) -> list[dict[str, Any]]:
             "reward": s["reward"], "trajectory_reward": s["trajectory_reward"],
             "prompt_tokens": len(s["prompt_ids"]), "response_tokens": len(s["response_ids"]),
             "trained": trained_tokens(s), "drift": drift_masked_tokens(s),
-            "html": segment_tokens_html(s, ends.get(chain)),
+            "html": segment_tokens_html(s, ends.get(chain), decode),
         })  # fmt: skip
     return rows
 
 
-def timeline(rollout: Rollout) -> list[dict[str, Any]]:
-    """Turns per chain, in order, with model time, the tool time before each call and the queueing in it."""
+def timeline(rollout: Rollout, decode: Decode | None = None) -> list[dict[str, Any]]:
+    """Turns per chain, in order, with model time, the tool time before each call and the queueing in it; the
+    new prompt suffix and the output decoded when ``decode`` is given, else as ids."""
     chains: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for (attempt, chain, _), turn in sorted(rollout.turns.items()):
         chains.setdefault((attempt, chain), []).append(turn)
@@ -108,7 +117,9 @@ def timeline(rollout: Rollout) -> list[dict[str, Any]]:
                 "turn_index": t["turn_index"], "started_at": timing["started_at"],
                 "model_ms": timing["generation_ms"], "queue_ms": max(call_ms - timing["generation_ms"], 0),
                 "tool_ms": None if previous_end is None else timing["started_at"] - previous_end,
-                "suffix": t["prompt_ids"], "prompt_tokens": t["prompt_tokens"], "output": t["output_ids"],
+                "suffix": decode(t["prompt_ids"]) if decode else t["prompt_ids"],
+                "output": decode(t["output_ids"]) if decode else t["output_ids"],
+                "prompt_tokens": t["prompt_tokens"],
                 "finish_reason": t["finish_reason"], "policy_version": t["policy_version"],
             })  # fmt: skip
             previous_end = timing["finished_at"]
