@@ -8,6 +8,7 @@ metrics rows beside the bus; the broker it started stops with it.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -68,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
         pages = Pages(model, source, metrics_rows(metrics), decoder(settings.tokenizer))
         app = create_app(pages, lambda: feed(bootstrap, namespace, model, follow=True, on_status=say))
         say(f"reading {source}; serving http://{settings.host}:{settings.port}/")
+        # uvicorn re-raises SIGTERM once it has shut down: make that an exit that unwinds (stops the broker)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         try:
             uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
         except KeyboardInterrupt:
