@@ -6,7 +6,15 @@ import random
 
 from rollbus.events import EVENTS
 from rollbus.services.ui.app import Pages
-from rollbus.services.ui.model import Entry, ReadModel, consuming_step, fold, overview
+from rollbus.services.ui.model import (
+    Entry,
+    ReadModel,
+    consuming_step,
+    fold,
+    overview,
+    policy_offset,
+    throughput,
+)  # fmt: skip
 from rollbus.services.ui.views import browse, folded_html, segment_rows, token_runs
 from tests.ui_support import AT, run_events
 
@@ -140,3 +148,13 @@ def test_pages_render_every_page_and_say_when_a_rollout_is_unknown() -> None:
     assert page is not None and 'id="count-trained"' in page and "frozen: compaction" in page
     assert pages.rollout("nope") is None
     assert "r-1" in pages.topics("turns", None, 0, "r-1")
+
+
+def test_throughput_counts_each_topics_events_of_the_last_minute() -> None:
+    model = ReadModel()
+    for offset, at in enumerate((AT - 70_000, AT - 30_000, AT - 1, AT)):
+        model.add(Entry("policy", 0, offset, at, "policy", "policy",
+                        {"version": offset, "location": "x", "published_at": at}))  # fmt: skip
+    assert throughput(model, AT) == {"policy": 3 / 60}
+    assert throughput(model, AT + 120_000) == {"policy": 0.0}
+    assert policy_offset(model, 2) == 2 and policy_offset(model, 9) is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from datetime import UTC, datetime
@@ -21,7 +22,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
 from rollbus.services.ui import views
-from rollbus.services.ui.model import ReadModel, consuming_step, overview
+from rollbus.services.ui.model import ReadModel, consuming_step, overview, policy_offset, throughput
 from rollbus.topics import TOPICS
 
 HERE = Path(__file__).resolve().parent
@@ -59,9 +60,13 @@ class Pages:
     def _page(self, name: str, **context: Any) -> str:
         return self.env.get_template(name).render(source=self.source, **context)
 
+    def figures(self) -> dict[str, Any]:
+        """The overview's numbers, with each topic's events per second over the last minute."""
+        return {**overview(self.model), "per_second": throughput(self.model, int(time.time() * 1000))}
+
     def overview(self) -> str:
         rollouts = sorted(self.model.rollouts.values(), key=lambda r: r.rollout_id)
-        return self._page("overview.html", o=overview(self.model), rollouts=rollouts, steps=self.steps(),
+        return self._page("overview.html", o=self.figures(), rollouts=rollouts, steps=self.steps(),
                           step_keys=STEP_KEYS)  # fmt: skip
 
     def rollout(self, rollout_id: str) -> str | None:
@@ -69,6 +74,7 @@ class Pages:
         if rollout is None:
             return None
         chains = views.timeline(rollout, self.decode)
+        step = consuming_step(self.model, rollout)
         spans = [t["model_ms"] + t["queue_ms"] + (t["tool_ms"] or 0) for c in chains for t in c["turns"]]
         longest = max(spans, default=0)
         return self._page(
@@ -76,7 +82,7 @@ class Pages:
             scale=TIMELINE_PX / longest if longest else 0,
             segments=views.segment_rows(rollout, self.decode or views.ids_text),
             patch=views.patch_text(rollout), v=views.verdict(rollout),
-            step=consuming_step(self.model, rollout),
+            step=step, step_offset=None if step is None else policy_offset(self.model, step),
         )  # fmt: skip
 
     def topics(self, topic: str, partition: int | None, offset: int, rollout_id: str | None) -> str:
@@ -126,7 +132,7 @@ def create_app(pages: Pages, feeding: Callable[[], Awaitable[None]] | None = Non
 
     @app.get("/api/overview")
     def overview_json() -> JSONResponse:
-        return JSONResponse(overview(pages.model))
+        return JSONResponse(pages.figures())
 
     @app.get("/rollout/{rollout_id:path}", response_class=HTMLResponse)
     def rollout(rollout_id: str) -> HTMLResponse:

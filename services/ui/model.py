@@ -211,6 +211,24 @@ def overview(model: ReadModel) -> dict[str, Any]:
     }
 
 
+def throughput(model: ReadModel, now_ms: int, window_ms: int = 60_000) -> dict[str, float]:
+    """Events per second each topic received over the last ``window_ms`` before ``now_ms`` (by the broker's
+    timestamps)."""
+    since = now_ms - window_ms
+    return {
+        topic: sum(1 for e in entries if since < e.timestamp <= now_ms) * 1000 / window_ms
+        for topic, entries in sorted(model.log.items())
+    }
+
+
+def policy_offset(model: ReadModel, version: int) -> int | None:
+    """Where on ``policy`` that version was published (for a link to it)."""
+    for entry in model.log.get("policy", []):
+        if entry.record is not None and int(entry.record["version"]) == version:
+            return entry.offset
+    return None
+
+
 def consuming_step(model: ReadModel, rollout: Rollout) -> int | None:
     """The policy version published first after the rollout's last segment was cut: the step that trained it
     when the trainer steps as groups complete (the bus does not name a step's segments)."""
