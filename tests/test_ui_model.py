@@ -15,7 +15,7 @@ from rollbus.services.ui.model import (
     policy_offset,
     throughput,
 )  # fmt: skip
-from rollbus.services.ui.views import browse, folded_html, segment_rows, token_runs
+from rollbus.services.ui.views import Browse, browse, folded_html, segment_rows, token_runs
 from tests.ui_support import AT, run_events
 
 EVENT_OF = {spec.topic: spec.event_type for spec in EVENTS}
@@ -122,16 +122,21 @@ def test_segment_rows_carry_counts_a_drift_mark_and_the_freeze_reason() -> None:
     assert sum(r["reward"] for r in rows) == rows[0]["trajectory_reward"]
 
 
-def test_the_browser_filters_by_partition_offset_and_rollout_and_pages() -> None:
+def test_the_browser_filters_by_partition_offset_time_and_rollout_and_pages() -> None:
     model = fold(entries(run_events()))
     turns = model.log["turns"]
-    picked, more = browse(model, "turns", None, 0, "r-1", 3)
-    assert [e.key for e in picked] == ["r-1"] * 3 and more is not None
-    rest, end = browse(model, "turns", None, more, "r-1", 100)
-    assert len(picked) + len(rest) == sum(1 for e in turns if e.key == "r-1") and end is None
+    of_r1 = [e for e in turns if e.key == "r-1"]
+    picked, more = browse(model, Browse("turns", rollout_id="r-1", limit=3))
+    assert picked == of_r1[:3] and more
+    rest, more = browse(model, Browse("turns", rollout_id="r-1", skip=3, limit=100))
+    assert picked + rest == of_r1 and not more
     p = turns[0].partition
-    assert all(e.partition == p and e.offset >= 2 for e in browse(model, "turns", p, 2, None, 100)[0])
-    assert browse(ReadModel(), "turns", None, 0, None, 10) == ([], None)
+    got, _ = browse(model, Browse("turns", partition=p, offset=2))
+    assert got == [e for e in turns if e.partition == p and e.offset >= 2] and got
+    late = Entry("turns", 0, 1000, AT + 60_000, "r-9", None, None, "bad magic")
+    model.add(late)
+    assert browse(model, Browse("turns", since_ms=AT + 1)) == ([late], False)
+    assert browse(ReadModel(), Browse("turns")) == ([], False)
 
 
 def test_long_arrays_and_bytes_fold_and_text_is_escaped() -> None:
@@ -147,7 +152,7 @@ def test_pages_render_every_page_and_say_when_a_rollout_is_unknown() -> None:
     page = pages.rollout("r-0")
     assert page is not None and 'id="count-trained"' in page and "frozen: compaction" in page
     assert pages.rollout("nope") is None
-    assert "r-1" in pages.topics("turns", None, 0, "r-1")
+    assert "r-1" in pages.topics(Browse("turns", rollout_id="r-1"))
 
 
 def test_throughput_counts_each_topics_events_of_the_last_minute() -> None:

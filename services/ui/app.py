@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from argparse import ArgumentTypeError
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from datetime import UTC, datetime
@@ -21,6 +22,7 @@ from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
+from rollbus.replay import parse_since
 from rollbus.services.ui import views
 from rollbus.services.ui.model import ReadModel, consuming_step, overview, policy_offset, throughput
 from rollbus.topics import TOPICS
@@ -85,11 +87,11 @@ class Pages:
             step=step, step_offset=None if step is None else policy_offset(self.model, step),
         )  # fmt: skip
 
-    def topics(self, topic: str, partition: int | None, offset: int, rollout_id: str | None) -> str:
-        entries, next_offset = views.browse(self.model, topic, partition, offset, rollout_id, PAGE_LIMIT)
+    def topics(self, want: views.Browse, since: str = "", error: str = "") -> str:
+        entries, more = views.browse(self.model, want)
         return self._page(
-            "topics.html", topics=[spec.name for spec in TOPICS], topic=topic, partition=partition,
-            offset=offset, rollout=rollout_id, entries=entries, next_offset=next_offset,
+            "topics.html", topics=[spec.name for spec in TOPICS], want=want, since=since, entries=entries,
+            more=more, error=error,
         )  # fmt: skip
 
     def missing(self, what: str) -> str:
@@ -142,10 +144,28 @@ def create_app(pages: Pages, feeding: Callable[[], Awaitable[None]] | None = Non
         return HTMLResponse(page)
 
     @app.get("/topics", response_class=HTMLResponse)
-    def topics(topic: str = "tasks", partition: str = "", offset: int = 0, rollout: str = "") -> HTMLResponse:
+    def topics(
+        topic: str = "tasks", partition: str = "", offset: int = 0, since: str = "", rollout: str = "",
+        skip: int = 0, limit: int = PAGE_LIMIT,
+    ) -> HTMLResponse:  # fmt: skip
         if topic not in [spec.name for spec in TOPICS]:
             return HTMLResponse(pages.missing(f"{topic!r} is not a rollbus topic"), status_code=404)
         part = int(partition) if partition.strip().isdigit() else None
-        return HTMLResponse(pages.topics(topic, part, max(offset, 0), rollout.strip() or None))
+        since_ms, error = 0, ""
+        if since.strip():
+            try:
+                since_ms = parse_since(since.strip())
+            except ArgumentTypeError as bad:
+                error = str(bad)
+        want = views.Browse(
+            topic,
+            part,
+            max(offset, 0),
+            since_ms,
+            rollout.strip() or None,
+            max(skip, 0),
+            min(max(limit, 1), 1000),
+        )
+        return HTMLResponse(pages.topics(want, since.strip(), error), status_code=400 if error else 200)
 
     return app

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from html import escape
-from itertools import groupby
+from itertools import groupby, islice
 from typing import Any
 
 from rollbus.replay import SUMMARY_EDGE, summarise
@@ -161,20 +162,32 @@ def task_fields(rollout: Rollout) -> dict[str, Any] | None:
 # --- topic browser --------------------------------------------------------------------------------
 
 
-def browse(model: ReadModel, topic: str, partition: int | None, offset: int, rollout_id: str | None,
-           limit: int) -> tuple[list[Entry], int | None]:  # fmt: skip
-    """The topic's entries from ``offset`` on (in ``partition`` when given, of ``rollout_id`` when given), at
-    most ``limit``; and the offset to continue from when more are left."""
-    picked = []
-    for entry in model.log.get(topic, []):
-        if entry.offset < offset or (partition is not None and entry.partition != partition):
-            continue
-        if rollout_id and entry.key != rollout_id:
-            continue
-        if len(picked) == limit:
-            return picked, entry.offset
-        picked.append(entry)
-    return picked, None
+@dataclass(frozen=True)
+class Browse:
+    """What the topic browser shows: a topic, optionally one partition, from an offset (in every partition)
+    or a time, one rollout's events only; a page of ``limit`` after skipping ``skip`` matches."""
+
+    topic: str
+    partition: int | None = None
+    offset: int = 0
+    since_ms: int = 0
+    rollout_id: str | None = None
+    skip: int = 0
+    limit: int = 100
+
+
+def browse(model: ReadModel, want: Browse) -> tuple[list[Entry], bool]:
+    """The page of entries ``want`` asks for (partition by partition, in offset order); whether more match."""
+    matches = (
+        e
+        for e in model.log.get(want.topic, [])
+        if e.offset >= want.offset
+        and e.timestamp >= want.since_ms
+        and (want.partition is None or e.partition == want.partition)
+        and (not want.rollout_id or e.key == want.rollout_id)
+    )
+    page = list(islice(matches, want.skip, want.skip + want.limit + 1))
+    return page[: want.limit], len(page) > want.limit
 
 
 def folded_html(value: Any) -> str:
