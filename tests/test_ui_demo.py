@@ -63,3 +63,17 @@ async def test_it_opens_a_finished_demo_and_stops_the_broker_it_started(tmp_path
     finally:
         ui.stop()
         broker.stop()
+
+
+def test_with_no_broker_it_serves_and_says_what_it_waits_for(tmp_path: Path) -> None:
+    port, nobody = free_port(), free_port()
+    args = ["--bootstrap-servers", f"127.0.0.1:{nobody}", "--port", str(port), "--tokenizer", ""]
+    ui = ServiceProcess("ui", args, health_url=f"http://127.0.0.1:{port}/api/overview", log_dir=tmp_path)
+    ui.start(timeout=120)
+    try:
+        said = lambda: "no Kafka broker answers at" in ui.log_path.read_text()  # noqa: E731
+        wait_until(said, timeout=120, interval=0.3, what="the UI saying there is no broker")
+        assert "trying again" in ui.log_path.read_text()
+        assert httpx.get(f"http://127.0.0.1:{port}/api/overview").json()["events"] == {}
+    finally:
+        ui.stop()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from argparse import ArgumentTypeError
 from collections.abc import Awaitable, Callable
@@ -113,16 +114,24 @@ def metrics_rows(path: Path | None) -> Callable[[], list[dict[str, Any]]]:
     return rows
 
 
+def _report(task: asyncio.Task[None]) -> None:
+    """Say why reading stopped while the pages are still served (they show what was read until then)."""
+    if not task.cancelled() and task.exception() is not None:
+        print(f"ui: reading the topics stopped: {task.exception()!r}", file=sys.stderr, flush=True)
+
+
 def create_app(pages: Pages, feeding: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI):  # type: ignore[no-untyped-def]
         task = asyncio.create_task(feeding()) if feeding is not None else None
+        if task is not None:
+            task.add_done_callback(_report)
         try:
             yield
         finally:
             if task is not None:
                 task.cancel()
-                with suppress(asyncio.CancelledError):
+                with suppress(Exception, asyncio.CancelledError):
                     await task
 
     app = FastAPI(title="rollbus ui", lifespan=lifespan, docs_url=None, redoc_url=None)

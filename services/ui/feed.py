@@ -12,9 +12,12 @@ from collections.abc import Callable
 from aiokafka import ConsumerRecord
 
 from rollbus.codec import CodecError, Decoded
+from rollbus.reach import BrokerUnreachable
 from rollbus.replay import ReadPlan, read
 from rollbus.services.ui.model import Entry, ReadModel, base_topic
 from rollbus.topics import TOPICS, topic_name
+
+RETRY_S = 5.0  # seconds between tries while no broker answers
 
 
 def entry_of(message: ConsumerRecord, decoded: Decoded | CodecError) -> Entry:
@@ -33,14 +36,26 @@ async def read_topic(bootstrap: str, topic: str, follow: bool, add: Callable[[En
 async def feed(bootstrap: str, namespace: str, model: ReadModel, follow: bool = True,
                on_status: Callable[[str], None] | None = None) -> None:  # fmt: skip
     """Fold every topic of ``namespace`` into ``model``: until their ends when not ``follow``, else forever.
-    A topic that is missing is told to ``on_status`` and skipped."""
+    A topic that is missing is told to ``on_status`` and skipped; a follower that finds no broker says so and
+    tries again (it has read nothing yet: once reading, a lost broker is only reported, never raised)."""
+
+    def say(line: str) -> None:
+        if on_status is not None:
+            on_status(line)
 
     async def one(base: str) -> None:
-        try:
-            await read_topic(bootstrap, topic_name(base, namespace), follow, model.add)
-        except LookupError as missing:
-            if on_status is not None:
-                on_status(str(missing))
+        while True:
+            try:
+                await read_topic(bootstrap, topic_name(base, namespace), follow, model.add)
+                return
+            except LookupError as missing:
+                say(str(missing))
+                return
+            except BrokerUnreachable as unreachable:
+                if not follow:
+                    raise
+                say(f"{unreachable}; trying again in {RETRY_S:g}s")
+                await asyncio.sleep(RETRY_S)
 
     await asyncio.gather(*(one(spec.name) for spec in TOPICS))
 
