@@ -16,6 +16,7 @@ command -v npm >/dev/null || need_apt+=(nodejs npm)
 command -v bwrap >/dev/null || need_apt+=(bubblewrap)
 command -v docker-compose >/dev/null || need_apt+=(docker-compose)
 command -v git >/dev/null || need_apt+=(git)
+command -v chromium >/dev/null || need_apt+=(chromium)  # the UI test's headless browser (Playwright drives it)
 # what every sandbox offers (the default toolchain is the host's read-only /usr): Debian's python3 with pytest,
 # patch for the grader's last apply strategy, socat for the agent sandbox's one forwarded port
 command -v socat >/dev/null || need_apt+=(socat)

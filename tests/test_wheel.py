@@ -42,6 +42,7 @@ def test_the_wheel_holds_rollbus_alone_with_its_data(wheel: Path) -> None:
     assert {n.split("/")[0] for n in names} == {"rollbus", wheel.name.split("-py3")[0] + ".dist-info"}
     assert "rollbus/services/adapter/app.py" in names and "rollbus/trainer/main.py" in names
     assert "rollbus/schemas/diff.avsc" in names
+    assert {"rollbus/services/ui/templates/rollout.html", "rollbus/services/ui/static/ui.js"} <= set(names)
     assert "rollbus/examples/swe-mini/demo.jsonl" in names and "rollbus/examples/swe-mini/build.py" in names
     assert not [n for n in names if "/images/" in n or "__pycache__" in n]
 

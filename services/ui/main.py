@@ -1,0 +1,108 @@
+"""``rollbus ui``: serve the pages over a read model fed from the topics (live), or over a finished demo's.
+
+With ``--demo`` it opens the last ``rollbus demo`` run of ``--state-dir``: starts that demo's embedded broker
+(its data under ``<state-dir>/up``) unless it already runs, reads the run's namespace and shows the trainer's
+metrics rows beside the bus; the broker it started stops with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+
+from rollbus.policy_model import DEFAULT_TOKENIZER
+from rollbus.settings import BusSettings, Field, SettingsError
+
+UI_PORT = 8090
+
+
+class UiSettings(BusSettings):
+    """Settings of ``rollbus ui`` (flags --x-y, variables ROLLBUS_UI_X_Y)."""
+
+    model_config = BusSettings.scoped("ui")
+
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(UI_PORT, ge=0, le=65535, description="port to listen on (0: any free one)")
+    demo: bool = Field(
+        False, description="open the last `rollbus demo` run of --state-dir (its broker and namespace)"
+    )
+    tokenizer: str = Field(
+        DEFAULT_TOKENIZER,
+        description="tokenizer that decodes token ids (a name or a model directory); empty: show the ids",
+    )
+    trainer_metrics: Path | None = Field(
+        None, description="the trainer's metrics.jsonl, shown on the overview (--demo finds the run's own)"
+    )
+
+
+add_arguments = UiSettings.add_arguments
+
+
+def say(line: str) -> None:
+    print(f"ui: {line}", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from rollbus.reach import quiet_kafka_logs
+    from rollbus.services.ui.app import Pages, create_app, metrics_rows
+    from rollbus.services.ui.feed import feed
+    from rollbus.services.ui.model import ReadModel
+
+    settings = UiSettings.from_args(args)
+    quiet_kafka_logs()
+    with ExitStack() as stack:
+        bootstrap, namespace, metrics = (
+            settings.bootstrap_servers,
+            settings.namespace,
+            settings.trainer_metrics,
+        )
+        if settings.demo:
+            bootstrap, namespace, metrics = open_demo(settings, stack)
+        model = ReadModel()
+        source = f"{bootstrap} · {namespace or '(no namespace)'}"
+        pages = Pages(model, source, metrics_rows(metrics), decoder(settings.tokenizer))
+        app = create_app(pages, lambda: feed(bootstrap, namespace, model, follow=True, on_status=say))
+        say(f"reading {source}; serving http://{settings.host}:{settings.port}/")
+        # uvicorn re-raises SIGTERM once it has shut down: make that an exit that unwinds (stops the broker)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        try:
+            uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+        except KeyboardInterrupt:
+            return 130
+    return 0
+
+
+def decoder(tokenizer: str) -> Callable[[list[int]], str] | None:
+    """The tokenizer's decode (special tokens shown, so template tokens stay visible), or None for ids."""
+    if not tokenizer:
+        return None
+    from rollbus.tokenizer import load_tokenizer
+
+    loaded = load_tokenizer(tokenizer)
+    return lambda ids: loaded.decode(ids, skip_special_tokens=False)
+
+
+def open_demo(settings: UiSettings, stack: ExitStack) -> tuple[str, str, Path]:
+    """The demo's broker (started here if it is not running), its namespace and its trainer metrics file."""
+    from rollbus.broker import EmbeddedBroker, free_port
+    from rollbus.services.stack.runs import NoEarlierRun, last_demo
+
+    state = settings.state_dir / "up"
+    try:
+        namespace = settings.namespace if "namespace" in settings.model_fields_set else last_demo(state)
+    except NoEarlierRun:
+        raise SettingsError(f"--demo: no demo run recorded in {state}") from None
+    broker = EmbeddedBroker(state, port=free_port())
+    if broker.is_running():
+        bootstrap = f"127.0.0.1:{broker.record()['port']}"
+    else:
+        broker.start()
+        stack.callback(broker.stop)
+        bootstrap = broker.bootstrap_servers
+    return bootstrap, namespace, state / "trainer" / (namespace or "default") / "metrics.jsonl"

@@ -1,0 +1,239 @@
+"""The UI's read model: a fold over decoded events (plain data in, plain data out, no I/O).
+
+Every message read is kept with where it was (topic, partition, offset) so the topic browser needs no second
+read, and the per-rollout view is built from those records on demand. The fold is indifferent to the order
+in which *topics* arrive (the feed reads them concurrently, a rebuild one after another): per-rollout state
+is keyed by what identifies it (chain and turn index, segment id), and "latest" only ever compares events of
+one partition, whose order Kafka keeps. So a model folded live equals one rebuilt from scratch.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollbus.topics import DEAD_LETTERS, split_name
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One message as the topic browser shows it: its place, key, and event (or why it did not decode)."""
+
+    topic: str  # base name (turns, segments, ...)
+    partition: int
+    offset: int
+    timestamp: int
+    key: str | None
+    event_type: str | None
+    record: dict[str, Any] | None
+    error: str | None = None
+
+
+@dataclass
+class Rollout:
+    """Everything the bus says about one rollout."""
+
+    rollout_id: str
+    task: dict[str, Any] | None = None
+    turns: dict[tuple[str, str, int], dict[str, Any]] = field(default_factory=dict)  # (attempt, chain, index)
+    sessions: list[dict[str, Any]] = field(default_factory=list)  # in partition order
+    diff: dict[str, Any] | None = None  # the latest
+    reward: dict[str, Any] | None = None  # the latest
+    segments: dict[str, dict[str, Any]] = field(default_factory=dict)  # segment id -> first seen
+
+    @property
+    def status(self) -> str:
+        """submitted | running | failed (the run failed) | finished (graded)."""
+        if self.diff is not None and self.diff.get("failure_kind"):
+            return "failed"
+        if self.reward is not None:
+            return "finished"
+        if self.turns or self.diff is not None:
+            return "running"
+        return "submitted"
+
+    @property
+    def policy_version(self) -> int | None:
+        """The newest policy version that sampled one of its turns."""
+        return max((int(t["policy_version"]) for t in self.turns.values()), default=None)
+
+
+@dataclass
+class ReadModel:
+    """The whole UI state: rollouts by id, policy versions, dead letters and the raw log per topic."""
+
+    rollouts: dict[str, Rollout] = field(default_factory=dict)
+    policies: dict[int, dict[str, Any]] = field(default_factory=dict)  # version -> first published record
+    dead_letters: list[Entry] = field(default_factory=list)
+    log: dict[str, list[Entry]] = field(default_factory=dict)  # base topic -> entries by (partition, offset)
+    duplicate_segments: int = 0
+
+    def add(self, entry: Entry) -> None:
+        """Fold one message (decoded or not) in."""
+        _place(self.log.setdefault(entry.topic, []), entry)
+        if entry.record is None:
+            return
+        if entry.topic == DEAD_LETTERS:
+            self.dead_letters.append(entry)
+            return
+        record = entry.record
+        if entry.event_type == "policy":
+            self.policies.setdefault(int(record["version"]), record)
+            return
+        rollout_id = record.get("rollout_id")
+        if not isinstance(rollout_id, str):
+            return
+        rollout = self.rollouts.setdefault(rollout_id, Rollout(rollout_id))
+        fold = _FOLDS.get(entry.event_type or "")
+        if fold is not None and fold(rollout, record) is False:
+            self.duplicate_segments += 1
+
+    def rollout(self, rollout_id: str) -> Rollout | None:
+        return self.rollouts.get(rollout_id)
+
+    def events(self) -> int:
+        return sum(len(entries) for entries in self.log.values())
+
+
+def _place(entries: list[Entry], entry: Entry) -> None:
+    """Keep a topic's entries in (partition, offset) order, however its partitions were interleaved."""
+    if not entries or (entries[-1].partition, entries[-1].offset) < (entry.partition, entry.offset):
+        entries.append(entry)
+    else:
+        bisect.insort(entries, entry, key=lambda e: (e.partition, e.offset))
+
+
+def _task(rollout: Rollout, record: dict[str, Any]) -> None:
+    rollout.task = record
+
+
+def _turn(rollout: Rollout, record: dict[str, Any]) -> None:
+    rollout.turns[(record.get("attempt_id", ""), record["chain_id"], int(record["turn_index"]))] = record
+
+
+def _session(rollout: Rollout, record: dict[str, Any]) -> None:
+    rollout.sessions.append(record)
+
+
+def _diff(rollout: Rollout, record: dict[str, Any]) -> None:
+    rollout.diff = record
+
+
+def _reward(rollout: Rollout, record: dict[str, Any]) -> None:
+    rollout.reward = record
+
+
+def _segment(rollout: Rollout, record: dict[str, Any]) -> bool:
+    if record["segment_id"] in rollout.segments:
+        return False  # a redelivery: the first one is what the trainer kept
+    rollout.segments[record["segment_id"]] = record
+    return True
+
+
+_FOLDS = {"task": _task, "turn": _turn, "session": _session, "diff": _diff, "reward": _reward,
+          "segment": _segment}  # fmt: skip
+
+
+def base_topic(topic: str) -> str:
+    """``t42.turns`` -> ``turns``."""
+    return split_name(topic)[1]
+
+
+def fold(entries: list[Entry]) -> ReadModel:
+    model = ReadModel()
+    for entry in entries:
+        model.add(entry)
+    return model
+
+
+# --- what the overview shows ----------------------------------------------------------------------
+
+
+def trained_tokens(segment: dict[str, Any]) -> int:
+    """Response tokens with loss mask 1."""
+    return sum(segment["loss_mask"])
+
+
+def drift_masked_tokens(segment: dict[str, Any]) -> int:
+    """Sampled tokens (a policy version, not -1) that carry mask 0: cut from training by drift."""
+    return sum(
+        1 for m, v in zip(segment["loss_mask"], segment["policy_versions"], strict=False) if not m and v >= 0
+    )
+
+
+def overview(model: ReadModel) -> dict[str, Any]:
+    """The overview's figures, as JSON-ready plain data."""
+    rollouts = list(model.rollouts.values())
+    status = Counter(r.status for r in rollouts)
+    failures = Counter(
+        (r.diff or {}).get("failure_kind") or r.reward.get("failure_kind") or "unsolved"
+        for r in rollouts
+        if r.reward is not None and not r.reward["solved"]
+    )
+    per_version: dict[int, list[Rollout]] = {}
+    for r in rollouts:
+        if r.reward is not None and r.policy_version is not None:
+            per_version.setdefault(r.policy_version, []).append(r)
+    segments = [s for r in rollouts for s in r.segments.values()]
+    response = sum(len(s["response_ids"]) for s in segments)
+    trained = sum(trained_tokens(s) for s in segments)
+    versions = sorted(model.policies)
+    return {
+        "rollouts": {
+            "submitted": sum(1 for r in rollouts if r.task is not None),
+            "running": status["running"],
+            "finished": status["finished"],
+            "failed": status["failed"],
+        },
+        "failure_kinds": dict(sorted(failures.items())),
+        "per_version": [
+            {
+                "version": v,
+                "rollouts": len(rs),
+                "reward_mean": sum(r.reward["reward"] for r in rs) / len(rs),  # type: ignore[index]
+                "solve_rate": sum(1 for r in rs if r.reward["solved"]) / len(rs),  # type: ignore[index]
+            }
+            for v, rs in sorted(per_version.items())
+        ],
+        "policy_version": versions[-1] if versions else None,
+        "train_steps": sum(1 for v in versions if v > versions[0]) if versions else 0,
+        "segments": len(segments),
+        "response_tokens": response,
+        "tokens_trained": trained,
+        "masked_fraction": (response - trained) / response if response else 0.0,
+        "drift_masked_tokens": sum(drift_masked_tokens(s) for s in segments),
+        "duplicate_segments": model.duplicate_segments,
+        "dead_letters": len(model.dead_letters),
+        "undecodable": sum(1 for entries in model.log.values() for e in entries if e.error is not None),
+        "events": {topic: len(entries) for topic, entries in sorted(model.log.items())},
+    }
+
+
+def throughput(model: ReadModel, now_ms: int, window_ms: int = 60_000) -> dict[str, float]:
+    """Events per second each topic received over the last ``window_ms`` before ``now_ms`` (by the broker's
+    timestamps)."""
+    since = now_ms - window_ms
+    return {
+        topic: sum(1 for e in entries if since < e.timestamp <= now_ms) * 1000 / window_ms
+        for topic, entries in sorted(model.log.items())
+    }
+
+
+def policy_offset(model: ReadModel, version: int) -> int | None:
+    """Where on ``policy`` that version was published (for a link to it)."""
+    for entry in model.log.get("policy", []):
+        if entry.record is not None and int(entry.record["version"]) == version:
+            return entry.offset
+    return None
+
+
+def consuming_step(model: ReadModel, rollout: Rollout) -> int | None:
+    """The policy version published first after the rollout's last segment was cut: the step that trained it
+    when the trainer steps as groups complete (the bus does not name a step's segments)."""
+    if not rollout.segments:
+        return None
+    cut = max(int(s["created_at"]) for s in rollout.segments.values())
+    after = [v for v, p in model.policies.items() if int(p["published_at"]) >= cut]
+    return min(after, default=None)

@@ -1,0 +1,165 @@
+"""The UI's read model and views: pure functions over the events the pipeline writes (tests/ui_support.py)."""
+
+from __future__ import annotations
+
+import random
+
+from rollbus.events import EVENTS
+from rollbus.services.ui.app import Pages
+from rollbus.services.ui.model import (
+    Entry,
+    ReadModel,
+    consuming_step,
+    fold,
+    overview,
+    policy_offset,
+    throughput,
+)  # fmt: skip
+from rollbus.services.ui.views import Browse, browse, folded_html, segment_rows, token_runs
+from tests.ui_support import AT, run_events
+
+EVENT_OF = {spec.topic: spec.event_type for spec in EVENTS}
+PARTITIONS = 3
+
+
+def entries(events: list[tuple[str, dict]]) -> list[Entry]:
+    """Each event placed as the bus would: a partition per key, offsets counting up per partition."""
+    offsets: dict[tuple[str, int], int] = {}
+    out = []
+    for topic, record in events:
+        key = record.get("rollout_id")
+        partition = sum(map(ord, key)) % PARTITIONS if key and topic != "policy" else 0
+        offset = offsets[(topic, partition)] = offsets.get((topic, partition), -1) + 1
+        out.append(Entry(topic, partition, offset, AT, key, EVENT_OF[topic], record))
+    return out
+
+
+def test_the_overview_counts_what_the_events_say() -> None:
+    events = run_events()
+    o = overview(fold(entries(events)))
+    segments = [r for t, r in events if t == "segments"]
+    assert o["rollouts"] == {"submitted": 4, "running": 0, "finished": 4, "failed": 0}
+    assert o["failure_kinds"] == {"unsolved": 2}
+    assert o["per_version"] == [
+        {"version": 0, "rollouts": 2, "reward_mean": 0.5, "solve_rate": 0.5},
+        {"version": 1, "rollouts": 2, "reward_mean": 0.5, "solve_rate": 0.5},
+    ]
+    assert o["train_steps"] == 1 and o["policy_version"] == 1
+    assert o["tokens_trained"] == sum(sum(s["loss_mask"]) for s in segments) > 0
+    assert o["drift_masked_tokens"] == 2  # the one drifted output's two tokens
+    response = sum(len(s["response_ids"]) for s in segments)
+    assert o["masked_fraction"] == (response - o["tokens_trained"]) / response
+    assert o["events"]["segments"] == len(segments) and o["dead_letters"] == 0
+
+
+def test_a_rollout_in_flight_and_one_whose_run_failed() -> None:
+    model = fold(
+        entries([e for e in run_events() if e[0] in ("tasks", "turns") and e[1]["rollout_id"] == "r-0"])
+    )
+    assert overview(model)["rollouts"] == {"submitted": 1, "running": 1, "finished": 0, "failed": 0}
+    model.add(Entry("diffs", 0, 0, AT, "r-0", "diff", {"rollout_id": "r-0", "failure_kind": "timeout"}))
+    failed = {"rollout_id": "r-0", "reward": 0.0, "solved": False, "failure_kind": "timeout"}
+    model.add(Entry("rewards", 0, 0, AT, "r-0", "reward", failed))
+    o = overview(model)
+    assert o["rollouts"]["failed"] == 1 and o["failure_kinds"] == {"timeout": 1}
+
+
+def test_the_fold_does_not_care_in_which_order_partitions_arrive() -> None:
+    """The feed reads topics concurrently and a rebuild reads them one by one; Kafka keeps only each
+    partition's order. Every interleaving that keeps it must give one model."""
+    placed = entries(run_events())
+    reference = fold(placed)
+    rng = random.Random(7)
+    for _ in range(30):
+        queues: dict[tuple[str, int], list[Entry]] = {}
+        for entry in placed:
+            queues.setdefault((entry.topic, entry.partition), []).append(entry)
+        interleaved = []
+        while queues:
+            place = rng.choice(sorted(queues))
+            interleaved.append(queues[place].pop(0))
+            if not queues[place]:
+                del queues[place]
+        assert fold(interleaved) == reference
+
+
+def test_a_redelivered_segment_is_counted_once_and_undecodable_messages_are_kept() -> None:
+    placed = entries(run_events())
+    segment = next(e for e in placed if e.topic == "segments")
+    model = fold([*placed, segment, Entry("turns", 0, 99, AT, "r-0", None, None, "bad magic")])
+    o = overview(model)
+    assert o["duplicate_segments"] == 1 and o["undecodable"] == 1
+    assert o["segments"] == sum(1 for e in placed if e.topic == "segments")
+    assert [e.offset for e in model.log["turns"] if e.error == "bad magic"] == [99]
+
+
+def test_the_consuming_step_is_the_first_policy_published_after_the_segments() -> None:
+    model = fold(entries(run_events()))
+    assert consuming_step(model, model.rollouts["r-0"]) == 1
+    assert consuming_step(model, model.rollouts["r-2"]) is None  # no step after it yet
+    model.add(
+        Entry(
+            "policy", 0, 9, AT, "policy", "policy", {"version": 2, "location": "x", "published_at": AT + 5000}
+        )
+    )
+    assert consuming_step(model, model.rollouts["r-2"]) == 2
+
+
+def test_token_runs_cover_the_response_in_order_one_colour_each() -> None:
+    segment = {"loss_mask": bytes([0, 0, 1, 1, 0, 0, 1, 0]), "policy_versions": [-1, -1, 3, 3, 3, 3, 4, -1]}
+    assert token_runs(segment) == [("ctx", 0, 2), ("trained", 2, 4), ("drift", 4, 6), ("trained", 6, 7),
+                                   ("ctx", 7, 8)]  # fmt: skip
+    assert token_runs({"loss_mask": b"", "policy_versions": []}) == []
+
+
+def test_segment_rows_carry_counts_a_drift_mark_and_the_freeze_reason() -> None:
+    model = fold(entries(run_events()))
+    rows = segment_rows(model.rollouts["r-0"])
+    assert [r["kind"] for r in rows] == ["subagent", "wipe", "final"]
+    assert [r["drift"] for r in rows] == [0, 0, 2]
+    assert rows[-1]["html"].count('class="mark drift"') == 1
+    assert "frozen: compaction" in rows[1]["html"] and "frozen: subagent" in rows[0]["html"]
+    assert sum(r["reward"] for r in rows) == rows[0]["trajectory_reward"]
+
+
+def test_the_browser_filters_by_partition_offset_time_and_rollout_and_pages() -> None:
+    model = fold(entries(run_events()))
+    turns = model.log["turns"]
+    of_r1 = [e for e in turns if e.key == "r-1"]
+    picked, more = browse(model, Browse("turns", rollout_id="r-1", limit=3))
+    assert picked == of_r1[:3] and more
+    rest, more = browse(model, Browse("turns", rollout_id="r-1", skip=3, limit=100))
+    assert picked + rest == of_r1 and not more
+    p = turns[0].partition
+    got, _ = browse(model, Browse("turns", partition=p, offset=2))
+    assert got == [e for e in turns if e.partition == p and e.offset >= 2] and got
+    late = Entry("turns", 0, 1000, AT + 60_000, "r-9", None, None, "bad magic")
+    model.add(late)
+    assert browse(model, Browse("turns", since_ms=AT + 1)) == ([late], False)
+    assert browse(ReadModel(), Browse("turns")) == ([], False)
+
+
+def test_long_arrays_and_bytes_fold_and_text_is_escaped() -> None:
+    html = folded_html({"ids": list(range(20)), "mask": bytes([1, 0] * 10), "note": "<script>x</script>"})
+    assert html.count("<details") == 2 and "[20 ids: 0, 1, 2 … 19]" in html
+    assert "<script>" not in html and "&lt;script&gt;" in html
+    assert "<details" not in folded_html([1, 2, 3])
+
+
+def test_pages_render_every_page_and_say_when_a_rollout_is_unknown() -> None:
+    pages = Pages(fold(entries(run_events())), "test")
+    assert 'href="/rollout/r-0"' in pages.overview()
+    page = pages.rollout("r-0")
+    assert page is not None and 'id="count-trained"' in page and "frozen: compaction" in page
+    assert pages.rollout("nope") is None
+    assert "r-1" in pages.topics(Browse("turns", rollout_id="r-1"))
+
+
+def test_throughput_counts_each_topics_events_of_the_last_minute() -> None:
+    model = ReadModel()
+    for offset, at in enumerate((AT - 70_000, AT - 30_000, AT - 1, AT)):
+        model.add(Entry("policy", 0, offset, at, "policy", "policy",
+                        {"version": offset, "location": "x", "published_at": at}))  # fmt: skip
+    assert throughput(model, AT) == {"policy": 3 / 60}
+    assert throughput(model, AT + 120_000) == {"policy": 0.0}
+    assert policy_offset(model, 2) == 2 and policy_offset(model, 9) is None
