@@ -28,11 +28,12 @@ from rollbus.routed_experts import (
 from rollbus.segmentation import chain_routes
 from rollbus.services.adapter.turn import routes_start
 from rollbus.trainer.batch import Group, InvalidSegment, fetch_routes, segment_inputs, validate
-from rollbus.trainer.loss import LossConfig, PolicyForward, batch_loss
+from rollbus.trainer.loss import LossConfig, PolicyForward, SegmentInput, batch_loss
+from rollbus.trainer.metrics import mismatch
 from rollbus.trainer.routing_replay import MoeShape, RoutingReplay
 from rollbus.trajectory import Turn
 from tests.event_samples import segment, turn
-from tests.test_trainer_routing_replay import SPEC, VOCAB, near_tied, rollout
+from tests.test_trainer_routing_replay import SPEC, VOCAB, moe_model, near_tied, rollout
 
 
 def sglang_answer(ids: np.ndarray) -> str:
@@ -181,6 +182,7 @@ def test_the_trainer_replays_exactly_what_the_engine_routed(tmp_path) -> None:
     _, on = batch_loss(PolicyForward(trainer_model, replay), inputs, LossConfig(), backward=False)
     assert on.replayed == on.tokens == 17
     assert on.abs_diff_max < 1e-4, on  # the engine's logprobs, to float tolerance
+    assert on.routes_agreed < on.route_positions == 24  # the engine's noise flipped some near-tied experts
     replay.close()  # the hook gone, the same segment routes on the trainer's near-tied logits
     _, off = batch_loss(PolicyForward(trainer_model, replay), inputs, LossConfig(), backward=False)
     assert off.abs_diff / off.tokens > 1e-2, off
@@ -206,3 +208,14 @@ def test_a_segment_whose_reference_is_wrong_is_refused_with_the_reason_and_kept_
         load(cover([RoutesRef.of(r) for r in seg["routed_experts"]], 25), store).shape, (24, 6)
     )
     assert isinstance(torch.as_tensor(fetch_routes(seg, store, shape)["routed_experts"]), torch.Tensor)
+
+
+def test_routing_agreement_is_whole_when_the_trainer_would_have_routed_the_same() -> None:
+    model = moe_model()
+    ids, sampled, routes = rollout(model, [5, 17, 3, 44, 9, 61], 10, seed=1)
+    segment_input = SegmentInput(torch.tensor(ids), torch.arange(6, len(ids)), sampled, 1.0, 1.0,
+                                 routed_experts=routes)  # fmt: skip
+    replay = RoutingReplay(model)
+    _, stats = batch_loss(PolicyForward(model, replay), [segment_input], LossConfig(), backward=False)
+    assert stats.routes_agreed == stats.route_positions == len(ids) - 1
+    assert mismatch(stats)["routing_agreement"] == 1.0
