@@ -219,3 +219,16 @@ def test_routing_agreement_is_whole_when_the_trainer_would_have_routed_the_same(
     _, stats = batch_loss(PolicyForward(model, replay), [segment_input], LossConfig(), backward=False)
     assert stats.routes_agreed == stats.route_positions == len(ids) - 1
     assert mismatch(stats)["routing_agreement"] == 1.0
+
+
+def test_a_segment_the_buffer_will_drop_is_known_before_its_routes_are_fetched() -> None:
+    from rollbus.trainer.batch import GroupBuffer
+
+    buffer = GroupBuffer(group_size=2)
+    first = {"segment_id": "r/a/0", "rollout_id": "r", "group_id": "g", "index": 0, "num_segments": 1,
+             "attempt_id": "a", "trajectory_reward": 1.0, "created_at": 0}  # fmt: skip
+    assert not buffer.dropped(first)
+    buffer.add(first)
+    assert buffer.dropped(first)  # a duplicate
+    buffer.abandon("g")
+    assert buffer.dropped({**first, "segment_id": "q/a/0", "rollout_id": "q"})  # late: its group finished

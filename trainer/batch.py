@@ -163,6 +163,12 @@ class GroupBuffer:
             return Admission.GROUP_COMPLETE
         return Admission.BUFFERED
 
+    def dropped(self, segment: Segment) -> bool:
+        """Whether :meth:`add` will drop ``segment`` unread (late or a duplicate): nothing to fetch for it."""
+        group_id = segment["group_id"]
+        late = group_id in self.finished or any(g.group_id == group_id for g in self.complete)
+        return late or segment["segment_id"] in self._ids
+
     def _check_fits(self, rollout: dict[int, Segment], segment: Segment) -> None:
         if not rollout:
             return

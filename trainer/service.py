@@ -114,6 +114,8 @@ class Trainer:
         try:
             segment = decode_message(message, MAX_EVENT_BYTES).record
             replaying = self.learner.moe_shape if self.learner.replay is not None else None
+            if self.buffer.dropped(segment):  # a redelivery after its group trained: its ids may be gone
+                replaying = None
             segment = fetch_routes(segment, self.routes, replaying)  # the ids, held until trained
             validate(segment, self.learner.vocab_size, self.learner.moe_shape)
             self._abandon_incomplete(int(segment["created_at"]))
