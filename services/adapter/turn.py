@@ -43,6 +43,7 @@ from rollbus.turn_log import prompt_reference
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class TurnInput:
     """The translated request: what to render and how to sample."""
