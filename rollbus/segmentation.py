@@ -35,6 +35,7 @@ from typing import Any, Literal, get_args
 import orjson
 
 from rollbus.codec import CodecError, Scanned, decode_scans, encode, scan
+from rollbus.routed_experts import RoutesRef, cover
 from rollbus.topics import MAX_EVENT_BYTES, spec_for, split_name
 from rollbus.trajectory import ChainBroken, ChainTokens, FrozenChain, LossScope, Segment, fan_out, trains
 from rollbus.turn_log import (
@@ -463,7 +464,7 @@ def cut(
         for i in range(state.attempts[attempt][chain_id].turn_count or 0)
     ]
     by_key = dict(zip(keys, bodies(keys), strict=True))
-    chains = []
+    chains, routes = [], {}
     for chain_id, kind in order:
         count = state.attempts[attempt][chain_id].turn_count or 0
         records = [by_key[(attempt, chain_id, i)] for i in range(count)]
@@ -473,9 +474,21 @@ def cut(
         else:
             tokens = chain_arrays(records)
             sequences = [tokens] if trains(tokens) else []
+            routes[chain_id] = chain_routes(records, len(tokens.prompt_ids) + len(tokens.response_ids))
         chains.append(_Stitched(kind, chain_id, sequences))
     segments = fan_out(chains, state.rollout_id, reward["reward"], loss_scope=loss_scope)
-    return [segment_record(s, state, attempt) for s in segments]
+    return [segment_record(s, state, attempt, routes.get(s.chain_id or "")) for s in segments]
+
+
+def chain_routes(records: Sequence[Mapping[str, Any]], tokens: int) -> list[dict[str, Any]] | None:
+    """A canonical chain's turns' routed-expert references if together they cover its ``tokens``-token
+    stream (:func:`~rollbus.routed_experts.cover`), else None: the trainer then routes on its own. Only the
+    references are read; the ids stay in the store."""
+    found = [record.get("routed_experts") for record in records]
+    if not found or any(ref is None for ref in found):
+        return None
+    refs = [RoutesRef.of(ref) for ref in found]
+    return [ref.as_record() for ref in refs] if cover(refs, tokens) is not None else None
 
 
 def group_of(state: RolloutState, attempt: str) -> str:
@@ -485,9 +498,12 @@ def group_of(state: RolloutState, attempt: str) -> str:
     return reward.get("group_id") or (diff[1] if diff else "") or state.rollout_id
 
 
-def segment_record(segment: Segment, state: RolloutState, attempt: str) -> dict[str, Any]:
+def segment_record(
+    segment: Segment, state: RolloutState, attempt: str, routes: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """The Avro ``segment`` record; ``created_at`` is the reward's time, so a replay is byte-identical. The
-    reward's gym ``infos`` ride on the ``final`` segment only, so the trainer logs them once per rollout."""
+    reward's gym ``infos`` ride on the ``final`` segment only, so the trainer logs them once per rollout.
+    ``routes``: its chain's routed-expert references (:func:`chain_routes`)."""
     return {
         "segment_id": segment_id(state.rollout_id, attempt, segment.index),
         "rollout_id": state.rollout_id,
@@ -506,6 +522,7 @@ def segment_record(segment: Segment, state: RolloutState, attempt: str) -> dict[
         "attempt_id": attempt,
         "chain_id": segment.chain_id or "",
         "infos": _infos(state) if segment.kind == "final" else "[]",
+        "routed_experts": routes,
     }
 
 

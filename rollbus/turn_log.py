@@ -80,6 +80,10 @@ def _header_hash(record: Mapping[str, Any], digest_size: int) -> Any:
     h.update(struct.pack(">qqq", ref, record["prompt_tokens"], record["policy_version"]))
     for text in (record.get("chain_kind", ""), record["finish_reason"], record.get("request_id", "")):
         h.update(text.encode() + b"\x00")
+    routes = record.get("routed_experts")
+    if routes is not None:  # absent (every turn before v3) hashes as before: kept digests stay valid
+        h.update(b"routed_experts\x00" + routes["digest"].encode() + routes["dtype"].encode() + b"\x00")
+        h.update(struct.pack(">qqq", routes["start"], routes["rows"], routes["width"]))
     return h
 
 

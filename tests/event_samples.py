@@ -15,6 +15,7 @@ def turn(**overrides) -> dict:
         "output_ids": [9707, 0, 151645], "output_logprobs": [-0.25, -1.5, 0.0], "finish_reason": "stop",
         "policy_version": 3, "request_id": "req-7",
         "timings": {"started_at": AT, "finished_at": AT + 250, "generation_ms": 240}, "attempt_id": "a-1",
+        "routed_experts": None,
     }
     return {**record, **overrides}
 
@@ -29,6 +30,7 @@ def segment(tokens: int = 6) -> dict:
         "loss_mask": mask, "rollout_logprobs": [-(i % 97) / 8 for i in range(tokens)], "reward": 0.5,
         "trajectory_reward": 1.0, "policy_versions": [7 if m else -1 for m in mask], "created_at": AT,
         "attempt_id": "a-1", "chain_id": "main", "infos": json.dumps([{"turn": 0}, {"turn": 1, "ok": True}]),
+        "routed_experts": None,
     }
 
 

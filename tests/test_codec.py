@@ -55,7 +55,8 @@ logprob = st.floats(max_value=0.0, width=32, allow_nan=False)
 def test_token_arrays_round_trip(prompt, output):
     sampled = {"output_ids": [t for t, _ in output], "output_logprobs": [lp for _, lp in output]}
     record = turn(prompt_ids=prompt, **sampled)
-    assert codec.decode(codec.encode("turn", record)).record == {**record, "schema_version": 2}
+    version = codec.schema("turn")["version"]
+    assert codec.decode(codec.encode("turn", record)).record == {**record, "schema_version": version}
 
 
 def test_segment_of_96k_tokens_round_trips_compactly():
@@ -68,7 +69,7 @@ def test_segment_of_96k_tokens_round_trips_compactly():
 
 def test_encode_sets_schema_version_whatever_the_caller_says():
     decoded = codec.decode(codec.encode("turn", turn(schema_version=99)))
-    assert decoded.record["schema_version"] == decoded.schema_version == 2
+    assert decoded.record["schema_version"] == decoded.schema_version == codec.schema("turn")["version"]
 
 
 def test_defaulted_fields_may_be_left_out():
@@ -95,7 +96,7 @@ def _turn_bytes() -> bytes:
         (b"XX" + _turn_bytes()[2:], "bad magic"),
         (HEADER.pack(MAGIC, len(EVENT_TYPES), 1) + b"\x00", f"unknown event type id {len(EVENT_TYPES)}"),
         (HEADER.pack(MAGIC, 1, 99) + _turn_bytes()[5:], "unknown turn schema version 99"),
-        (_turn_bytes() + b"\x00", "turn v2 message has 1 trailing bytes"),
+        (_turn_bytes() + b"\x00", "turn v3 message has 1 trailing bytes"),
     ],
     ids=["tombstone", "empty", "short-header", "bad-magic", "unknown-type", "unknown-version", "trailing"],
 )
@@ -158,8 +159,8 @@ def test_encode_names_event_type_and_field_of_a_bad_record(record, field):
 def test_unknown_event_type_and_version_are_codec_errors():
     with pytest.raises(CodecError, match="unknown event type 'turns'"):
         codec.encode("turns", turn())
-    with pytest.raises(CodecError, match="unknown turn schema version 3"):
-        codec.schema("turn", 3)
+    with pytest.raises(CodecError, match="unknown turn schema version 4"):
+        codec.schema("turn", 4)
 
 
 @pytest.mark.parametrize("event_type", EVENT_TYPES)

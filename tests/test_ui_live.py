@@ -7,8 +7,7 @@ import asyncio
 import contextlib
 from functools import partial
 
-from aiokafka.admin import AIOKafkaAdminClient
-
+from rollbus.kafka import clients
 from rollbus.polling import wait_until_async
 from rollbus.services.ui.feed import feed, rebuild
 from rollbus.services.ui.model import ReadModel, overview
@@ -23,23 +22,22 @@ async def test_the_live_model_equals_one_rebuilt_from_scratch(
     half = len(events) // 2
     await publish(kafka_bootstrap, topics, events[:half])
     live = ReadModel()
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    groups_before = {g[0] for g in await admin.list_consumer_groups()}
-    following = asyncio.create_task(feed(kafka_bootstrap, namespace_of(topics), live, follow=True))
-    try:
-        await wait_until_async(partial(_at, live, half), timeout=120, interval=0.2, what="the first half")
-        await publish(kafka_bootstrap, topics, events[half:])  # arrives while the UI follows
-        await wait_until_async(partial(_at, live, len(events)), timeout=120, interval=0.2, what="every event")
-    finally:
-        following.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await following
-    rebuilt = await rebuild(kafka_bootstrap, namespace_of(topics))
-    assert rebuilt == live
-    assert overview(rebuilt)["rollouts"]["finished"] == 4
-    assert {g[0] for g in await admin.list_consumer_groups()} == groups_before  # it joined no group
-    await admin.close()
+    async with clients.admin(kafka_bootstrap, client_id="test-ui-live") as admin:
+        groups_before = {g[0] for g in await admin.list_consumer_groups()}
+        following = asyncio.create_task(feed(kafka_bootstrap, namespace_of(topics), live, follow=True))
+        try:
+            await wait_until_async(partial(_at, live, half), timeout=120, interval=0.2, what="the first half")
+            await publish(kafka_bootstrap, topics, events[half:])  # arrives while the UI follows
+            every = partial(_at, live, len(events))
+            await wait_until_async(every, timeout=120, interval=0.2, what="every event")
+        finally:
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await following
+        rebuilt = await rebuild(kafka_bootstrap, namespace_of(topics))
+        assert rebuilt == live
+        assert overview(rebuilt)["rollouts"]["finished"] == 4
+        assert {g[0] for g in await admin.list_consumer_groups()} == groups_before  # it joined no group
 
 
 async def _at(model: ReadModel, count: int) -> bool:

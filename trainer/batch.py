@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from rollbus.routed_experts import RoutesError, RoutesRef, RoutesStore, cover, load
 from rollbus.trainer.advantages import group_advantages
 from rollbus.trainer.loss import SegmentInput
 from rollbus.trainer.routing_replay import InvalidRoutes, MoeShape, check_routes
@@ -43,6 +44,37 @@ def routed_experts_of(segment: Segment) -> torch.Tensor | None:
     """The segment's recorded MoE routing, ``[positions, layers, top_k]`` integers, if it carries any."""
     routes = segment.get("routed_experts")
     return None if routes is None else torch.as_tensor(routes)
+
+
+def fetch_routes(segment: Segment, store: RoutesStore, moe: MoeShape | None) -> Segment:
+    """``segment`` with its routed-expert references (the wire's claim check) replaced by the ids they name,
+    ``[positions, layers, top_k]``, each part's digest checked; with ``moe`` None (a dense model, or replay
+    off) the references are dropped unread. Raises :class:`InvalidSegment` with the reason when they cannot
+    be replayed (missing, changed, not covering the segment, another model's shape); the store is only read.
+    """
+    refs = segment.get("routed_experts")
+    if refs is None or moe is None:
+        return {**segment, "routed_experts": None}
+    name = f"segment {segment['segment_id']!r}"
+    try:
+        parsed = [RoutesRef.of(ref) for ref in refs]
+    except (KeyError, TypeError, ValueError):
+        raise InvalidSegment(f"{name}: routed experts are not references to the store") from None
+    tokens = len(segment["prompt_ids"]) + len(segment["response_ids"])
+    parts = cover(parsed, tokens)
+    if parts is None:
+        raise InvalidSegment(f"{name}: its routed experts do not cover positions 0..{tokens - 2}")
+    try:
+        ids = load(parts, store)
+    except RoutesError as bad:
+        raise InvalidSegment(f"{name}: {bad}") from None
+    width = moe.layers * moe.top_k
+    if ids.shape[1] != width:
+        raise InvalidSegment(
+            f"{name}: {ids.shape[1]} routed experts a position, the model has {moe.layers} layers x top "
+            f"{moe.top_k}"
+        )
+    return {**segment, "routed_experts": ids.reshape(len(ids), moe.layers, moe.top_k)}
 
 
 def validate(segment: Segment, vocab_size: int, moe: MoeShape | None = None) -> None:
@@ -130,6 +162,12 @@ class GroupBuffer:
             self.complete.append(group)
             return Admission.GROUP_COMPLETE
         return Admission.BUFFERED
+
+    def dropped(self, segment: Segment) -> bool:
+        """Whether :meth:`add` will drop ``segment`` unread (late or a duplicate): nothing to fetch for it."""
+        group_id = segment["group_id"]
+        late = group_id in self.finished or any(g.group_id == group_id for g in self.complete)
+        return late or segment["segment_id"] in self._ids
 
     def _check_fits(self, rollout: dict[int, Segment], segment: Segment) -> None:
         if not rollout:

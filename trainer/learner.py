@@ -125,9 +125,9 @@ def initial_model(settings: TrainerSettings) -> PreTrainedModel:
         return AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=torch.float32)
     tokenizer = load_tokenizer(settings.tokenizer)
     stops = SpecialIds.from_tokenizer(tokenizer).stop_token_ids
-    if settings.moe_experts:
-        spec, moe = settings.model_spec(), settings.moe_spec()
-        return random_qwen3_moe(spec, moe, len(tokenizer), stops, settings.seed)
+    moe = settings.moe_spec()
+    if moe is not None:
+        return random_qwen3_moe(settings.model_spec(), moe, len(tokenizer), stops, settings.seed)
     return random_qwen3(settings.model_spec(), len(tokenizer), stops, settings.seed)
 
 

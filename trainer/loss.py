@@ -74,6 +74,10 @@ class LossStats:
     abs_diff: float = 0.0
     ratio_outside: float = 0.0
     replayed: float = 0.0
+    # positions of replayed segments (prompt included) with a recorded route, and those of them whose recorded
+    # experts the trainer's own routers chose too in every MoE layer
+    route_positions: float = 0.0
+    routes_agreed: float = 0.0
     # the same over the replayed tokens, had the trainer routed on its own (LossConfig.mismatch_unreplayed)
     unreplayed_tokens: float = 0.0
     unreplayed_abs_diff: float = 0.0
@@ -235,6 +239,7 @@ def batch_loss(
                 own, _ = forward(ids, positions, config.logits_chunk)
         with forward.routes(segment) as replayed:
             logp, entropy = forward(ids, positions, config.logits_chunk)
+            agreed, recorded = forward.replay.agreement() if replayed and forward.replay else (0, 0)
             loss, seg_stats = segment_loss(
                 logp, segment.rollout_logprobs.to(device), segment.advantage, segment.weight, config
             )
@@ -251,6 +256,7 @@ def batch_loss(
             seg_stats.unreplayed_approx_kl, seg_stats.unreplayed_ratio_outside = sums[2], sums[3]
         seg_stats.entropy = float(entropy.sum())
         seg_stats.replayed = seg_stats.tokens if replayed else 0.0
+        seg_stats.routes_agreed, seg_stats.route_positions = float(agreed), float(recorded)
         total += float(loss.detach())
         stats.add(seg_stats)
     return total, stats

@@ -22,7 +22,9 @@ def mismatch(stats: LossStats) -> dict[str, float]:
     """How far the trainer's log-probabilities are from the rollout's on the trained tokens: the first numbers
     to read when a run diverges. (``approx_kl``, the k3 estimate of KL(rollout || trainer), is the fourth.)
     ``replayed_fraction``: tokens trained on the rollout's MoE routing (0 for a dense model or replay off);
-    ``unreplayed_*``: the replayed tokens' figures had the trainer routed on its own (what replay saves)."""
+    ``unreplayed_*``: the replayed tokens' figures had the trainer routed on its own (what replay saves);
+    ``routing_agreement``: the fraction of replayed positions whose recorded experts the trainer's routers
+    chose too, in every MoE layer."""
     tokens = max(stats.tokens, 1.0)
     row = {
         "logprob_diff_mean": stats.abs_diff / tokens,
@@ -30,6 +32,8 @@ def mismatch(stats: LossStats) -> dict[str, float]:
         "ratio_outside_fraction": stats.ratio_outside / tokens,
         "replayed_fraction": stats.replayed / tokens,
     }
+    if stats.route_positions:  # replayed: how often the trainer's own routing was the rollout's already
+        row["routing_agreement"] = stats.routes_agreed / stats.route_positions
     if stats.unreplayed_tokens:  # --mismatch-unreplayed: the same tokens on the trainer's own routing
         own = stats.unreplayed_tokens
         row.update(

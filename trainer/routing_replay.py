@@ -96,6 +96,8 @@ class RoutingReplay:
             raise InvalidRoutes("routing replay needs a Qwen3-MoE model; this one has no router")
         self.shape = shape
         self._routes: torch.Tensor | None = None  # [tokens, layers, top_k] int64, on the model's device
+        self._agreed: torch.Tensor | None = None  # per position: the router's own top-k was the recorded one
+        self._recorded = 0  # positions with a recorded row (the padded last one is not)
         self._handles = [
             gate.register_forward_hook(self._hook(index)) for index, gate in self.routers.items()
         ]
@@ -110,13 +112,24 @@ class RoutingReplay:
         backward) of one ``tokens``-token sequence inside the block."""
         check_routes(routes, tokens, self.shape)
         routes = routes.long()
+        self._recorded = routes.shape[0]
         if routes.shape[0] == tokens - 1:  # the last token's row: any valid experts, it predicts nothing
             routes = torch.cat([routes, routes[-1:]]) if len(routes) else routes
         self._routes = routes.to(next(iter(self.routers.values())).weight.device)
+        self._agreed = None
         try:
             yield True
         finally:
             self._routes = None
+
+    def agreement(self) -> tuple[int, int]:
+        """Of the recorded positions of the sequence replayed last, how many the trainer's routers would have
+        sent to the same experts in every MoE layer (sets, not order), and how many there were: how often
+        replay changed nothing. Valid after a forward inside :meth:`replaying` (a recompute in backward sees
+        the same logits, so it changes nothing)."""
+        if self._agreed is None:
+            return 0, 0
+        return int(self._agreed[: self._recorded].sum()), self._recorded
 
     def _hook(self, layer: int) -> Any:
         def replace(module: nn.Module, args: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> Any:
@@ -128,6 +141,9 @@ class RoutingReplay:
                 raise InvalidRoutes(
                     f"routes for {indices.shape[0]} positions, the router saw {logits.shape[0]}"
                 )
+            own = output[2].sort(-1).values == indices.sort(-1).values
+            agreed = own.all(-1)
+            self._agreed = agreed if self._agreed is None else self._agreed & agreed
             probs = torch.softmax(logits, dim=-1, dtype=torch.float)
             weights = probs.gather(1, indices)
             if module.norm_topk_prob:

@@ -29,6 +29,7 @@ from aiokafka import ConsumerRecord, TopicPartition
 from rollbus.bus import Publisher, dead_letter, decode_message
 from rollbus.codec import CodecError
 from rollbus.kafka.watermark import low_watermark
+from rollbus.routed_experts import RoutesStore
 from rollbus.topics import MAX_EVENT_BYTES, dead_letters_for, topic_name
 from rollbus.trainer import checkpoint
 from rollbus.trainer.advantages import has_reward_variance
@@ -37,6 +38,7 @@ from rollbus.trainer.batch import (
     Group,
     GroupBuffer,
     InvalidSegment,
+    fetch_routes,
     mask_of,
     segment_inputs,
     split_for_ranks,
@@ -62,6 +64,7 @@ class Trainer:
         self.segments_topic = topic_name("segments", self.settings.namespace)
         self.policy_topic = topic_name("policy", self.settings.namespace)
         self.buffer = GroupBuffer(self.settings.group_size)
+        self.routes = RoutesStore(self.settings.routes_dir())
         self.buffer.finished.update(learner.state.finished_groups)
         self.buffer.clock_ms = max(self.buffer.finished.values(), default=0)
         self.counters: Counter[str] = Counter(learner.state.counters)
@@ -111,6 +114,10 @@ class Trainer:
         segment: dict[str, Any] | None = None
         try:
             segment = decode_message(message, MAX_EVENT_BYTES).record
+            replaying = self.learner.moe_shape if self.learner.replay is not None else None
+            if self.buffer.dropped(segment):  # a redelivery after its group trained: its ids may be gone
+                replaying = None
+            segment = fetch_routes(segment, self.routes, replaying)  # the ids, held until trained
             validate(segment, self.learner.vocab_size, self.learner.moe_shape)
             self._abandon_incomplete(int(segment["created_at"]))
             admission = self.buffer.add(segment)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -17,15 +16,6 @@ if TYPE_CHECKING:  # torch comes with them: imported when the trainer runs, not 
 
 DeviceChoice = Literal["auto", "cpu", "cuda"]
 PrecisionChoice = Literal["auto", "fp32", "bf16"]
-
-
-@dataclass(frozen=True)
-class MoeSpec:
-    """The shape of the small random Qwen3-MoE (:mod:`rollbus.trainer.moe`), here so flags need no torch."""
-
-    experts: int = 8
-    top_k: int = 2
-    expert_size: int = 32  # each expert's intermediate width
 
 
 class TrainerSettings(ModelSettings, BusSettings):
@@ -73,15 +63,14 @@ class TrainerSettings(ModelSettings, BusSettings):
     lr: float = Field(1e-5, gt=0, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient norm clip")
-    # -- the model (random Qwen3 like the engine's, unless --model-path) and where it runs
-    moe_experts: int = Field(
-        0, ge=0, description="random model: a Qwen3-MoE with this many experts per layer; 0: dense Qwen3"
-    )
-    moe_top_k: int = Field(MoeSpec.top_k, ge=1, description="random MoE: experts chosen per token")
-    moe_expert_size: int = Field(MoeSpec.expert_size, ge=1, description="random MoE: each expert's width")
+    # -- the model (random Qwen3 or Qwen3-MoE like the engine's, unless --model-path) and where it runs
     routing_replay: bool = Field(
         True, description="MoE: force each layer's top-k to the experts the rollout recorded (R3); off: "
         "the trainer routes on its own"
+    )
+    routed_experts_dir: Path | None = Field(
+        None, description="MoE with replay: where the adapter stored the routed experts segments refer to; "
+        "unset: <state-dir>/routed-experts"
     )
     mismatch_unreplayed: bool = Field(
         False, description="MoE with replay: also measure the mismatch on the trainer's own routing (one "
@@ -130,8 +119,10 @@ class TrainerSettings(ModelSettings, BusSettings):
 
         return OptimConfig(lr=self.lr, weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm)
 
-    def moe_spec(self) -> MoeSpec:
-        return MoeSpec(experts=self.moe_experts, top_k=self.moe_top_k, expert_size=self.moe_expert_size)
+    def routes_dir(self) -> Path:
+        from rollbus.routed_experts import STORE_DIR
+
+        return self.routed_experts_dir or self.state_dir / STORE_DIR
 
     def checkpoints(self) -> Path:
         return self.checkpoint_dir or self.state_dir / "trainer" / (self.namespace or "default")

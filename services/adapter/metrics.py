@@ -55,6 +55,11 @@ class AdapterMetrics:
             ["cause"],
             registry=r,
         )
+        self.routes_missing = Counter(
+            "rollbus_adapter_routes_missing",
+            "MoE turns recorded without routed experts (the engine sent none, or rows that do not fit)",
+            registry=r,
+        )
         self.in_flight = Gauge("rollbus_adapter_in_flight", "Turns being generated", registry=r)
         self.backlog = Gauge("rollbus_adapter_bus_backlog", "Records waiting for the bus", registry=r)
         self.turn_seconds = Histogram(

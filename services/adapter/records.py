@@ -10,7 +10,8 @@ from rollbus.turn_log import prompt_reference
 
 
 def turn_record(
-    agent: Agent, turn: Any, previous: Any | None, request_id: str, timings: dict[str, int]
+    agent: Agent, turn: Any, previous: Any | None, request_id: str, timings: dict[str, int],
+    routes: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     ref, prompt_ids = prompt_reference(turn.prompt_ids, previous)
     return {
@@ -28,6 +29,7 @@ def turn_record(
         "request_id": request_id,
         "timings": timings,
         "attempt_id": agent.attempt_id,
+        "routed_experts": routes,
     }
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import secrets
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -35,6 +36,14 @@ class AdapterSettings(BusSettings):
         32768, ge=1, description="model context in tokens; longer prompts get 'prompt is too long'"
     )
     max_new_tokens: int = Field(8192, ge=1, description="cap on sampled tokens per turn")
+    routed_experts: bool = Field(
+        False, description="the served model is an MoE trained with routing replay: ask /generate for each "
+        "turn's routed experts (SGLang needs --enable-return-routed-experts) and record them"
+    )
+    routed_experts_dir: Path | None = Field(
+        None, description="where recorded routed experts are stored (the trainer reads them there); unset: "
+        "<state-dir>/routed-experts"
+    )
     history_mode: Literal["canonical", "rerender"] = Field(
         "canonical", description="canonical: append-only token history; rerender: render every prompt whole"
     )
@@ -108,6 +117,11 @@ class AdapterSettings(BusSettings):
         if len(key) < MIN_SIGNING_KEY_BYTES:
             raise ValueError(f"signing_key must be at least {MIN_SIGNING_KEY_BYTES} bytes, not {len(key)}")
         return key
+
+    def routes_dir(self) -> Path:
+        from rollbus.routed_experts import STORE_DIR
+
+        return self.routed_experts_dir or self.state_dir / STORE_DIR
 
     @property
     def topic_namespace(self) -> str:

@@ -35,6 +35,7 @@ class Generation:
     prompt_tokens: int
     weight_version: str | None
     generation_ms: int
+    routed_experts: str | None = None  # SGLang's base64 of int32 [rows, layers x top_k], when asked for
 
 
 @dataclass(frozen=True)
@@ -65,15 +66,20 @@ class SGLangClient:
         self.auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     async def generate(
-        self, input_ids: list[int], sampling_params: dict[str, Any], rid: str, headers: TurnHeaders
+        self, input_ids: list[int], sampling_params: dict[str, Any], rid: str, headers: TurnHeaders,
+        routes_from: int | None = None,
     ) -> Generation:
-        body = {
+        """``routes_from``: ask for the routed experts of positions ``routes_from`` .. seqlen - 2 (SGLang's
+        ``routed_experts_start_len``; the server needs ``--enable-return-routed-experts``); None: not."""
+        body: dict[str, Any] = {
             "input_ids": input_ids,
             "sampling_params": sampling_params,
             "return_logprob": True,
             "rid": rid,
             "stream": False,
         }
+        if routes_from is not None:
+            body.update(return_routed_experts=True, routed_experts_start_len=routes_from)
         started = time.monotonic()
         try:
             response = await self.http.post(
@@ -125,6 +131,7 @@ def parse_generation(data: Any, rid: str, elapsed_ms: int) -> Generation:
             f"engine output_ids ({len(output_ids)}) disagree with its logprob ids ({len(ids_from_logprobs)})"
         )
     version = meta.get("weight_version")
+    routes = meta.get("routed_experts")
     return Generation(
         rid=rid,
         text=text,
@@ -135,4 +142,5 @@ def parse_generation(data: Any, rid: str, elapsed_ms: int) -> Generation:
         prompt_tokens=prompt_tokens,
         weight_version=None if version is None else str(version),
         generation_ms=int(meta.get("e2e_latency", elapsed_ms / 1000) * 1000),
+        routed_experts=routes if isinstance(routes, str) else None,
     )

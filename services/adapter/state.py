@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from rollbus.routed_experts import RoutesStore
 from rollbus.services.adapter.errors import overloaded, unavailable
 from rollbus.services.adapter.metrics import AdapterMetrics
 from rollbus.services.adapter.publisher import BacklogFull, Outbox, Publisher
@@ -106,6 +107,7 @@ def build_state(
         parse,
         outbox,
         AdapterMetrics(),
+        RoutesStore(settings.routes_dir()) if settings.routed_experts else None,
     )
 
     def new_history(name: str) -> Any:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollbus.markup import ContentFormsMarkup
+from rollbus.routed_experts import RoutesError, RoutesStore, from_sglang
 from rollbus.segmentation import AMBIGUOUS
 from rollbus.services.adapter import records, response
 from rollbus.services.adapter.anthropic import Message
@@ -37,6 +39,9 @@ from rollbus.services.adapter.sglang_client import (
 )
 from rollbus.services.adapter.translate import ChatPrompt, assistant_message
 from rollbus.trajectory import Turn
+from rollbus.turn_log import prompt_reference
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,7 @@ class TurnKit:
     parse: Callable[..., Any]  # rollbus.parsing.parse_output
     outbox: Outbox
     metrics: AdapterMetrics
+    routes: RoutesStore | None = None  # set when the served model is an MoE whose routing is recorded
 
 
 @dataclass
@@ -87,6 +93,7 @@ class Prepared:
     plan: Any
     message_id: str
     max_new_tokens: int
+    routes_from: int | None = None  # the routed experts asked for start here (None: not asked)
 
 
 async def run_turn(kit: TurnKit, agent: Agent, turn: TurnInput) -> AsyncIterator[TurnEvent]:
@@ -131,7 +138,25 @@ async def prepare(kit: TurnKit, agent: Agent, turn: TurnInput) -> Prepared:
     if plan.new_chain and session is not None and session.chains_opened >= cap:
         raise invalid_request(f"this rollout has opened {session.chains_opened} chains, the most allowed")
     max_new = min(kit.settings.max_new_tokens, turn.max_tokens, context - prompt_len)
-    return Prepared(plan, f"msg_{uuid.uuid4().hex}", max_new)
+    routes_from = routes_start(plan.prompt_ids, previous_turn(agent, plan)) if kit.routes else None
+    return Prepared(plan, f"msg_{uuid.uuid4().hex}", max_new, routes_from)
+
+
+def previous_turn(agent: Agent, plan: Any) -> Turn | None:
+    """The chain's last committed turn, which the planned prompt may extend (None on a new chain)."""
+    return agent.history.turns[-1] if agent.history.turns and not plan.new_chain else None
+
+
+def routes_start(prompt_ids: Any, previous: Turn | None) -> int:
+    """The first position whose routed experts a turn must ask for: the rows its chain has not got yet.
+
+    When the prompt extends the previous turn's prompt + output (what the turn event's reference encodes),
+    that turn got rows up to its stream's second-to-last position (its last sampled token was never fed
+    forward), so this one starts at that last token; otherwise from 0."""
+    ref, _ = prompt_reference(prompt_ids, previous)
+    if ref is None or previous is None:
+        return 0
+    return len(previous.prompt_ids) + len(previous.output_ids) - 1
 
 
 async def generate(
@@ -146,7 +171,9 @@ async def generate(
     }
     rid = f"rb-{uuid.uuid4().hex}"
     headers = TurnHeaders(agent.rollout_id, prepared.plan.chain_id, agent.kind)
-    call = asyncio.create_task(kit.engine.generate(list(prepared.plan.prompt_ids), params, rid, headers))
+    call = asyncio.create_task(
+        kit.engine.generate(list(prepared.plan.prompt_ids), params, rid, headers, prepared.routes_from)
+    )
     kit.metrics.in_flight.inc()
     try:
         with kit.metrics.engine_seconds.time():
@@ -194,9 +221,10 @@ async def finish(
         "finished_at": records.now_ms(),
         "generation_ms": generation.generation_ms,
     }
-    previous = agent.history.turns[-1] if agent.history.turns and not plan.new_chain else None
+    previous = previous_turn(agent, plan)
+    routes = await store_routes(kit, prepared, generation)
     outbound = [("sessions", event) for event in chain_changes(agent, plan)]
-    outbound.append(("turns", records.turn_record(agent, sampled, previous, generation.rid, timings)))
+    outbound.append(("turns", records.turn_record(agent, sampled, previous, generation.rid, timings, routes)))
     if agent.kind == SIDE:  # a side call is one turn: its chain ends with it
         side_end = records.session_record(agent, plan.chain_id, "frozen", turn_count=1, reason="side")
         outbound.append(("sessions", side_end))
@@ -217,6 +245,25 @@ async def finish(
     _count(kit.metrics, agent, plan, generation, stop[0])
     usage = response.usage(len(plan.prompt_ids), len(generation.output_ids))
     return response.message_body(prepared.message_id, turn.model, blocks, stop, usage)
+
+
+async def store_routes(kit: TurnKit, prepared: Prepared, generation: Generation) -> dict[str, Any] | None:
+    """The turn's routed experts put in the store; the reference its event carries. Routes that are missing
+    or do not fit the sampled tokens are logged and left out: the turn still trains, on the trainer's own
+    routing, rather than failing an agent over a side channel."""
+    if kit.routes is None or prepared.routes_from is None:
+        return None
+    rows = len(prepared.plan.prompt_ids) + len(generation.output_ids) - 1 - prepared.routes_from
+    try:
+        if generation.routed_experts is None:
+            raise RoutesError("the engine returned none (is it serving with --enable-return-routed-experts?)")
+        ids = from_sglang(generation.routed_experts, rows)
+        ref = await asyncio.to_thread(kit.routes.put, ids, prepared.routes_from)
+    except (RoutesError, OSError) as exc:
+        kit.metrics.routes_missing.inc()
+        log.warning("request %s: routed experts not recorded: %s", generation.rid, exc)
+        return None
+    return ref.as_record()
 
 
 def chain_changes(agent: Agent, plan: Any) -> list[dict[str, Any]]:

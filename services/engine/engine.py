@@ -28,6 +28,7 @@ from rollbus.services.engine.protocol import (
     stop_reason,
     text_ids,
 )
+from rollbus.services.engine.routes import RouteRecorder
 from rollbus.services.engine.sampling import logprob_temperature, sample_token, token_logprobs
 from rollbus.tokenizer import SpecialIds
 
@@ -60,7 +61,7 @@ class _Decode:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
 
-    def snapshot(self, finish: dict | None) -> Generation:
+    def snapshot(self, finish: dict | None, routes: np.ndarray | None = None) -> Generation:
         return Generation(
             output_ids=list(self.output_ids),
             output_logprobs=list(self.logprobs),
@@ -68,6 +69,7 @@ class _Decode:
             prompt_tokens=len(self.request.input_ids),
             cached_tokens=self.cached,
             weight_version=self.weight_version,
+            routed_experts=routes,
         )
 
     def emit(self, token_id: int, logprob: float) -> dict | None:
@@ -107,7 +109,10 @@ class Engine:
         prefill_chunk: int = 4096,
         seed: int = 0,
         original_logprob: bool = False,
+        return_routed_experts: bool = False,
     ) -> None:
+        """``return_routed_experts``: record each MoE layer's experts per position and answer requests that
+        ask for them (SGLang's ``--enable-return-routed-experts``; without it they get none, as there)."""
         if len(tokenizer) > model.config.vocab_size:
             raise ValueError(f"model vocab {model.config.vocab_size} < tokenizer's {len(tokenizer)} ids")
         self.model = model
@@ -119,6 +124,8 @@ class Engine:
         self.weight_version = weight_version
         self.prefill_chunk = prefill_chunk
         self.original_logprob = original_logprob
+        self.return_routed_experts = return_routed_experts
+        self.recorder = RouteRecorder.of(model) if return_routed_experts else None
         self.prefix_cache = PrefixCache(cache_capacity, lambda: new_kv(self.model))
         self.counters = Counters()
         self._generator = torch.Generator().manual_seed(seed)
@@ -185,8 +192,19 @@ class Engine:
             finish = self._sample(entry, logits, decode)
         else:
             finish = self._teacher_force(entry, logits, self.scripted_ids(turn), decode)
+        routes = self._routes(entry, request, decode) if finish["type"] != "abort" else None
         self.prefix_cache.release(entry)
-        return self._result(decode, finish)
+        return self._result(decode, finish, routes)
+
+    def _routes(self, entry: CacheEntry, request: GenerateRequest, decode: _Decode) -> np.ndarray | None:
+        """The rows SGLang would answer: positions ``[start, seqlen - 1)`` of prompt + output, as recorded
+        when each position's KV was computed (by this request or, on a cache hit, an earlier one)."""
+        if not request.return_routed_experts or entry.routes is None:
+            return None
+        end = len(request.input_ids) + len(decode.output_ids) - 1
+        if len(entry.routes) < end:  # cannot happen: every position before the last was forwarded
+            return None
+        return entry.routes[request.routed_experts_start_len : end].copy()
 
     def _decode_state(self, request: GenerateRequest, on_token: TokenCallback | None) -> _Decode:
         params = request.params
@@ -199,12 +217,12 @@ class Engine:
         temperature = logprob_temperature(params.sampling, original=self.original_logprob)
         return _Decode(request, stop_ids, budget, temperature, on_token, self.weight_version)
 
-    def _result(self, decode: _Decode, finish: dict) -> Generation:
+    def _result(self, decode: _Decode, finish: dict, routes: np.ndarray | None = None) -> Generation:
         self.counters.aborted += finish["type"] == "abort"
         self.counters.prompt_tokens += len(decode.request.input_ids)
         self.counters.cached_tokens += decode.cached
         self.counters.generated_tokens += len(decode.output_ids)
-        return decode.snapshot(finish)
+        return decode.snapshot(finish, routes)
 
     def _forward(self, entry: CacheEntry, tokens: list[int], keep: int) -> torch.Tensor:
         """Extend ``entry`` by ``tokens``; logits of the last ``keep`` positions, shape (keep, vocab)."""
@@ -214,6 +232,11 @@ class Engine:
             use_cache=True,
             logits_to_keep=keep,
         )
+        if self.recorder is not None:
+            rows = self.recorder.take(len(tokens))
+            fresh = entry.routes is None and not len(entry.token_ids)
+            if fresh or entry.routes is not None:
+                entry.routes = rows if fresh else np.concatenate([entry.routes, rows])
         entry.token_ids = np.concatenate([entry.token_ids, np.asarray(tokens, dtype=np.int64)])
         return out.logits[0]
 
@@ -306,6 +329,9 @@ class Engine:
             if older(weight_version, self.weight_version):
                 served = self.weight_version
                 raise ValueError(f"weight version {weight_version} is older than the served {served}")
+            if self.recorder is not None:
+                self.recorder.close()
+            self.recorder = RouteRecorder.of(model) if self.return_routed_experts else None
             self.model = model
             self.model_path = str(model_path)
             self.weight_version = weight_version or next_version(self.weight_version)

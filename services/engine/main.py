@@ -58,6 +58,10 @@ class EngineSettings(ModelSettings):
         repr=False,
         description="bearer key every route but /health requires, as SGLang's (give it to the adapter only)",
     )
+    enable_return_routed_experts: bool = Field(
+        False, description="record each MoE layer's experts per position and return them to requests with "
+        "return_routed_experts (SGLang's flag; routing replay needs it)"
+    )
     save_checkpoint: Path | None = Field(
         None, description="write the model to this directory and exit instead of serving"
     )
@@ -98,10 +102,13 @@ def build_engine(settings: EngineSettings) -> Engine:
     if settings.model_path:
         model, model_path = load_model(settings.model_path, len(tokenizer)), str(settings.model_path)
     else:
-        spec = settings.model_spec()
+        spec, moe = settings.model_spec(), settings.moe_spec()
         stops = SpecialIds.from_tokenizer(tokenizer).stop_token_ids
-        model = random_model(spec, len(tokenizer), stops, settings.seed)
+        model = random_model(spec, len(tokenizer), stops, settings.seed, moe)
         model_path = f"random-qwen3(seed={settings.seed},hidden={spec.hidden_size},layers={spec.layers})"
+        if moe is not None:
+            model_path = f"random-qwen3-moe(seed={settings.seed},hidden={spec.hidden_size},layers=" \
+                f"{spec.layers},experts={moe.experts},top_k={moe.top_k})"
     return Engine(
         model,
         tokenizer,
@@ -112,6 +119,7 @@ def build_engine(settings: EngineSettings) -> Engine:
         prefill_chunk=settings.prefill_chunk,
         seed=settings.seed,
         original_logprob=settings.return_original_logprob,
+        return_routed_experts=settings.enable_return_routed_experts,
     )
 
 

@@ -12,28 +12,33 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache, Qwen3ForCausalLM
+from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel, Qwen3ForCausalLM
 
-from rollbus.policy_model import ModelSpec, random_qwen3
+from rollbus.policy_model import ModelSpec, MoeSpec, random_qwen3, random_qwen3_moe
 from rollbus.services.engine.attention import use_prefix_attention
 from rollbus.services.engine.kv import growing_cache
 
 
 def random_model(
-    spec: ModelSpec, vocab_size: int, stop_token_ids: tuple[int, ...], seed: int
-) -> Qwen3ForCausalLM:
-    """A freshly initialised model; the same ``seed`` always gives the same weights."""
-    model = random_qwen3(spec, vocab_size, stop_token_ids, seed)
+    spec: ModelSpec, vocab_size: int, stop_token_ids: tuple[int, ...], seed: int, moe: MoeSpec | None = None
+) -> PreTrainedModel:
+    """A freshly initialised model (a Qwen3-MoE with ``moe``); the same ``seed`` always gives the same
+    weights, the trainer's version 0."""
+    if moe is None:
+        model = random_qwen3(spec, vocab_size, stop_token_ids, seed)
+    else:
+        model = random_qwen3_moe(spec, moe, vocab_size, stop_token_ids, seed)
     use_prefix_attention(model)
     return model.eval()
 
 
-def load_model(path: str | Path, min_vocab_size: int) -> Qwen3ForCausalLM:
-    """Load a ``save_pretrained`` checkpoint, refusing one whose embedding misses tokenizer ids."""
+def load_model(path: str | Path, min_vocab_size: int) -> PreTrainedModel:
+    """Load a ``save_pretrained`` checkpoint (Qwen3 or Qwen3-MoE, as ``config.json`` says), refusing one whose
+    embedding misses tokenizer ids."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} is not a checkpoint directory (no config.json)")
-    model = Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     if model.config.vocab_size < min_vocab_size:
         raise ValueError(
             f"checkpoint {path} has vocab_size {model.config.vocab_size}, "

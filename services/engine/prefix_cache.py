@@ -28,10 +28,12 @@ from transformers import DynamicCache
 
 @dataclass
 class CacheEntry:
-    """A KV cache and the token ids it holds, position for position."""
+    """A KV cache and the token ids it holds, position for position; with an MoE that records its routing
+    (:mod:`rollbus.services.engine.routes`), the experts chosen at each of those positions."""
 
     token_ids: np.ndarray
     kv: DynamicCache
+    routes: np.ndarray | None = None  # [positions, layers x top_k] int32, or None: not recorded
 
 
 def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
@@ -83,7 +85,8 @@ class PrefixCache:
         kv = copy.deepcopy(entry.kv)
         crop(kv, best_len)
         self._entries.move_to_end(best_key)
-        return CacheEntry(entry.token_ids[:best_len], kv)
+        routes = None if entry.routes is None else entry.routes[:best_len]
+        return CacheEntry(entry.token_ids[:best_len], kv, routes)
 
     def release(self, entry: CacheEntry) -> None:
         """Keep ``entry`` as the most recent, evicting the least recently used beyond capacity."""

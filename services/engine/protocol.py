@@ -14,12 +14,14 @@ from ``text`` unless ``no_stop_trim`` is set.
 
 from __future__ import annotations
 
+import base64
 import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
 
 from rollbus.services.engine.sampling import SAMPLING_EPS, TOP_K_ALL, Sampling
@@ -51,6 +53,8 @@ class GenerateRequest:
     params: SamplingParams
     return_logprob: bool = False
     stream: bool = False
+    return_routed_experts: bool = False
+    routed_experts_start_len: int = 0  # rows of positions [start, seqlen - 1), as SGLang's
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,7 @@ class Generation:
     prompt_tokens: int
     cached_tokens: int
     weight_version: str
+    routed_experts: np.ndarray | None = None  # [rows, layers x top_k] int32, when asked for and recorded
 
 
 _STRICT = ConfigDict(strict=True, extra="ignore", frozen=True)
@@ -168,6 +173,8 @@ class GenerateBody(BaseModel):
     stream: bool = False
     logprob_start_len: int = -1
     text: Any = None
+    return_routed_experts: bool = False
+    routed_experts_start_len: int = 0
 
     @model_validator(mode="before")
     @classmethod
@@ -250,12 +257,19 @@ def parse_generate(body: Any, vocab_size: int, context_length: int) -> GenerateR
     request: GenerateBody = _validate(
         GenerateBody, body, {"vocab_size": vocab_size, "context_length": context_length}
     )
+    start = request.routed_experts_start_len
+    if not 0 <= start <= len(request.input_ids):
+        raise BadRequest(
+            f"routed_experts_start_len ({start}) must be within [0, {len(request.input_ids)}] (the prompt)."
+        )
     return GenerateRequest(
         rid=request.rid or uuid.uuid4().hex,
         input_ids=list(request.input_ids),
         params=request.sampling_params.params(),
         return_logprob=request.return_logprob,
         stream=request.stream,
+        return_routed_experts=request.return_routed_experts,
+        routed_experts_start_len=start,
     )
 
 
@@ -328,4 +342,7 @@ def response_body(
     meta_info["cached_tokens"] = generation.cached_tokens
     if e2e_latency is not None:
         meta_info["e2e_latency"] = e2e_latency
+    if request.return_routed_experts and generation.routed_experts is not None:
+        ids = generation.routed_experts.astype("<i4").tobytes()  # SGLang's: base64 of int32, C order
+        meta_info["routed_experts"] = base64.b64encode(ids).decode()
     return {"text": text, "output_ids": list(generation.output_ids), "meta_info": meta_info}

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 from pydantic import Field, model_validator
@@ -82,7 +83,7 @@ class DemoSettings(StackSettings):
         return new_demo_namespace(), "a new run"
 
 
-async def demo(settings: DemoSettings) -> dict[str, int]:
+async def demo(settings: DemoSettings) -> dict[str, Any]:
     say = lambda name, what: console.print(Text(f"{name:15} {what}"))  # noqa: E731
     started_ms = int(time.time() * 1000)  # what the topics hold from before is an earlier run's
     namespace, how = settings.run_namespace()
@@ -111,7 +112,9 @@ async def demo(settings: DemoSettings) -> dict[str, int]:
             keeper.cancel()
             await asyncio.gather(watcher, keeper, return_exceptions=True)
     trained = tokens_trained(stack_settings, progress.policy_base)
-    summary = progress.summary(train_steps=progress.policy_updates, tokens_trained=trained)
+    summary: dict[str, Any] = progress.summary(train_steps=progress.policy_updates, tokens_trained=trained)
+    if settings.moe:
+        summary.update(routing_figures(step_rows(stack_settings, progress.policy_base)))
     show(stack_settings, progress, summary, stack)
     if settings.json_summary is not None:
         settings.json_summary.write_text(json.dumps(summary, indent=2) + "\n")
@@ -199,16 +202,43 @@ async def served_version(stack: Stack) -> str:
     return str(answer.json().get("weight_version")) if answer.status_code == 200 else f"unknown ({answer})"
 
 
-def tokens_trained(settings: DemoSettings, base_version: int) -> int | None:
-    """Tokens the steps of this run trained (the metrics of an earlier run's steps are in the same file)."""
+def step_rows(settings: DemoSettings, base_version: int) -> list[dict[str, Any]]:
+    """The trainer's metrics rows of this run's steps (an earlier run's steps are in the same file)."""
     metrics = settings.state_dir / "up" / "trainer" / (settings.namespace or "default") / "metrics.jsonl"
     if not metrics.exists():
-        return 0
+        return []
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    return sum(int(row.get("tokens_trained", 0)) for row in rows if int(row.get("version", 0)) > base_version)
+    return [row for row in rows if int(row.get("version", 0)) > base_version]
 
 
-def show(settings: DemoSettings, progress: Progress, summary: dict[str, int], stack: Stack) -> None:
+def tokens_trained(settings: DemoSettings, base_version: int) -> int | None:
+    """Tokens the steps of this run trained."""
+    return sum(int(row.get("tokens_trained", 0)) for row in step_rows(settings, base_version))
+
+
+ROUTING_FIGURES = (
+    ("replayed_fraction", "routing_replayed_fraction"),  # trained tokens on the rollout's routing
+    ("routing_agreement", "routing_agreement"),  # replayed positions the trainer would have routed alike
+    ("logprob_diff_mean", "logprob_diff_mean"),
+    ("logprob_diff_max", "logprob_diff_max"),
+    ("approx_kl", "approx_kl"),
+    ("unreplayed_logprob_diff_mean", "unreplayed_logprob_diff_mean"),  # the same tokens, its own routing
+    ("unreplayed_approx_kl", "unreplayed_approx_kl"),
+)
+
+
+def routing_figures(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """``--moe``: each routing and mismatch figure of the trainer's steps, averaged over this run's steps
+    (the max of the maxima); None for a figure no step reported."""
+    figures: dict[str, float | None] = {}
+    for key, name in ROUTING_FIGURES:
+        values = [float(row[key]) for row in rows if row.get(key) is not None]
+        combine = max if key.endswith("_max") else (lambda v: sum(v) / len(v))
+        figures[name] = combine(values) if values else None
+    return figures
+
+
+def show(settings: DemoSettings, progress: Progress, summary: dict[str, Any], stack: Stack) -> None:
     table = Table(title="rollouts")
     for column in ("rollout", "attempt", "reward", "solved", "failure", "flags"):
         table.add_column(column, overflow="fold")
@@ -222,7 +252,8 @@ def show(settings: DemoSettings, progress: Progress, summary: dict[str, int], st
     versions = sorted(set(progress.turn_policy_versions))
     console.print(Text(f"policy versions that generated turns: {versions}"))
     for key, value in summary.items():
-        console.print(Text(f"{key:20} {value}"))
+        shown = f"{value:.4g}" if isinstance(value, float) else value
+        console.print(Text(f"{key:20} {shown}"))
     console.print(Text(f"logs: {stack.log_dir}"))
     if progress.rewards:
         embedded = settings.state_dir / "up" if settings.starts_broker() else None
@@ -251,7 +282,7 @@ def replay_hint(rollout_id: str, bootstrap: str, embedded_state: Path | None, na
 add_arguments = DemoSettings.add_arguments
 
 
-async def cancellable(settings: DemoSettings) -> dict[str, int]:
+async def cancellable(settings: DemoSettings) -> dict[str, Any]:
     """The demo, cancelled by SIGTERM or SIGINT so every service is stopped on the way out."""
     task = asyncio.current_task()
     assert task is not None

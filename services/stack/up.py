@@ -27,6 +27,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rollbus.broker import EmbeddedBroker, free_port
+from rollbus.policy_model import MoeSpec
 from rollbus.services.stack.runs import checkpoint_version, run_line
 from rollbus.services.stack.supervisor import ServiceSpec, Supervisor
 from rollbus.settings import BusSettings
@@ -58,6 +59,11 @@ class StackSettings(BusSettings):
     steps: int = Field(0, ge=0, description="training steps before the trainer stops (0: never)")
     runner_concurrency: int = Field(2, ge=1, description="rollouts the sandbox runner runs at once")
     gym: bool = Field(True, description="also run the gym runner (gym tasks)")
+    moe: bool = Field(
+        False, description="serve and train the small random Qwen3-MoE with rollout routing replay: the "
+        "engine returns each turn's routed experts, the adapter stores them, the trainer replays them and "
+        "measures its own routing beside"
+    )
     external_plugins: str = Field(
         "", description="the gym runner's --external-plugins (.py files, comma-separated)"
     )
@@ -111,15 +117,18 @@ def service_specs(settings: StackSettings, stack: Stack) -> list[ServiceSpec]:
     state = settings.state_dir / "up"
     engine_port = int(stack.engine_url.rsplit(":", 1)[1])
     adapter_port = int(stack.adapter_url.rsplit(":", 1)[1])
+    moe = moe_flags(settings)
     specs = [
         ServiceSpec.rollbus(
             "engine",
-            ["--port", str(engine_port), "--policy", settings.policy, "--script", str(settings.script)],
+            ["--port", str(engine_port), "--policy", settings.policy, "--script", str(settings.script),
+             *moe["engine"]],
             health_url=f"{stack.engine_url}/health", env={"ROLLBUS_ENGINE_API_KEY": engine_key},
         ),
         ServiceSpec.rollbus(
             "adapter",
-            ["--port", str(adapter_port), "--sglang-url", stack.engine_url, "--state-dir", str(state), *bus],
+            ["--port", str(adapter_port), "--sglang-url", stack.engine_url, "--state-dir", str(state), *bus,
+             *moe["adapter"]],
             health_url=f"{stack.adapter_url}/healthz",
             env={"ROLLBUS_ADAPTER_ENGINE_API_KEY": engine_key,
                  "ROLLBUS_ADAPTER_ADMIN_TOKEN": stack.admin_token},
@@ -144,12 +153,26 @@ def service_specs(settings: StackSettings, stack: Stack) -> list[ServiceSpec]:
             "trainer",
             ["--group-size", str(settings.group_size),
              "--rollout-batch-size", str(settings.rollout_batch_size), "--steps", str(settings.steps),
-             "--engine-url", stack.engine_url, "--state-dir", str(state), *bus],
+             "--engine-url", stack.engine_url, "--state-dir", str(state), *bus, *moe["trainer"]],
             env={"ROLLBUS_TRAINER_ENGINE_API_KEY": engine_key}, settle=3.0,
             restart="on-failure" if settings.steps else "always",
         ),
     ]  # fmt: skip
     return specs
+
+
+def moe_flags(settings: StackSettings) -> dict[str, list[str]]:
+    """With ``--moe``: the same random Qwen3-MoE on both sides (:class:`~rollbus.policy_model.MoeSpec`'s
+    shape), its routes recorded by the engine, stored by the adapter (in the state dir the trainer reads)
+    and replayed by the trainer, which also measures the mismatch on its own routing."""
+    if not settings.moe:
+        return {"engine": [], "adapter": [], "trainer": []}
+    experts = ["--moe-experts", str(MoeSpec.experts)]
+    return {
+        "engine": [*experts, "--enable-return-routed-experts", "true"],
+        "adapter": ["--routed-experts", "true"],
+        "trainer": [*experts, "--routing-replay", "true", "--mismatch-unreplayed", "true"],
+    }
 
 
 def plugin_paths(settings: StackSettings) -> list[Path]:
