@@ -3,9 +3,10 @@
 Broker (the embedded Apache Kafka of the state dir, unless a bootstrap address is given: then that cluster,
 and no broker is started), engine, adapter, sandbox runner, grader, gym runner, segmenter and trainer, each
 started as a user would (``python -m rollbus <service>``) and ready before the next starts; a crashed service
-is restarted with backoff; Ctrl-C (or SIGTERM) stops everything, also during start-up, leaving no process
-behind. Started again on the same state dir and namespace it continues that run, and says so
-(:mod:`rollbus.services.stack.runs`).
+is restarted with backoff, and a dead embedded broker is started again on its data and port (the services
+that died with it restart once it answers); Ctrl-C (or SIGTERM) stops everything, also during start-up,
+leaving no process behind. Started again on the same state dir and namespace it continues that run, and
+says so (:mod:`rollbus.services.stack.runs`).
 
 Secrets (the engine's API key, the adapter's admin token) are made per run and handed to the services that
 need them through their variables, never on a command line (``ps`` shows those) and never to a sandbox.
@@ -193,7 +194,7 @@ async def running_stack(
         )  # fmt: skip
         supervisor = Supervisor(
             service_specs(settings, stack), stack.log_dir,
-            ready_timeout=settings.ready_timeout, stop_grace=settings.stop_grace, on_event=say,
+            ready_timeout=settings.ready_timeout, stop_grace=settings.stop_grace, on_event=say, broker=broker,
         )  # fmt: skip
         async with supervisor:
             yield stack, supervisor
