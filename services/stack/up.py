@@ -8,8 +8,9 @@ that died with it restart once it answers); Ctrl-C (or SIGTERM) stops everything
 leaving no process behind. Started again on the same state dir and namespace it continues that run, and
 says so (:mod:`rollbus.services.stack.runs`).
 
-Secrets (the engine's API key, the adapter's admin token) are made per run and handed to the services that
-need them through their variables, never on a command line (``ps`` shows those) and never to a sandbox.
+Secrets (the engine's API key, the adapter's admin token and signing key) are made per run and handed to the
+services that need them through their variables, never on a command line (``ps`` shows those) and never to a
+sandbox.
 """
 
 from __future__ import annotations
@@ -104,6 +105,8 @@ class Stack:
     admin_token: str = field(repr=False)
     log_dir: Path
     engine_key: str = field(repr=False)
+    # one per run: an adapter restarted with a key of its own would refuse every session token in flight
+    adapter_signing_key: str = field(default_factory=lambda: secrets.token_hex(32), repr=False)
 
 
 def service_specs(settings: StackSettings, stack: Stack) -> list[ServiceSpec]:
@@ -123,7 +126,8 @@ def service_specs(settings: StackSettings, stack: Stack) -> list[ServiceSpec]:
             ["--port", str(adapter_port), "--sglang-url", stack.engine_url, "--state-dir", str(state), *bus],
             health_url=f"{stack.adapter_url}/healthz",
             env={"ROLLBUS_ADAPTER_ENGINE_API_KEY": engine_key,
-                 "ROLLBUS_ADAPTER_ADMIN_TOKEN": stack.admin_token},
+                 "ROLLBUS_ADAPTER_ADMIN_TOKEN": stack.admin_token,
+                 "ROLLBUS_ADAPTER_SIGNING_KEY": stack.adapter_signing_key},
         ),
         ServiceSpec.rollbus(
             "sandbox-runner",
