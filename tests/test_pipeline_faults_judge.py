@@ -23,7 +23,7 @@ def clean() -> dict[str, Any]:
     return {
         "tasks": raw([{"rollout_id": "g-0"}, {"rollout_id": "g-1"}]),
         "rewards": raw([{"rollout_id": "g-0", "attempt_id": "a1", "reward": 1.0, "at": 1},
-                        {"rollout_id": "g-1", "attempt_id": "a1", "reward": 0.0, "failure_kind": "x", "at": 2},
+                        {"rollout_id": "g-1", "attempt_id": "a1", "reward": 0, "failure_kind": "x", "at": 2},
                         {"rollout_id": "g-0", "attempt_id": "a1", "reward": 1.0, "at": 9}]),  # a redelivery
         "segments": raw(segments + segments[:1]),  # a re-cut, byte-identical
         "rebuilt": raw(segments),
