@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 
 import psutil
 import pytest
 
-from rollbus.broker import free_port
+from rollbus.broker import EmbeddedBroker, free_port
+from rollbus.polling import wait_until_async
 from rollbus.services.stack.supervisor import ServiceSpec, StackFailed, Supervisor
+from rollbus.topics import create_topics, describe, topic_name
 
 PY = sys.executable
 # a child that starts a grandchild in its own process group and records both pids
@@ -121,3 +124,47 @@ async def test_an_on_failure_service_that_exits_cleanly_is_done_not_restarted(tm
     assert stack["trainer"].done and stack["trainer"].restarts == 0
     await stack.stop()
     await watcher
+
+
+# a client that dies with its broker, as the services do: exits 3 once the port stops answering
+CLIENT = (
+    "import sys, time; from rollbus.broker import port_is_open;"
+    "port = int(sys.argv[1]);"
+    "exec('while port_is_open(port): time.sleep(0.1)');"
+    "raise SystemExit(3)"
+)
+
+
+@pytest.mark.kafka
+async def test_a_killed_broker_is_started_again_on_its_data_and_port_and_its_clients_with_it(tmp_path):
+    """What failed: under `rollbus up` a SIGKILL of the embedded broker was never recovered; the services
+    crash-looped against a port nobody listened on, and the run waited forever."""
+    broker = EmbeddedBroker(tmp_path / "state", port=free_port())
+    broker.start(timeout=120)
+    events: list[tuple[str, str]] = []
+    # a backoff far beyond the test's patience: the client comes back because the broker did, not by waiting
+    client = ServiceSpec("client", [PY, "-c", CLIENT, str(broker.port)], settle=0.3)
+    stack = Supervisor([client], tmp_path / "logs", backoff_initial=600, backoff_max=600, ready_timeout=120,
+                       broker=broker, on_event=lambda n, w: events.append((n, w)))  # fmt: skip
+    try:
+        await create_topics(broker.bootstrap_servers, 1, "before")
+        await stack.start()
+        watcher = asyncio.create_task(stack.watch(poll=0.05))
+        first_broker, first_client = broker.pid(), stack["client"].proc.pid
+        os.kill(first_broker, signal.SIGKILL)
+
+        async def recovered() -> bool:
+            assert not watcher.done(), watcher
+            return broker.is_running() and stack["client"].running and stack["client"].restarts == 1
+
+        await wait_until_async(recovered, timeout=180, interval=0.2, what=f"broker and client back {events}")
+        assert broker.pid() != first_broker and stack["client"].proc.pid != first_client
+        assert any(name == "broker" and what.startswith("restarted (1)") for name, what in events), events
+        # the same port and the same data: the topic made before the kill is still there
+        assert await describe(broker.bootstrap_servers, [topic_name("tasks", "before")])
+        await stack.stop()
+        await watcher
+    finally:
+        await stack.stop()
+        broker.stop()
+    assert not stack["client"].running and not broker.is_running()

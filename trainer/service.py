@@ -237,7 +237,8 @@ class Trainer:
         return {
             "reward_mean": sum(rewards) / len(rewards),
             "solve_rate": sum(r >= self.settings.solve_threshold for r in rewards) / len(rewards),
-            "groups": len(groups), "rollouts": len(rewards), "segments": len(segments),
+            "groups": len(groups), "group_ids": [g.group_id for g in groups],
+            "rollouts": len(rewards), "segments": len(segments),
             "tokens_trained": int(result.stats.tokens), "response_tokens": response_tokens,
             "masked_fraction": masked / max(response_tokens, 1),
             "staleness_mean": sum(stale) / len(stale),

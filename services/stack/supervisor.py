@@ -5,6 +5,11 @@ calls, the runner's sandboxes). A child that exits while the stack is up is rest
 doubles up to a cap and resets once the child has stayed up for a while. Stopping (Ctrl-C, SIGTERM, or an
 error during start-up) stops the children in reverse order: SIGTERM to the whole process group, then SIGKILL
 after a grace period, so nothing is left behind whatever moment the stop came.
+
+The broker the services talk to may be watched too (``broker=``): it is not a child (it outlives a stack
+stopped on purpose, and is started and stopped by whoever owns it), but if it dies while the stack is up it is
+started again, on its own data and port, before anything else; children that exited meanwhile (every client
+of a dead broker may) wait for it, then restart at once instead of after the backoff their crashes built up.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 import httpx
 import psutil
@@ -29,6 +34,16 @@ log = logging.getLogger("rollbus.stack")
 
 class StackFailed(RuntimeError):
     """A service did not become ready, or kept crashing past its restart budget."""
+
+
+class Broker(Protocol):
+    """What the supervisor needs of a broker it watches (:class:`rollbus.broker.EmbeddedBroker`)."""
+
+    bootstrap_servers: str
+
+    def is_running(self) -> bool: ...
+
+    def start(self, timeout: float = ...) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -56,6 +71,7 @@ class Child:
     started_at: float = 0.0
     restarts: int = 0
     backoff: float = 0.0
+    restart_at: float | None = None  # exited: when it may start again
 
     @property
     def running(self) -> bool:
@@ -73,7 +89,7 @@ class Child:
                 list(self.spec.argv), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**os.environ, **self.spec.env},
             )  # fmt: skip
-        self.started_at = time.monotonic()
+        self.started_at, self.restart_at = time.monotonic(), None
 
     def log_tail(self, lines: int = 20) -> str:
         if not self.log_path.exists():
@@ -134,6 +150,7 @@ class Supervisor:
         stable_after: float = 60.0,
         max_restarts: int = 20,
         on_event: Callable[[str, str], None] | None = None,
+        broker: Broker | None = None,
     ) -> None:
         self.children = [Child(spec, Path(log_dir) / f"{spec.name}.log") for spec in specs]
         self.ready_timeout, self.stop_grace = ready_timeout, stop_grace
@@ -141,6 +158,10 @@ class Supervisor:
         self.stable_after, self.max_restarts = stable_after, max_restarts
         self.on_event = on_event or (lambda name, what: log.info("%s: %s", name, what))
         self._stopping = asyncio.Event()
+        self.broker = broker
+        self.broker_restarts = 0
+        self._broker_started = time.monotonic()
+        self._broker_starting: asyncio.Task[float] | None = None
 
     def __getitem__(self, name: str) -> Child:
         return next(child for child in self.children if child.spec.name == name)
@@ -176,39 +197,75 @@ class Supervisor:
         raise StackFailed(f"{child.spec.name} was not ready in {waited}:\n{child.log_tail()}")
 
     async def watch(self, poll: float = 0.5) -> None:
-        """Until stopped: restart any child that exited, after its backoff; give up past ``max_restarts``."""
+        """Until stopped: restart a dead broker first, then any child that exited, each after its own
+        backoff (one child backing off delays no other); give up past ``max_restarts`` crashes in a row (a
+        child that stayed up ``stable_after`` seconds starts counting afresh)."""
         while not self._stopping.is_set():
+            if self.broker is not None and not self.broker.is_running():
+                await self._restart_broker()
+                continue
+            if time.monotonic() - self._broker_started > self.stable_after:
+                self.broker_restarts = 0
             for child in self.children:
-                if child.done:
+                if child.done or self._stopping.is_set():
                     continue
-                if child.running or self._stopping.is_set():
-                    if child.running and time.monotonic() - child.started_at > self.stable_after:
-                        child.backoff = 0.0  # it stayed up: the next crash restarts quickly again
+                if child.running:
+                    if time.monotonic() - child.started_at > self.stable_after:
+                        child.backoff, child.restarts = 0.0, 0  # it stayed up: a new crash starts afresh
                     continue
-                await self._restart(child)
-            try:
-                await asyncio.wait_for(self._stopping.wait(), poll)
-            except TimeoutError:
-                pass
+                self._restart(child)
+            await self._pause(poll)
 
-    async def _restart(self, child: Child) -> None:
-        code = child.proc.returncode if child.proc else None
-        if child.restarts >= self.max_restarts:
-            raise StackFailed(f"{child.spec.name} crashed {child.restarts} times; last:\n{child.log_tail()}")
-        child.backoff = min(self.backoff_max, child.backoff * 2 or self.backoff_initial)
-        self.on_event(child.spec.name, f"exited with {code}; restarting in {child.backoff:.1f}s")
+    def _restart(self, child: Child) -> None:
+        """A dead child: note when it may start again (its backoff), or start it if that time has come."""
+        if child.restart_at is None:
+            code = child.proc.returncode if child.proc else None
+            if child.restarts >= self.max_restarts:
+                last = child.log_tail()
+                raise StackFailed(f"{child.spec.name} crashed {child.restarts} times; last:\n{last}")
+            child.backoff = min(self.backoff_max, child.backoff * 2 or self.backoff_initial)
+            child.restart_at = time.monotonic() + child.backoff
+            self.on_event(child.spec.name, f"exited with {code}; restarting in {child.backoff:.1f}s")
+        if time.monotonic() >= child.restart_at:
+            child.restarts += 1
+            child.launch()
+            self.on_event(child.spec.name, f"restarted ({child.restarts})")
+
+    async def _restart_broker(self) -> None:
+        """Start the dead broker again (same data, same port: the children's addresses stay true); on
+        success every child's backoff is reset, so those that died with it come back at once."""
+        assert self.broker is not None
+        if self.broker_restarts >= self.max_restarts:
+            raise StackFailed(f"the broker died {self.broker_restarts} times; it is not restarted again")
+        self.broker_restarts += 1
+        self.on_event("broker", f"not running; starting it again on {self.broker.bootstrap_servers}")
+        # a task of its own, awaited by stop(): a start cut short by a cancel would leave a JVM behind
+        self._broker_starting = asyncio.create_task(asyncio.to_thread(self.broker.start, self.ready_timeout))
         try:
-            await asyncio.wait_for(self._stopping.wait(), child.backoff)
-            return  # stopped while backing off
+            seconds = await asyncio.shield(self._broker_starting)
+        except Exception as error:  # noqa: BLE001 - any failed start is retried, up to the budget
+            self.on_event("broker", f"did not start again: {error}")
+            await self._pause(min(self.backoff_max, self.backoff_initial * 2**self.broker_restarts))
+            return
+        self.on_event("broker", f"restarted ({self.broker_restarts}), ready in {seconds:.1f}s")
+        self._broker_started = time.monotonic()
+        for child in self.children:
+            child.backoff = 0.0
+            if not child.running and not child.done:
+                child.restart_at = time.monotonic()
+                self.on_event(child.spec.name, "exited while the broker was away; restarting now")
+
+    async def _pause(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stopping.wait(), seconds)
         except TimeoutError:
             pass
-        child.restarts += 1
-        child.launch()
-        self.on_event(child.spec.name, f"restarted ({child.restarts})")
 
     async def stop(self) -> None:
         """Stop every child, last started first; safe to call more than once and at any moment."""
         self._stopping.set()
+        if self._broker_starting is not None:  # let a restart in flight finish: its owner stops the broker
+            await asyncio.gather(self._broker_starting, return_exceptions=True)
         for child in reversed(self.children):
             if child.proc is not None:
                 await asyncio.to_thread(stop_group, child.proc, self.stop_grace)

@@ -3,12 +3,14 @@
 Broker (the embedded Apache Kafka of the state dir, unless a bootstrap address is given: then that cluster,
 and no broker is started), engine, adapter, sandbox runner, grader, gym runner, segmenter and trainer, each
 started as a user would (``python -m rollbus <service>``) and ready before the next starts; a crashed service
-is restarted with backoff; Ctrl-C (or SIGTERM) stops everything, also during start-up, leaving no process
-behind. Started again on the same state dir and namespace it continues that run, and says so
-(:mod:`rollbus.services.stack.runs`).
+is restarted with backoff, and a dead embedded broker is started again on its data and port (the services
+that died with it restart once it answers); Ctrl-C (or SIGTERM) stops everything, also during start-up,
+leaving no process behind. Started again on the same state dir and namespace it continues that run, and
+says so (:mod:`rollbus.services.stack.runs`).
 
-Secrets (the engine's API key, the adapter's admin token) are made per run and handed to the services that
-need them through their variables, never on a command line (``ps`` shows those) and never to a sandbox.
+Secrets (the engine's API key, the adapter's admin token and signing key) are made per run and handed to the
+services that need them through their variables, never on a command line (``ps`` shows those) and never to a
+sandbox.
 """
 
 from __future__ import annotations
@@ -109,6 +111,8 @@ class Stack:
     admin_token: str = field(repr=False)
     log_dir: Path
     engine_key: str = field(repr=False)
+    # one per run: an adapter restarted with a key of its own would refuse every session token in flight
+    adapter_signing_key: str = field(default_factory=lambda: secrets.token_hex(32), repr=False)
 
 
 def service_specs(settings: StackSettings, stack: Stack) -> list[ServiceSpec]:
@@ -131,7 +135,8 @@ def service_specs(settings: StackSettings, stack: Stack) -> list[ServiceSpec]:
              *moe["adapter"]],
             health_url=f"{stack.adapter_url}/healthz",
             env={"ROLLBUS_ADAPTER_ENGINE_API_KEY": engine_key,
-                 "ROLLBUS_ADAPTER_ADMIN_TOKEN": stack.admin_token},
+                 "ROLLBUS_ADAPTER_ADMIN_TOKEN": stack.admin_token,
+                 "ROLLBUS_ADAPTER_SIGNING_KEY": stack.adapter_signing_key},
         ),
         ServiceSpec.rollbus(
             "sandbox-runner",
@@ -216,7 +221,7 @@ async def running_stack(
         )  # fmt: skip
         supervisor = Supervisor(
             service_specs(settings, stack), stack.log_dir,
-            ready_timeout=settings.ready_timeout, stop_grace=settings.stop_grace, on_event=say,
+            ready_timeout=settings.ready_timeout, stop_grace=settings.stop_grace, on_event=say, broker=broker,
         )  # fmt: skip
         async with supervisor:
             yield stack, supervisor
