@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from rollbus.markup import ContentFormsMarkup
-from rollbus.services.adapter import anthropic, edge, openai
+from rollbus.services.adapter import anthropic, edge, openai, responses
 from rollbus.services.adapter.errors import ApiError, forbidden, invalid_request, not_found, unauthenticated
 from rollbus.services.adapter.expiry import idle_expiry
 from rollbus.services.adapter.metrics import CountRequests
@@ -189,6 +189,7 @@ ROUTES: list[tuple[str, Callable[[Request], Any], list[str]]] = [
     ("/v1/messages", messages, ["POST"]),
     ("/v1/messages/count_tokens", count_tokens, ["POST"]),
     ("/v1/chat/completions", openai.chat_completions, ["POST"]),
+    ("/v1/responses", responses.responses, ["POST"]),
     ("/admin/sessions", open_session, ["POST"]),
     ("/admin/sessions/{rollout_id}/close", close_session, ["POST"]),
 ]
