@@ -55,7 +55,8 @@ def binary_path(version: str = VERSION) -> Path:
     marker = install_dir(version) / MARKER
     if not marker.is_file():
         raise CliNotInstalled(
-            f"Codex {version} is not installed in {install_dir(version)}; run `python -m rollbus.codex_cli fetch`"
+            f"Codex {version} is not installed in {install_dir(version)}; "
+            "run `python -m rollbus.codex_cli fetch`"
         )
     return install_dir(version) / json.loads(marker.read_text())["binary"]
 
@@ -63,8 +64,9 @@ def binary_path(version: str = VERSION) -> Path:
 def execute_only_binary(version: str = VERSION) -> Path:
     """A copy of the installed binary that anyone may run and nobody but root may read (mode 0111).
 
-    As for Claude Code (``rollbus.claude_cli.execute_only_binary``): a process running a binary its user cannot
-    read is not dumpable, so the tools it starts cannot read its memory, environment (the token) or sockets.
+    As for Claude Code (``rollbus.claude_cli.execute_only_binary``): a process running a binary its user
+    cannot read is not dumpable, so the tools it starts cannot read its memory, environment (the token) or
+    sockets.
     Codex is a static native binary, so it runs as is. Made once per version, atomically.
     """
     source = binary_path(version)
@@ -148,10 +150,10 @@ DEFAULT_CONTEXT_WINDOW = 65536
 def model_catalog(
     model: str, *, instructions: str = DEFAULT_INSTRUCTIONS, context_window: int = DEFAULT_CONTEXT_WINDOW
 ) -> dict:
-    """Our own ``model_catalog_json`` entry for ``model``: it decides Codex's tool set (the unified-exec shell,
-    freeform ``apply_patch``; no search tool) and its base instructions (the first developer message).
+    """Our own ``model_catalog_json`` entry for ``model``: it decides Codex's tool set (the unified-exec
+    shell, freeform ``apply_patch``; no search tool) and its base instructions (the first developer message).
 
-    Without an entry Codex falls back to generic metadata: no apply_patch, sub-agent and goal tools instead."""
+    Without an entry Codex falls back to generic metadata: no apply_patch; sub-agent and goal tools."""
     entry = {
         "slug": model, "display_name": model, "description": "served by rollbus",
         "default_reasoning_level": None, "supported_reasoning_levels": [], "shell_type": "unified_exec",
@@ -226,24 +228,14 @@ def build_command(
     catalog: str,
     workdir: str,
     binary: str | os.PathLike[str] = "codex",
+    max_turn_seconds: float = 1800.0,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
     """argv for one headless episode printing JSON events on stdout; Codex's own sandbox and approvals are
     off because ours contains it. The prompt follows ``--``, so one starting with ``-`` stays a prompt."""
-    cmd = [
-        str(binary),
-        "exec",
-        "--json",
-        "--skip-git-repo-check",
-        "--ephemeral",
-        "--ignore-rules",
-        "-C",
-        workdir,
-    ]
-    cmd += [
-        "--dangerously-bypass-approvals-and-sandbox",
-        *config_overrides(base_url, model=model, catalog=catalog),
-    ]
+    cmd = [str(binary), "exec", "--json", "--skip-git-repo-check", "--ephemeral", "--ignore-rules"]
+    cmd += ["-C", workdir, "--dangerously-bypass-approvals-and-sandbox"]
+    cmd += config_overrides(base_url, model=model, catalog=catalog, max_turn_seconds=max_turn_seconds)
     return [*cmd, *extra_args, "--", prompt]
 
 

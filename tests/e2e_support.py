@@ -242,7 +242,9 @@ async def play_codex(
     return Rollout(rollout_id, completed, workdir, turns, sessions)
 
 
-async def run_codex(base_url: str, token: str, workdir: Path, prompt: str, *, timeout: float = 180.0) -> Completed:
+async def run_codex(
+    base_url: str, token: str, workdir: Path, prompt: str, *, timeout: float = 180.0
+) -> Completed:
     """The real Codex CLI, headless, in a bwrap sandbox that only reaches loopback (the adapter)."""
     binary, catalog = codex_cli.fetch(), codex_cli.catalog_file(MODEL)
     binds = {binary: codex_cli.SANDBOX_BINARY, catalog: CODEX_CATALOG}

@@ -7,13 +7,15 @@ turn is planned on the rollout's canonical history and recorded exactly like a C
 emit translates back to what we committed (call ids, argument objects, reasoning text), so an echoed history
 stitches onto the recorded tokens.
 
-Tools: ``function`` tools pass through; a ``custom`` (freeform grammar) tool such as ``apply_patch`` is offered
-to the model as a function with one string parameter ``input`` and its calls go back as ``custom_tool_call``;
-hosted tools (``web_search``, ...) and ``namespace`` tools are not offered (the runner's Codex config disables
-them). The stream is the one Codex reads (docs/codex-wire.md): ``response.created``, ``response.in_progress``
-while the engine works (Codex's idle timer counts events, not SSE comments), then per item
-``response.output_item.added`` / ``.done``, then ``response.completed`` with usage; a failure after the status
-line is a ``response.failed`` event.
+Tools: ``function`` tools pass through; a ``custom`` (freeform grammar) tool such as ``apply_patch`` is
+offered to the model as a function with one string parameter ``input`` and its calls go back as
+``custom_tool_call``; hosted tools (``web_search``, ...) and ``namespace`` tools are not offered (the
+runner's Codex config disables them).
+
+The stream is the one Codex reads (docs/codex-wire.md): ``response.created``, ``response.in_progress`` while
+the engine works (Codex's idle timer counts events, not SSE comments), then per item
+``response.output_item.added`` / ``.done``, then ``response.completed`` with usage; a failure after the
+status line is a ``response.failed`` event.
 """
 
 from __future__ import annotations
@@ -149,7 +151,8 @@ def to_chat(request: ResponsesRequest) -> ChatPrompt:
         if item.type in OUTPUT_ITEMS:
             if item.call_id not in pending:
                 raise invalid_request(
-                    f"input.{index}: call_id {item.call_id!r} does not answer a call of the assistant turn before"
+                    f"input.{index}: call_id {item.call_id!r} does not answer a call of the assistant turn "
+                    "before it"
                 )
             output = (
                 item.output if isinstance(item.output, str) else "".join(p.text for p in item.output or ())
@@ -212,9 +215,10 @@ def output_items(message: dict[str, Any], custom: frozenset[str]) -> list[dict[s
             )  # fmt: skip
         elif kind == "tool_use" and block["name"] in custom:
             raw = block["input"].get(FREEFORM_PARAMETER, "")
+            raw = raw if isinstance(raw, str) else json.dumps(raw)
             items.append(
                 {"type": "custom_tool_call", "id": f"ctc_{suffix}_{i}", "status": "completed",
-                 "call_id": block["id"], "name": block["name"], "input": raw if isinstance(raw, str) else json.dumps(raw)}
+                 "call_id": block["id"], "name": block["name"], "input": raw}
             )  # fmt: skip
         elif kind == "tool_use":
             items.append(
