@@ -1,7 +1,7 @@
 """The real Codex CLI, in bwrap, against the real adapter's Responses route and the scripted engine, onto a
 real broker: what Codex does on disk, and what training would see on the bus.
 
-One adapter and one engine (``codex_fix_calc.json``) serve the module; each test is its own rollout.
+One adapter and one engine (``runner/codex_fix.json``) serve the module; each test is its own rollout.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.kafka
 FIX = "The tests in this directory fail. Fix the bug."
 IM_END = "<|im_end|>"
 FIXED_LINE = "return sum(range(1, n + 1))"
-SCRIPT = SCRIPTS / "codex_fix_calc.json"
+SCRIPT = SCRIPTS / "runner" / "codex_fix.json"
 
 
 @pytest.fixture(scope="module")
