@@ -104,6 +104,13 @@ class Rig:
         async with self.admin() as http:
             return (await http.post(f"/admin/sessions/{rollout_id}/close")).raise_for_status().json()
 
+    async def close_session_if_open(self, rollout_id: str) -> None:
+        """Close the rollout's session; a 404 (no request ever opened it on the adapter) is fine."""
+        async with self.admin() as http:
+            answer = await http.post(f"/admin/sessions/{rollout_id}/close")
+        if answer.status_code != 404:
+            answer.raise_for_status()
+
     async def metric(self, name: str, **labels: str) -> float:
         """The adapter's Prometheus sample ``name`` with these labels summed over the others (0 if absent)."""
         async with httpx.AsyncClient() as http:

@@ -17,7 +17,7 @@ from rollbus.sandbox import git_diff
 from rollbus.tokenizer import load_tokenizer
 from rollbus.topics import create_topics
 from tests.conftest import TEST_PARTITIONS
-from tests.e2e_support import SCRIPTS, Rig, play_codex, script_turns, stream_events
+from tests.e2e_support import SCRIPTS, Rig, play_codex, rollout_events, script_turns, stream_events
 from tests.test_e2e_claude_code import assert_trains_every_sampled_token, decoded_outputs, session_kinds
 
 pytestmark = pytest.mark.kafka
@@ -72,3 +72,19 @@ async def test_shell_then_apply_patch_fix_lands_on_disk_and_every_sampled_token_
     assert "Success. Updated the following files" in tokenizer.decode(resolved[2].prompt_ids[-200:])
     assert_trains_every_sampled_token(rollout, ["final"])
     assert session_kinds(rollout, "main") == [("opened", "first"), ("closed", "rollout_end")]
+
+
+async def test_another_rollouts_closed_token_is_a_401_codex_does_not_retry(rig: Rig, tmp_path: Path) -> None:
+    """A token whose rollout was closed (what an agent that kept an earlier rollout's token would send) gets
+    one 401 on /v1/responses: Codex fails the run without retrying, and nothing reaches the bus."""
+    other = f"e2e-{uuid.uuid4().hex[:10]}"
+    stale = await rig.open_session(other, "codex")
+    await rig.close_session_if_open(other)
+    before = await rig.answered(401, route="/v1/responses")
+    rollout = await play_codex(rig, tmp_path, FIX, token=stale)
+
+    assert rollout.completed.exit_code != 0
+    assert "401" in rollout.completed.stdout + rollout.completed.stderr
+    assert await rig.answered(401, route="/v1/responses") - before == 1
+    assert rollout.turns == [] and git_diff(rollout.workdir) == ""
+    assert await rollout_events(rig.bootstrap, rig.namespace, "turns", other) == []

@@ -30,9 +30,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from rollbus.services.adapter import edge
-from rollbus.services.adapter.anthropic import check_json, decode_json
+from rollbus.services.adapter.bodies import check_json, decode_json
 from rollbus.services.adapter.errors import ApiError, invalid_request
-from rollbus.services.adapter.openai import error_response
 from rollbus.services.adapter.replies import collect
 from rollbus.services.adapter.sessions import CODEX, RequestShape
 from rollbus.services.adapter.translate import ChatPrompt
@@ -277,7 +276,7 @@ async def responses(request: Request) -> Response:
         finally:
             state.release()
     except ApiError as err:
-        return error_response(err)
+        return err.openai_response()
 
 
 class ResponseStream(StreamingResponse):
