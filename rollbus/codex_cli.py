@@ -187,14 +187,23 @@ def catalog_file(model: str, **entry: Any) -> Path:
 
 
 def config_overrides(
-    base_url: str, *, model: str, catalog: str, max_turn_seconds: float = 1800.0
+    base_url: str,
+    *,
+    model: str,
+    catalog: str,
+    max_turn_seconds: float = 1800.0,
+    tool_env: Mapping[str, str] | None = None,
 ) -> list[str]:
     """``-c key=value`` settings (TOML values) for one headless run; everything Codex would reach besides
     ``base_url`` is off (analytics, feedback, update checks, plugins, apps, web search, sub-agents).
 
     A custom provider named other than "OpenAI" speaks plain HTTPS (no WebSocket attempts, local compaction
     only); retries are off so a failed turn is never generated twice; the idle timeout is above any turn,
-    since the adapter streams ``response.in_progress`` while it waits for the engine anyway."""
+    since the adapter streams ``response.in_progress`` while it waits for the engine anyway.
+
+    The commands the model runs get Codex's ``core`` variables (HOME, PATH, SHELL, USER, TMPDIR, ...) and
+    ``tool_env``, nothing else: by default Codex hands its whole environment to them, the session token
+    included (tests/test_e2e_codex.py shows a shell command reading it)."""
     provider = (
         f'{{name = "{PROVIDER}", base_url = {json.dumps(base_url)}, env_key = "{TOKEN_ENV}", '
         f'wire_api = "responses", request_max_retries = 0, stream_max_retries = 0, '
@@ -216,8 +225,14 @@ def config_overrides(
         "agents.enabled": "false",
         "skills.bundled.enabled": "false",
         "tools.update_plan.enabled": "true",
+        "shell_environment_policy.inherit": '"core"',
+        "shell_environment_policy.set": _inline_table(tool_env or {}),
     }
     return [arg for key, value in settings.items() for arg in ("-c", f"{key}={value}")]
+
+
+def _inline_table(values: Mapping[str, str]) -> str:
+    return "{" + ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in values.items()) + "}"
 
 
 def build_command(
@@ -229,13 +244,16 @@ def build_command(
     workdir: str,
     binary: str | os.PathLike[str] = "codex",
     max_turn_seconds: float = 1800.0,
+    tool_env: Mapping[str, str] | None = None,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
     """argv for one headless episode printing JSON events on stdout; Codex's own sandbox and approvals are
     off because ours contains it. The prompt follows ``--``, so one starting with ``-`` stays a prompt."""
     cmd = [str(binary), "exec", "--json", "--skip-git-repo-check", "--ephemeral", "--ignore-rules"]
     cmd += ["-C", workdir, "--dangerously-bypass-approvals-and-sandbox"]
-    cmd += config_overrides(base_url, model=model, catalog=catalog, max_turn_seconds=max_turn_seconds)
+    cmd += config_overrides(
+        base_url, model=model, catalog=catalog, max_turn_seconds=max_turn_seconds, tool_env=tool_env
+    )
     return [*cmd, *extra_args, "--", prompt]
 
 

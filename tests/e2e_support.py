@@ -253,13 +253,17 @@ async def run_codex(
     base_url: str, token: str, workdir: Path, prompt: str, *, timeout: float = 180.0
 ) -> Completed:
     """The real Codex CLI, headless, in a bwrap sandbox that only reaches loopback (the adapter)."""
-    binary, catalog = codex_cli.fetch(), codex_cli.catalog_file(MODEL)
+    codex_cli.fetch()
+    binary, catalog = (
+        codex_cli.execute_only_binary(),
+        codex_cli.catalog_file(MODEL),
+    )  # as the runner mounts it
     binds = {binary: codex_cli.SANDBOX_BINARY, catalog: CODEX_CATALOG}
     sandbox = BwrapSandbox(workdir, network="loopback", ro_binds=binds)
     try:
         cmd = codex_cli.build_command(
             prompt, base_url=f"{base_url}/v1", model=MODEL, catalog=CODEX_CATALOG, workdir=sandbox.workdir,
-            binary=codex_cli.SANDBOX_BINARY,
+            binary=codex_cli.SANDBOX_BINARY, tool_env=SANDBOX_ENV,
         )  # fmt: skip
         env = codex_cli.build_env(token, home=sandbox.home, extra=SANDBOX_ENV)
         return await sandbox.run(cmd, env, timeout=timeout)

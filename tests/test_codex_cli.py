@@ -71,3 +71,17 @@ def test_a_row_chooses_its_agent_and_the_runner_gives_the_default(metadata, defa
 def test_an_unknown_agent_is_refused(bad) -> None:
     with pytest.raises(agents.UnknownAgent, match="metadata.agent"):
         agents.chosen({"agent": bad}, "claude_code")
+
+
+def test_the_commands_it_runs_inherit_only_core_variables_and_the_tool_environment() -> None:
+    cmd = codex_cli.build_command(
+        "p",
+        base_url="http://a/v1",
+        model="m",
+        catalog="/c",
+        workdir="/w",
+        tool_env={"PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    settings = overrides(cmd)
+    assert settings["shell_environment_policy.inherit"] == '"core"'
+    assert settings["shell_environment_policy.set"] == '{"PYTHONDONTWRITEBYTECODE" = "1"}'

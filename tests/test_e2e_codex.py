@@ -88,3 +88,19 @@ async def test_another_rollouts_closed_token_is_a_401_codex_does_not_retry(rig: 
     assert await rig.answered(401, route="/v1/responses") - before == 1
     assert rollout.turns == [] and git_diff(rollout.workdir) == ""
     assert await rollout_events(rig.bootstrap, rig.namespace, "turns", other) == []
+
+
+async def test_its_tools_cannot_read_the_session_token(rig: Rig, tmp_path: Path) -> None:
+    """The attacker's move: a shell command that dumps its own environment and every process's environ and
+    command line in the sandbox (the Codex CLI's included) into the workspace. The CLI runs an execute-only
+    binary, so the kernel keeps its /proc/<pid>/environ closed to the tools; the token is nowhere in it."""
+    rig.use_script(SCRIPTS / "runner" / "codex_token_probe.json")
+    rollout_id = f"e2e-{uuid.uuid4().hex[:10]}"
+    token = await rig.open_session(rollout_id, "codex")
+    rollout = await play_codex(rig, tmp_path, FIX, token=token, rollout_id=rollout_id)
+    await rig.close_session_if_open(rollout_id)
+
+    assert rollout.completed.exit_code == 0, rollout.completed.stderr[-3000:]
+    leaked = (rollout.workdir / "leak.txt").read_text()
+    assert "== /proc/" in leaked and "exec" in leaked  # the probe ran and saw the CLI's process
+    assert token not in leaked and token not in git_diff(rollout.workdir)

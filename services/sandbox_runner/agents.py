@@ -43,9 +43,12 @@ def mounts(agent: str, binary: Path, model: str) -> dict[str, str]:
     return binds
 
 
-def codex_command(prompt: str, *, base_url: str, model: str, workdir: str, timeout: float) -> list[str]:
-    """The Codex CLI's argv in the sandbox: the adapter's Responses route under ``base_url``."""
+def codex_command(
+    prompt: str, *, base_url: str, model: str, workdir: str, timeout: float, tool_env: dict[str, str]
+) -> list[str]:
+    """The Codex CLI's argv in the sandbox: the adapter's Responses route under ``base_url``; the commands
+    it runs see ``tool_env`` and Codex's core variables only (never the token)."""
     return codex_cli.build_command(
         prompt, base_url=f"{base_url}/v1", model=model, catalog=CODEX_CATALOG, workdir=workdir,
-        binary=codex_cli.SANDBOX_BINARY, max_turn_seconds=timeout,
+        binary=codex_cli.SANDBOX_BINARY, max_turn_seconds=timeout, tool_env=tool_env,
     )  # fmt: skip

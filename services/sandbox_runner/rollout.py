@@ -337,7 +337,7 @@ async def run_codex(
     """The Codex CLI, headless, with the attempt's token, under the wall-clock budget (local sandboxes)."""
     cmd = agents.codex_command(
         task_prompt(task, metadata, settings.prompt_template), base_url=settings.agent_base_url(),
-        model=settings.model, workdir=sandbox.workdir, timeout=settings.agent_timeout,
+        model=settings.model, workdir=sandbox.workdir, timeout=settings.agent_timeout, tool_env=SANDBOX_ENV,
     )  # fmt: skip
     env = codex_cli.build_env(token, home=sandbox.home, extra=SANDBOX_ENV)
     agent = {"agent": True} if isinstance(sandbox, BwrapSandbox) else {}  # its proxy knows the CLI's process
