@@ -90,10 +90,17 @@ async def test_another_rollouts_closed_token_is_a_401_codex_does_not_retry(rig: 
     assert await rollout_events(rig.bootstrap, rig.namespace, "turns", other) == []
 
 
-async def test_its_tools_cannot_read_the_session_token(rig: Rig, tmp_path: Path) -> None:
+async def test_its_tools_get_no_token_in_their_environment_nor_from_the_clis_process(
+    rig: Rig, tmp_path: Path
+) -> None:
     """The attacker's move: a shell command that dumps its own environment and every process's environ and
-    command line in the sandbox (the Codex CLI's included) into the workspace. The CLI runs an execute-only
-    binary, so the kernel keeps its /proc/<pid>/environ closed to the tools; the token is nowhere in it."""
+    command line in the sandbox into the workspace. Its own environment holds no token (Codex hands its tools
+    only its core variables and ours; by default it hands them everything), and the CLI's /proc/<pid>/environ
+    is closed to it (an execute-only binary: the kernel makes the process non-dumpable).
+
+    Left open, as for Claude Code: the sandbox's pid 1 (bwrap) still holds the agent's environment and its
+    environ is readable; what keeps a tool's request with the token from training is the adapter proxy's
+    peer stamp (tests/test_sandbox_attribution.py), not the token's secrecy."""
     rig.use_script(SCRIPTS / "runner" / "codex_token_probe.json")
     rollout_id = f"e2e-{uuid.uuid4().hex[:10]}"
     token = await rig.open_session(rollout_id, "codex")
@@ -101,6 +108,11 @@ async def test_its_tools_cannot_read_the_session_token(rig: Rig, tmp_path: Path)
     await rig.close_session_if_open(rollout_id)
 
     assert rollout.completed.exit_code == 0, rollout.completed.stderr[-3000:]
-    leaked = (rollout.workdir / "leak.txt").read_text()
-    assert "== /proc/" in leaked and "exec" in leaked  # the probe ran and saw the CLI's process
-    assert token not in leaked and token not in git_diff(rollout.workdir)
+    own_env, *processes = (rollout.workdir / "leak.txt").read_text().split("== /proc/")
+    assert "PYTHONDONTWRITEBYTECODE=1" in own_env and "PATH=" in own_env
+    assert token not in own_env and "ROLLBUS_CODEX_TOKEN" not in own_env
+    headers = [p.split("\n", 1)[0].split(" ", 1) for p in processes]  # pid, command line
+    (cli,) = [
+        p for p, (_, argv) in zip(processes, headers, strict=True) if argv.startswith("/opt/codex/codex exec")
+    ]
+    assert token not in cli and "Permission denied" in cli
