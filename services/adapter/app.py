@@ -20,7 +20,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from rollbus.markup import ContentFormsMarkup
-from rollbus.services.adapter import anthropic, edge, openai
+from rollbus.services.adapter import anthropic, edge, openai, responses
+from rollbus.services.adapter.bodies import decode_json
 from rollbus.services.adapter.errors import ApiError, forbidden, invalid_request, not_found, unauthenticated
 from rollbus.services.adapter.expiry import idle_expiry
 from rollbus.services.adapter.metrics import CountRequests
@@ -92,7 +93,7 @@ async def open_session(request: Request) -> Response:
     settings = state.kit.settings
     _check_admin(request, settings)
     body = await edge.read_body(request, settings.admin_body_limit, settings.body_timeout)
-    data = anthropic.decode_json(body)
+    data = decode_json(body)
     rollout, attempt = data.get("rollout_id"), data.get("attempt_id", "")
     if not isinstance(rollout, str) or not rollout:
         raise invalid_request("rollout_id: a non-empty string is required")
@@ -189,6 +190,7 @@ ROUTES: list[tuple[str, Callable[[Request], Any], list[str]]] = [
     ("/v1/messages", messages, ["POST"]),
     ("/v1/messages/count_tokens", count_tokens, ["POST"]),
     ("/v1/chat/completions", openai.chat_completions, ["POST"]),
+    ("/v1/responses", responses.responses, ["POST"]),
     ("/admin/sessions", open_session, ["POST"]),
     ("/admin/sessions/{rollout_id}/close", close_session, ["POST"]),
 ]

@@ -38,6 +38,11 @@ class ApiError(Exception):
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers())
 
+    def openai_response(self) -> JSONResponse:
+        """OpenAI's error shape (the Chat Completions and Responses routes), same status and retry hints."""
+        body = {"error": {"message": self.message, "type": self.error_type, "param": None, "code": None}}
+        return JSONResponse(body, status_code=self.status, headers=self.headers())
+
 
 class ClientGone(Exception):
     """The client closed the connection (while sending its body, or while its turn was generating)."""

@@ -25,11 +25,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from rollbus.services.adapter import edge
-from rollbus.services.adapter.anthropic import check_json, decode_json
+from rollbus.services.adapter.bodies import check_json, decode_json
 from rollbus.services.adapter.errors import ApiError, invalid_request
 from rollbus.services.adapter.replies import collect
 from rollbus.services.adapter.sessions import GYM, RequestShape
@@ -225,12 +225,6 @@ def completion(message: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def error_response(err: ApiError) -> JSONResponse:
-    """OpenAI's error shape, with the status and retry headers the Anthropic route would send."""
-    body = {"error": {"message": err.message, "type": err.error_type, "param": None, "code": None}}
-    return JSONResponse(body, status_code=err.status, headers=err.headers())
-
-
 async def chat_completions(request: Request) -> Response:
     state = request.app.state.adapter
     try:
@@ -259,7 +253,7 @@ async def chat_completions(request: Request) -> Response:
         finally:
             state.release()
     except ApiError as err:
-        return error_response(err)
+        return err.openai_response()
 
 
 class CompletionStream(StreamingResponse):

@@ -40,8 +40,8 @@ TOKEN_PREFIX = "rb1"
 AGENT_TOOLS = ("Agent", "Task")  # the CLI's sub-agent tool (named Task before 2.1)
 #: which harness a rollout runs, and so the one API its token opens: the Claude Code CLI speaks
 #: Anthropic's ``/v1/messages``, a gym episode OpenAI's ``/v1/chat/completions``
-CLAUDE_CODE, GYM = "claude_code", "gym"
-HARNESSES = (CLAUDE_CODE, GYM)
+CLAUDE_CODE, CODEX, GYM = "claude_code", "codex", "gym"
+HARNESSES = (CLAUDE_CODE, CODEX, GYM)
 #: set by the sandbox's adapter proxy (rollbus/sandbox/adapter_proxy.py) on every request it forwards,
 #: a client's own copy removed: ``agent`` when the harness's own process (the CLI) opened the connection,
 #: ``tool`` for any other process in the sandbox. Absent: a host-side caller (the gym runner, tests).

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from rollbus import claude_cli
+from rollbus import claude_cli, codex_cli
 from rollbus.sandbox import (
     BwrapSandbox,
     Completed,
@@ -43,6 +43,7 @@ from rollbus.sandbox import (
 from rollbus.sandbox.bwrap_layout import WORKSPACE
 from rollbus.sandbox.capture import Captured, capture_patch
 from rollbus.sandbox.e2b_backend import E2BOptions
+from rollbus.services.sandbox_runner import agents
 from rollbus.services.sandbox_runner import outcome as kinds
 from rollbus.services.sandbox_runner.outcome import AttemptResult, agent_turns, cap_patch, classify
 from rollbus.services.sandbox_runner.settings import RunnerSettings
@@ -69,12 +70,12 @@ class AdapterSessions:
         headers = {"authorization": f"Bearer {admin_token}"} if admin_token else {}
         self._http = httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout)
 
-    async def open(self, rollout_id: str, attempt_id: str) -> str:
+    async def open(self, rollout_id: str, attempt_id: str, harness: str = agents.CLAUDE_CODE) -> str:
         """A token for a new attempt. What an earlier attempt left open (its runner died mid-rollout) is
         closed first, so its chains end and the new attempt starts a conversation of its own."""
         await self.close(rollout_id, None)
-        # the token opens /v1/messages only: the CLI's API, not a conversation of a tool's choosing
-        body = {"rollout_id": rollout_id, "attempt_id": attempt_id, "harness": "claude_code"}
+        # the token opens its CLI's route only (/v1/messages or /v1/responses), not one of a tool's choosing
+        body = {"rollout_id": rollout_id, "attempt_id": attempt_id, "harness": harness}
         answer = await self._post("/admin/sessions", body)
         if answer.status_code != 200 or not isinstance(answer.json().get("token"), str):
             raise AttemptFailed(kinds.SESSION_FAILED, f"adapter refused a session: {answer.status_code} "
@@ -156,6 +157,8 @@ async def run_task(kit: RunnerKit, task: dict[str, Any], attempt_id: str | None 
         if kit.settings.backend == "e2b":
             from rollbus.services.sandbox_runner import remote
 
+            if chosen_agent(parse_metadata(task), kit.settings) != agents.CLAUDE_CODE:
+                raise AttemptFailed(kinds.BAD_TASK, "the e2b backend runs only the claude_code agent")
             return await remote.attempt(kit, task, attempt_id)
         return await _attempt(kit, task, attempt_id)
     except AttemptFailed as exc:
@@ -172,12 +175,16 @@ async def run_task(kit: RunnerKit, task: dict[str, Any], attempt_id: str | None 
 async def _attempt(kit: RunnerKit, task: dict[str, Any], attempt_id: str) -> AttemptResult:
     settings, rollout_id = kit.settings, task["rollout_id"]
     metadata = parse_metadata(task)
-    binary = agent_binary()
-    sandbox = await boot(kit, metadata, binary, attempt_id)
+    agent = chosen_agent(metadata, settings)
+    binary = agent_binary(agent)
+    sandbox = await boot(kit, metadata, binary, attempt_id, agent)
     try:
-        token = await kit.sessions.open(rollout_id, attempt_id)
+        token = await kit.sessions.open(rollout_id, attempt_id, agent)
         try:
-            completed = await run_agent(settings, sandbox, task, metadata, token)
+            if agent == agents.CODEX:
+                completed = await run_codex(settings, sandbox, task, metadata, token)
+            else:
+                completed = await run_agent(settings, sandbox, task, metadata, token)
         finally:  # the sandbox is dead here (run returns once its processes are gone): no more requests
             await kit.sessions.close(rollout_id, attempt_id)
         captured = await capture_patch(
@@ -205,23 +212,36 @@ def attempt_outcome(
     )
 
 
-def agent_binary() -> Path:
-    """The cached Claude Code binary (installed by bootstrap; never fetched mid-rollout), as its execute-only
-    copy: the CLI runs non-dumpable, its memory and environment closed to its tools."""
+def chosen_agent(metadata: dict[str, Any], settings: RunnerSettings) -> str:
+    """The row's agent harness (``metadata.agent``, else ``--agent``); an unknown one is a bad task."""
     try:
-        binary = claude_cli.binary_path()
-    except claude_cli.CliNotInstalled as exc:
+        return agents.chosen(metadata, settings.agent)
+    except agents.UnknownAgent as exc:
+        raise AttemptFailed(kinds.BAD_TASK, str(exc)) from exc
+
+
+def agent_binary(agent: str = agents.CLAUDE_CODE) -> Path:
+    """The cached CLI binary of ``agent`` (installed by bootstrap; never fetched mid-rollout), as its
+    execute-only copy: the CLI runs non-dumpable, its memory and environment closed to its tools."""
+    cli = agents.cli(agent)
+    try:
+        binary = cli.binary_path()
+    except cli.CliNotInstalled as exc:
         raise AttemptFailed(kinds.INSTALL_FAILED, str(exc)) from exc
     if not os.access(binary, os.X_OK):
         raise AttemptFailed(kinds.INSTALL_FAILED, f"{binary} is not an executable file")
     try:
-        return claude_cli.execute_only_binary()
+        return cli.execute_only_binary()
     except OSError as exc:
         raise AttemptFailed(kinds.INSTALL_FAILED, f"no execute-only copy of {binary}: {exc}") from exc
 
 
 def sandbox_spec(
-    settings: RunnerSettings, metadata: dict[str, Any], binary: Path, sandbox_id: str
+    settings: RunnerSettings,
+    metadata: dict[str, Any],
+    binary: Path,
+    sandbox_id: str,
+    agent: str = agents.CLAUDE_CODE,
 ) -> SandboxSpec:
     """The agent's sandbox: the image's base commit, the adapter as its only way out, the CLI read-only."""
     env = metadata.get("remote_env_info") if isinstance(metadata.get("remote_env_info"), dict) else {}
@@ -231,17 +251,19 @@ def sandbox_spec(
     return SandboxSpec(
         image=resolve_image(image), role="agent", workdir=str(metadata.get("workdir") or WORKSPACE),
         limits=settings.limits(), adapter_url=settings.adapter_url, base_url=settings.agent_base_url(),
-        toolchain=settings.toolchain, ro_binds={str(binary): claude_cli.SANDBOX_BINARY}, metadata=metadata,
-        sandbox_id=sandbox_id,
+        toolchain=settings.toolchain, ro_binds=agents.mounts(agent, binary, settings.model),
+        metadata=metadata, sandbox_id=sandbox_id,
     )  # fmt: skip
 
 
-async def boot(kit: RunnerKit, metadata: dict[str, Any], binary: Path, attempt_id: str) -> BwrapSandbox:
+async def boot(
+    kit: RunnerKit, metadata: dict[str, Any], binary: Path, attempt_id: str, agent: str = agents.CLAUDE_CODE
+) -> BwrapSandbox:
     """The agent's sandbox, probed with one command; retried (with a new sandbox) under the boot cap."""
     settings = kit.settings
 
     async def start(n: int) -> BwrapSandbox:
-        spec = sandbox_spec(settings, metadata, binary, f"{attempt_id}-{n}")
+        spec = sandbox_spec(settings, metadata, binary, f"{attempt_id}-{n}", agent)
         sandbox = await create_local(spec, scratch_root=settings.sandbox_root)
         try:
             probe = await sandbox.run(["true"], {"PATH": "/usr/bin:/bin"}, timeout=PROBE_TIMEOUT_S)
@@ -307,5 +329,18 @@ async def run_agent(
         base_url or settings.agent_base_url(), token, model=settings.model, home=sandbox.home,
         max_output_tokens=settings.max_output_tokens, extra=SANDBOX_ENV, **({"path": path} if path else {}),
     )  # fmt: skip
+    agent = {"agent": True} if isinstance(sandbox, BwrapSandbox) else {}  # its proxy knows the CLI's process
+    return await sandbox.run(cmd, env, cwd=sandbox.workdir, timeout=settings.agent_timeout, **agent)
+
+
+async def run_codex(
+    settings: RunnerSettings, sandbox: SandboxBase, task: dict[str, Any], metadata: dict[str, Any], token: str
+) -> Completed:
+    """The Codex CLI, headless, with the attempt's token, under the wall-clock budget (local sandboxes)."""
+    cmd = agents.codex_command(
+        task_prompt(task, metadata, settings.prompt_template), base_url=settings.agent_base_url(),
+        model=settings.model, workdir=sandbox.workdir, timeout=settings.agent_timeout, tool_env=SANDBOX_ENV,
+    )  # fmt: skip
+    env = codex_cli.build_env(token, home=sandbox.home, extra=SANDBOX_ENV)
     agent = {"agent": True} if isinstance(sandbox, BwrapSandbox) else {}  # its proxy knows the CLI's process
     return await sandbox.run(cmd, env, cwd=sandbox.workdir, timeout=settings.agent_timeout, **agent)

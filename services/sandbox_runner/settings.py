@@ -75,6 +75,9 @@ class RunnerSettings(BusSettings):
     boot_attempts: int = Field(3, ge=1, description="tries to boot a sandbox before the attempt fails")
     boot_backoff: float = Field(0.5, ge=0, description="seconds before the first boot retry (doubles)")
     agent_timeout: float = Field(1800.0, gt=0, description="wall-clock budget of one agent run, seconds")
+    agent: Literal["claude_code", "codex"] = Field(
+        "claude_code", description="agent harness of rows without metadata.agent (claude_code | codex)"
+    )
     model: str = Field("rollbus-engine", min_length=1, description="model name the CLI asks for")
     max_turns: int = Field(50, ge=1, description="agent turns allowed per rollout")
     max_output_tokens: int = Field(claude_cli.DEFAULT_MAX_OUTPUT_TOKENS, ge=1, description="CLI output cap")

@@ -1,0 +1,291 @@
+"""The real Codex CLI: a pinned npm install, and the command line, config and environment to run it headless.
+
+``@openai/codex`` is a small Node wrapper whose optional dependency (``@openai/codex-linux-x64``, an alias of
+``@openai/codex@<version>-linux-x64``) ships a static native binary under ``vendor/<triple>/bin/codex``. We
+install with ``--ignore-scripts`` and run that binary directly, so Node is not needed at run time.
+``python -m rollbus.codex_cli fetch`` installs it (``scripts/bootstrap.sh`` calls this).
+
+What the real binary sends and needs on the wire is written down in ``docs/codex-wire.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rollbus.config import cache_dir
+
+PACKAGE = "@openai/codex"
+VERSION = "0.169.0"
+MARKER = ".rollbus-installed.json"
+EXECUTE_ONLY = "codex.execute-only"  # beside the marker: the copy sandboxes run (see execute_only_binary)
+NPM_TIMEOUT_S = 900
+NPM_FLAGS = ("--ignore-scripts", "--no-audit", "--no-fund", "--no-save", "--loglevel=error")
+# Where sandboxes mount the binary (read-only): one fixed path, whatever the host's cache directory.
+SANDBOX_BINARY = "/opt/codex/codex"
+PROVIDER = "rollbus"  # any name but "OpenAI": that one brings WebSocket attempts and remote compaction
+TOKEN_ENV = "ROLLBUS_CODEX_TOKEN"  # the provider's env_key: sent as ``Authorization: Bearer``
+
+
+class CliNotInstalled(RuntimeError):
+    """The pinned CLI is not in the cache: run ``python -m rollbus.codex_cli fetch``."""
+
+
+class CliInstallError(RuntimeError):
+    """npm ran but did not leave a working native binary behind."""
+
+
+def install_dir(version: str = VERSION) -> Path:
+    return cache_dir() / f"codex-{version}"
+
+
+def binary_path(version: str = VERSION) -> Path:
+    """Absolute path of the installed native ``codex`` binary (read from the install marker)."""
+    marker = install_dir(version) / MARKER
+    if not marker.is_file():
+        raise CliNotInstalled(
+            f"Codex {version} is not installed in {install_dir(version)}; "
+            "run `python -m rollbus.codex_cli fetch`"
+        )
+    return install_dir(version) / json.loads(marker.read_text())["binary"]
+
+
+def execute_only_binary(version: str = VERSION) -> Path:
+    """A copy of the installed binary that anyone may run and nobody but root may read (mode 0111).
+
+    As for Claude Code (``rollbus.claude_cli.execute_only_binary``): a process running a binary its user
+    cannot read is not dumpable, so the tools it starts cannot read its memory, environment (the token) or
+    sockets.
+    Codex is a static native binary, so it runs as is. Made once per version, atomically.
+    """
+    source = binary_path(version)
+    dest = install_dir(version) / EXECUTE_ONLY
+    with contextlib.suppress(FileNotFoundError):
+        made = dest.stat()
+        if stat.S_IMODE(made.st_mode) == 0o111 and made.st_size == source.stat().st_size:
+            return dest
+    staging = dest.with_name(f".{EXECUTE_ONLY}.{os.getpid()}")
+    try:
+        shutil.copyfile(source, staging)
+        staging.chmod(0o111)
+        staging.replace(dest)
+    finally:
+        staging.unlink(missing_ok=True)
+    return dest
+
+
+def fetch(version: str = VERSION, *, npm: str = "npm") -> Path:
+    """Install ``PACKAGE@version`` into the cache unless the marker says it is there; return the binary.
+
+    Installs into a temporary sibling directory and renames it into place, so a crash or a concurrent
+    fetch never leaves a half-installed directory that looks complete.
+    """
+    dest = install_dir(version)
+    if (dest / MARKER).is_file():
+        return binary_path(version)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    staging.chmod(0o755)  # mkdtemp's 0700 would hide the binary from other users
+    try:
+        _npm_install(npm, f"{PACKAGE}@{version}", staging)
+        binary = _find_native_binary(staging)
+        reported = _binary_version(binary)
+        if not reported.endswith(version):  # "codex-cli 0.169.0"
+            raise CliInstallError(f"{binary} reports version {reported!r}, expected {version}")
+        marker = {"version": version, "binary": str(binary.relative_to(staging))}
+        (staging / MARKER).write_text(json.dumps(marker))
+        if (dest / MARKER).is_file():  # a concurrent fetch finished first
+            return binary_path(version)
+        shutil.rmtree(dest, ignore_errors=True)
+        staging.rename(dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return binary_path(version)
+
+
+def _npm_install(npm: str, spec: str, prefix: Path) -> None:
+    cmd = [npm, "install", "--prefix", str(prefix), *NPM_FLAGS, spec]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=NPM_TIMEOUT_S, check=False)
+    except FileNotFoundError as exc:
+        raise CliInstallError(f"{npm!r} not found: install Node.js and npm") from exc
+    if done.returncode != 0:
+        raise CliInstallError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr.strip()}")
+
+
+def _find_native_binary(prefix: Path) -> Path:
+    """The executable ``codex`` in the platform package npm picked for this os/cpu/libc."""
+    scope = prefix / "node_modules" / PACKAGE.split("/")[0]
+    found = [p for p in sorted(scope.glob("codex-*/vendor/*/bin/codex")) if os.access(p, os.X_OK)]
+    if len(found) != 1:
+        raise CliInstallError(f"expected one native binary under {scope}, found {[str(p) for p in found]}")
+    return found[0]
+
+
+def _binary_version(binary: Path) -> str:
+    done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60, check=False)
+    if done.returncode != 0:
+        raise CliInstallError(f"{binary} --version failed ({done.returncode}): {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+DEFAULT_INSTRUCTIONS = (
+    "You are a coding agent working in the repository in the current directory. Use the tools to read and "
+    "change files and to run commands; finish with a short summary of what you changed."
+)
+DEFAULT_CONTEXT_WINDOW = 65536
+
+
+def model_catalog(
+    model: str, *, instructions: str = DEFAULT_INSTRUCTIONS, context_window: int = DEFAULT_CONTEXT_WINDOW
+) -> dict:
+    """Our own ``model_catalog_json`` entry for ``model``: it decides Codex's tool set (the unified-exec
+    shell, freeform ``apply_patch``; no search tool) and its base instructions (the first developer message).
+
+    Without an entry Codex falls back to generic metadata: no apply_patch; sub-agent and goal tools."""
+    entry = {
+        "slug": model, "display_name": model, "description": "served by rollbus",
+        "default_reasoning_level": None, "supported_reasoning_levels": [], "shell_type": "unified_exec",
+        "visibility": "list", "supported_in_api": True, "priority": 0, "additional_speed_tiers": [],
+        "service_tiers": [], "availability_nux": None, "upgrade": None,
+        "include_skills_usage_instructions": False, "include_plugin_usage_instructions": False,
+        "include_apps_usage_instructions": False, "default_reasoning_summary": "none",
+        "support_verbosity": False, "default_verbosity": None, "apply_patch_tool_type": "freeform",
+        "web_search_tool_type": "text", "truncation_policy": {"mode": "tokens", "limit": 10000},
+        "supports_image_detail_original": False, "context_window": context_window,
+        "max_context_window": context_window, "comp_hash": "rollbus", "effective_context_window_percent": 95,
+        "experimental_supported_tools": [], "input_modalities": ["text"], "supports_search_tool": False,
+        "supports_experimental_context": False, "use_responses_lite": False,
+        "supports_reasoning_effort_updates": False, "node_repl_auto_review_required": False,
+        "node_repl_disabled": True, "base_instructions": instructions,
+    }  # fmt: skip
+    return {"models": [entry]}
+
+
+def catalog_file(model: str, **entry: Any) -> Path:
+    """The catalog written once into the cache (content-addressed), for sandboxes to mount read-only."""
+    text = json.dumps(model_catalog(model, **entry), sort_keys=True)
+    path = cache_dir() / "codex-catalogs" / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_name(f".{path.name}.{os.getpid()}")
+        staging.write_text(text)
+        staging.chmod(0o644)
+        staging.replace(path)
+    return path
+
+
+def config_overrides(
+    base_url: str,
+    *,
+    model: str,
+    catalog: str,
+    max_turn_seconds: float = 1800.0,
+    tool_env: Mapping[str, str] | None = None,
+) -> list[str]:
+    """``-c key=value`` settings (TOML values) for one headless run; everything Codex would reach besides
+    ``base_url`` is off (analytics, feedback, update checks, plugins, apps, web search, sub-agents).
+
+    A custom provider named other than "OpenAI" speaks plain HTTPS (no WebSocket attempts, local compaction
+    only); retries are off so a failed turn is never generated twice; the idle timeout is above any turn,
+    since the adapter streams ``response.in_progress`` while it waits for the engine anyway.
+
+    The commands the model runs get Codex's ``core`` variables (HOME, PATH, SHELL, USER, TMPDIR, ...) and
+    ``tool_env``, nothing else: by default Codex hands its whole environment to them, the session token
+    included (tests/test_e2e_codex.py shows a shell command reading it)."""
+    provider = (
+        f'{{name = "{PROVIDER}", base_url = {json.dumps(base_url)}, env_key = "{TOKEN_ENV}", '
+        f'wire_api = "responses", request_max_retries = 0, stream_max_retries = 0, '
+        f"stream_idle_timeout_ms = {int(max_turn_seconds * 1000)}}}"
+    )
+    settings = {
+        "model": json.dumps(model),
+        "model_provider": f'"{PROVIDER}"',
+        "model_catalog_json": json.dumps(catalog),
+        f"model_providers.{PROVIDER}": provider,
+        "approval_policy": '"never"',
+        "sandbox_mode": '"danger-full-access"',
+        "check_for_update_on_startup": "false",
+        "web_search": '"disabled"',
+        "analytics.enabled": "false",
+        "feedback.enabled": "false",
+        "features.plugins": "false",
+        "features.apps": "false",
+        "agents.enabled": "false",
+        "skills.bundled.enabled": "false",
+        "tools.update_plan.enabled": "true",
+        "shell_environment_policy.inherit": '"core"',
+        "shell_environment_policy.set": _inline_table(tool_env or {}),
+    }
+    return [arg for key, value in settings.items() for arg in ("-c", f"{key}={value}")]
+
+
+def _inline_table(values: Mapping[str, str]) -> str:
+    return "{" + ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in values.items()) + "}"
+
+
+def build_command(
+    prompt: str,
+    *,
+    base_url: str,
+    model: str,
+    catalog: str,
+    workdir: str,
+    binary: str | os.PathLike[str] = "codex",
+    max_turn_seconds: float = 1800.0,
+    tool_env: Mapping[str, str] | None = None,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """argv for one headless episode printing JSON events on stdout; Codex's own sandbox and approvals are
+    off because ours contains it. The prompt follows ``--``, so one starting with ``-`` stays a prompt."""
+    cmd = [str(binary), "exec", "--json", "--skip-git-repo-check", "--ephemeral", "--ignore-rules"]
+    cmd += ["-C", workdir, "--dangerously-bypass-approvals-and-sandbox"]
+    cmd += config_overrides(
+        base_url, model=model, catalog=catalog, max_turn_seconds=max_turn_seconds, tool_env=tool_env
+    )
+    return [*cmd, *extra_args, "--", prompt]
+
+
+def build_env(
+    token: str,
+    *,
+    home: str = "/home/agent",
+    path: str = "/usr/local/bin:/usr/bin:/bin",
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The complete environment for the CLI (nothing inherited): the token as the provider's key, and
+    ``CODEX_HOME`` the agent's home itself (Codex refuses one that does not exist yet)."""
+    env = {"HOME": home, "PATH": path, "LANG": "C.UTF-8", "CODEX_HOME": home, TOKEN_ENV: token}
+    env.update(extra or {})
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rollbus.codex_cli", description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=["fetch", "path"], help="fetch: install if absent; path: print it")
+    parser.add_argument("--cli-version", default=VERSION, help=f"Codex version [default {VERSION}]")
+    args = parser.parse_args(argv)
+    try:
+        binary = fetch(args.cli_version) if args.action == "fetch" else binary_path(args.cli_version)
+        if args.action == "fetch":
+            execute_only_binary(args.cli_version)
+    except (CliNotInstalled, CliInstallError, subprocess.TimeoutExpired, OSError) as exc:
+        print(f"codex_cli: {exc}", file=sys.stderr)
+        return 1
+    print(binary)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,325 @@
+"""``POST /v1/responses``: the OpenAI Responses API as the Codex CLI uses it, over the same turn core.
+
+Codex sends its whole history every call (``store: false``): developer instructions, user messages, and our
+own earlier output items echoed verbatim (``reasoning``, ``message``, ``function_call``, ``custom_tool_call``)
+with the tools' outputs. The items are translated to the chat messages the Anthropic route produces, so the
+turn is planned on the rollout's canonical history and recorded exactly like a Claude Code turn. Each item we
+emit translates back to what we committed (call ids, argument objects, reasoning text), so an echoed history
+stitches onto the recorded tokens.
+
+Tools: ``function`` tools pass through; a ``custom`` (freeform grammar) tool such as ``apply_patch`` is
+offered to the model as a function with one string parameter ``input`` and its calls go back as
+``custom_tool_call``; hosted tools (``web_search``, ...) and ``namespace`` tools are not offered (the
+runner's Codex config disables them).
+
+The stream is the one Codex reads (docs/codex-wire.md): ``response.created``, ``response.in_progress`` while
+the engine works (Codex's idle timer counts events, not SSE comments), then per item
+``response.output_item.added`` / ``.done``, then ``response.completed`` with usage; a failure after the
+status line is a ``response.failed`` event.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from rollbus.services.adapter import edge
+from rollbus.services.adapter.bodies import check_json, decode_json
+from rollbus.services.adapter.errors import ApiError, invalid_request
+from rollbus.services.adapter.replies import collect
+from rollbus.services.adapter.sessions import CODEX, RequestShape
+from rollbus.services.adapter.translate import ChatPrompt
+from rollbus.services.adapter.turn import Done, Ping, Started, TurnEvent, TurnInput, run_turn
+
+_MODEL = ConfigDict(extra="ignore", frozen=True)
+FREEFORM_PARAMETER = "input"  # the one string parameter a custom tool is offered with
+ASSISTANT_ITEMS = ("reasoning", "function_call", "custom_tool_call")
+OUTPUT_ITEMS = ("function_call_output", "custom_tool_call_output")
+
+
+class Part(BaseModel):
+    model_config = _MODEL
+    type: str
+    text: str = ""
+
+
+class Item(BaseModel):
+    """One ``input`` item; which fields matter depends on ``type`` (checked in :func:`to_chat`)."""
+
+    model_config = _MODEL
+    type: str = "message"
+    role: Literal["system", "developer", "user", "assistant"] | None = None
+    content: str | list[Part] | None = None
+    summary: list[Part] | None = None
+    name: str | None = None
+    arguments: str | None = None
+    input: str | None = None
+    call_id: str | None = None
+    output: str | list[Part] | None = None
+
+    def text(self) -> str:
+        parts = self.content
+        return parts if isinstance(parts, str) else "".join(p.text for p in parts or ())
+
+
+class ResponsesRequest(BaseModel):
+    model_config = _MODEL
+    model: str = Field(min_length=1)
+    input: str | list[Item]
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    stream: bool = False
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+
+    def sampling(self) -> dict[str, Any]:
+        given = {"temperature": self.temperature, "top_p": self.top_p}
+        return {name: value for name, value in given.items() if value is not None}
+
+    def items(self) -> list[Item]:
+        return [Item(role="user", content=self.input)] if isinstance(self.input, str) else list(self.input)
+
+
+def parse_request(body: bytes) -> ResponsesRequest:
+    try:
+        return ResponsesRequest.model_validate(decode_json(body))
+    except ValidationError as exc:
+        item = exc.errors(include_url=False)[0]
+        path = ".".join(str(p) for p in item["loc"]) or "body"
+        raise invalid_request(f"{path}: {item['msg']}") from None
+    except RecursionError:
+        raise invalid_request("request body is nested too deeply") from None
+
+
+def offered_tools(tools: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], frozenset[str]]:
+    """Codex's tools as chat-template functions, and the names of the freeform (custom) ones."""
+    functions, custom = [], set()
+    for i, tool in enumerate(tools):
+        kind, name = tool.get("type"), tool.get("name")
+        if kind not in ("function", "custom"):
+            continue  # hosted (web_search, ...) and namespace tools: not offered
+        if not isinstance(name, str) or not name:
+            raise invalid_request(f"tools.{i}.name: a non-empty string is required")
+        if kind == "custom":
+            custom.add(name)
+            parameters = {
+                "type": "object",
+                "properties": {FREEFORM_PARAMETER: {"type": "string", "description": "the raw tool input"}},
+                "required": [FREEFORM_PARAMETER],
+            }
+        else:
+            parameters = tool.get("parameters") or {"type": "object", "properties": {}}
+        function = {"name": name, "description": tool.get("description") or "", "parameters": parameters}
+        functions.append({"type": "function", "function": function})
+    names = [f["function"]["name"] for f in functions]
+    if len(set(names)) != len(names):
+        raise invalid_request("tools: tool names must be unique")
+    return functions, frozenset(custom)
+
+
+def to_chat(request: ResponsesRequest) -> ChatPrompt:
+    """Responses items -> chat-template messages: leading developer/system text is the system prompt; the
+    assistant items between two user or tool items are one assistant message (reasoning, text, calls)."""
+    items = request.items()
+    lead = 0
+    while lead < len(items) and items[lead].type == "message" and items[lead].role in ("system", "developer"):
+        lead += 1
+    system = "\n\n".join(
+        [request.instructions] * bool(request.instructions) + [i.text() for i in items[:lead]]
+    )
+    chat: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    turn: dict[str, Any] | None = None  # the assistant message being gathered
+    pending: set[str] = set()
+    for index, item in enumerate(items[lead:], start=lead):
+        assistant = item.type in ASSISTANT_ITEMS or (item.type == "message" and item.role == "assistant")
+        if assistant:
+            if turn is None:
+                turn = {"role": "assistant", "content": ""}
+                chat.append(turn)
+                pending = set()
+            _gather(turn, item, index, pending)
+            continue
+        turn = None
+        if item.type in OUTPUT_ITEMS:
+            if item.call_id not in pending:
+                raise invalid_request(
+                    f"input.{index}: call_id {item.call_id!r} does not answer a call of the assistant turn "
+                    "before it"
+                )
+            output = (
+                item.output if isinstance(item.output, str) else "".join(p.text for p in item.output or ())
+            )
+            chat.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
+        elif item.type == "message":
+            chat.append({"role": "user", "content": item.text()})  # a later developer message too
+        else:
+            raise invalid_request(f"input.{index}: items of type {item.type!r} are not supported")
+    functions, _ = offered_tools(request.tools or [])
+    return ChatPrompt(chat, functions, system)
+
+
+def _gather(turn: dict[str, Any], item: Item, index: int, pending: set[str]) -> None:
+    where = f"input.{index}"
+    if item.type == "reasoning":
+        text = "".join(p.text for p in (item.content if isinstance(item.content, list) else []))
+        text = text or "".join(p.text for p in item.summary or ())
+        turn["reasoning_content"] = "\n\n".join(filter(None, [turn.get("reasoning_content"), text]))
+        return
+    if item.type == "message":
+        turn["content"] = "\n\n".join(filter(None, [turn["content"], item.text()]))
+        return
+    if not item.call_id or not item.name:
+        raise invalid_request(f"{where}: a call needs call_id and name")
+    if item.type == "custom_tool_call":
+        arguments: Any = {FREEFORM_PARAMETER: item.input or ""}
+    else:
+        try:  # JSON inside JSON: as hostile as the body, checked the same way
+            arguments = json.loads(item.arguments) if (item.arguments or "").strip() else {}
+        except (ValueError, RecursionError):
+            arguments = None
+        else:
+            check_json(arguments, strings=True)
+        if not isinstance(arguments, dict):
+            raise invalid_request(f"{where}.arguments: not a JSON object")
+    call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": arguments}}
+    turn.setdefault("tool_calls", []).append(call)
+    pending.add(item.call_id)
+
+
+def output_items(message: dict[str, Any], custom: frozenset[str]) -> list[dict[str, Any]]:
+    """The turn core's final message (Anthropic blocks) as Responses output items, in the order written.
+
+    Each item translates back (:func:`to_chat`) to what was committed: the reasoning text, the text, and
+    each call with our tool_use id as its ``call_id`` and its arguments."""
+    items: list[dict[str, Any]] = []
+    suffix = message["id"].removeprefix("msg_")
+    for i, block in enumerate(message["content"]):
+        kind = block["type"]
+        if kind == "thinking":
+            items.append(
+                {"type": "reasoning", "id": f"rs_{suffix}_{i}", "summary": [],
+                 "content": [{"type": "reasoning_text", "text": block["thinking"]}]}
+            )  # fmt: skip
+        elif kind == "text":
+            items.append(
+                {"type": "message", "id": f"msg_{suffix}_{i}", "role": "assistant", "status": "completed",
+                 "content": [{"type": "output_text", "text": block["text"], "annotations": []}]}
+            )  # fmt: skip
+        elif kind == "tool_use" and block["name"] in custom:
+            raw = block["input"].get(FREEFORM_PARAMETER, "")
+            raw = raw if isinstance(raw, str) else json.dumps(raw)
+            items.append(
+                {"type": "custom_tool_call", "id": f"ctc_{suffix}_{i}", "status": "completed",
+                 "call_id": block["id"], "name": block["name"], "input": raw}
+            )  # fmt: skip
+        elif kind == "tool_use":
+            items.append(
+                {"type": "function_call", "id": f"fc_{suffix}_{i}", "status": "completed",
+                 "call_id": block["id"], "name": block["name"], "arguments": json.dumps(block["input"])}
+            )  # fmt: skip
+    return items
+
+
+def response_body(
+    message: dict[str, Any], custom: frozenset[str], status: str = "completed"
+) -> dict[str, Any]:
+    usage = message["usage"]
+    return {
+        "id": "resp_" + message["id"].removeprefix("msg_"),
+        "object": "response",
+        "status": status,
+        "model": message["model"],
+        "output": output_items(message, custom) if status == "completed" else [],
+        "usage": {
+            "input_tokens": usage["input_tokens"],
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": usage["output_tokens"],
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage["input_tokens"] + usage["output_tokens"],
+        },
+    }
+
+
+async def responses(request: Request) -> Response:
+    state = request.app.state.adapter
+    try:
+        state.refuse_if_draining()
+        edge.grant(request, state.tokens, CODEX)
+        settings = state.kit.settings
+        body = parse_request(await edge.read_body(request, settings.body_limit, settings.body_timeout))
+        chat = to_chat(body)
+        _, custom = offered_tools(body.tools or [])
+        granted = edge.grant(request, state.tokens, CODEX)  # again: it may have closed during the upload
+        shape = RequestShape(None, chat.system, chat.messages, chat.tools, edge.peer(request))
+        agent = state.sessions.get(granted.rollout_id, granted.attempt_id).main_agent(shape)
+        state.kit.metrics.count_route(agent)
+        max_tokens = body.max_output_tokens or settings.max_new_tokens
+        state.admit()
+        events = run_turn(state.kit, agent, TurnInput(chat, body.model, max_tokens, body.sampling()))
+        try:
+            started = await anext(events)  # the prompt is planned: a too-long prompt is still a plain 400
+        except BaseException:
+            await events.aclose()
+            state.release()
+            raise
+        if body.stream:
+            return ResponseStream(events, started, custom, on_close=state.release)
+        try:
+            return await collect(events, request, render=lambda message: response_body(message, custom))
+        finally:
+            state.release()
+    except ApiError as err:
+        return err.openai_response()
+
+
+class ResponseStream(StreamingResponse):
+    """The Responses event stream for one turn; ``on_close`` runs however it ends."""
+
+    def __init__(
+        self,
+        events: AsyncIterator[TurnEvent],
+        started: Started,
+        custom: frozenset[str],
+        on_close: Callable[[], None],
+    ) -> None:
+        self.events, self.on_close = events, on_close
+        headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+        super().__init__(_events(events, started, custom), media_type="text/event-stream", headers=headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.events.aclose()
+            self.on_close()
+
+
+async def _events(
+    events: AsyncIterator[TurnEvent], started: Started, custom: frozenset[str]
+) -> AsyncIterator[bytes]:
+    head = response_body(started.message, custom, status="in_progress")
+    yield _sse("response.created", {"response": head})
+    try:
+        async for item in events:
+            if isinstance(item, Ping):
+                yield _sse("response.in_progress", {"response": head})
+            elif isinstance(item, Done):
+                body = response_body(item.message, custom)
+                for index, output in enumerate(body["output"]):
+                    yield _sse("response.output_item.added", {"output_index": index, "item": output})
+                    yield _sse("response.output_item.done", {"output_index": index, "item": output})
+                yield _sse("response.completed", {"response": body})
+    except ApiError as err:  # the status line is gone: the failure travels as an event
+        error = {"code": err.error_type, "message": err.message}
+        yield _sse("response.failed", {"response": head | {"status": "failed", "error": error}})
+
+
+def _sse(kind: str, payload: dict[str, Any]) -> bytes:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, **payload})}\n\n".encode()

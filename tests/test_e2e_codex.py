@@ -1,0 +1,118 @@
+"""The real Codex CLI, in bwrap, against the real adapter's Responses route and the scripted engine, onto a
+real broker: what Codex does on disk, and what training would see on the bus.
+
+One adapter and one engine (``runner/codex_fix.json``) serve the module; each test is its own rollout.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollbus.sandbox import git_diff
+from rollbus.tokenizer import load_tokenizer
+from rollbus.topics import create_topics
+from tests.conftest import TEST_PARTITIONS
+from tests.e2e_support import SCRIPTS, Rig, play_codex, rollout_events, script_turns, stream_events
+from tests.test_e2e_claude_code import assert_trains_every_sampled_token, decoded_outputs, session_kinds
+
+pytestmark = pytest.mark.kafka
+
+FIX = "The tests in this directory fail. Fix the bug."
+IM_END = "<|im_end|>"
+FIXED_LINE = "return sum(range(1, n + 1))"
+SCRIPT = SCRIPTS / "runner" / "codex_fix.json"
+
+
+@pytest.fixture(scope="module")
+async def namespace(kafka_bootstrap: str) -> str:
+    name = f"e2e-codex-{uuid.uuid4().hex[:8]}"
+    await create_topics(kafka_bootstrap, TEST_PARTITIONS, name)
+    return name
+
+
+@pytest.fixture(scope="module")
+def rig(kafka_bootstrap: str, namespace: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    rig = Rig(kafka_bootstrap, namespace, tmp_path_factory.mktemp("e2e-codex-services"))
+    rig.start()
+    try:
+        rig.use_script(SCRIPT)
+        yield rig
+    finally:
+        rig.stop()
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return load_tokenizer("qwen3.6")
+
+
+async def test_shell_then_apply_patch_fix_lands_on_disk_and_every_sampled_token_trains(
+    rig: Rig, tmp_path: Path, tokenizer
+) -> None:
+    rollout = await play_codex(rig, tmp_path, FIX)
+
+    assert rollout.completed.exit_code == 0, rollout.completed.stderr[-3000:]
+    events = stream_events(rollout.completed.stdout)
+    kinds = [e["item"]["type"] for e in events if e.get("type") == "item.completed"]
+    assert kinds == ["command_execution", "file_change", "agent_message"]
+    assert events[-1]["type"] == "turn.completed"
+    assert FIXED_LINE in (rollout.workdir / "calc.py").read_text()
+    assert "+    " + FIXED_LINE in git_diff(rollout.workdir)
+    assert decoded_outputs(rollout, tokenizer) == [t + IM_END for t in script_turns(SCRIPT)]
+    assert {t["chain_id"] for t in rollout.turns} == {"main"}
+    # Codex resent its whole history each time: every turn stitched onto the one before it
+    assert [t["prompt_ref_turn"] for t in rollout.turns] == [None, 0, 1]
+    resolved = rollout.resolved()
+    assert "def sum_to" in tokenizer.decode(resolved[1].prompt_ids[-300:])  # the shell's output came back
+    assert "Success. Updated the following files" in tokenizer.decode(resolved[2].prompt_ids[-200:])
+    assert_trains_every_sampled_token(rollout, ["final"])
+    assert session_kinds(rollout, "main") == [("opened", "first"), ("closed", "rollout_end")]
+
+
+async def test_another_rollouts_closed_token_is_a_401_codex_does_not_retry(rig: Rig, tmp_path: Path) -> None:
+    """A token whose rollout was closed (what an agent that kept an earlier rollout's token would send) gets
+    one 401 on /v1/responses: Codex fails the run without retrying, and nothing reaches the bus."""
+    other = f"e2e-{uuid.uuid4().hex[:10]}"
+    stale = await rig.open_session(other, "codex")
+    await rig.close_session_if_open(other)
+    before = await rig.answered(401, route="/v1/responses")
+    rollout = await play_codex(rig, tmp_path, FIX, token=stale)
+
+    assert rollout.completed.exit_code != 0
+    assert "401" in rollout.completed.stdout + rollout.completed.stderr
+    assert await rig.answered(401, route="/v1/responses") - before == 1
+    assert rollout.turns == [] and git_diff(rollout.workdir) == ""
+    assert await rollout_events(rig.bootstrap, rig.namespace, "turns", other) == []
+
+
+async def test_its_tools_get_no_token_in_their_environment_nor_from_the_clis_process(
+    rig: Rig, tmp_path: Path
+) -> None:
+    """The attacker's move: a shell command that dumps its own environment and every process's environ and
+    command line in the sandbox into the workspace. Its own environment holds no token (Codex hands its tools
+    only its core variables and ours; by default it hands them everything), and the CLI's /proc/<pid>/environ
+    is closed to it (an execute-only binary: the kernel makes the process non-dumpable).
+
+    Left open, as for Claude Code: the sandbox's pid 1 (bwrap) still holds the agent's environment and its
+    environ is readable; what keeps a tool's request with the token from training is the adapter proxy's
+    peer stamp (tests/test_sandbox_attribution.py), not the token's secrecy."""
+    rig.use_script(SCRIPTS / "runner" / "codex_token_probe.json")
+    rollout_id = f"e2e-{uuid.uuid4().hex[:10]}"
+    token = await rig.open_session(rollout_id, "codex")
+    rollout = await play_codex(rig, tmp_path, FIX, token=token, rollout_id=rollout_id)
+    await rig.close_session_if_open(rollout_id)
+
+    assert rollout.completed.exit_code == 0, rollout.completed.stderr[-3000:]
+    own_env, *processes = (rollout.workdir / "leak.txt").read_text().split("== /proc/")
+    assert "PYTHONDONTWRITEBYTECODE=1" in own_env and "PATH=" in own_env
+    assert token not in own_env and "ROLLBUS_CODEX_TOKEN" not in own_env
+    headers = [p.split("\n", 1)[0].split(" ", 1) for p in processes]  # pid, command line
+    (cli,) = [
+        p for p, (_, argv) in zip(processes, headers, strict=True) if argv.startswith("/opt/codex/codex exec")
+    ]
+    assert token not in cli and "Permission denied" in cli
