@@ -25,7 +25,7 @@ from rollbus.services.adapter.bodies import decode_json
 from rollbus.services.adapter.errors import ApiError, forbidden, invalid_request, not_found, unauthenticated
 from rollbus.services.adapter.expiry import idle_expiry
 from rollbus.services.adapter.metrics import CountRequests
-from rollbus.services.adapter.publisher import Publisher
+from rollbus.services.adapter.publisher import BytePublisher
 from rollbus.services.adapter.replies import ClientGone, TurnStream, collect
 from rollbus.services.adapter.restore import Records, load, restore
 from rollbus.services.adapter.sessions import CLAUDE_CODE, HARNESSES, MAIN, RequestShape, answers_agent_call
@@ -208,7 +208,7 @@ async def rebuild(state: AdapterState, records: Records) -> None:
 
 def create_app(
     settings: AdapterSettings,
-    publisher: Publisher,
+    publisher: BytePublisher,
     *,
     tokenizer: Any = None,
     http: httpx.AsyncClient | None = None,
@@ -217,7 +217,7 @@ def create_app(
 ) -> FastAPI:
     """The adapter app; without ``tokenizer``/``parse`` the real ones are loaded.
 
-    ``publisher`` is ``rollbus.bus.Publisher`` (started by the caller) or any :class:`Publisher`; an
+    ``publisher`` is ``rollbus.bus.Publisher`` (started by the caller) or any :class:`BytePublisher`; an
     ``http`` client passed in stays the caller's to close. With ``records`` (a reader of the bus, see
     :mod:`rollbus.services.adapter.restore`) the open rollouts are rebuilt from the bus at start.
     """

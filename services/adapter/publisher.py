@@ -48,8 +48,8 @@ REJECTED_FILE = "adapter-rejected.jsonl"
 _REPLAYING = "adapter-replaying-*.jsonl"  # spill files taken by a start, deleted once delivered
 
 
-class Publisher(Protocol):
-    """``rollbus.bus.Publisher`` as the adapter needs it: send encoded bytes, return once acknowledged."""
+class BytePublisher(Protocol):
+    """What the adapter needs of ``rollbus.bus.Publisher``: send encoded bytes, return once acknowledged."""
 
     async def publish_bytes(self, topic: str, value: bytes, *, key: str | bytes | None) -> Any: ...
 
@@ -84,7 +84,7 @@ def retriable(error: BaseException) -> bool:
 class Outbox:
     def __init__(
         self,
-        publisher: Publisher,
+        publisher: BytePublisher,
         *,
         capacity: int = 1000,
         capacity_bytes: int = 256 * 1024 * 1024,

@@ -12,7 +12,7 @@ import httpx
 from rollbus.routed_experts import RoutesStore
 from rollbus.services.adapter.errors import overloaded, unavailable
 from rollbus.services.adapter.metrics import AdapterMetrics
-from rollbus.services.adapter.publisher import BacklogFull, Outbox, Publisher
+from rollbus.services.adapter.publisher import BacklogFull, BytePublisher, Outbox
 from rollbus.services.adapter.sessions import Sessions, SessionTokens
 from rollbus.services.adapter.settings import AdapterSettings
 from rollbus.services.adapter.sglang_client import SGLangClient
@@ -73,7 +73,7 @@ class AdapterState:
 
 
 def build_state(
-    settings: AdapterSettings, publisher: Publisher, *, tokenizer: Any, http: Any, parse: Any
+    settings: AdapterSettings, publisher: BytePublisher, *, tokenizer: Any, http: Any, parse: Any
 ) -> AdapterState:
     """Load what was not given (tokenizer, parser, HTTP pool) and wire the turn kit."""
     from rollbus.canonical import CanonicalHistory, RerenderHistory, TemplateRenderer
