@@ -48,7 +48,7 @@ def test_the_overview_counts_what_the_events_say() -> None:
     assert o["tokens_trained"] == sum(sum(s["loss_mask"]) for s in segments) > 0
     assert o["drift_masked_tokens"] == 2  # the one drifted output's two tokens
     response = sum(len(s["response_ids"]) for s in segments)
-    assert o["masked_fraction"] == (response - o["tokens_trained"]) / response
+    assert o["untrained_fraction"] == (response - o["tokens_trained"]) / response
     assert o["events"]["segments"] == len(segments) and o["dead_letters"] == 0
 
 
