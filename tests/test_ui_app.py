@@ -6,8 +6,7 @@ from fastapi.testclient import TestClient
 
 from rollbus.services.ui.app import Pages, create_app
 from rollbus.services.ui.model import fold
-from tests.test_ui_model import entries
-from tests.ui_support import run_events
+from tests.ui_support import entries, run_events
 
 
 def client() -> TestClient:

@@ -48,6 +48,7 @@ async def test_overview_to_rollout_to_topics_in_a_real_browser(ui, tmp_path: Pat
     async with async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
         page = await browser.new_page(viewport={"width": 1280, "height": 900})
+        page.set_default_timeout(120_000)  # a loaded 2-core machine: patience, not speed, is under test
         await page.goto(url + "/")
         assert await page.locator("[data-k='rollouts.finished']").inner_text() == "4"
         await page.screenshot(path=shots / "overview.png", full_page=True)

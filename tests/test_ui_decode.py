@@ -9,8 +9,7 @@ from rollbus.services.ui.app import Pages
 from rollbus.services.ui.main import decoder
 from rollbus.services.ui.model import fold
 from rollbus.services.ui.views import token_runs
-from tests.test_ui_model import entries
-from tests.ui_support import run_events
+from tests.ui_support import entries, run_events
 
 
 def test_turns_and_token_runs_are_shown_as_the_tokenizer_decodes_them() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 
-from rollbus.events import EVENTS
 from rollbus.services.ui.app import Pages
 from rollbus.services.ui.model import (
     Entry,
@@ -16,22 +15,7 @@ from rollbus.services.ui.model import (
     throughput,
 )  # fmt: skip
 from rollbus.services.ui.views import Browse, browse, folded_html, segment_rows, token_runs
-from tests.ui_support import AT, run_events
-
-EVENT_OF = {spec.topic: spec.event_type for spec in EVENTS}
-PARTITIONS = 3
-
-
-def entries(events: list[tuple[str, dict]]) -> list[Entry]:
-    """Each event placed as the bus would: a partition per key, offsets counting up per partition."""
-    offsets: dict[tuple[str, int], int] = {}
-    out = []
-    for topic, record in events:
-        key = record.get("rollout_id")
-        partition = sum(map(ord, key)) % PARTITIONS if key and topic != "policy" else 0
-        offset = offsets[(topic, partition)] = offsets.get((topic, partition), -1) + 1
-        out.append(Entry(topic, partition, offset, AT, key, EVENT_OF[topic], record))
-    return out
+from tests.ui_support import AT, entries, run_events
 
 
 def test_the_overview_counts_what_the_events_say() -> None:
@@ -48,7 +32,7 @@ def test_the_overview_counts_what_the_events_say() -> None:
     assert o["tokens_trained"] == sum(sum(s["loss_mask"]) for s in segments) > 0
     assert o["drift_masked_tokens"] == 2  # the one drifted output's two tokens
     response = sum(len(s["response_ids"]) for s in segments)
-    assert o["masked_fraction"] == (response - o["tokens_trained"]) / response
+    assert o["untrained_fraction"] == (response - o["tokens_trained"]) / response
     assert o["events"]["segments"] == len(segments) and o["dead_letters"] == 0
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from rollbus.events import EVENTS
+from rollbus.services.ui.model import Entry
 from rollbus.trajectory import fan_out
 from tests.synthetic_rollouts import Event, simple_rollout
 
@@ -77,3 +79,19 @@ def run_events() -> list[Event]:
     events += rollout_events("r-2", group="g1", sample=0, reward=1.0, version=1, cut_at=AT + 3000)
     events += rollout_events("r-3", group="g1", sample=1, reward=0.0, version=1, cut_at=AT + 3000)
     return events
+
+
+EVENT_OF = {spec.topic: spec.event_type for spec in EVENTS}
+PARTITIONS = 3
+
+
+def entries(events: list[tuple[str, dict]]) -> list[Entry]:
+    """Each event placed as the bus would: a partition per key, offsets counting up per partition."""
+    offsets: dict[tuple[str, int], int] = {}
+    out = []
+    for topic, record in events:
+        key = record.get("rollout_id")
+        partition = sum(map(ord, key)) % PARTITIONS if key and topic != "policy" else 0
+        offset = offsets[(topic, partition)] = offsets.get((topic, partition), -1) + 1
+        out.append(Entry(topic, partition, offset, AT, key, EVENT_OF[topic], record))
+    return out

@@ -56,12 +56,11 @@ def run(args: argparse.Namespace) -> int:
 
     settings = UiSettings.from_args(args)
     quiet_kafka_logs()
+    # a SIGTERM (and uvicorn re-raises it once it has shut down) is an exit that unwinds: the broker stops
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with ExitStack() as stack:
-        bootstrap, namespace, metrics = (
-            settings.bootstrap_servers,
-            settings.namespace,
-            settings.trainer_metrics,
-        )
+        bootstrap, namespace = settings.bootstrap_servers, settings.namespace
+        metrics = settings.trainer_metrics
         if settings.demo:
             bootstrap, namespace, metrics = open_demo(settings, stack)
         model = ReadModel()
@@ -69,8 +68,6 @@ def run(args: argparse.Namespace) -> int:
         pages = Pages(model, source, metrics_rows(metrics), decoder(settings.tokenizer))
         app = create_app(pages, lambda: feed(bootstrap, namespace, model, follow=True, on_status=say))
         say(f"reading {source}; serving http://{settings.host}:{settings.port}/")
-        # uvicorn re-raises SIGTERM once it has shut down: make that an exit that unwinds (stops the broker)
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         try:
             uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
         except KeyboardInterrupt:

@@ -202,7 +202,7 @@ def overview(model: ReadModel) -> dict[str, Any]:
         "segments": len(segments),
         "response_tokens": response,
         "tokens_trained": trained,
-        "masked_fraction": (response - trained) / response if response else 0.0,
+        "untrained_fraction": (response - trained) / response if response else 0.0,
         "drift_masked_tokens": sum(drift_masked_tokens(s) for s in segments),
         "duplicate_segments": model.duplicate_segments,
         "dead_letters": len(model.dead_letters),

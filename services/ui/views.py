@@ -53,7 +53,9 @@ def _run(cls: str, ids: list[int], decode: Decode) -> str:
 def segment_tokens_html(segment: dict[str, Any], freeze: str | None, decode: Decode = ids_text) -> str:
     """One segment's tokens: its prompt (context), its response coloured by mask (each run of one colour
     decoded as one piece), a mark where each drift cut starts, and the freeze that ended it."""
-    parts = [_run("prompt", segment["prompt_ids"], decode)]
+    prompt = segment["prompt_ids"]
+    parts = [f'<details class="prompt"><summary>segment prompt: {len(prompt)} tokens of context</summary>'
+             f'{_run("prompt", prompt, decode)}</details>']  # fmt: skip
     response = segment["response_ids"]
     for cls, start, end in token_runs(segment):
         if cls == DRIFT:

@@ -39,6 +39,14 @@ function plot(data) {
     svg.appendChild(line);
   }
   rows.forEach((r, i) => {
+    for (const [key, colour] of [["reward_mean", "#3050c8"], ["solve_rate", "#1a7f37"]]) {
+      const dot = document.createElementNS(ns, "circle");
+      dot.setAttribute("cx", x(i));
+      dot.setAttribute("cy", y(Math.max(0, Math.min(1, r[key]))));
+      dot.setAttribute("r", "3");
+      dot.setAttribute("fill", colour);
+      svg.appendChild(dot);
+    }
     const label = document.createElementNS(ns, "text");
     label.setAttribute("x", x(i) - 6);
     label.setAttribute("y", 118);
