@@ -11,133 +11,31 @@ What the real binary sends and needs on the wire is written down in ``docs/codex
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
-import shutil
-import stat
 import subprocess
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from rollbus.config import cache_dir
+from rollbus.npm_binary import CliInstallError, CliNotInstalled, NpmBinary
 
 PACKAGE = "@openai/codex"
 VERSION = "0.169.0"
-MARKER = ".rollbus-installed.json"
-EXECUTE_ONLY = "codex.execute-only"  # beside the marker: the copy sandboxes run (see execute_only_binary)
-NPM_TIMEOUT_S = 900
-NPM_FLAGS = ("--ignore-scripts", "--no-audit", "--no-fund", "--no-save", "--loglevel=error")
 # Where sandboxes mount the binary (read-only): one fixed path, whatever the host's cache directory.
 SANDBOX_BINARY = "/opt/codex/codex"
 PROVIDER = "rollbus"  # any name but "OpenAI": that one brings WebSocket attempts and remote compaction
 TOKEN_ENV = "ROLLBUS_CODEX_TOKEN"  # the provider's env_key: sent as ``Authorization: Bearer``
 
 
-class CliNotInstalled(RuntimeError):
-    """The pinned CLI is not in the cache: run ``python -m rollbus.codex_cli fetch``."""
-
-
-class CliInstallError(RuntimeError):
-    """npm ran but did not leave a working native binary behind."""
-
-
-def install_dir(version: str = VERSION) -> Path:
-    return cache_dir() / f"codex-{version}"
-
-
-def binary_path(version: str = VERSION) -> Path:
-    """Absolute path of the installed native ``codex`` binary (read from the install marker)."""
-    marker = install_dir(version) / MARKER
-    if not marker.is_file():
-        raise CliNotInstalled(
-            f"Codex {version} is not installed in {install_dir(version)}; "
-            "run `python -m rollbus.codex_cli fetch`"
-        )
-    return install_dir(version) / json.loads(marker.read_text())["binary"]
-
-
-def execute_only_binary(version: str = VERSION) -> Path:
-    """A copy of the installed binary that anyone may run and nobody but root may read (mode 0111).
-
-    As for Claude Code (``rollbus.claude_cli.execute_only_binary``): a process running a binary its user
-    cannot read is not dumpable, so the tools it starts cannot read its memory, environment (the token) or
-    sockets.
-    Codex is a static native binary, so it runs as is. Made once per version, atomically.
-    """
-    source = binary_path(version)
-    dest = install_dir(version) / EXECUTE_ONLY
-    with contextlib.suppress(FileNotFoundError):
-        made = dest.stat()
-        if stat.S_IMODE(made.st_mode) == 0o111 and made.st_size == source.stat().st_size:
-            return dest
-    staging = dest.with_name(f".{EXECUTE_ONLY}.{os.getpid()}")
-    try:
-        shutil.copyfile(source, staging)
-        staging.chmod(0o111)
-        staging.replace(dest)
-    finally:
-        staging.unlink(missing_ok=True)
-    return dest
-
-
-def fetch(version: str = VERSION, *, npm: str = "npm") -> Path:
-    """Install ``PACKAGE@version`` into the cache unless the marker says it is there; return the binary.
-
-    Installs into a temporary sibling directory and renames it into place, so a crash or a concurrent
-    fetch never leaves a half-installed directory that looks complete.
-    """
-    dest = install_dir(version)
-    if (dest / MARKER).is_file():
-        return binary_path(version)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
-    staging.chmod(0o755)  # mkdtemp's 0700 would hide the binary from other users
-    try:
-        _npm_install(npm, f"{PACKAGE}@{version}", staging)
-        binary = _find_native_binary(staging)
-        reported = _binary_version(binary)
-        if not reported.endswith(version):  # "codex-cli 0.169.0"
-            raise CliInstallError(f"{binary} reports version {reported!r}, expected {version}")
-        marker = {"version": version, "binary": str(binary.relative_to(staging))}
-        (staging / MARKER).write_text(json.dumps(marker))
-        if (dest / MARKER).is_file():  # a concurrent fetch finished first
-            return binary_path(version)
-        shutil.rmtree(dest, ignore_errors=True)
-        staging.rename(dest)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return binary_path(version)
-
-
-def _npm_install(npm: str, spec: str, prefix: Path) -> None:
-    cmd = [npm, "install", "--prefix", str(prefix), *NPM_FLAGS, spec]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=NPM_TIMEOUT_S, check=False)
-    except FileNotFoundError as exc:
-        raise CliInstallError(f"{npm!r} not found: install Node.js and npm") from exc
-    if done.returncode != 0:
-        raise CliInstallError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr.strip()}")
-
-
-def _find_native_binary(prefix: Path) -> Path:
-    """The executable ``codex`` in the platform package npm picked for this os/cpu/libc."""
-    scope = prefix / "node_modules" / PACKAGE.split("/")[0]
-    found = [p for p in sorted(scope.glob("codex-*/vendor/*/bin/codex")) if os.access(p, os.X_OK)]
-    if len(found) != 1:
-        raise CliInstallError(f"expected one native binary under {scope}, found {[str(p) for p in found]}")
-    return found[0]
-
-
-def _binary_version(binary: Path) -> str:
-    done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60, check=False)
-    if done.returncode != 0:
-        raise CliInstallError(f"{binary} --version failed ({done.returncode}): {done.stderr.strip()}")
-    return done.stdout.strip()
+CLI = NpmBinary(
+    "Codex", PACKAGE, VERSION, "codex", "codex-*/vendor/*/bin/codex", "rollbus.codex_cli", npm_timeout_s=900
+)
+install_dir, binary_path = CLI.install_dir, CLI.binary_path
+execute_only_binary, fetch = CLI.execute_only_binary, CLI.fetch
 
 
 DEFAULT_INSTRUCTIONS = (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rollbus import claude_cli
+from rollbus import claude_cli, npm_binary
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_the_execute_only_copy_is_made_once_and_remade_when_it_is_not(
     installed.parent.mkdir(parents=True)
     installed.write_bytes(b"\x7fELF native cli")
     installed.chmod(0o755)
-    (claude_cli.install_dir() / claude_cli.MARKER).write_text('{"binary": "pkg/claude"}')
+    (claude_cli.install_dir() / npm_binary.MARKER).write_text('{"binary": "pkg/claude"}')
     copy = claude_cli.execute_only_binary()
     first = copy.stat()
     assert (copy.read_bytes(), first.st_mode & 0o7777) == (installed.read_bytes(), 0o111)

@@ -45,12 +45,11 @@ import subprocess
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from rollbus.sandbox.base import (
     Completed,
     FailureKind,
-    Network,
     SandboxBase,
     SandboxError,
     SandboxUnavailable,
@@ -58,7 +57,6 @@ from rollbus.sandbox.base import (
     write_host_file,
 )
 from rollbus.sandbox.bwrap_host import (
-    SCRATCH_ROOT,
     BwrapInfo,
     HostSide,
     free_bytes,
@@ -72,7 +70,7 @@ from rollbus.sandbox.bwrap_host import (
     write_identity,
 )
 from rollbus.sandbox.bwrap_layout import AGENT_UID, HOME, WORKSPACE, BwrapLayout, bwrap_argv, system_mounts
-from rollbus.sandbox.limits import Cgroups, Limits, enforcement, failure_from_counters, rlimits
+from rollbus.sandbox.limits import Cgroups, enforcement, failure_from_counters, rlimits
 from rollbus.sandbox.peer import AgentProcess, command_pid
 from rollbus.sandbox.process import CappedBytes, run_process
 from rollbus.sandbox.seccomp import filter_fd
@@ -108,34 +106,11 @@ class BwrapSandbox(SandboxBase):
         self.enforced = self._report()
 
     @classmethod
-    async def create(
-        cls,
-        workdir: Path,
-        *,
-        network: Network = "none",
-        ro_binds: Mapping[str | os.PathLike[str], str] | None = None,
-        uid: int | None = AGENT_UID,
-        bwrap: str = "bwrap",
-        limits: Limits | None = None,
-        adapter_socket: Path | None = None,
-        forward_port: int | None = None,
-        host_uid: int | None = None,
-        sandbox_id: str | None = None,
-        toolchain: Path | None = None,
-        scratch_root: Path = SCRATCH_ROOT,
-        inside_workdir: str = WORKSPACE,
-        userns_guard: Literal["auto", "seccomp"] = "auto",
-        netns: int | None = None,
-    ) -> BwrapSandbox:
-        """A sandbox over the prepared repository ``workdir`` (see :func:`~rollbus.sandbox.bwrap_host.
-        prepare_host` for the options); raises :class:`SandboxUnavailable` where bwrap cannot run."""
-        prepare = functools.partial(
-            prepare_host, workdir, network=network, ro_binds=ro_binds, uid=uid, bwrap=bwrap, limits=limits,
-            adapter_socket=adapter_socket, forward_port=forward_port, host_uid=host_uid,
-            sandbox_id=sandbox_id, toolchain=toolchain, scratch_root=scratch_root,
-            inside_workdir=inside_workdir, userns_guard=userns_guard, netns=netns,
-        )  # fmt: skip
-        return cls(await asyncio.to_thread(prepare))
+    async def create(cls, workdir: Path, **options: Any) -> BwrapSandbox:
+        """A sandbox over the prepared repository ``workdir``; ``options`` are those of
+        :func:`~rollbus.sandbox.bwrap_host.prepare_host`, whose host work runs off the event loop. Raises
+        :class:`SandboxUnavailable` where bwrap cannot run."""
+        return cls(await asyncio.to_thread(functools.partial(prepare_host, workdir, **options)))
 
     def _report(self) -> dict[str, str]:
         """How each limit and boundary holds for this sandbox (``enforced``)."""
