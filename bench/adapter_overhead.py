@@ -297,21 +297,27 @@ def main() -> int:
             sys.executable, "-m", "rollbus.services.engine", "--policy", "scripted",
             "--script", str(tmp / "script.json"), "--threads", "1", *shlex.split(args.engine_flags),
         ]  # fmt: skip
-        engine = start([*engine_cmd, "--port", str(engine_port)], f"{engine_url}/health", tmp / "engine.log")
-        twin = start([*engine_cmd, "--port", str(twin_port)], f"{twin_url}/health", tmp / "twin.log")
-        adapter = start(
-            [sys.executable, __file__, "--serve-adapter", str(adapter_port), engine_url, str(records_file)],
-            f"{adapter_url}/healthz",
-            tmp / "adapter.log",
-        )
+        started: list[subprocess.Popen] = []  # stopped at the end, also when a later one never comes up
         try:
+            engine_argv = [*engine_cmd, "--port", str(engine_port)]
+            engine = start(engine_argv, f"{engine_url}/health", tmp / "engine.log")
+            started.append(engine)
+            twin = start([*engine_cmd, "--port", str(twin_port)], f"{twin_url}/health", tmp / "twin.log")
+            started.append(twin)
+            serve = ["--serve-adapter", str(adapter_port), engine_url, str(records_file)]
+            adapter = start(
+                [sys.executable, __file__, *serve],
+                f"{adapter_url}/healthz",
+                tmp / "adapter.log",
+            )
+            started.append(adapter)
             print(f"engine flags: {args.engine_flags}; CPU cores: {os.cpu_count()}")
             direct, log = DirectEngine(twin_url, twin), TurnLog(records_file)
             for turns in args.turns:
                 samples = conversation(adapter_url, adapter, direct, log, turns, args.final_context)
                 report(turns, samples, log.last_prompt_tokens())
         finally:
-            for proc in (adapter, engine, twin):
+            for proc in reversed(started):
                 proc.terminate()
                 proc.wait(10)
     return 0
