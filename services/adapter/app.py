@@ -26,13 +26,13 @@ from rollbus.services.adapter.errors import ApiError, forbidden, invalid_request
 from rollbus.services.adapter.expiry import idle_expiry
 from rollbus.services.adapter.metrics import CountRequests
 from rollbus.services.adapter.publisher import BytePublisher
-from rollbus.services.adapter.replies import ClientGone, TurnStream, collect
+from rollbus.services.adapter.replies import ClientGone, answer, anthropic_events
 from rollbus.services.adapter.restore import Records, load, restore
 from rollbus.services.adapter.sessions import CLAUDE_CODE, HARNESSES, MAIN, RequestShape, answers_agent_call
 from rollbus.services.adapter.settings import AdapterSettings
 from rollbus.services.adapter.state import AdapterState, build_state, shutdown, warm_up
 from rollbus.services.adapter.translate import to_chat
-from rollbus.services.adapter.turn import TurnInput, close_chains, hand_back, run_turn, settle_contests
+from rollbus.services.adapter.turn import TurnInput, close_chains, hand_back, settle_contests
 
 AGENT_HEADER = "x-claude-code-agent-id"
 log = logging.getLogger(__name__)
@@ -57,20 +57,8 @@ async def messages(request: Request) -> Response:
     if agent.kind == MAIN and answers_agent_call(chat.messages):
         hand_back(state.kit, session.finished_subagents())
     state.kit.metrics.count_route(agent)
-    state.admit()
-    events = run_turn(state.kit, agent, TurnInput(chat, body.model, body.max_tokens, body.sampling()))
-    try:
-        started = await anext(events)  # the prompt is planned: a too-long prompt is still a plain 400
-    except BaseException:
-        await events.aclose()
-        state.release()
-        raise
-    if body.stream:
-        return TurnStream(events, started, on_close=state.release)
-    try:
-        return await collect(events, request)
-    finally:
-        state.release()
+    turn = TurnInput(chat, body.model, body.max_tokens, body.sampling())
+    return await answer(state, request, agent, turn, stream=anthropic_events if body.stream else None)
 
 
 async def count_tokens(request: Request) -> Response:

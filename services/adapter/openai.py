@@ -20,21 +20,20 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.responses import Response
 
 from rollbus.services.adapter import edge
 from rollbus.services.adapter.bodies import check_json, decode_json
 from rollbus.services.adapter.errors import ApiError, invalid_request
-from rollbus.services.adapter.replies import collect
+from rollbus.services.adapter.replies import answer
 from rollbus.services.adapter.sessions import GYM, RequestShape
 from rollbus.services.adapter.translate import ChatPrompt
-from rollbus.services.adapter.turn import Done, Ping, TurnEvent, TurnInput, run_turn
+from rollbus.services.adapter.turn import Done, Ping, Started, TurnEvent, TurnInput
 
 _MODEL = ConfigDict(extra="ignore", frozen=True)
 FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls"}
@@ -238,41 +237,16 @@ async def chat_completions(request: Request) -> Response:
         agent = state.sessions.get(granted.rollout_id, granted.attempt_id).main_agent(shape)
         state.kit.metrics.count_route(agent)
         max_tokens = body.max_completion_tokens or body.max_tokens or state.kit.settings.max_new_tokens
-        state.admit()
-        events = run_turn(state.kit, agent, TurnInput(chat, body.model, max_tokens, body.sampling()))
-        try:
-            await anext(events)  # the prompt is planned: a too-long prompt is still a plain 400
-        except BaseException:
-            await events.aclose()
-            state.release()
-            raise
-        if body.stream:
-            return CompletionStream(events, on_close=state.release)
-        try:
-            return await collect(events, request, render=completion)
-        finally:
-            state.release()
+        turn = TurnInput(chat, body.model, max_tokens, body.sampling())
+        return await answer(
+            state, request, agent, turn, stream=completion_chunks if body.stream else None, render=completion
+        )
     except ApiError as err:
         return err.openai_response()
 
 
-class CompletionStream(StreamingResponse):
+async def completion_chunks(events: AsyncIterator[TurnEvent], _started: Started) -> AsyncIterator[bytes]:
     """``chat.completion.chunk`` events: the whole reply, then the finish; SSE comments as pings."""
-
-    def __init__(self, events: AsyncIterator[TurnEvent], on_close: Callable[[], None]) -> None:
-        self.events, self.on_close = events, on_close
-        headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-        super().__init__(_chunks(events), media_type="text/event-stream", headers=headers)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self.events.aclose()
-            self.on_close()
-
-
-async def _chunks(events: AsyncIterator[TurnEvent]) -> AsyncIterator[bytes]:
     try:
         async for item in events:
             if isinstance(item, Ping):

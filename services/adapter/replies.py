@@ -10,22 +10,55 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from rollbus.services.adapter import sse
 from rollbus.services.adapter.errors import ApiError, ClientGone
-from rollbus.services.adapter.turn import Done, Ping, Started, TurnEvent
+from rollbus.services.adapter.turn import Done, Ping, Started, TurnEvent, TurnInput, run_turn
+
+Events = Callable[[AsyncIterator[TurnEvent], Started], AsyncIterator[bytes]]  # a route's SSE for one turn
+
+
+async def answer(
+    state: Any,
+    request: Request,
+    agent: Any,
+    turn: TurnInput,
+    *,
+    stream: Events | None,
+    render: Callable[[dict[str, Any]], dict[str, Any]] = lambda message: message,
+) -> Response:
+    """Admit the request, run its turn and reply, the same for every route: with the route's ``stream`` (an
+    SSE body over the turn's events), or one JSON body ``render`` shapes. A prompt refused before the turn's
+    first event is still a plain error response; the admission is released however the reply ends."""
+    state.admit()
+    events = run_turn(state.kit, agent, turn)
+    try:
+        started = await anext(events)  # the prompt is planned: a too-long prompt is still a plain 400
+    except BaseException:
+        await events.aclose()
+        state.release()
+        raise
+    if stream is not None:
+        return TurnStream(events, stream(events, started), on_close=state.release)
+    try:
+        return await collect(events, request, render)
+    finally:
+        state.release()
 
 
 class TurnStream(StreamingResponse):
-    """SSE for one turn; ``on_close`` runs however the response ends (finished, failed, cut)."""
+    """SSE for one turn (``body``, the route's events over ``events``); ``on_close`` runs however the
+    response ends (finished, failed, cut)."""
 
-    def __init__(self, events: AsyncIterator[TurnEvent], started: Started, on_close: Callable[[], None]):
+    def __init__(
+        self, events: AsyncIterator[TurnEvent], body: AsyncIterator[bytes], on_close: Callable[[], None]
+    ) -> None:
         self.events = events
         self.on_close = on_close
         headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-        super().__init__(_sse(events, started), media_type="text/event-stream", headers=headers)
+        super().__init__(body, media_type="text/event-stream", headers=headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -35,7 +68,8 @@ class TurnStream(StreamingResponse):
             self.on_close()
 
 
-async def _sse(events: AsyncIterator[TurnEvent], started: Started) -> AsyncIterator[bytes]:
+async def anthropic_events(events: AsyncIterator[TurnEvent], started: Started) -> AsyncIterator[bytes]:
+    """The Anthropic Messages stream of one turn."""
     yield sse.message_start(started.message)
     try:
         async for item in events:

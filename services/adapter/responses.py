@@ -20,22 +20,22 @@ status line is a ``response.failed`` event.
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.responses import Response
 
 from rollbus.services.adapter import edge
 from rollbus.services.adapter.bodies import check_json, decode_json
 from rollbus.services.adapter.errors import ApiError, invalid_request
-from rollbus.services.adapter.replies import collect
+from rollbus.services.adapter.replies import answer
 from rollbus.services.adapter.sessions import CODEX, RequestShape
 from rollbus.services.adapter.translate import ChatPrompt
-from rollbus.services.adapter.turn import Done, Ping, Started, TurnEvent, TurnInput, run_turn
+from rollbus.services.adapter.turn import Done, Ping, Started, TurnEvent, TurnInput
 
 _MODEL = ConfigDict(extra="ignore", frozen=True)
 FREEFORM_PARAMETER = "input"  # the one string parameter a custom tool is offered with
@@ -261,47 +261,15 @@ async def responses(request: Request) -> Response:
         agent = state.sessions.get(granted.rollout_id, granted.attempt_id).main_agent(shape)
         state.kit.metrics.count_route(agent)
         max_tokens = body.max_output_tokens or settings.max_new_tokens
-        state.admit()
-        events = run_turn(state.kit, agent, TurnInput(chat, body.model, max_tokens, body.sampling()))
-        try:
-            started = await anext(events)  # the prompt is planned: a too-long prompt is still a plain 400
-        except BaseException:
-            await events.aclose()
-            state.release()
-            raise
-        if body.stream:
-            return ResponseStream(events, started, custom, on_close=state.release)
-        try:
-            return await collect(events, request, render=lambda message: response_body(message, custom))
-        finally:
-            state.release()
+        turn = TurnInput(chat, body.model, max_tokens, body.sampling())
+        stream = functools.partial(response_events, custom=custom) if body.stream else None
+        render = functools.partial(response_body, custom=custom)
+        return await answer(state, request, agent, turn, stream=stream, render=render)
     except ApiError as err:
         return err.openai_response()
 
 
-class ResponseStream(StreamingResponse):
-    """The Responses event stream for one turn; ``on_close`` runs however it ends."""
-
-    def __init__(
-        self,
-        events: AsyncIterator[TurnEvent],
-        started: Started,
-        custom: frozenset[str],
-        on_close: Callable[[], None],
-    ) -> None:
-        self.events, self.on_close = events, on_close
-        headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-        super().__init__(_events(events, started, custom), media_type="text/event-stream", headers=headers)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self.events.aclose()
-            self.on_close()
-
-
-async def _events(
+async def response_events(
     events: AsyncIterator[TurnEvent], started: Started, custom: frozenset[str]
 ) -> AsyncIterator[bytes]:
     head = response_body(started.message, custom, status="in_progress")
