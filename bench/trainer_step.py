@@ -15,6 +15,12 @@ The baselines are measured in the same run:
 
     python bench/trainer_step.py --quick   # 1 vs 2 ranks, dense and MoE, 4 x 512 tokens, one step each
     python bench/trainer_step.py           # + 20k/64k segments, chunked vs full; best of 3 steps each
+    python bench/trainer_step.py --device cuda --shape gpu   # GPU-sized layers, 4 x 4096 tokens, with MFU
+
+``--shape gpu`` builds the models on the device at sizes whose matrix products fill a GPU: a dense Qwen3 of
+Qwen3-1.7B's layer shape (hidden 2048, 28 layers) and a Qwen3-MoE of Qwen3-30B-A3B's layer shape (hidden 2048,
+128 experts, top-8) cut to 4 layers so that weights, gradients and AdamW state fit one card. With one GPU the
+"2 ranks" line is FSDP2 over NCCL at world size 1: the sharded path's cost, no parameter split across cards.
 """
 
 from __future__ import annotations
@@ -67,17 +73,45 @@ def model_flops(model, tokens: int, trained: int) -> float:
     return 6 * active * tokens + 6 * config.hidden_size * config.vocab_size * trained
 
 
-def measure(tokens: int, chunk: int, segments: int, steps: int, threads: int, kind: str, device: str) -> dict:
+SHAPES = {  # (dense spec, MoE spec, MoE spec's experts)
+    "tiny": None,
+    "gpu": ({"hidden_size": 2048, "layers": 28, "heads": 16, "kv_heads": 8, "head_dim": 128,
+             "intermediate_size": 6144},
+            {"hidden_size": 2048, "layers": 4, "heads": 32, "kv_heads": 4, "head_dim": 128,
+             "intermediate_size": 6144},
+            {"experts": 128, "top_k": 8, "expert_size": 768}),
+}  # fmt: skip
+
+
+def build_model(kind: str, shape: str, device):
+    """The bench's random model, built on ``device`` (a GPU-sized one initialises in seconds there)."""
+    import torch
+
+    from rollbus.policy_model import ModelSpec, random_qwen3
+    from rollbus.trainer.moe import MoeSpec, random_qwen3_moe
+
+    sizes = SHAPES[shape]
+    dense = ModelSpec(**sizes[0]) if sizes else ModelSpec()
+    sparse, experts = (ModelSpec(**sizes[1]), MoeSpec(**sizes[2])) if sizes else (ModelSpec(), MoeSpec())
+    with torch.device(device):
+        if kind == "moe":
+            return random_qwen3_moe(sparse, experts, 248077, (248046,), 0)
+        return random_qwen3(dense, 248077, (248046,), 0)
+
+
+def measure(
+    tokens: int, chunk: int, segments: int, steps: int, threads: int, kind: str, device: str,
+    shape: str = "tiny", force_shard: bool = False,
+) -> dict:  # fmt: skip
     """One process's numbers (called in a fresh interpreter, possibly as one rank of torchrun)."""
     import psutil
     import torch
     import torch.distributed as dist
 
-    from rollbus.policy_model import ModelSpec, random_qwen3
     from rollbus.trainer.batch import split_for_ranks
     from rollbus.trainer.device import placement
     from rollbus.trainer.loss import LossConfig, PolicyForward
-    from rollbus.trainer.moe import MoeSpec, random_qwen3_moe
+    from rollbus.trainer.routing_replay import RoutingReplay
     from rollbus.trainer.sharding import even_shares, shard
     from rollbus.trainer.step import OptimConfig, make_optimizer, train_step
 
@@ -86,19 +120,23 @@ def measure(tokens: int, chunk: int, segments: int, steps: int, threads: int, ki
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if where.device.type == "cuda":
         torch.cuda.set_device(where.device)
-    if world > 1:
+    sharded = world > 1 or force_shard
+    if sharded:
         dist.init_process_group(where.backend)
-    rank = dist.get_rank() if world > 1 else 0
-    if kind == "moe":
-        model = random_qwen3_moe(ModelSpec(), MoeSpec(), 248077, (248046,), 0)
-    else:
-        model = random_qwen3(ModelSpec(), 248077, (248046,), 0)
+    rank = dist.get_rank() if sharded else 0
+    model = build_model(kind, shape, where.device)
     flops_model = model
-    forward = PolicyForward(model.to(where.device))
-    if world > 1:
+    experts = getattr(model.config, "_experts_implementation", None) if kind == "moe" else None
+    forward = PolicyForward(model, RoutingReplay(model) if kind == "moe" else None)
+    if sharded:
         shard(forward, where)
     optimizer = make_optimizer(forward, OptimConfig())
     batch = [make_segment(tokens, seed) for seed in range(segments)]
+    if kind == "moe":  # replayed routes, as a rollout records them: random distinct experts per position
+        config = model.config
+        for segment in batch:
+            scores = torch.rand(tokens - 1, config.num_hidden_layers, config.num_experts)
+            segment.routed_experts = scores.topk(config.num_experts_per_tok, -1).indices.to(torch.uint8)
     share = even_shares(split_for_ranks(batch, world))[rank]
     config = LossConfig(logits_chunk=chunk)
     rss_before = psutil.Process().memory_info().rss
@@ -121,9 +159,10 @@ def measure(tokens: int, chunk: int, segments: int, steps: int, threads: int, ki
     result = {
         "tokens": tokens * segments, "trained": trained, "seconds": min(times), "cpu_seconds": min(cpu),
         "peak_growth_mb": peak_growth, "rank": rank, "device": where.name(),
-        "flops": model_flops(flops_model, tokens * segments, trained), "world": world,
+        "flops": model_flops(flops_model, tokens * segments, trained), "world": world, "sharded": sharded,
+        "experts_implementation": experts,
     }  # fmt: skip
-    if world > 1:
+    if sharded:
         dist.destroy_process_group()
     return result
 
@@ -135,7 +174,8 @@ def run_child(args: list[str], torchrun: int = 0) -> dict:
     if torchrun:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(torchrun),
                "--master-port", str(free_port()), __file__, "--child", *args]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if done.returncode:
         sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr[-4000:]}")
@@ -145,16 +185,19 @@ def run_child(args: list[str], torchrun: int = 0) -> dict:
 
 
 def child_args(
-    tokens: int, chunk: int, segments: int, steps: int, threads: int, kind: str = "dense", device: str = "cpu"
-) -> list[str]:
+    tokens: int, chunk: int, segments: int, steps: int, threads: int, kind: str = "dense",
+    device: str = "cpu", shape: str = "tiny", force_shard: bool = False,
+) -> list[str]:  # fmt: skip
     return [f"--tokens={tokens}", f"--chunk={chunk}", f"--segments={segments}", f"--steps={steps}",
-            f"--threads={threads}", f"--kind={kind}", f"--device={device}"]  # fmt: skip
+            f"--threads={threads}", f"--kind={kind}", f"--device={device}", f"--shape={shape}",
+            *(["--force-shard"] if force_shard else [])]  # fmt: skip
 
 
 def line(name: str, r: dict) -> str:
     text = (f"{name:<30} {r['seconds']:7.2f} s (cpu {r['cpu_seconds']:6.2f} s) "
             f"{r['tokens'] / r['seconds']:7.0f} tok/s "
-            f"{r['trained'] / r['seconds']:6.0f} trained/s  peak +{r['peak_growth_mb']:6.0f} MB")  # fmt: skip
+            f"{r['trained'] / r['seconds']:6.0f} trained/s  peak {'' if r['device'] != 'cpu' else '+'}"
+            f"{r['peak_growth_mb']:6.0f} MB")  # fmt: skip
     peak = peak_tflops(r["device"])
     if peak is not None:  # every rank does 1/world of the work in the same wall time
         mfu = r["flops"] / r["seconds"] / r["world"] / (peak * 1e12)
@@ -166,7 +209,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 vs 2 ranks only, one step per measurement")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the steps run")
+    parser.add_argument("--shape", default="tiny", choices=sorted(SHAPES), help="model size (gpu: GPU-sized)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--force-shard", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--kind", default="dense", choices=["dense", "moe"], help=argparse.SUPPRESS)
     for flag, default in (("--tokens", 0), ("--chunk", 512), ("--segments", 1), ("--steps", 1),
                           ("--threads", 1)):  # fmt: skip
@@ -174,21 +219,34 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         given = (args.tokens, args.chunk, args.segments, args.steps, args.threads, args.kind, args.device)
-        print(json.dumps(measure(*given)), flush=True)
+        print(json.dumps(measure(*given, args.shape, args.force_shard)), flush=True)
         return
     steps = 1 if args.quick else 3
     size = 512 if args.quick else 2000
+    if args.shape == "gpu":
+        size = 4096
+    ranks, force = 2, False
+    if args.device == "cuda":
+        import torch
+
+        ranks = min(2, torch.cuda.device_count())
+        force = ranks == 1
+    label = "torchrun 2 ranks (FSDP2)" if ranks == 2 else "torchrun 1 rank (FSDP2, NCCL)"
     speedups = {}
     for kind in ("dense", "moe"):
-        print(f"{kind}, 4 segments x {size} tokens, on {args.device}:")
-        one = run_child(child_args(size, 512, 4, steps, 1, kind, args.device))
-        two = run_child(child_args(size, 512, 4, steps, 1, kind, args.device), torchrun=2)
+        print(f"{kind}, 4 segments x {size} tokens, on {args.device}, shape {args.shape}:")
+        given = (size, 512, 4, steps, 1, kind, args.device, args.shape)
+        one = run_child(child_args(*given))
+        two = run_child(child_args(*given, force), torchrun=ranks)
         print(line("  1 process, 1 thread", one))
-        print(line("  torchrun 2 ranks (FSDP2)", two))
+        print(line(f"  {label}", two))
+        if one["experts_implementation"]:
+            print(f"  experts implementation: {one['experts_implementation']}")
         speedups[kind] = one["seconds"] / two["seconds"]
-    if not args.quick:
+    if not args.quick and args.shape == "tiny":
         long_segments(steps)
-    print(f"ratio: 2 FSDP2 ranks vs 1 process = {speedups['dense']:.2f}x (dense), "
+    sharded = "2 FSDP2 ranks" if ranks == 2 else "1 FSDP2 rank over NCCL"
+    print(f"ratio: {sharded} vs 1 process = {speedups['dense']:.2f}x (dense), "
           f"{speedups['moe']:.2f}x (moe) step throughput")  # fmt: skip
 
 

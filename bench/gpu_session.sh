@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The trainer's checks on a GPU machine, as one script (a lent device has minutes, not hours).
+# The machine's own python3 holds torch; the project's other pins travel as wheels in .whl/ (see
+# bench/README or the device notes). Each step has its own time limit, and a failure does not stop the next.
+# Everything it prints is also written under $OUT (or ./gpu-out).
+set -u
+out=${OUT:-gpu-out}; mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+(nvidia-smi; python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(0))") 2>&1 | tee "$out/machine.txt"
+timeout "${TEST_LIMIT:-200}" python3 -m pytest --noconftest -p no:cacheprovider -o addopts= -q -s -rA \
+  tests/test_trainer_cuda.py 2>&1 | tee "$out/tests.txt"
+timeout "${BENCH_LIMIT:-300}" python3 bench/trainer_step.py --device cuda --shape gpu 2>&1 | tee "$out/bench.txt"
