@@ -27,6 +27,7 @@ import binascii
 import hashlib
 import os
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -119,7 +120,9 @@ class RoutesStore:
         data = ids.tobytes()
         digest = hashlib.sha256(data).hexdigest()
         target = self.path(digest)
-        if not target.exists():
+        try:  # stored before: its age restarts, so retention counts from its newest reference
+            os.utime(target)
+        except FileNotFoundError:
             target.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
             try:
@@ -132,6 +135,25 @@ class RoutesStore:
                 Path(tmp).unlink(missing_ok=True)
                 raise
         return RoutesRef(digest, str(ids.dtype), start, ids.shape[0], ids.shape[1])
+
+    def prune(self, older_than: float, now: float | None = None) -> tuple[int, int]:
+        """Delete the ids last stored more than ``older_than`` seconds before ``now`` (and abandoned
+        partial writes as old); (files, bytes) deleted. Ids are content-addressed and may be shared by
+        rollouts of the same prompt, so nothing is deleted because one reader is done with it: a reference
+        lives as long as its newest ``put``. Set the age above the longest a segment may wait to train (the
+        trainer's staleness bound): a segment whose ids were pruned is dead-lettered, not trained wrongly."""
+        cutoff = (time.time() if now is None else now) - older_than
+        files = size = 0
+        for path in self.directory.glob("??/*"):
+            try:
+                stat = path.stat()
+                if stat.st_mtime >= cutoff:
+                    continue
+                path.unlink()
+            except FileNotFoundError:  # another pruner, or a rename in flight
+                continue
+            files, size = files + 1, size + stat.st_size
+        return files, size
 
     def get(self, ref: RoutesRef) -> np.ndarray:
         """The ids of ``ref``, ``[rows, width]``, after checking their digest and size; the store is only

@@ -8,6 +8,9 @@ records each router's top-k: independent of ``rollbus.trainer.routing_replay``.
 from __future__ import annotations
 
 import base64
+import os
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -232,3 +235,26 @@ def test_a_segment_the_buffer_will_drop_is_known_before_its_routes_are_fetched()
     assert buffer.dropped(first)  # a duplicate
     buffer.abandon("g")
     assert buffer.dropped({**first, "segment_id": "q/a/0", "rollout_id": "q"})  # late: its group finished
+
+
+def test_prune_deletes_ids_past_their_retention_and_a_new_put_restarts_their_age(tmp_path) -> None:
+    store = RoutesStore(tmp_path)
+    old, fresh, again = (store.put(np.full((3, 2), v, np.int32), start=0) for v in (1, 2, 3))
+    abandoned = store.path(old.digest).parent / ".tmp-abandoned"
+    abandoned.write_bytes(b"half a write")
+    now = time.time()
+    for ref_or_path, age in ((old, 7200), (fresh, 60), (again, 7200), (abandoned, 7200)):
+        path = ref_or_path if isinstance(ref_or_path, Path) else store.path(ref_or_path.digest)
+        os.utime(path, (now - age, now - age))
+    assert store.put(np.full((3, 2), 3, np.int32), start=0) == again  # referenced again: young again
+
+    old_size = store.path(old.digest).stat().st_size
+
+    files, size = store.prune(older_than=3600, now=now)
+
+    assert (files, size) == (2, old_size + len(b"half a write"))
+    assert not store.path(old.digest).exists() and not abandoned.exists()
+    assert (store.get(fresh) == 2).all() and (store.get(again) == 3).all()
+    with pytest.raises(RoutesUnavailable, match=f"no routed experts under digest {old.digest}"):
+        store.get(old)  # the trainer dead-letters such a segment with this reason
+    assert store.prune(older_than=3600, now=now) == (0, 0)

@@ -1,11 +1,14 @@
 """The trainer service on a tiny Qwen3-MoE against a real broker: segments whose routed-experts references
 resolve are replayed; one whose reference names ids the store does not hold goes to dead-letters whole, with
-the reason, and its group is dropped, not trained on its own routing."""
+the reason, and its group is dropped, not trained on its own routing; ids past their retention are deleted
+after the step."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +42,9 @@ async def test_replayed_segments_train_and_a_forged_reference_is_dead_lettered_w
     forged = with_routes(segment("p", "p-r1", 0, 1, 0.0), store)
     forged["routed_experts"] = [{**forged["routed_experts"][0], "digest": "f" * 64}]
     await publish(kafka_bootstrap, namespace, [kept, forged, *good])
+    stored = sorted(store.directory.glob("??/*"))
+    for path in stored:  # stored two days ago: past the default retention once the step has read them
+        os.utime(path, (time.time() - 2 * 86400,) * 2)
 
     config = settings(
         kafka_bootstrap, namespace, tmp_path / "ckpt", steps=1, routed_experts_dir=store.directory, **MOE
@@ -53,3 +59,5 @@ async def test_replayed_segments_train_and_a_forged_reference_is_dead_lettered_w
     row = json.loads((tmp_path / "ckpt" / "metrics.jsonl").read_text().splitlines()[-1])
     assert row["groups"] == 1 and row["replayed_fraction"] == 1.0  # group g, on the recorded routes
     assert 0.0 <= row["routing_agreement"] <= 1.0
+    assert stored and not any(path.exists() for path in stored), "pruned after the step that read them"
+    assert trainer.counters["routed_experts_pruned"] == len(stored)

@@ -53,6 +53,8 @@ from rollbus.trainer.step import StepResult
 log = logging.getLogger("rollbus.trainer")
 Fault = Callable[[str], None]
 
+PRUNE_EVERY = 600.0  # seconds between walks of the routed experts store
+
 
 class Trainer:
     """The consuming, committing rank; see the module docstring for the order of a step."""
@@ -75,6 +77,7 @@ class Trainer:
         if learner.state.metrics and (not logged or logged[-1]["step"] < learner.state.step):
             self.metrics.write(learner.state.metrics)  # the crash came between checkpoint and log
         self._waiting_since = time.monotonic()
+        self._pruned_at = -PRUNE_EVERY
 
     async def run(self, stop: asyncio.Event | None = None) -> int:
         stop = stop or asyncio.Event()
@@ -223,7 +226,19 @@ class Trainer:
         if not await feed.commit(self.commit_offsets()):
             self.counters["commit_failures"] += 1
         self.fault("after_commit")
+        await self._prune_routes()
         self._waiting_since = time.monotonic()
+
+    async def _prune_routes(self) -> None:
+        """Routed experts are kept beside the log, not in it: delete those past their retention, at most
+        every ``PRUNE_EVERY`` seconds (a directory walk)."""
+        retention = self.settings.routed_experts_retention
+        if not retention or time.monotonic() - self._pruned_at < PRUNE_EVERY:
+            return
+        self._pruned_at = time.monotonic()
+        files, size = await asyncio.to_thread(self.routes.prune, retention)
+        self.counters["routed_experts_pruned"] += files
+        self.counters["routed_experts_pruned_bytes"] += size
 
     def _row(self, groups: list[Group], result: StepResult, trained_on: int) -> dict[str, Any]:
         """The step's log row; staleness against ``trained_on``, the version the batch was trained from

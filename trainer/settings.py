@@ -72,6 +72,11 @@ class TrainerSettings(ModelSettings, BusSettings):
         None, description="MoE with replay: where the adapter stored the routed experts segments refer to; "
         "unset: <state-dir>/routed-experts"
     )
+    routed_experts_retention: float = Field(
+        86400.0, ge=0, description="MoE: seconds after which routed experts not stored again are deleted "
+        "from the store (checked every 10 minutes; keep it above the longest a segment waits to train); "
+        "0: keep them"
+    )
     mismatch_unreplayed: bool = Field(
         False, description="MoE with replay: also measure the mismatch on the trainer's own routing (one "
         "more forward per segment; the unreplayed_* metrics)"
