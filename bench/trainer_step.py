@@ -101,7 +101,7 @@ def build_model(kind: str, shape: str, device):
 
 def measure(
     tokens: int, chunk: int, segments: int, steps: int, threads: int, kind: str, device: str,
-    shape: str = "tiny", force_shard: bool = False,
+    shape: str = "tiny", force_shard: bool = False, cast_experts: bool = True,
 ) -> dict:  # fmt: skip
     """One process's numbers (called in a fresh interpreter, possibly as one rank of torchrun)."""
     import psutil
@@ -110,6 +110,7 @@ def measure(
 
     from rollbus.trainer.batch import split_for_ranks
     from rollbus.trainer.device import placement
+    from rollbus.trainer.expert_precision import cast_experts_under_autocast
     from rollbus.trainer.loss import LossConfig, PolicyForward
     from rollbus.trainer.routing_replay import RoutingReplay
     from rollbus.trainer.sharding import even_shares, shard
@@ -130,6 +131,8 @@ def measure(
     forward = PolicyForward(model, RoutingReplay(model) if kind == "moe" else None)
     if sharded:
         shard(forward, where)
+    elif where.mixed and cast_experts:  # as the trainer's Learner does in one process
+        cast_experts_under_autocast(model)
     optimizer = make_optimizer(forward, OptimConfig())
     batch = [make_segment(tokens, seed) for seed in range(segments)]
     if kind == "moe":  # replayed routes, as a rollout records them: random distinct experts per position
@@ -186,11 +189,12 @@ def run_child(args: list[str], torchrun: int = 0) -> dict:
 
 def child_args(
     tokens: int, chunk: int, segments: int, steps: int, threads: int, kind: str = "dense",
-    device: str = "cpu", shape: str = "tiny", force_shard: bool = False,
+    device: str = "cpu", shape: str = "tiny", force_shard: bool = False, cast_experts: bool = True,
 ) -> list[str]:  # fmt: skip
     return [f"--tokens={tokens}", f"--chunk={chunk}", f"--segments={segments}", f"--steps={steps}",
             f"--threads={threads}", f"--kind={kind}", f"--device={device}", f"--shape={shape}",
-            *(["--force-shard"] if force_shard else [])]  # fmt: skip
+            *(["--force-shard"] if force_shard else []),
+            *([] if cast_experts else ["--no-cast-experts"])]  # fmt: skip
 
 
 def line(name: str, r: dict) -> str:
@@ -212,6 +216,7 @@ def main() -> None:
     parser.add_argument("--shape", default="tiny", choices=sorted(SHAPES), help="model size (gpu: GPU-sized)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--force-shard", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--no-cast-experts", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--kind", default="dense", choices=["dense", "moe"], help=argparse.SUPPRESS)
     for flag, default in (("--tokens", 0), ("--chunk", 512), ("--segments", 1), ("--steps", 1),
                           ("--threads", 1)):  # fmt: skip
@@ -219,7 +224,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         given = (args.tokens, args.chunk, args.segments, args.steps, args.threads, args.kind, args.device)
-        print(json.dumps(measure(*given, args.shape, args.force_shard)), flush=True)
+        measured = measure(*given, args.shape, args.force_shard, not args.no_cast_experts)
+        print(json.dumps(measured), flush=True)
         return
     steps = 1 if args.quick else 3
     size = 512 if args.quick else 2000
@@ -239,6 +245,8 @@ def main() -> None:
         one = run_child(child_args(*given))
         two = run_child(child_args(*given, force), torchrun=ranks)
         print(line("  1 process, 1 thread", one))
+        if kind == "moe" and args.device == "cuda":  # the grouped product autocast does not cover
+            print(line("  1 process, experts not cast", run_child(child_args(*given, False, False))))
         print(line(f"  {label}", two))
         if one["experts_implementation"]:
             print(f"  experts implementation: {one['experts_implementation']}")

@@ -21,6 +21,7 @@ from rollbus.tokenizer import SpecialIds, load_tokenizer
 from rollbus.trainer import checkpoint
 from rollbus.trainer.checkpoint import TrainerState
 from rollbus.trainer.device import placement
+from rollbus.trainer.expert_precision import cast_experts_under_autocast
 from rollbus.trainer.loss import PolicyForward, SegmentInput
 from rollbus.trainer.moe import random_qwen3_moe
 from rollbus.trainer.routing_replay import MoeShape, RoutingReplay
@@ -57,6 +58,8 @@ class Learner:
         self.moe_shape = MoeShape.of(model)
         self.replay = RoutingReplay(model) if self.moe_shape and settings.routing_replay else None
         self.forward = PolicyForward(model, self.replay)
+        if self.where.mixed and not distributed():  # FSDP2's policy casts them when sharded
+            cast_experts_under_autocast(model)
         self.rank = dist.get_rank() if distributed() else 0
         self.world_size = dist.get_world_size() if distributed() else 1
         if distributed():
