@@ -19,6 +19,7 @@ import torch.distributed as dist
 from rollbus.broker import free_port
 from rollbus.trainer.checkpoint import TrainerState
 from rollbus.trainer.device import Placement, autocast, placement
+from rollbus.trainer.expert_precision import cast_experts_under_autocast
 from rollbus.trainer.loss import LossConfig, PolicyForward, SegmentInput
 from rollbus.trainer.routing_replay import RoutingReplay
 from rollbus.trainer.sharding import shard
@@ -41,6 +42,8 @@ def one_step(kind: str, device: str, precision: str, *, sharded: bool = False):
     forward = PolicyForward(model.to(where.device), RoutingReplay(model) if kind == "moe" else None)
     if sharded:
         shard(forward, where)
+    elif where.mixed:  # as the Learner does in one process
+        cast_experts_under_autocast(model)
     optimizer = make_optimizer(forward, OPTIM)
     result = train_step(forward, optimizer, segments, LOSS, OPTIM, where)
     after = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.state_dict().items()}
