@@ -166,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a few sessions, a smaller bus")
     args = parser.parse_args(argv)
     if args.quick:  # a smoke run: the figures of the docs come from the full one
-        memory(sessions=2, turns=20, context=8_000)
-        asyncio.run(restart(finished=500, open_rollouts=10))
+        memory(sessions=2, turns=10, context=4_000)
+        asyncio.run(restart(finished=100, open_rollouts=2))
     else:
         memory(sessions=10, turns=100, context=64_000)
         asyncio.run(restart(finished=10_000, open_rollouts=100))

@@ -1,6 +1,6 @@
 """Load generator -> broker -> segmenter -> consumer of ``segments``, against raw aiokafka in the same run.
 
-Run: ``python bench/pipeline.py --quick`` (a few rollouts at two rates, one worker: a smoke-sized figure),
+Run: ``python bench/pipeline.py --quick`` (a few rollouts at one rate, one worker: a smoke-sized figure),
 ``python bench/pipeline.py [--rates 2,4,8,16] [--rollouts 200] [--workers 2]`` for rising rates and 1 vs 2
 workers, ``python bench/pipeline.py --soak 600 --in-flight 1000`` for the segmenter's RSS over time.
 
@@ -458,7 +458,7 @@ def slope(samples: list[tuple[float, float]]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a few rollouts at two rates (a smoke figure)")
+    parser.add_argument("--quick", action="store_true", help="a few rollouts at one rate (a smoke figure)")
     parser.add_argument("--rates", default="1,4,16", help="offered rollouts per second, comma-separated")
     parser.add_argument("--rollouts", type=int, default=100, help="rollouts per rate")
     parser.add_argument("--workers", type=int, default=1, help="segmenter workers in one consumer group")
@@ -470,7 +470,7 @@ def main() -> None:
         "--bootstrap-servers", default="", help="use this cluster instead of an embedded broker"
     )
     args = parser.parse_args()
-    args.rates = [2.0, 8.0] if args.quick else [float(r) for r in args.rates.split(",")]
+    args.rates = [8.0] if args.quick else [float(r) for r in args.rates.split(",")]
     args.rollouts = 12 if args.quick else args.rollouts
     with tempfile.TemporaryDirectory(prefix="rollbus-bench-") as scratch:
         state = Path(scratch)

@@ -1,5 +1,6 @@
-"""`make demo`, as a user runs it: the closed loop on embedded defaults, judged by its JSON summary; run again
-in the same state dir it is a run of its own, `--resume` continues one, and a broker address given is used."""
+"""`make demo`, as a user runs it: the closed loop on embedded defaults, judged by its JSON summary; then, in
+the same state dir (the tests run in file order), `--resume` continues it, and a demo given a broker address
+uses it and is a run of its own. One full demo serves all three (each start costs a minute or more)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from subprocess import PIPE
 
 import pytest
 
@@ -24,10 +26,18 @@ def demo(tmp_path: Path, name: str, *flags: str) -> tuple[subprocess.CompletedPr
     summary_file = tmp_path / f"{name}.json"
     # what a person with nothing configured gets (the flags say where the bus is)
     env = {k: v for k, v in os.environ.items() if k not in ("ROLLBUS_BOOTSTRAP_SERVERS", "ROLLBUS_NAMESPACE")}
-    done = subprocess.run(
-        [sys.executable, "-m", "rollbus", "demo", "--json-summary", str(summary_file), *flags],
-        cwd=ROOT, capture_output=True, text=True, timeout=1500, check=False, env=env,
-    )  # fmt: skip
+    argv = [sys.executable, "-m", "rollbus", "demo", "--json-summary", str(summary_file), *flags]
+    with subprocess.Popen(argv, cwd=ROOT, stdout=PIPE, stderr=PIPE, text=True, env=env) as proc:
+        try:
+            out, err = proc.communicate(timeout=1500)
+        except BaseException:  # a timeout too: SIGTERM stops the demo's services, a kill would orphan them
+            proc.terminate()
+            try:
+                proc.communicate(timeout=120)
+            finally:
+                proc.kill()
+            raise
+    done = subprocess.CompletedProcess(argv, proc.returncode, out, err)
     tail = done.stdout[-4000:] + done.stderr[-4000:]
     assert done.returncode == 0, tail
     first = done.stdout.splitlines()[0]
@@ -58,29 +68,35 @@ def test_demo_rolls_out_grades_segments_trains_and_serves_the_new_policy(first_d
     assert "rollbus broker start --state-dir" in done.stdout and f"new run: {run}.* created" in done.stdout
 
 
-def test_a_second_demo_is_a_run_of_its_own_and_resume_continues_it(first_demo) -> None:
-    """What failed: the second demo counted the first one's rollouts and saw its policy v2 at once."""
+def test_resume_continues_the_last_run_and_counts_only_what_it_did(first_demo) -> None:
+    """What failed: a demo in a state dir that held a run counted that run's rollouts and saw its policy v2
+    at once. Resumed on the same broker and topics, the summary holds this invocation's rollouts alone."""
     tmp, _, _, first_run = first_demo
     state = ["--state-dir", str(tmp / "state"), "--steps", "1"]
-    done, summary, second_run = demo(tmp, "second", *state)
-    assert second_run != first_run
-    assert (summary["rollouts_submitted"], summary["rollouts_finished"]) == (4, 4), summary
-    assert (summary["train_steps"], summary["policy_version"]) == (1, 1), summary
     done, summary, resumed = demo(tmp, "resumed", *state, "--resume")
-    assert resumed == second_run and "continuing the last demo run" in done.stdout.splitlines()[0]
-    assert f"continuing the run in {second_run}.*" in done.stdout and "trainer checkpoint v1" in done.stdout
-    # its own four rollouts, and one step on top of the run's version 1
+    assert resumed == first_run and "continuing the last demo run" in done.stdout.splitlines()[0]
+    assert f"continuing the run in {first_run}.*" in done.stdout and "trainer checkpoint v2" in done.stdout
+    # its own four rollouts (the topics hold the first invocation's eight too), one step on top of version 2
     assert (summary["rollouts_submitted"], summary["rollouts_finished"]) == (4, 4), summary
-    assert (summary["train_steps"], summary["policy_version"]) == (1, 2), summary
+    assert (summary["train_steps"], summary["policy_version"]) == (1, 3), summary
 
 
-def test_a_demo_given_a_broker_uses_it_and_starts_none(kafka_bootstrap: str, tmp_path: Path) -> None:
-    """What failed: --bootstrap-servers was ignored unless --embedded-broker false came with it."""
-    state = tmp_path / "state"
+def test_a_second_demo_given_a_broker_is_a_run_of_its_own_and_starts_none(
+    first_demo, kafka_bootstrap: str
+) -> None:
+    """What failed: --bootstrap-servers was ignored unless --embedded-broker false came with it. Run in the
+    state dir of the demos above (which holds their broker and a trainer at v3), it is a new run all the
+    same: new topics, no checkpoint, nothing of theirs counted."""
+    tmp, first, _, first_run = first_demo
+    state = tmp / "state"
+    kafka = sorted((p, p.stat().st_mtime_ns) for p in (state / "up" / "kafka").rglob("*"))
     given = ["--bootstrap-servers", kafka_bootstrap, "--steps", "0"]
-    done, summary, run = demo(tmp_path, "external", "--state-dir", str(state), *given)
+    done, summary, run = demo(tmp, "external", "--state-dir", str(state), *given)
+    assert run != first_run and "(a new run)" in done.stdout.splitlines()[0]
     assert f"the cluster at {kafka_bootstrap} (no embedded broker started)" in done.stdout
-    assert not (state / "up" / "kafka").exists() and "rollbus broker start" not in done.stdout
-    assert summary["rollouts_submitted"] == summary["rollouts_finished"] == 4, summary
+    assert "rollbus broker start" not in done.stdout and f"new run: {run}.* created" in done.stdout
+    assert sorted((p, p.stat().st_mtime_ns) for p in (state / "up" / "kafka").rglob("*")) == kafka
+    assert (summary["rollouts_submitted"], summary["rollouts_finished"]) == (4, 4), summary
+    assert (summary["train_steps"], summary["policy_version"]) == (0, 0), summary
     found = asyncio.run(describe(kafka_bootstrap, [topic_name("tasks", run), topic_name("turns", run)]))
     assert len(found) == 2, found

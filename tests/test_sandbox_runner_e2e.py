@@ -50,7 +50,8 @@ from tests.segmenter_support import SegmenterProcess
 
 pytestmark = pytest.mark.kafka
 
-BUDGET_S = 120  # the hanging agent's budget; honest rollouts end well before it, even on a loaded machine
+BUDGET_S = 120  # the runner's agent budget; honest rollouts end well before it, even on a loaded machine
+HANG_BUDGET_S = 30  # the hanging agent's, on a runner of its own (waiting out 120 s cost every CI run 90 s)
 FAILING = ("swe-mini__sum-to", "swe-mini__binsearch")  # examples/swe-mini/scripts-failing
 SCRIPTS_BY_TASK = {
     "calc-fix": SCRIPTS / "fix_calc.json",
@@ -103,13 +104,13 @@ def by_instance(diffs: dict[str, list[dict]]) -> dict[str, list[dict]]:
 async def test_rows_to_diffs_with_named_failures(rig: Rig, tmp_path: Path, data_dir: Path) -> None:
     namespace = await new_namespace(rig.bootstrap)
     dataset = write_dataset(data_dir / "tasks.jsonl", [
-        calc_row("calc-noedit"), calc_row("calc-crash"), "{not json", calc_row("calc-hang"),
+        calc_row("calc-noedit"), calc_row("calc-crash"), "{not json",
         calc_row("calc-gone", image="no_such_image"), calc_row("calc-hog"), calc_row("calc-bloat"),
     ])  # fmt: skip
     submitted = submit(rig.bootstrap, namespace, dataset)
     assert submitted.returncode == 1, submitted.stderr  # one row was bad, the others went out
     assert f"{dataset}:3: invalid JSON" in submitted.stderr
-    assert "submitted 6 tasks (6 rows x 1 samples)" in submitted.stdout
+    assert "submitted 5 tasks (5 rows x 1 samples)" in submitted.stdout
     fixes = write_dataset(data_dir / "fix.jsonl", [calc_row("calc-fix", label="range(1, n + 1)")])
     assert submit(rig.bootstrap, namespace, fixes, "--n-samples-per-prompt", "2").returncode == 0
     tasks = await all_events(rig.bootstrap, namespace, "tasks")
@@ -117,16 +118,30 @@ async def test_rows_to_diffs_with_named_failures(rig: Rig, tmp_path: Path, data_
     async with Publisher(rig.bootstrap) as publisher:
         await publisher.publish(topic_name("tasks", namespace), gym)
 
+    hang_namespace = await new_namespace(rig.bootstrap)  # its own runner and group: its own, shorter budget
+    hangs = write_dataset(data_dir / "hang.jsonl", [calc_row("calc-hang")])
+    assert submit(rig.bootstrap, hang_namespace, hangs).returncode == 0
+    (hang_task,) = await all_events(rig.bootstrap, hang_namespace, "tasks")
+
     runner = RunnerProcess(rig, namespace, tmp_path / "runner", "--concurrency", "6", "--memory-mb", "1024",
                            "--agent-timeout", str(BUDGET_S), "--boot-backoff", "0.1").start()  # fmt: skip
+    hang_runner = RunnerProcess(rig, hang_namespace, tmp_path / "hang-runner", "--consumer-group", "hang",
+                                "--agent-timeout", str(HANG_BUDGET_S), name="hang").start()  # fmt: skip
     try:
         diffs = await wait_for(rig.bootstrap, namespace, "diffs", {t["rollout_id"] for t in tasks}, 400)
+        hung = await wait_for(rig.bootstrap, hang_namespace, "diffs", {hang_task["rollout_id"]}, 300)
         await asyncio.sleep(3)  # room for a (wrong) diff of the gym task and for the last commits
         assert await group_lag(rig.bootstrap, namespace, "rollbus-sandbox-runner") == 0
+        assert await group_lag(rig.bootstrap, hang_namespace, "hang") == 0
         peak = peak_rss(runner)
     finally:
         runner.stop()
+        hang_runner.stop()
+    diffs.update(hung)
     every = await all_events(rig.bootstrap, namespace, "diffs")
+    assert len(await all_events(rig.bootstrap, hang_namespace, "diffs")) == 1, "one diff for the hung task"
+    every += hung[hang_task["rollout_id"]]
+    tasks.append(hang_task)
     assert "gym-task-0" not in {d["rollout_id"] for d in every}, "gym tasks belong to the gym runner"
     assert len(every) == len(tasks), "one diff per task, no duplicates"
     got = by_instance(diffs)
@@ -152,7 +167,7 @@ async def test_rows_to_diffs_with_named_failures(rig: Rig, tmp_path: Path, data_
     assert {d["failure_kind"] for d in got["calc-crash"]} == {"agent_crashed"}
     assert all(d["exit_status"] != 0 for d in got["calc-crash"])
     assert {d["failure_kind"] for d in got["calc-hang"]} == {"timeout"}
-    assert all(BUDGET_S <= d["wall_time_s"] < BUDGET_S + 30 for d in got["calc-hang"])
+    assert all(HANG_BUDGET_S <= d["wall_time_s"] < HANG_BUDGET_S + 30 for d in got["calc-hang"])
     assert {d["failure_kind"] for d in got["calc-gone"]} == {"boot_failed"}
     assert all("no_such_image" in d["error"] for d in got["calc-gone"])
     assert {d["failure_kind"] for d in got["calc-hog"]} == {"memory_limit"}
