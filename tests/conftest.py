@@ -146,3 +146,41 @@ def scratch() -> Iterator[Path]:
     path.chmod(0o711)
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    """The built-in Qwen3.6 tokenizer (loaded once per process; shared, so never mutated)."""
+    from rollbus.tokenizer import load_tokenizer
+
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="module")
+async def namespace(kafka_bootstrap: str) -> str:
+    """A topic namespace of the test module's own, so its rollouts are all its readers find."""
+    name = unique_namespace()
+    await create_topics(kafka_bootstrap, TEST_PARTITIONS, name)
+    return name
+
+
+@pytest.fixture(scope="module")
+def rig(kafka_bootstrap: str, namespace: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The module's adapter and scripted engine for end-to-end runs of a real agent CLI, started once."""
+    from tests.e2e_support import Rig
+
+    rig = Rig(kafka_bootstrap, namespace, tmp_path_factory.mktemp("e2e-services"))
+    rig.start()
+    try:
+        yield rig
+    finally:
+        rig.stop()
+
+
+@pytest.fixture(scope="module")
+def engine_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A scripted engine replaying the test module's ``SCRIPT``, started once per module."""
+    from tests.test_adapter_support import engine_process
+
+    with engine_process(request.module.SCRIPT, tmp_path_factory.mktemp("engine")) as url:
+        yield url

@@ -35,6 +35,7 @@ SCRIPTS = EXAMPLES / "scripts"
 MODEL = "rollbus-engine"
 SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}  # no __pycache__ in the agent's diff
 START_TIMEOUT = 300.0  # a service's start on a loaded box (the engine alone took 97 s at load 12)
+HTTP_TIMEOUT = 60.0  # a busy adapter (tokenizing a turn on a loaded box) answers /metrics past httpx's 5 s
 
 
 class Rig:
@@ -92,7 +93,8 @@ class Rig:
         self.engine = None
 
     def admin(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.url, headers={"authorization": f"Bearer {self.admin_token}"})
+        headers = {"authorization": f"Bearer {self.admin_token}"}
+        return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=HTTP_TIMEOUT)
 
     async def open_session(self, rollout_id: str, harness: str = "claude_code") -> str:
         body = {"rollout_id": rollout_id, "harness": harness}
@@ -113,7 +115,7 @@ class Rig:
 
     async def metric(self, name: str, **labels: str) -> float:
         """The adapter's Prometheus sample ``name`` with these labels summed over the others (0 if absent)."""
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(timeout=HTTP_TIMEOUT) as http:
             text = (await http.get(f"{self.url}/metrics")).raise_for_status().text
         total = 0.0
         for sample in re.finditer(rf"^{re.escape(name)}\{{(.*)\}} (\S+)$", text, re.MULTILINE):

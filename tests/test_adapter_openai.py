@@ -14,7 +14,12 @@ import openai
 import pytest
 
 from rollbus.services.adapter.app import create_app
-from tests.test_adapter_support import BusPublisher, adapter_client, engine_process, served, settings
+from tests.test_adapter_support import (
+    BusPublisher,
+    scripted_adapter,
+    served,
+    settings,
+)
 
 CALL = (
     "I will compute it.\n</think>\n\n<tool_call>\n<function=python>\n<parameter=code>\nprint(6 * 7)\n"
@@ -37,17 +42,9 @@ TOOLS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def engine_url(tmp_path_factory):
-    with engine_process(SCRIPT, tmp_path_factory.mktemp("engine")) as url:
-        yield url
-
-
 @pytest.fixture
 async def adapter(engine_url):
-    publisher = BusPublisher()
-    async with adapter_client(settings(engine_url, admin_token="adm"), publisher) as client:
-        client.publisher = publisher
+    async with scripted_adapter(engine_url) as client:
         yield client
 
 

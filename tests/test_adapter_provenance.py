@@ -23,29 +23,19 @@ from tests.test_adapter_support import (
     StalledEngine,
     adapter_client,
     body,
-    engine_process,
+    scripted_adapter,
     settings,
 )
-from tests.test_adapter_turns import SCRIPT, SUB_SYSTEM, answered, dispatch_agent, echo, streamed
+from tests.test_adapter_turns import SUB_SYSTEM, answered, dispatch_agent, echo, streamed
 
 ADMIN = {"authorization": "Bearer adm"}
 TOOL = {PEER_HEADER: "tool"}  # what the proxy stamps on a curl from the agent's Bash tool
 CLI = {PEER_HEADER: "agent"}  # ... and on the CLI's own requests
 
 
-@pytest.fixture(scope="module")
-def engine_url(tmp_path_factory):
-    with engine_process(SCRIPT, tmp_path_factory.mktemp("engine")) as url:
-        yield url
-
-
 @pytest.fixture
 async def adapter(engine_url):
-    publisher = BusPublisher()
-    async with adapter_client(
-        settings(engine_url, admin_token="adm", open_sessions=False), publisher
-    ) as client:
-        client.publisher = publisher
+    async with scripted_adapter(engine_url, open_sessions=False) as client:
         yield client
 
 

@@ -268,6 +268,16 @@ async def adapter_client(
             yield client
 
 
+@contextlib.asynccontextmanager
+async def scripted_adapter(engine_url: str, **options: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """:func:`adapter_client` in front of ``engine_url`` with admin token ``adm``; what it publishes is on
+    ``client.publisher`` (a :class:`BusPublisher`)."""
+    publisher = BusPublisher()
+    async with adapter_client(settings(engine_url, admin_token="adm", **options), publisher) as client:
+        client.publisher = publisher  # type: ignore[attr-defined]
+        yield client
+
+
 def body(messages: list[dict[str, Any]] | str, **overrides: Any) -> dict[str, Any]:
     """A request body shaped like the CLI's."""
     if isinstance(messages, str):

@@ -22,8 +22,8 @@ from tests.test_adapter_support import (
     BusPublisher,
     adapter_client,
     body,
-    engine_process,
     message_from_events,
+    scripted_adapter,
     served,
     settings,
     sse_events,
@@ -45,17 +45,9 @@ SCRIPT = {
 SUB_SYSTEM = [{"type": "text", "text": "You are a review sub-agent."}]
 
 
-@pytest.fixture(scope="module")
-def engine_url(tmp_path_factory):
-    with engine_process(SCRIPT, tmp_path_factory.mktemp("engine")) as url:
-        yield url
-
-
 @pytest.fixture
 async def adapter(engine_url):
-    publisher = BusPublisher()
-    async with adapter_client(settings(engine_url, admin_token="adm"), publisher) as client:
-        client.publisher = publisher
+    async with scripted_adapter(engine_url) as client:
         yield client
 
 

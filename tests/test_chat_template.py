@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jinja2.exceptions import TemplateError
 
-from rollbus.tokenizer import SpecialIds, chat_template_path, load_chat_template, load_tokenizer
+from rollbus.tokenizer import SpecialIds, chat_template_path, load_chat_template
 
 TOOLS = [
     {
@@ -61,11 +61,6 @@ CONVERSATION = [
     {"role": "assistant", "reasoning_content": "Done.", "content": "Two files."},
     {"role": "user", "content": "Thanks."},
 ]
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer()
 
 
 def render(tokenizer, messages, tools=TOOLS, **kwargs) -> str:

@@ -9,17 +9,13 @@ see: the sampled tokens, the prompts they resolve to, the segments and their los
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rollbus.sandbox import git_diff
-from rollbus.tokenizer import load_tokenizer
-from rollbus.topics import create_topics
-from tests.conftest import TEST_PARTITIONS
 from tests.e2e_support import SCRIPTS, Rig, Rollout, new_rollout_id, play, script_turns
 
 pytestmark = pytest.mark.kafka
@@ -28,28 +24,6 @@ FIX = "The tests in /workspace fail. Fix the bug."
 IM_END = "<|im_end|>"
 FIXED_LINE = "return sum(range(1, n + 1))"
 FIX_CALC = SCRIPTS / "fix_calc.json"
-
-
-@pytest.fixture(scope="module")
-async def namespace(kafka_bootstrap: str) -> str:
-    name = f"e2e-{uuid.uuid4().hex[:8]}"
-    await create_topics(kafka_bootstrap, TEST_PARTITIONS, name)
-    return name
-
-
-@pytest.fixture(scope="module")
-def rig(kafka_bootstrap: str, namespace: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    rig = Rig(kafka_bootstrap, namespace, tmp_path_factory.mktemp("e2e-services"))
-    rig.start()
-    try:
-        yield rig
-    finally:
-        rig.stop()
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_tokenizer("qwen3.6")
 
 
 @pytest.fixture

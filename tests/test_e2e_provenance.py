@@ -11,17 +11,12 @@ that hold without the proxy's word (route binding, contested claims, content as 
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rollbus.segmentation import Fact, RolloutState, apply, freeze_order
-from rollbus.tokenizer import load_tokenizer
-from rollbus.topics import create_topics
-from tests.conftest import TEST_PARTITIONS
 from tests.e2e_support import Rig, Rollout, new_rollout_id, play, rollout_events
 
 pytestmark = pytest.mark.kafka
@@ -47,28 +42,6 @@ def curl(url: str, token: str, route: str, payload: dict, *headers: str) -> str:
         f"curl -s -o /dev/null -w '{route} %{{http_code}}\\n' -H 'authorization: Bearer {token}' "
         f"-H 'content-type: application/json' {extra} -d '{json.dumps(payload)}' {url}{route}"
     )
-
-
-@pytest.fixture(scope="module")
-async def namespace(kafka_bootstrap: str) -> str:
-    name = f"e2e-prov-{uuid.uuid4().hex[:8]}"
-    await create_topics(kafka_bootstrap, TEST_PARTITIONS, name)
-    return name
-
-
-@pytest.fixture(scope="module")
-def rig(kafka_bootstrap: str, namespace: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    rig = Rig(kafka_bootstrap, namespace, tmp_path_factory.mktemp("e2e-services"))
-    rig.start()
-    try:
-        yield rig
-    finally:
-        rig.stop()
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_tokenizer("qwen3.6")
 
 
 def added(tokenizer: Any, ids: list[int]) -> list[str]:

@@ -24,7 +24,7 @@ from rollbus.services.engine.engine import Engine
 from rollbus.services.engine.model import ModelSpec, random_model
 from rollbus.services.engine.policies import ChainRoute, SamplePolicy, Script, ScriptedPolicy, ScriptedTurn
 from rollbus.services.engine.protocol import parse_generate
-from rollbus.tokenizer import SpecialIds, load_tokenizer
+from rollbus.tokenizer import SpecialIds
 
 TINY = ModelSpec(hidden_size=32, layers=2, heads=2, kv_heads=1, head_dim=16, intermediate_size=64)
 TOLERANCE = 1e-4
@@ -37,11 +37,6 @@ SCRIPT = Script(
     side_text="Listing files",
     final_text="Nothing left to do.",
 )
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer("qwen3.6")
 
 
 @pytest.fixture(scope="module")

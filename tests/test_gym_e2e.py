@@ -30,17 +30,11 @@ from rollbus.services.gym_runner.settings import GymRunnerSettings
 from rollbus.trajectory import fan_out
 from rollbus.turn_log import frozen_chains, resolve_turns
 from tests.e2e_support import SCRIPTS
-from tests.test_adapter_support import engine_process, served, settings
+from tests.test_adapter_support import served, settings
 
 pytestmark = pytest.mark.kafka
 SCRIPT = json.loads((SCRIPTS / "gym" / "math_lake.json").read_text())
 HOLEY = ["SFFF", "FFFF", "FHFF", "FFFG"]
-
-
-@pytest.fixture(scope="module")
-def engine_url(tmp_path_factory):
-    with engine_process(SCRIPT, tmp_path_factory.mktemp("engine")) as url:
-        yield url
 
 
 @contextlib.asynccontextmanager

@@ -32,8 +32,7 @@ from rollbus.services.stack.demo import DemoSettings
 from rollbus.services.stack.supervisor import ServiceSpec
 from rollbus.services.stack.up import Stack, StackSettings, service_specs
 from rollbus.settings import SettingsError
-from tests.test_adapter_support import engine_process
-from tests.test_gym_e2e import SCRIPT, events, rewards_for, stack
+from tests.test_gym_e2e import events, rewards_for, stack
 
 BOARD = """
 import re
@@ -127,12 +126,6 @@ context_managers["keep_all"] = KeepAll
 
 TOOL = {"type": "function", "function": {"name": "look", "parameters": {"type": "object", "properties": {}}}}
 FIRST_REPLY = "Seven sevens are 49, minus 25 is 24; on the lake, down first."  # the script's first reasoning
-
-
-@pytest.fixture(scope="module")
-def engine_url(tmp_path_factory):
-    with engine_process(SCRIPT, tmp_path_factory.mktemp("engine")) as url:
-        yield url
 
 
 def write_plugin(folder: Path) -> Path:

@@ -7,7 +7,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rollbus.parsing import ParsedOutput, ParsedToolCall, parse_output
-from rollbus.tokenizer import load_tokenizer
 
 TOOLS = [
     {
@@ -50,11 +49,6 @@ HISTORY = [{"role": "system", "content": "You are a coding agent."}, {"role": "u
 # Text that would be read as chat/tool markup cannot round-trip; everything else must.
 MARKUP = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=",
           "</parameter>", "<|im_end|>", "<|endoftext|>")  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer()
 
 
 def completion(tokenizer, message: dict, *, enable_thinking: bool = True) -> str:

@@ -53,11 +53,6 @@ CORPUS = {
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer()
-
-
-@pytest.fixture(scope="module")
 def reference():
     return get_tokenizer("qwen3.6-27b")
 
