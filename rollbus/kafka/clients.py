@@ -21,21 +21,23 @@ def producer(bootstrap_servers: str, *, client_id: str, **options: Any) -> AIOKa
 
 
 def consumer(
-    bootstrap_servers: str, *topics: str, client_id: str, group_id: str | None = None, **options: Any
+    bootstrap_servers: str, *topics: str, client_id: str, consumer_group: str | None = None, **options: Any
 ) -> AIOKafkaConsumer:
     """A consumer of ``topics`` (none: assign partitions by hand) that commits only when told to."""
     return AIOKafkaConsumer(
-        *topics, bootstrap_servers=bootstrap_servers, client_id=client_id, group_id=group_id,
+        *topics, bootstrap_servers=bootstrap_servers, client_id=client_id, group_id=consumer_group,
         enable_auto_commit=False, **options,
     )  # fmt: skip
 
 
 @contextlib.asynccontextmanager
 async def started_consumer(
-    bootstrap_servers: str, *topics: str, client_id: str, group_id: str | None = None, **options: Any
+    bootstrap_servers: str, *topics: str, client_id: str, consumer_group: str | None = None, **options: Any
 ) -> AsyncIterator[AIOKafkaConsumer]:
     """:func:`consumer`, started, and stopped on leaving (also when starting failed half-way)."""
-    client = consumer(bootstrap_servers, *topics, client_id=client_id, group_id=group_id, **options)
+    client = consumer(
+        bootstrap_servers, *topics, client_id=client_id, consumer_group=consumer_group, **options
+    )
     try:
         await client.start()
         yield client
