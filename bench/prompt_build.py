@@ -1,6 +1,6 @@
 """Prompt building per turn: canonical append-only history against full re-render + merge_turns.
 
-Run: ``python bench/prompt_build.py [--quick]``. Replays synthetic Claude-Code-shaped sessions (10, 50
+Run: ``python bench/prompt_build.py [--quick]``. Replays synthetic Claude-Code-shaped conversations (10, 50
 and 100 turns, each growing to ~64k tokens) with the real Qwen3.6 tokenizer and chat template. The
 model's outputs are prepared before timing; timed per turn is what the adapter pays to build the
 prompt and record the turn (plan + commit), plus the final stitching into segments (segment_chain
@@ -73,7 +73,7 @@ def sampled_ids(tokenizer, message: dict) -> list[int]:
 
 
 def script(tokenizer, turns: int, rng: random.Random, context: int = CONTEXT_TOKENS) -> list[Step]:
-    """A session whose tool results make the context grow to about ``context`` tokens by the last turn."""
+    """A conversation whose tool results grow the context to about ``context`` tokens by the last turn."""
     line_tokens = len(tokenizer.encode(LINE.format(i=123, r=3, t=45), add_special_tokens=False))
     lines_per_result = max(1, (context - 10_000) // turns // line_tokens)
     steps = []
@@ -141,7 +141,7 @@ def replay(history, steps: list[Step], tools: list[dict], echo: str) -> Result:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one 10-turn session to ~16k tokens")
+    parser.add_argument("--quick", action="store_true", help="one 10-turn conversation to ~16k tokens")
     args = parser.parse_args()
     tokenizer = load_tokenizer("qwen3.6")
     stops = SpecialIds.from_tokenizer(tokenizer).stop_token_ids

@@ -171,7 +171,7 @@ def measure(
 
 
 def run_child(args: list[str], torchrun: int = 0) -> dict:
-    from rollbus.broker import free_port
+    from rollbus.kafka.broker import free_port
 
     cmd = [sys.executable, __file__, "--child", *args]
     if torchrun:

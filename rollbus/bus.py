@@ -135,10 +135,10 @@ class Publisher:
             yield self
 
     async def commit_offsets_in_transaction(
-        self, offsets: Mapping[TopicPartition, int], group_id: str
+        self, offsets: Mapping[TopicPartition, int], consumer_group: str
     ) -> None:
         """Consume-transform-produce exactly once: commit consumed offsets with the open transaction."""
-        await self._producer.send_offsets_to_transaction(dict(offsets), group_id)
+        await self._producer.send_offsets_to_transaction(dict(offsets), consumer_group)
 
 
 @dataclass(frozen=True)
@@ -208,7 +208,7 @@ class EventConsumer:
         bootstrap_servers: str,
         topics: Sequence[str],
         *,
-        group_id: str,
+        consumer_group: str,
         handler: Handler,
         service: str,
         publisher: Publisher | None = None,
@@ -222,13 +222,13 @@ class EventConsumer:
         ``max_poll_interval_ms`` per batch (a grader running tests) must raise it, or the group
         evicts this member and its uncommitted work is redelivered to another."""
         self.service = service
-        self.group_id = group_id
+        self.consumer_group = consumer_group
         self.handler = handler
         self.max_event_bytes = max_event_bytes
         self._consumer = clients.consumer(
             bootstrap_servers,
             *topics,
-            group_id=group_id,
+            consumer_group=consumer_group,
             client_id=service,
             auto_offset_reset=auto_offset_reset,
             isolation_level=isolation_level,
@@ -275,7 +275,7 @@ class EventConsumer:
             if self.publisher.transactional:
                 async with self.publisher.transaction():
                     await self._handle(batch, done)
-                    await self.publisher.commit_offsets_in_transaction(done, self.group_id)
+                    await self.publisher.commit_offsets_in_transaction(done, self.consumer_group)
             else:
                 try:
                     await self._handle(batch, done)

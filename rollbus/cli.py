@@ -17,7 +17,7 @@ from typing import Any
 from rollbus.settings import SettingsError
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "broker": ("rollbus.broker", "run the embedded Apache Kafka broker (start|stop|status|fetch)"),
+    "broker": ("rollbus.kafka.broker", "run the embedded Apache Kafka broker (start|stop|status|fetch)"),
     "topics": ("rollbus.topics", "create or check the rollbus topics"),
     "replay": ("rollbus.replay", "decode and print events from a topic"),
     "tail": ("rollbus.replay", "follow a topic live"),

@@ -12,7 +12,8 @@ from pathlib import Path
 
 
 def broker_record_path(state_dir: Path | str) -> Path:
-    """Where ``rollbus broker start`` records the embedded broker's pid and port (:mod:`rollbus.broker`)."""
+    """Where ``rollbus broker start`` records the embedded broker's pid and port
+    (:mod:`rollbus.kafka.broker`)."""
     return Path(state_dir) / "kafka" / "broker.json"
 
 

@@ -9,7 +9,6 @@ could not be reached and what to do; aiokafka's own log is silenced for them (:f
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
@@ -35,22 +34,19 @@ def quiet_kafka_logs() -> None:
 
 async def reachable(bootstrap_servers: str, timeout: float) -> bool:
     """True if a metadata request to ``bootstrap_servers`` names a broker within ``timeout`` seconds."""
-    from aiokafka import AIOKafkaClient
     from aiokafka.errors import KafkaError
 
-    client = AIOKafkaClient(
-        bootstrap_servers=bootstrap_servers,
-        request_timeout_ms=max(int(timeout * 1000), 1),
-        client_id="rollbus-probe",
-    )
+    from rollbus.kafka import clients
+
+    timeout_ms = max(int(timeout * 1000), 1)
     try:
-        await asyncio.wait_for(client.bootstrap(), timeout)
-        return bool(client.cluster.brokers())
+        async with clients.metadata_client(
+            bootstrap_servers, client_id="rollbus-probe", request_timeout_ms=timeout_ms
+        ) as client:
+            await asyncio.wait_for(client.bootstrap(), timeout)
+            return bool(client.cluster.brokers())
     except (KafkaError, OSError, TimeoutError, ValueError):
         return False
-    finally:
-        with contextlib.suppress(Exception):
-            await client.close()
 
 
 async def require_broker(bootstrap_servers: str, timeout: float) -> None:

@@ -3,7 +3,7 @@
 Which broker (``ROLLBUS_TEST_BROKER`` forces one):
 
 * ``docker``   — testcontainers' ``KafkaContainer`` (KRaft), when a Docker engine answers;
-* ``local``    — the embedded broker (:class:`rollbus.broker.EmbeddedBroker`) in a temporary state
+* ``local``    — the embedded broker (:class:`rollbus.kafka.broker.EmbeddedBroker`) in a temporary state
   directory on a free port, when ``java`` is on PATH;
 * ``external`` — whatever ``ROLLBUS_BOOTSTRAP_SERVERS`` points at.
 
@@ -105,7 +105,7 @@ def kafka_container(**docker_client_kw: Any) -> Any:
 
 
 def local_broker(state_dir: os.PathLike[str]) -> Iterator[str]:
-    from rollbus.broker import EmbeddedBroker, free_port
+    from rollbus.kafka.broker import EmbeddedBroker, free_port
 
     broker = EmbeddedBroker(state_dir, port=free_port())
     broker.start(timeout=120)

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from rollbus import claude_cli, codex_cli
-from rollbus.broker import free_port
+from rollbus.kafka.broker import free_port
 from rollbus.replay import ReadPlan, read
 from rollbus.sandbox import BwrapSandbox, Completed, prepare_repo
 from rollbus.topics import topic_name

@@ -135,12 +135,14 @@ async def all_events(bootstrap: str, namespace: str, topic: str) -> list[dict[st
     return records
 
 
-async def group_lag(bootstrap: str, namespace: str, group_id: str) -> int:
+async def group_lag(bootstrap: str, namespace: str, consumer_group: str) -> int:
     """Tasks the group has not committed past (0: every task's offset is committed)."""
     topic = topic_name("tasks", namespace)
     counts = await describe(bootstrap, [topic])
     partitions = [TopicPartition(topic, p) for p in range(counts.get(topic, 0))]
-    async with clients.started_consumer(bootstrap, client_id="test-lag", group_id=group_id) as consumer:
+    async with clients.started_consumer(
+        bootstrap, client_id="test-lag", consumer_group=consumer_group
+    ) as consumer:
         ends = await consumer.end_offsets(partitions)
         lag = 0
         for tp in partitions:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rollbus.broker import BrokerSettings, EmbeddedBroker, add_arguments, cluster_id
+from rollbus.kafka.broker import BrokerSettings, EmbeddedBroker, add_arguments, cluster_id
 from rollbus.kafka.runtime import BrokerError, adopt_archive, fetch, jars_dir, render
 
 

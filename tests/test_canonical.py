@@ -94,8 +94,8 @@ def echo(message: dict, *, keep_reasoning: bool) -> dict:
     return echoed
 
 
-class Session:
-    """A scripted Claude Code session: the model's replies and what the client adds after each."""
+class Conversation:
+    """A scripted Claude Code conversation: the model's replies and what the client adds after each."""
 
     def __init__(self, rng: random.Random, history, reasoning_rate: float = 0.8):
         self.rng = rng
@@ -154,12 +154,12 @@ def reference_suffix(tok, messages: list[dict], upto: int) -> list[int]:
 
 
 def test_claude_code_replay_has_zero_drift(tok, im_end):
-    session = Session(random.Random(7), CanonicalHistory(tok))
+    conversation = Conversation(random.Random(7), CanonicalHistory(tok))
     newline = tok.encode("\n", add_special_tokens=False)
     previous = None
     for version in range(12):
-        before = list(session.messages)
-        plan, turn = session.step(tok, version, split=version % 3 == 1)
+        before = list(conversation.messages)
+        plan, turn = conversation.step(tok, version, split=version % 3 == 1)
         if previous is None:
             assert (plan.new_chain, plan.reason) == (True, "first")
             assert plan.prompt_ids == tok.encode(
@@ -177,7 +177,7 @@ def test_claude_code_replay_has_zero_drift(tok, im_end):
                 len(plan.prompt_ids) - len(stream),
             )
         previous = turn
-    history = session.history
+    history = conversation.history
     tokens = segment_chain(history.turns)
     sampled = sum(len(t.output_ids) for t in history.turns)
     assert sum(tokens.loss_mask) == sampled
@@ -189,11 +189,13 @@ def test_claude_code_replay_has_zero_drift(tok, im_end):
 def test_canonical_prompt_equals_full_render_when_sampling_was_canonical(tok):
     # with empty reasoning the model samples "\n" after the prompt's "<think>\n", which a full render
     # merges into one "\n\n" token: the stream keeps what was sampled, so only compare with reasoning
-    session = Session(random.Random(3), CanonicalHistory(tok), reasoning_rate=1.0)
+    conversation = Conversation(random.Random(3), CanonicalHistory(tok), reasoning_rate=1.0)
     for version in range(6):
-        session.step(tok, version)
-    plan = session.history.plan(session.messages, TOOLS)
-    full = tok.apply_chat_template(session.as_sent, tools=TOOLS, add_generation_prompt=True, tokenize=False)
+        conversation.step(tok, version)
+    plan = conversation.history.plan(conversation.messages, TOOLS)
+    full = tok.apply_chat_template(
+        conversation.as_sent, tools=TOOLS, add_generation_prompt=True, tokenize=False
+    )
     assert plan.prompt_ids == tok.encode(full, add_special_tokens=False)
 
 
@@ -201,10 +203,10 @@ def test_rerender_mode_loses_what_canonical_keeps(tok):
     """Non-canonical sampled tokenization: re-rendering cannot reproduce it, the canonical stream can."""
     kept = {}
     for mode in (CanonicalHistory, RerenderHistory):
-        session = Session(random.Random(11), mode(tok))
+        conversation = Conversation(random.Random(11), mode(tok))
         for version in range(8):
-            session.step(tok, version, split=True)
-        kept[mode.history_mode] = kept_fraction(session.history)
+            conversation.step(tok, version, split=True)
+        kept[mode.history_mode] = kept_fraction(conversation.history)
     assert kept["canonical"] == 1.0
     assert kept["rerender"] < 1.0
 
@@ -217,24 +219,24 @@ def kept_fraction(history) -> float:
     return sum(sum(s.loss_mask) for s in sequences) / sampled
 
 
-def start(tok, rng_seed: int = 5, turns: int = 3, **history_options) -> Session:
-    session = Session(random.Random(rng_seed), CanonicalHistory(tok, **history_options))
+def start(tok, rng_seed: int = 5, turns: int = 3, **history_options) -> Conversation:
+    conversation = Conversation(random.Random(rng_seed), CanonicalHistory(tok, **history_options))
     for version in range(turns):
-        session.step(tok, version)
-    return session
+        conversation.step(tok, version)
+    return conversation
 
 
 def test_compaction_freezes_the_chain_as_a_wipe(tok):
-    session = start(tok)
-    old_turns = list(session.history.turns)
-    session.messages = [
+    conversation = start(tok)
+    old_turns = list(conversation.history.turns)
+    conversation.messages = [
         {"role": "system", "content": SYSTEM},
         {
             "role": "user",
             "content": "This session is being continued from a previous conversation. Summary: ...",
         },
     ]
-    plan, turn = session.step(tok, 9)
+    plan, turn = conversation.step(tok, 9)
     assert (plan.new_chain, plan.reason, plan.reused_tokens, plan.chain_id) == (
         True,
         "compaction",
@@ -242,44 +244,47 @@ def test_compaction_freezes_the_chain_as_a_wipe(tok):
         "main.1",
     )
     assert turn.chain_id == "main.1" and turn.turn_index == 0
-    assert [c.kind for c in session.history.frozen] == ["wipe"]
-    assert session.history.frozen[0].turns == old_turns
-    plan, _ = session.step(tok, 10)
+    assert [c.kind for c in conversation.history.frozen] == ["wipe"]
+    assert conversation.history.frozen[0].turns == old_turns
+    plan, _ = conversation.step(tok, 10)
     assert (plan.new_chain, plan.chain_id) == (False, "main.1")
-    segments = fan_out(session.history.all_chains(), "rollout-1", 1.0)
+    segments = fan_out(conversation.history.all_chains(), "rollout-1", 1.0)
     assert [(s.kind, s.chain_id) for s in segments] == [("wipe", "main"), ("final", "main.1")]
     trained = sum(sum(s.loss_mask) for s in segments)
-    assert trained == sum(len(t.output_ids) for c in session.history.all_chains() for t in c.turns)
+    assert trained == sum(len(t.output_ids) for c in conversation.history.all_chains() for t in c.turns)
 
 
 def test_claude_code_compaction_is_a_fork_then_a_rewritten_opening(tok):
     """The CLI's summary request branches off an earlier turn (our turns echoed, then new user/tool
     messages only); the conversation it then continues has a new opening."""
-    session = start(tok, turns=4)
-    m = session.messages
+    conversation = start(tok, turns=4)
+    m = conversation.messages
     assistants = [i for i, x in enumerate(m) if x["role"] == "assistant"]
     at = assistants[2]
     summary = {"role": "user", "content": "Your task is to create a detailed summary. <summary>"}
     for fork in (m[:at] + [summary], m[: at + 1] + [summary]):
-        assert session.history.plan(fork, TOOLS).reason == "fork"
+        assert conversation.history.plan(fork, TOOLS).reason == "fork"
     edited = dict(m[assistants[1]], content="not what we sampled")
     not_a_prefix = m[: assistants[1]] + [edited] + m[assistants[1] + 1 : at] + [summary]
-    assert session.history.plan(not_a_prefix, TOOLS).reason == "unmatched_assistant"
-    assert session.history.plan([m[0], summary], TOOLS).reason == "compaction"
-    session.messages = m[:at] + [summary]
-    plan, _ = session.step(tok, 9)
+    assert conversation.history.plan(not_a_prefix, TOOLS).reason == "unmatched_assistant"
+    assert conversation.history.plan([m[0], summary], TOOLS).reason == "compaction"
+    conversation.messages = m[:at] + [summary]
+    plan, _ = conversation.step(tok, 9)
     assert (plan.new_chain, plan.reason, plan.chain_id, plan.reused_tokens) == (True, "fork", "main.1", 0)
-    session.messages = [m[0], {"role": "user", "content": "This session is being continued ... Summary: ..."}]
-    plan, _ = session.step(tok, 10)
+    conversation.messages = [
+        m[0],
+        {"role": "user", "content": "This session is being continued ... Summary: ..."},
+    ]
+    plan, _ = conversation.step(tok, 10)
     assert (plan.new_chain, plan.reason, plan.chain_id) == (True, "compaction", "main.2")
-    assert [(c.kind, c.chain_id, len(c.turns)) for c in session.history.frozen] == [
+    assert [(c.kind, c.chain_id, len(c.turns)) for c in conversation.history.frozen] == [
         ("wipe", "main", 4),
         ("wipe", "main.1", 1),
     ]
 
 
-def rewrites(session: Session) -> dict[str, list[dict]]:
-    m = session.messages
+def rewrites(conversation: Conversation) -> dict[str, list[dict]]:
+    m = conversation.messages
     assistant = max(i for i, x in enumerate(m) if x["role"] == "assistant")
     first_tool = next(i for i, x in enumerate(m) if x["role"] in ("tool", "user") and i > 1)
     edited_assistant = dict(m[assistant], content="I changed my mind.")
@@ -309,23 +314,23 @@ def rewrites(session: Session) -> dict[str, list[dict]]:
     ],
 )
 def test_history_rewrites_start_a_new_chain_from_a_full_render(tok, reason):
-    session = start(tok)
-    messages = rewrites(session).get(reason, session.messages)
+    conversation = start(tok)
+    messages = rewrites(conversation).get(reason, conversation.messages)
     tools = TOOLS[:2] if reason == "tools_changed" else TOOLS
-    assert session.history.continues(session.messages, TOOLS)
-    assert not session.history.continues(messages, tools)
-    plan = session.history.plan(messages, tools)
+    assert conversation.history.continues(conversation.messages, TOOLS)
+    assert not conversation.history.continues(messages, tools)
+    plan = conversation.history.plan(messages, tools)
     assert (plan.new_chain, plan.reason) == (True, reason)
     full = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
     assert plan.prompt_ids == tok.encode(full, add_special_tokens=False)
 
 
 def test_plan_does_not_mutate_and_stale_plans_are_refused(tok):
-    session = start(tok, turns=2)
-    history = session.history
+    conversation = start(tok, turns=2)
+    history = conversation.history
     stream = history.stream
-    first = history.plan(session.messages, TOOLS)
-    again = history.plan(session.messages, TOOLS)
+    first = history.plan(conversation.messages, TOOLS)
+    again = history.plan(conversation.messages, TOOLS)
     assert first.prompt_ids == again.prompt_ids and history.stream == stream
     history.commit(first, [1, 2], [-0.1, -0.2], "length", 5, {"role": "assistant", "content": "x"})
     with pytest.raises(StalePlan):
@@ -335,43 +340,45 @@ def test_plan_does_not_mutate_and_stale_plans_are_refused(tok):
 
 
 def test_rerender_history_renders_everything_and_refuses_stale_plans(tok):
-    session = Session(random.Random(6), RerenderHistory(tok))
+    conversation = Conversation(random.Random(6), RerenderHistory(tok))
     for version in range(3):
-        before = list(session.messages)
-        plan, turn = session.step(tok, version)
+        before = list(conversation.messages)
+        plan, turn = conversation.step(tok, version)
         full = tok.apply_chat_template(before, tools=TOOLS, add_generation_prompt=True, tokenize=False)
         assert plan.prompt_ids == tok.encode(full, add_special_tokens=False)
         assert (plan.new_chain, turn.turn_index) == (version == 0, version)
-    stale = session.history.plan(session.messages, TOOLS)
-    session.history.commit(stale, [1], [-0.1], "stop", 3, {"role": "assistant", "content": "a"})
+    stale = conversation.history.plan(conversation.messages, TOOLS)
+    conversation.history.commit(stale, [1], [-0.1], "stop", 3, {"role": "assistant", "content": "a"})
     with pytest.raises(StalePlan):
-        session.history.commit(stale, [1], [-0.1], "stop", 3, {"role": "assistant", "content": "a"})
-    assert [c.history_mode for c in session.history.all_chains()] == ["rerender"]
+        conversation.history.commit(stale, [1], [-0.1], "stop", 3, {"role": "assistant", "content": "a"})
+    assert [c.history_mode for c in conversation.history.all_chains()] == ["rerender"]
 
 
 def test_output_ending_with_endoftext_keeps_it_verbatim(tok):
     ids = SpecialIds.from_tokenizer(tok)
-    session = start(tok, turns=1, stop_token_ids=ids.stop_token_ids)
-    plan = session.history.plan(session.messages, TOOLS)
+    conversation = start(tok, turns=1, stop_token_ids=ids.stop_token_ids)
+    plan = conversation.history.plan(conversation.messages, TOOLS)
     output = tok.encode("Done.", add_special_tokens=False) + [ids.endoftext]
-    session.history.commit(
+    conversation.history.commit(
         plan, output, [-0.1] * len(output), "stop", 1, {"role": "assistant", "content": "Done."}
     )
-    assert session.history.stream[-len(output) - 1 :] == output + tok.encode("\n", add_special_tokens=False)
+    assert conversation.history.stream[-len(output) - 1 :] == output + tok.encode(
+        "\n", add_special_tokens=False
+    )
 
 
 def test_subagent_chains_interleave_and_fan_out_in_freeze_order(tok):
     main = start(tok, rng_seed=1, turns=2)
-    sub = Session(random.Random(2), CanonicalHistory(tok, chain_name="main/agent-1"))
+    sub = Conversation(random.Random(2), CanonicalHistory(tok, chain_name="main/agent-1"))
     sub.messages = [
         {"role": "system", "content": "You are a sub-agent for Claude Code."},
         {"role": "user", "content": "Find where the fixture is defined."},
     ]
     for version in range(3):  # requests alternate; each goes to the history it continues
-        for session in (sub, main):
-            owners = [h for h in (main.history, sub.history) if h.continues(session.messages, TOOLS)]
-            assert owners == ([session.history] if session.history.turns else [])
-            plan, _ = session.step(tok, version)
+        for conversation in (sub, main):
+            owners = [h for h in (main.history, sub.history) if h.continues(conversation.messages, TOOLS)]
+            assert owners == ([conversation.history] if conversation.history.turns else [])
+            plan, _ = conversation.step(tok, version)
             assert plan.new_chain == (plan.reason == "first")
     finished = sub.history.freeze("subagent")
     assert finished.chain_id == "main/agent-1" and len(finished.turns) == 3
@@ -452,8 +459,14 @@ def test_chain_continues_when_the_client_fills_in_schema_defaults(tok, im_end):
         "</function>\n</tool_call>"
     ) + [im_end]
     sent = tool_call("toolu_1", "Edit", {"file_path": "/w/a.py"})
-    history.commit(plan, output, [-0.1] * len(output), "stop", 1,
-                   {"role": "assistant", "content": "", "reasoning_content": "ok", "tool_calls": [sent]})
+    history.commit(
+        plan,
+        output,
+        [-0.1] * len(output),
+        "stop",
+        1,
+        {"role": "assistant", "content": "", "reasoning_content": "ok", "tool_calls": [sent]},
+    )
     echoed = tool_call("toolu_1", "Edit", {"replace_all": False, "file_path": "/w/a.py"})
     messages += [{"role": "assistant", "content": "", "tool_calls": [echoed]},
                  {"role": "tool", "tool_call_id": "toolu_1", "content": "done"}]  # fmt: skip
@@ -464,14 +477,14 @@ def test_chain_continues_when_the_client_fills_in_schema_defaults(tok, im_end):
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1), turns=st.integers(1, 8), split=st.booleans())
-def test_random_sessions_never_drift(tok, seed, turns, split):
-    session = Session(random.Random(seed), CanonicalHistory(tok))
+def test_random_conversations_never_drift(tok, seed, turns, split):
+    conversation = Conversation(random.Random(seed), CanonicalHistory(tok))
     for version in range(turns):
-        plan, _ = session.step(tok, version, split=split)
+        plan, _ = conversation.step(tok, version, split=split)
         assert plan.new_chain == (version == 0)
-    tokens = segment_chain(session.history.turns)
-    assert sum(tokens.loss_mask) == sum(len(t.output_ids) for t in session.history.turns)
-    assert merge_turns_all(session.history.turns) == [tokens]
+    tokens = segment_chain(conversation.history.turns)
+    assert sum(tokens.loss_mask) == sum(len(t.output_ids) for t in conversation.history.turns)
+    assert merge_turns_all(conversation.history.turns) == [tokens]
 
 
 # Like Qwen's own Qwen3 template: reasoning is rendered only after the last user message, so a
@@ -513,22 +526,22 @@ def test_template_that_drops_old_reasoning_does_not_drift_canonical_chains():
     qwen3 = with_template("'<|im_end|>\\n'")
     kept, new_chains = {}, {}
     for mode in (CanonicalHistory, RerenderHistory):
-        session = Session(random.Random(4), mode(qwen3), reasoning_rate=1.0)
-        plans = [session.step(qwen3, version)[0] for version in range(8)]
-        assert any(m["role"] == "user" for m in session.messages[3:])  # the user spoke again
+        conversation = Conversation(random.Random(4), mode(qwen3), reasoning_rate=1.0)
+        plans = [conversation.step(qwen3, version)[0] for version in range(8)]
+        assert any(m["role"] == "user" for m in conversation.messages[3:])  # the user spoke again
         new_chains[mode.history_mode] = sum(p.new_chain for p in plans)
-        kept[mode.history_mode] = kept_fraction(session.history)
+        kept[mode.history_mode] = kept_fraction(conversation.history)
     assert (kept["canonical"], new_chains["canonical"]) == (1.0, 1)
     assert kept["rerender"] < 1.0
 
 
 def test_template_whose_closing_depends_on_what_follows_falls_back_to_a_full_render():
     odd = with_template("('<|im_end|>\\n' if loop.last else '<|im_end|>\\n\\n')")
-    session = Session(random.Random(4), CanonicalHistory(odd))
-    session.step(odd, 0)
-    before = list(session.messages)
-    plan, _ = session.step(odd, 1)
+    conversation = Conversation(random.Random(4), CanonicalHistory(odd))
+    conversation.step(odd, 0)
+    before = list(conversation.messages)
+    plan, _ = conversation.step(odd, 1)
     assert (plan.new_chain, plan.reason) == (True, "window_check_failed")
     full = odd.apply_chat_template(before, add_generation_prompt=True, tokenize=False)
     assert plan.prompt_ids == odd.encode(full, add_special_tokens=False)
-    assert [c.kind for c in session.history.all_chains()] == ["wipe", "final"]
+    assert [c.kind for c in conversation.history.all_chains()] == ["wipe", "final"]

@@ -39,7 +39,7 @@ CAN = fixed_canaries()
 
 
 def lines(*records: dict) -> str:
-    return "".join(json.dumps({"session": "s", **r}) + "\n" for r in records)
+    return "".join(json.dumps({"run": "s", **r}) + "\n" for r in records)
 
 
 START, FINISH0, FINISH1 = (
@@ -83,10 +83,10 @@ def test_a_tests_status_is_its_worst_phase(phases: dict, status: str) -> None:
     assert report.status(phases) == status
 
 
-def test_sessions_and_their_ends() -> None:
+def test_test_runs_and_their_ends() -> None:
     text = lines(START, rec("a::t", "passed"), rec("a::u", "failed"), FINISH1)
-    text += json.dumps({"session": "z", "event": "start"}) + "\n"
-    text += json.dumps({"session": "z", "event": "collect", "nodeid": "b.py", "outcome": "failed"}) + "\n"
+    text += json.dumps({"run": "z", "event": "start"}) + "\n"
+    text += json.dumps({"run": "z", "event": "collect", "nodeid": "b.py", "outcome": "failed"}) + "\n"
     first, second = report.parse(text)
     assert (first.finished, first.exitstatus, first.tests) == (True, 1, {"a::t": "PASSED", "a::u": "FAILED"})
     assert (second.finished, second.exitstatus, second.tests) == (False, None, {"b.py": "ERROR"})
@@ -95,8 +95,8 @@ def test_sessions_and_their_ends() -> None:
 
 def test_a_phase_reported_twice_keeps_its_worse_outcome() -> None:
     """unittest: ``addFailure`` rebound to call ``addSuccess`` reports the call twice; the failure stays."""
-    (session,) = report.parse(lines(START, rec("m.C.t", "failed"), rec("m.C.t", "passed"), FINISH0))
-    assert session.tests == {"m.C.t": "FAILED"}
+    (test_run,) = report.parse(lines(START, rec("m.C.t", "failed"), rec("m.C.t", "passed"), FINISH0))
+    assert test_run.tests == {"m.C.t": "FAILED"}
 
 
 @pytest.mark.parametrize(
@@ -363,12 +363,12 @@ PASSING = {"tests/test_x.py": "def test_a():\n    assert 1 + 1 == 2\n\n\ndef tes
 def test_the_plugin_reports_and_canaries_leave_pytests_answer_alone(
     tmp_path: Path, python: str, extra: list[str]
 ) -> None:
-    code, sessions = run_plugin(tmp_path, python, [*extra, "tests/test_x.py"], PASSING)
+    code, test_runs = run_plugin(tmp_path, python, [*extra, "tests/test_x.py"], PASSING)
     assert code == 0  # the failing canaries do not fail the run, -x does not stop at them
-    (session,) = sessions
-    assert session.finished and session.exitstatus == 0
-    assert canary.check(session.tests, CAN) is None  # and -k did not deselect them
-    own = {n: s for n, s in session.tests.items() if not canary.is_canary(n, CAN)}
+    (test_run,) = test_runs
+    assert test_run.finished and test_run.exitstatus == 0
+    assert canary.check(test_run.tests, CAN) is None  # and -k did not deselect them
+    own = {n: s for n, s in test_run.tests.items() if not canary.is_canary(n, CAN)}
     assert own == (
         {"tests/test_x.py::test_a": "PASSED"}
         if "-k" in extra
@@ -378,20 +378,20 @@ def test_the_plugin_reports_and_canaries_leave_pytests_answer_alone(
 
 @pytest.mark.parametrize("python", INTERPRETERS)
 def test_the_plugin_keeps_no_tests_and_failures_as_pytest_says(tmp_path: Path, python: str) -> None:
-    code, (session,) = run_plugin(
+    code, (test_run,) = run_plugin(
         tmp_path / "a", python, ["tests/test_none.py"], {"tests/test_none.py": "X = 1\n"}
     )
-    assert code == 5 and session.exitstatus == 5  # canaries ran, yet "no tests collected"
+    assert code == 5 and test_run.exitstatus == 5  # canaries ran, yet "no tests collected"
     failing = {"tests/test_x.py": "def test_a():\n    assert 1 == 2\n"}
-    code, (session,) = run_plugin(tmp_path / "b", python, ["tests/test_x.py"], failing)
-    assert code == 1 and session.tests["tests/test_x.py::test_a"] == "FAILED"
+    code, (test_run,) = run_plugin(tmp_path / "b", python, ["tests/test_x.py"], failing)
+    assert code == 1 and test_run.tests["tests/test_x.py::test_a"] == "FAILED"
 
 
 @pytest.mark.parametrize("python", INTERPRETERS)
 def test_a_run_left_through_os_exit_never_finishes(tmp_path: Path, python: str) -> None:
     leaving = {"tests/test_x.py": "import os\n\n\ndef test_a():\n    os._exit(0)\n"}
-    code, (session,) = run_plugin(tmp_path, python, ["tests/test_x.py"], leaving)
-    assert code == 0 and not session.finished
+    code, (test_run,) = run_plugin(tmp_path, python, ["tests/test_x.py"], leaving)
+    assert code == 0 and not test_run.finished
 
 
 @pytest.mark.parametrize("python", INTERPRETERS)
@@ -403,8 +403,8 @@ def test_the_unittest_runner_is_python_m_unittest_plus_canaries(tmp_path: Path, 
         "    def test_skip(self):\n        raise unittest.SkipTest('later')\n",
         "unittest/__init__.py": "raise SystemExit(0)\n",  # a shadow the runner must not pick up
     }
-    code, (session,) = run_plugin(tmp_path, python, ["unittest", "-v", "tests.test_u"], tests)
-    assert code == 0 and session.finished and session.exitstatus == 0
-    assert canary.check(session.tests, CAN) is None
-    own = {n: s for n, s in session.tests.items() if not canary.is_canary(n, CAN)}
+    code, (test_run,) = run_plugin(tmp_path, python, ["unittest", "-v", "tests.test_u"], tests)
+    assert code == 0 and test_run.finished and test_run.exitstatus == 0
+    assert canary.check(test_run.tests, CAN) is None
+    own = {n: s for n, s in test_run.tests.items() if not canary.is_canary(n, CAN)}
     assert own == {"tests.test_u.T.test_ok": "PASSED", "tests.test_u.T.test_skip": "SKIPPED"}

@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 from rollbus import gym
-from rollbus.broker import free_port
 from rollbus.codec import encode
 from rollbus.gym import Episode, GymConfigError
+from rollbus.kafka.broker import free_port
 from rollbus.services.adapter.app import create_app
 from rollbus.services.gym_runner.adapter_client import AdapterClient
 from rollbus.services.gym_runner.runner import MAX_DETAILS_CHARS, EpisodeResult, GymRunner, reward_record

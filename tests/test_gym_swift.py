@@ -253,7 +253,7 @@ def test_up_and_demo_give_the_gym_runner_their_plugin_flags(tmp_path, monkeypatc
 
 async def test_an_env_constructor_raising_is_a_config_error_logged_with_its_traceback(caplog) -> None:
     from rollbus import gym
-    from rollbus.broker import free_port
+    from rollbus.kafka.broker import free_port
     from tests.test_gym_runner import runner_for
 
     def needs_a_board(env_config):

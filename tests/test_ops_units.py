@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rollbus.broker import DEFAULT_PORT, EmbeddedBroker, start_port
 from rollbus.config import recorded_bootstrap
+from rollbus.kafka.broker import DEFAULT_PORT, EmbeddedBroker, start_port
 from rollbus.polling import WaitTimeout, wait_until, wait_until_async
 from rollbus.services.stack.demo import replay_hint
 

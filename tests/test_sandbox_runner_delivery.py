@@ -74,7 +74,9 @@ async def runner(
 
 
 async def committed(bootstrap: str, namespace: str) -> int:
-    async with clients.started_consumer(bootstrap, client_id="test-committed", group_id=GROUP) as consumer:
+    async with clients.started_consumer(
+        bootstrap, client_id="test-committed", consumer_group=GROUP
+    ) as consumer:
         return await consumer.committed(TopicPartition(topic_name("tasks", namespace), 0)) or 0
 
 

@@ -570,16 +570,16 @@ def test_a_state_kept_before_rewards_carried_infos_still_cuts_with_an_empty_list
     assert dead == [] and [s["infos"] for s in segments] == ["[]"]
 
 
-# --- tombstones and the clock ---------------------------------------------------------------------
+# --- sealed states and the clock ---------------------------------------------------------------------
 
 
-def test_a_tombstone_is_a_fraction_of_the_open_state_and_still_knows_every_redelivery() -> None:
+def test_a_sealed_state_is_a_fraction_of_the_open_state_and_still_knows_every_redelivery() -> None:
     writer = simple_rollout("t1", turns=40)
     segmenter, _, _ = run(writer.events[:-1])
     open_size = len(segmenter.states["t1"])
     run(writer.events[-1:], segmenter)
-    tomb = RolloutState.from_bytes(segmenter.states["t1"])
-    assert tomb.status == "emitted" and tomb.attempts == {} and tomb.sessions == {}
+    sealed = RolloutState.from_bytes(segmenter.states["t1"])
+    assert sealed.status == "emitted" and sealed.attempts == {} and sealed.sessions == {}
     assert len(segmenter.states["t1"]) * 2.5 < open_size  # 8 bytes a fact instead of ~50
     _, again, dead = run(writer.events, segmenter)  # a crash or a replay redelivers every event
     assert again == [] and dead == [] and segmenter.counts["duplicate"] == len(writer.events)
@@ -589,8 +589,8 @@ def test_a_tombstone_is_a_fraction_of_the_open_state_and_still_knows_every_redel
     assert len(dead) == 2 and all("already emitted" in reason for reason in dead)
 
 
-def test_a_tombstone_kept_before_compaction_still_tells_duplicates_from_late_events() -> None:
-    """A segmenter upgraded over a changelog of full tombstones (digests per turn, no fingerprints)."""
+def test_a_sealed_state_kept_before_compaction_still_tells_duplicates_from_late_events() -> None:
+    """A segmenter upgraded over a changelog of full sealed states (digests per turn, no fingerprints)."""
     import json
 
     writer = simple_rollout("t2")
@@ -611,14 +611,14 @@ def test_a_tombstone_kept_before_compaction_still_tells_duplicates_from_late_eve
     assert len(dead) == 1 and "already emitted" in dead[0] and segmenter.counts["late"] == 2
 
 
-def test_late_events_are_dead_lettered_within_forget_after_and_the_tombstone_goes_after_it() -> None:
+def test_late_events_are_dead_lettered_within_forget_after_and_the_sealed_state_goes_after_it() -> None:
     writer = simple_rollout("t3")
     segmenter = Segmenter({}, {}, Options(forget_after_ms=5_000))
     run(writer.events, segmenter)  # events at 0..n-1
     last = len(writer.events) - 1
     assert segmenter.tick(now=last + 4_999) == [] and "t3" in segmenter.states
     *_, (_, reward) = writer.events
-    _, _, dead = run([("rewards", dict(reward, reward=0.0))], segmenter)  # at 0: no younger tombstone
+    _, _, dead = run([("rewards", dict(reward, reward=0.0))], segmenter)  # at 0: no younger sealed state
     assert len(dead) == 1 and "already emitted" in dead[0]
     segmenter.tick(now=last + 5_000)
     assert segmenter.states == {} and segmenter.bodies == {}
@@ -638,7 +638,7 @@ def test_a_tick_aborts_only_its_partitions_idle_rollouts() -> None:
     open_rollout(segmenter, "p1", 1)
     assert segmenter.tick(now=999, partition=0) == []
     assert [s.rollout_id for s in segmenter.tick(now=1_000, partition=0)] == ["p0"]
-    assert segmenter.tick(now=5_000, partition=0) == []  # p0 is a tombstone now, p1 is not its to judge
+    assert segmenter.tick(now=5_000, partition=0) == []  # p0 is sealed now, p1 is not its to judge
     assert [s.rollout_id for s in segmenter.tick(now=5_000, partition=1)] == ["p1"]
 
 
@@ -658,7 +658,7 @@ def test_states_recovered_behind_the_segmenters_back_are_ticked_after_reindex() 
 def test_a_restarted_segmenter_cuts_what_an_uninterrupted_one_cuts_and_keeps_no_scan(split) -> None:
     """The segmenter keeps each body's scan from its arrival to its cut; one that restarts (or takes over a
     partition) has only the table's bytes for the earlier bodies and scans them again: same segments. Once
-    a rollout is out, nothing of it stays in memory but its tombstone."""
+    a rollout is out, nothing of it stays in memory but its sealed state."""
     events = simple_rollout("r-restart").events
     _, whole, _ = run(events)
     states, bodies = {}, {}
@@ -725,7 +725,7 @@ def _as_v1(segmenter: Segmenter, rollout_id: str, events: list[Event]) -> None:
 def test_an_upgrade_over_states_with_v1_digests_still_tells_redeliveries_from_conflicts() -> None:
     """A worker upgraded while rollouts are in flight re-reads its uncommitted events against states whose
     turn digests are v1: they are duplicates, the rollout is cut as before, and a changed turn still kills
-    it. Redelivered to the tombstone (fingerprints of v1 digests), a turn is still a duplicate."""
+    it. Redelivered to the sealed state (fingerprints of v1 digests), a turn is still a duplicate."""
     writer = simple_rollout("up")
     *before, reward = writer.events
     segmenter, _, _ = run(before)

@@ -10,7 +10,7 @@ import sys
 import psutil
 import pytest
 
-from rollbus.broker import EmbeddedBroker, free_port
+from rollbus.kafka.broker import EmbeddedBroker, free_port
 from rollbus.polling import wait_until_async
 from rollbus.services.stack.supervisor import ServiceSpec, StackFailed, Supervisor
 from rollbus.topics import create_topics, describe, topic_name
@@ -128,7 +128,7 @@ async def test_an_on_failure_service_that_exits_cleanly_is_done_not_restarted(tm
 
 # a client that dies with its broker, as the services do: exits 3 once the port stops answering
 CLIENT = (
-    "import sys, time; from rollbus.broker import port_is_open;"
+    "import sys, time; from rollbus.kafka.broker import port_is_open;"
     "port = int(sys.argv[1]);"
     "exec('while port_is_open(port): time.sleep(0.1)');"
     "raise SystemExit(3)"

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rollbus.broker import free_port  # noqa: E402
+from rollbus.kafka.broker import free_port  # noqa: E402
 from rollbus.policy_model import ModelSpec, random_qwen3  # noqa: E402
 from rollbus.trainer import checkpoint  # noqa: E402
 from rollbus.trainer.checkpoint import TrainerState  # noqa: E402

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from playwright.async_api import async_playwright
 
-from rollbus.broker import free_port
+from rollbus.kafka.broker import free_port
 from rollbus.polling import wait_until
 from tests.segmenter_support import namespace_of, publish
 from tests.service_process import ServiceProcess

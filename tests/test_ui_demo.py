@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from rollbus.broker import EmbeddedBroker, free_port
+from rollbus.kafka.broker import EmbeddedBroker, free_port
 from rollbus.polling import wait_until
 from rollbus.services.stack.runs import record_demo
 from rollbus.topics import TOPICS, create_topics, topic_name

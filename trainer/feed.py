@@ -27,13 +27,13 @@ class SegmentFeed:
     """A consumer-group member on ``segments`` that never commits by itself."""
 
     def __init__(
-        self, bootstrap_servers: str, topic: str, group_id: str, *, max_poll_interval_ms: int,
+        self, bootstrap_servers: str, topic: str, consumer_group: str, *, max_poll_interval_ms: int,
         session_timeout_ms: int,
     ) -> None:  # fmt: skip
         self._consumer = clients.consumer(
             bootstrap_servers,
             topic,
-            group_id=group_id,
+            consumer_group=consumer_group,
             client_id="trainer",
             auto_offset_reset="earliest",
             isolation_level="read_committed",

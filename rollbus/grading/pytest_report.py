@@ -17,14 +17,14 @@ import pytest
 REPORT = os.environ.get("ROLLBUS_REPORT", "")
 CANARIES = frozenset(p for p in os.environ.get("ROLLBUS_CANARIES", "").split(os.pathsep) if p)
 MUST_FAIL = frozenset(n for n in os.environ.get("ROLLBUS_MUST_FAIL", "").split(",") if n)
-SESSION = os.urandom(8).hex()
+RUN = os.urandom(8).hex()
 _canaries_seen = [0]
 
 
 def _write(record):
     if REPORT:
         with open(REPORT, "a", encoding="utf-8") as out:
-            out.write(json.dumps({"session": SESSION, **record}) + "\n")
+            out.write(json.dumps({"run": RUN, **record}) + "\n")
 
 
 def _is_canary(item):

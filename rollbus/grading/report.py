@@ -1,6 +1,6 @@
-"""The grader's test report: the JSON lines its pytest plugin and unittest runner write, read into sessions.
+"""The grader's test report: the JSON lines its pytest plugin and unittest runner write, read into test runs.
 
-One session per pytest or unittest run in the command (a command may run several). A session that started
+One test run per pytest session or unittest run in the command (a command may run several). A run that started
 and never wrote ``finish`` did not end on its own: it was killed, or left through ``os._exit`` or a signal
 from inside a test. A test's status is the worst of its phases: a failed call is FAILED, a failed set-up,
 tear-down or collection ERROR, a skip SKIPPED, an expected failure XFAIL, an unexpected pass (non-strict
@@ -20,7 +20,7 @@ MAX_NAME = 1000
 
 
 @dataclass
-class Session:
+class TestRun:
     id: str
     finished: bool = False
     exitstatus: int | None = None
@@ -32,10 +32,10 @@ class Session:
             self.tests[name] = status
 
 
-def parse(text: str) -> list[Session]:
-    """The sessions of a report, in the order they started. ValueError for anything that is not a record
+def parse(text: str) -> list[TestRun]:
+    """The test runs of a report, in the order they started. ValueError for anything that is not a record
     the grader's own code writes (the file is then not the grader's)."""
-    sessions: dict[str, Session] = {}
+    runs: dict[str, TestRun] = {}
     phases: dict[tuple[str, str], dict[str, tuple[str, bool]]] = {}
     lines = text.splitlines()
     if len(lines) > MAX_LINES:
@@ -45,39 +45,39 @@ def parse(text: str) -> list[Session]:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"report line {number} is not JSON: {exc}") from None
-        if not isinstance(record, dict) or not isinstance(record.get("session"), str):
+        if not isinstance(record, dict) or not isinstance(record.get("run"), str):
             raise ValueError(f"report line {number} is not a record")
-        event, sid = record.get("event"), record["session"]
+        event, rid = record.get("event"), record["run"]
         if event == "start":
-            if sid in sessions:
-                raise ValueError(f"report line {number}: session {sid} started twice")
-            sessions[sid] = Session(sid)
+            if rid in runs:
+                raise ValueError(f"report line {number}: test run {rid} started twice")
+            runs[rid] = TestRun(rid)
             continue
-        session = sessions.get(sid)
-        if session is None or session.finished:
-            raise ValueError(f"report line {number}: {event} outside a running session")
+        run = runs.get(rid)
+        if run is None or run.finished:
+            raise ValueError(f"report line {number}: {event} outside a running test run")
         if event == "finish":
             code = record.get("exitstatus")
             if not isinstance(code, int):
                 raise ValueError(f"report line {number}: finish without an exit status")
-            session.finished, session.exitstatus = True, code
+            run.finished, run.exitstatus = True, code
         elif event in ("test", "collect"):
             name, outcome = record.get("nodeid"), record.get("outcome")
             if not isinstance(name, str) or outcome not in ("passed", "failed", "skipped", "error"):
                 raise ValueError(f"report line {number}: malformed {event} record")
             if event == "collect":
-                session.record(name, ERROR)
+                run.record(name, ERROR)
             else:
                 when = str(record.get("when", "call"))
-                seen = phases.setdefault((sid, name), {})
+                seen = phases.setdefault((rid, name), {})
                 new = (outcome, bool(record.get("xfail")))
                 if when not in seen or OUTCOME_RANK[outcome] > OUTCOME_RANK[seen[when][0]]:
                     seen[when] = new  # one phase reported twice (a result method calling another): the worse
         else:
             raise ValueError(f"report line {number}: unknown event {event!r}")
-    for (sid, name), by_phase in phases.items():
-        sessions[sid].record(name, status(by_phase))
-    return list(sessions.values())
+    for (rid, name), by_phase in phases.items():
+        runs[rid].record(name, status(by_phase))
+    return list(runs.values())
 
 
 def status(phases: dict[str, tuple[str, bool]]) -> str:
@@ -95,11 +95,11 @@ def status(phases: dict[str, tuple[str, bool]]) -> str:
     return XPASS if call[1] else PASSED  # a non-strict xfail that passed: not a pass, not a failure
 
 
-def merged(sessions: list[Session]) -> dict[str, str]:
-    """Every test of every session, a name seen twice keeping its worse status."""
+def merged(runs: list[TestRun]) -> dict[str, str]:
+    """Every test of every test run, a name seen twice keeping its worse status."""
     out: dict[str, str] = {}
-    for session in sessions:
-        for name, value in session.tests.items():
+    for run in runs:
+        for name, value in run.tests.items():
             if name not in out or RANK[value] > RANK[out[name]]:
                 out[name] = value
     return out

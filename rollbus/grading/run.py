@@ -344,10 +344,10 @@ async def evidence_of(
     if text is None:
         return Evidence(ran.exit_code, (), canaries)
     try:
-        sessions = tuple(report.parse(text))
+        test_runs = tuple(report.parse(text))
     except ValueError as exc:
         return Evidence(ran.exit_code, (), canaries, str(exc))
-    return Evidence(ran.exit_code, sessions, canaries)
+    return Evidence(ran.exit_code, test_runs, canaries)
 
 
 async def _run_swepro(
@@ -369,7 +369,7 @@ async def _run_swepro(
     if limit := sandbox_failure(ran):
         return Verdict(False, limit, (), f"the tests hit a sandbox limit: {limit}"), log
     evidence: Evidence | None = await evidence_of(sandbox, ran, env, canaries)
-    if not evidence.sessions and not verdict.runs_pytest(grader.run_script.read_text(errors="replace")):
+    if not evidence.test_runs and not verdict.runs_pytest(grader.run_script.read_text(errors="replace")):
         evidence = None  # no pytest (a Go or JavaScript row): the parser's reading of the log alone
     return await parse_swepro(grader, ran, eval_dir, scratch, deadline, evidence), log
 

@@ -18,13 +18,13 @@ import unittest
 REPORT = os.environ.get("ROLLBUS_REPORT", "")
 CANARIES = os.environ.get("ROLLBUS_CANARIES", "").split(os.pathsep)[0]
 MUST_FAIL = frozenset(n for n in os.environ.get("ROLLBUS_MUST_FAIL", "").split(",") if n)
-SESSION = os.urandom(8).hex()
+RUN = os.urandom(8).hex()
 
 
 def write(record):
     if REPORT:
         with open(REPORT, "a", encoding="utf-8") as out:
-            out.write(json.dumps({"session": SESSION, **record}) + "\n")
+            out.write(json.dumps({"run": RUN, **record}) + "\n")
 
 
 def is_must_fail(test):

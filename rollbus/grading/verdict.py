@@ -151,7 +151,7 @@ def swepro_outcome(
         if why := tampering(evidence):
             return Verdict(False, TAMPERED, _results(reported, required, {}, evidence.canaries), why)
         ours = evidence.tests()
-        if not evidence.sessions and reported:
+        if not evidence.test_runs and reported:
             note = "the log reports tests, but no pytest run reported to the grader"
             return Verdict(False, TAMPERED, _results(reported, required, {}, evidence.canaries), note)
         flags = unexpected(ours, [f.split(" | ")[0] for f in selected_files])
@@ -197,13 +197,13 @@ class Evidence:
     """How the test command ended and what the grader's report says about it."""
 
     exit_code: int
-    sessions: tuple[report.Session, ...]
+    test_runs: tuple[report.TestRun, ...]
     canaries: canary.Canaries | None
-    report_error: str = ""  # the report exists but is not the grader's (malformed): set, sessions empty
+    report_error: str = ""  # the report exists but is not the grader's (malformed): set, test_runs empty
 
     def tests(self) -> dict[str, str]:
         """Every reported test but the canaries, by name."""
-        return self.without_canaries(report.merged(list(self.sessions)))
+        return self.without_canaries(report.merged(list(self.test_runs)))
 
     def without_canaries(self, tests: Mapping[str, str]) -> dict[str, str]:
         if self.canaries is None:
@@ -213,7 +213,7 @@ class Evidence:
 
 def tampering(evidence: Evidence) -> str | None:
     """Why the evidence of a run cannot be believed, or None. The process must end on its own (no signal),
-    every test session that started must finish, the report must be the grader's, a session that says it
+    every test run that started must finish, the report must be the grader's, a test run that says it
     succeeded must hold no failure, and the canaries must be reported as they are."""
     code = evidence.exit_code
     if code < 0 or code >= 128:
@@ -222,15 +222,15 @@ def tampering(evidence: Evidence) -> str | None:
         return f"the test process was killed ({name}, exit status {code})"
     if evidence.report_error:
         return f"the grader's report was rewritten: {evidence.report_error}"
-    if any(not s.finished for s in evidence.sessions):
+    if any(not s.finished for s in evidence.test_runs):
         return "a test run never finished: it was killed, or left through os._exit or a signal inside a test"
-    for session in evidence.sessions:
-        own = evidence.without_canaries(session.tests)
-        if session.exitstatus == 0 and any(v in (FAILED, ERROR) for v in own.values()):
+    for run in evidence.test_runs:
+        own = evidence.without_canaries(run.tests)
+        if run.exitstatus == 0 and any(v in (FAILED, ERROR) for v in own.values()):
             return "a test run ended with status 0 while its report holds failures"
-    if evidence.canaries is None or not evidence.sessions:
+    if evidence.canaries is None or not evidence.test_runs:
         return None
-    everything = report.merged(list(evidence.sessions))
+    everything = report.merged(list(evidence.test_runs))
     if not everything:
         return None  # nothing ran at all: not tampering, zero tests
     problem = canary.check(everything, evidence.canaries)
@@ -283,7 +283,7 @@ def command_outcome(
     if why := tampering(evidence):
         return Verdict(False, TAMPERED, results, why)
     code = evidence.exit_code
-    if not evidence.sessions:
+    if not evidence.test_runs:
         if runner_expected and code == 0:
             return Verdict(
                 False, TAMPERED, (), "exit 0, but no pytest or unittest run reported to the grader"
@@ -294,7 +294,7 @@ def command_outcome(
     flags = unexpected(tests, expected_files)
     if code != 0:
         return Verdict(False, TESTS_FAILED, results, f"exit status {code}", flags)
-    ended = [s.exitstatus for s in evidence.sessions if s.exitstatus != 0]
+    ended = [s.exitstatus for s in evidence.test_runs if s.exitstatus != 0]
     if ended:
         return Verdict(
             False, REPORT_MISMATCH, results, f"exit 0, but a test run ended with status {ended[0]}", flags

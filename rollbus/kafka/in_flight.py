@@ -50,7 +50,7 @@ class InFlightConsumer:
     stays uncommitted. The caller owns ``publisher`` (dead letters go through it)."""
 
     def __init__(
-        self, bootstrap_servers: str, topic: str, *, group_id: str, client_id: str, service: str,
+        self, bootstrap_servers: str, topic: str, *, consumer_group: str, client_id: str, service: str,
         publisher: Publisher, start: Start, capacity: int, poll_ms: int = 500, **options: Any,
     ) -> None:  # fmt: skip
         """``service`` names this service in dead letters; ``options`` are the consumer's (aiokafka's)."""
@@ -60,8 +60,8 @@ class InFlightConsumer:
         self.running: dict[tuple[TopicPartition, int], asyncio.Task[None]] = {}
         self.failed: BaseException | None = None
         self.consumer = clients.consumer(
-            bootstrap_servers, client_id=client_id, group_id=group_id, auto_offset_reset="earliest",
-            isolation_level="read_committed", **options,
+            bootstrap_servers, client_id=client_id, consumer_group=consumer_group,
+            auto_offset_reset="earliest", isolation_level="read_committed", **options,
         )  # fmt: skip
 
     async def run(self, stop: asyncio.Event, drain_timeout: float = 0.0) -> None:

@@ -2,7 +2,7 @@
 
 Clearly weaker: the agent runs as the calling user with the host's whole filesystem and network, and
 ``workdir`` is the real host path (so prompts must not assume ``/workspace``). Only the process group
-is killed on timeout; a process that starts its own session escapes it.
+is killed on timeout; a process that starts its own POSIX session escapes it.
 """
 
 from __future__ import annotations

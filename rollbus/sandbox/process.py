@@ -2,7 +2,7 @@
 
 ``run_process`` returns once the output pipes are closed, i.e. once every process that inherited them has
 exited: after a timeout kill that means the whole tree is gone, not just signalled. Only a process that
-escaped the process group (its own session, outside any namespace) can hold them open; it is waited for
+escaped the process group (its own POSIX session, outside any namespace) can hold them open; it is waited for
 for at most ``KILL_GRACE_S``.
 
 Output is bounded: past ``output_limit`` bytes a stream keeps its first and last halves and counts what it
@@ -73,7 +73,7 @@ class CappedBytes:
 
 
 def kill_process_group(proc: asyncio.subprocess.Process) -> None:
-    """SIGKILL the group the process leads (it was started in a new session)."""
+    """SIGKILL the group the process leads (it was started in a new POSIX session)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
 
@@ -90,7 +90,7 @@ async def run_process(
     preexec_fn: Callable[[], None] | None = None,
     stdout: CappedBytes | None = None,
 ) -> Completed:
-    """Run ``argv`` in a new session; on timeout ``kill`` it (and its group) and report what it printed.
+    """Run ``argv`` in a new POSIX session; on timeout ``kill`` it (and its group) and report what it printed.
 
     ``preexec_fn`` runs in the child before exec (joining cgroups, dropping to the sandbox uid). With
     ``stdout``, standard output goes there (``Completed.stdout`` is empty) and overflowing it kills the

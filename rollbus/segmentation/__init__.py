@@ -16,10 +16,11 @@ interleave:
   other attempts, side chains, unattributed chains and chains that ended ``ambiguous`` never train;
 * a rollout that never completes is aborted by a clock fact (:func:`expire`), emitting nothing.
 
-Terminal states (emitted, aborted, dead) are kept for a while as tombstones, so a redelivered event is
-recognised as a duplicate after a crash, and a new turn or reward for a finished rollout is dead-lettered
-instead of silently starting a second life. A tombstone is compact (:func:`entomb`): its turn and session
-digests shrink to one 8-byte fingerprint per fact, about a fifth of the open state's size.
+Terminal states (emitted, aborted, dead) are kept for a while *sealed* (a deduplication record, not a Kafka
+tombstone), so a redelivered event is recognised as a duplicate after a crash, and a new turn or reward for a
+finished rollout is dead-lettered instead of silently starting a second life. A sealed state is compact
+(:func:`seal`): its turn and session digests shrink to one 8-byte fingerprint per fact, about a fifth of the
+open state's size.
 """
 
 from rollbus.segmentation.completion import (
@@ -34,7 +35,7 @@ from rollbus.segmentation.completion import (
     segment_record,
 )
 from rollbus.segmentation.driver import Handled, Options, Segmenter, WrongKey, body_key, decode_fact
-from rollbus.segmentation.merge import apply, entomb, fingerprint, kill, reward_loss_scope
+from rollbus.segmentation.merge import apply, fingerprint, kill, reward_loss_scope, seal
 from rollbus.segmentation.state import (
     AMBIGUOUS,
     FACT_KINDS,
@@ -51,6 +52,6 @@ from rollbus.segmentation.state import (
 __all__ = [
     "AMBIGUOUS", "FACT_KINDS", "TRAINABLE", "ChainFacts", "Conflict", "Fact", "FactKind", "Handled",
     "Options", "RolloutState", "Segmenter", "Status", "Step", "WrongKey", "apply", "body_key",
-    "chain_routes", "complete", "cut", "decode_fact", "entomb", "expire", "fingerprint", "freeze_order",
-    "group_of", "kill", "missing", "reward_loss_scope", "segment_id", "segment_record",
+    "chain_routes", "complete", "cut", "decode_fact", "expire", "fingerprint", "freeze_order",
+    "group_of", "kill", "missing", "reward_loss_scope", "seal", "segment_id", "segment_record",
 ]  # fmt: skip

@@ -185,7 +185,7 @@ def _infos(state: RolloutState) -> str:
 
 def expire(state: RolloutState, now: int, timeout_ms: int, forget_after_ms: int) -> str | None:
     """A clock fact: ``"abort"`` an open rollout idle for ``timeout_ms`` (reason set), ``"forget"`` a
-    finished one (its tombstone) after ``forget_after_ms``; None if nothing is due."""
+    finished one (its sealed state) after ``forget_after_ms``; None if nothing is due."""
     idle = now - state.last_at
     if state.open and idle >= timeout_ms:
         state.status = "aborted"

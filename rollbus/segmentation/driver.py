@@ -10,7 +10,7 @@ from typing import Any
 
 from rollbus.codec import CodecError, Scanned, decode_scans, encode, scan
 from rollbus.segmentation.completion import complete, cut, expire
-from rollbus.segmentation.merge import apply, entomb, kill
+from rollbus.segmentation.merge import apply, kill, seal
 from rollbus.segmentation.state import FACT_KINDS, Fact, RolloutState, Status
 from rollbus.topics import MAX_EVENT_BYTES, spec_for, split_name
 from rollbus.trajectory import ChainBroken, LossScope
@@ -137,7 +137,7 @@ class Segmenter:
             outcome.finished = "dead"
             self.count("dead")
             self._drop_bodies(state)
-            entomb(state)
+            seal(state)
         self._store(state)
         return outcome
 
@@ -163,7 +163,7 @@ class Segmenter:
         outcome.finished = "emitted"
 
     def settle(self, outcome: Handled) -> None:
-        """After the outcome's segments are acknowledged: the rollout's tombstone, its bodies deleted."""
+        """After the outcome's segments are acknowledged: the rollout sealed, its bodies deleted."""
         if outcome.finished != "emitted":
             return
         state = self.load(outcome.rollout_id)
@@ -171,19 +171,19 @@ class Segmenter:
             return
         state.status, state.reason = "emitted", f"{len(outcome.segments)} segment(s)"
         self._drop_bodies(state)
-        entomb(state)
+        seal(state)
         self._store(state)
         self.count("emitted")
         self.count("segments", len(outcome.segments))
 
     def tick(self, now: int, partition: int | None = None) -> list[RolloutState]:
-        """Abort rollouts idle past the timeout (returned, for counting) and forget old tombstones."""
+        """Abort rollouts idle past the timeout (returned, for counting) and forget old sealed states."""
         aborted = []
         for state in self._due(now, partition):
             verdict = expire(state, now, self.options.timeout_ms, self.options.forget_after_ms)
             if verdict == "abort":
                 self._drop_bodies(state)
-                entomb(state)
+                seal(state)
                 self._store(state)
                 self.count("aborted")
                 aborted.append(state)

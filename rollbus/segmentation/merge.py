@@ -1,5 +1,5 @@
 """Merging one fact into a rollout's state: identity and digest (a retry is dropped, a conflict kills the
-rollout), and the compact record a finished rollout leaves behind (:func:`entomb`) to recognise
+rollout), and the compact record a finished rollout leaves behind (:func:`seal`) to recognise
 redeliveries."""
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ FINGERPRINT = 8  # bytes; a false "duplicate" needs a 64-bit collision within on
 
 
 def fingerprint(*identity: Any) -> bytes:
-    """A fact's identity and digest in 8 bytes: what a tombstone keeps to recognise a redelivery."""
+    """A fact's identity and digest in 8 bytes: what a sealed state keeps to recognise a redelivery."""
     return hashlib.blake2b(json.dumps(identity).encode(), digest_size=FINGERPRINT).digest()
 
 
@@ -88,11 +88,11 @@ def _remember(state: RolloutState, *prints: bytes) -> None:
     state.seen = base64.b64encode(base64.b64decode(state.seen) + b"".join(prints)).decode()
 
 
-def entomb(state: RolloutState) -> None:
+def seal(state: RolloutState) -> None:
     """Shrink a terminal state to what late events are judged by: every turn and session digest becomes a
     fingerprint (a redelivery is still a duplicate), the reward keeps its digest and attempt only.
 
-    Why: tombstones live ``forget_after`` (rollouts finish steadily, so they are most of the table), and
+    Why: sealed states live ``forget_after`` (rollouts finish steadily, so they are most of the table), and
     an open state's digests cost ~60 bytes a turn. Bodies must be dropped first (they need the turn keys).
     """
     prints = [

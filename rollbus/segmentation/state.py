@@ -79,7 +79,7 @@ class RolloutState:
     diffs: dict[str, list[Any]] = field(default_factory=dict)  # attempt -> [digest, group_id, group_size]
     reward: dict[str, Any] | None = None
     duplicates: int = 0
-    seen: str = ""  # a tombstone's facts: base64 of 8-byte fingerprints (see entomb)
+    seen: str = ""  # a sealed state's facts: base64 of 8-byte fingerprints (see merge.seal)
 
     def to_bytes(self) -> bytes:
         """The table value; written after every event, so built from ``vars`` (``asdict`` deep-copies

@@ -33,7 +33,9 @@ import json
 import time
 from collections.abc import Callable, Container
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
+
+from rollbus.canonical import History
 
 MAIN, SUBAGENT, SIDE, UNATTRIBUTED = "main", "subagent", "side", "unattributed"
 TOKEN_PREFIX = "rb1"
@@ -52,37 +54,6 @@ FROM_A_TOOL = "tool_peer"  # the proxy says a tool, not the agent, sent it
 NO_AGENT_CALL = "no_agent_call"  # a new conversation that answers no open Agent call
 CONTESTED_CALL = "contested_call"  # a second conversation claims an Agent call: every claimant is
 RESTORED_MAIN = "restored_main"  # after a restart: main's system prompt unknown, its rewrite unprovable
-
-
-class History(Protocol):
-    """``rollbus.canonical.CanonicalHistory`` / ``RerenderHistory`` as the adapter uses them: both
-    implement all of it, so nobody probes with ``getattr``."""
-
-    turns: list[Any]
-
-    @property
-    def chain_id(self) -> str: ...
-
-    def continues(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> bool:
-        """Whether the request extends the live chain (routes requests without an agent header)."""
-
-    def freeze(self, kind: Any) -> Any:
-        """End the live chain (a finished sub-agent); the next plan starts a new chain."""
-
-    def resume(self, turns: list[Any], chain_number: int, is_ours: Any) -> None:
-        """Continue a live chain rebuilt from the bus (:mod:`rollbus.services.adapter.restore`)."""
-
-    def plan(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Any: ...
-
-    def commit(
-        self,
-        plan: Any,
-        output_ids: list[int],
-        output_logprobs: list[float],
-        finish_reason: str,
-        policy_version: int,
-        assistant_message: dict[str, Any],
-    ) -> Any: ...
 
 
 NewHistory = Callable[[str], History]  # agent name -> a fresh history whose chains carry that name

@@ -1,4 +1,4 @@
-"""Reuse of attention KV across a session's turns (a small, CPU-sized radix cache).
+"""Reuse of attention KV across a conversation's turns (a small, CPU-sized radix cache).
 
 A coding agent resends the whole conversation every turn, so turn *n*'s prompt extends turn *n-1*'s
 prompt plus its output. Each entry keeps a ``DynamicCache`` and the token ids whose keys/values it

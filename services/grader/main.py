@@ -96,7 +96,7 @@ async def serve(
         handler = DiffGrader(settings, publisher)
         consumer = EventConsumer(
             settings.bootstrap_servers, [topic_name("diffs", settings.namespace)],
-            group_id=settings.consumer_group,
+            consumer_group=settings.consumer_group,
             handler=handler, service="grader", publisher=publisher, max_batch=settings.max_batch,
             max_poll_interval_ms=poll_interval_ms,
         )  # fmt: skip

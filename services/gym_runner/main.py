@@ -93,7 +93,7 @@ async def serve(settings: GymRunnerSettings, stop: asyncio.Event) -> None:
             return runner.run_task(event.record)
 
         tasks = InFlightConsumer(
-            settings.bootstrap_servers, topic_name("tasks", ns), group_id=settings.consumer_group,
+            settings.bootstrap_servers, topic_name("tasks", ns), consumer_group=settings.consumer_group,
             client_id="gym-runner", service="gym-runner", publisher=publisher, start=start,
             capacity=settings.concurrency,
         )  # fmt: skip

@@ -58,7 +58,7 @@ class SandboxRunner:
         self._run = run
         self.publisher = Publisher(settings.bootstrap_servers, client_id="rollbus-sandbox-runner")
         self.tasks = InFlightConsumer(
-            settings.bootstrap_servers, self.tasks_topic, group_id=settings.consumer_group,
+            settings.bootstrap_servers, self.tasks_topic, consumer_group=settings.consumer_group,
             client_id="rollbus-sandbox-runner", service="sandbox-runner", publisher=self.publisher,
             start=self._start, capacity=settings.concurrency, poll_ms=settings.poll_ms,
             session_timeout_ms=settings.session_timeout_ms,

@@ -1,29 +1,30 @@
 """``rollbus rebuild segments --into TOPIC``: the raw topics replayed through the segmenter's logic.
 
 Event sourcing's promise, kept: ``segments`` is derived data. This reads ``turns``, ``sessions``, ``diffs``,
-``rewards`` and the segmenter's ``segmenter-ticks`` from the beginning to their current ends, partition by
-partition, merges each partition's topics by broker timestamp (each topic keeping its own order, as the live
-worker sees it), runs them through :class:`rollbus.segmentation.Segmenter` over plain dicts, and publishes the
-segments to a fresh topic. Segment ids and contents are deterministic, so the result equals the live topic
-after deduplication by id, whatever crashes the live segmenter went through.
+``rewards`` and the segmenter's ``segmenter-ticks`` from the beginning to their current ends, one partition
+number at a time: each partition's topics, merged by broker timestamp (each topic keeping its own order, as
+the live worker sees it), stream through :class:`rollbus.segmentation.Segmenter` over plain dicts, and the
+segments go to a fresh topic as they are cut, so memory holds one partition's rollouts, never the whole log.
+Segment ids and contents are deterministic, so the result equals the live topic after deduplication by id,
+whatever crashes the live segmenter went through.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import heapq
 import json
 import sys
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import AsyncIterator
 from typing import Any
 
-from aiokafka import ConsumerRecord, TopicPartition
+from aiokafka import TopicPartition
 from pydantic import Field
 
 from rollbus.bus import Publisher
 from rollbus.codec import CodecError
-from rollbus.kafka.read import read_partitions
+from rollbus.kafka.read import read_merged
 from rollbus.segmentation import Segmenter, decode_fact
 from rollbus.services.segmenter.app import INPUTS, TICKS
 from rollbus.services.segmenter.settings import SegmenterSettings
@@ -36,8 +37,6 @@ from rollbus.topics import (
     spec_for,
     topic_name,
 )
-
-Messages = dict[int, list[list[ConsumerRecord]]]  # partition -> one ordered list per topic
 
 
 class RebuildSettings(SegmenterSettings):
@@ -69,24 +68,34 @@ async def rebuild(settings: SegmenterSettings, into: str | None = None) -> dict[
     counts = await check_topics(settings.bootstrap_servers, settings.namespace)
     partitions = next(n for name, n in counts.items() if spec_for(name).rollout_keyed)
     await create_fresh(settings.bootstrap_servers, into, partitions, like="segments")
-    messages = await read_raw(settings)
-    segmenter = Segmenter({}, {}, settings.options())
-    segments = [s for p in sorted(messages) for s in replay_partition(segmenter, p, messages[p], settings)]
+    names = [topic_name(t, settings.namespace) for t in (*INPUTS, TICKS)]
+    present = await describe(settings.bootstrap_servers, names)
+    totals: Counter[str] = Counter()
+    published = 0
     async with Publisher(
         settings.bootstrap_servers, client_id="rollbus-rebuild", max_event_bytes=MAX_EVENT_BYTES
     ) as out:
-        for rollout_id, segment in segments:
-            await out.publish_bytes(into, segment, key=rollout_id)
-    return {"into": into, "segments": len(segments), **segmenter.counts}
+        for partition in range(max(present.values(), default=0)):
+            # a rollout lives on one partition number of every topic: its state never outlives the partition
+            segmenter = Segmenter({}, {}, settings.options())
+            tps = [TopicPartition(t, partition) for t in names if partition < present.get(t, 0)]
+            async for rollout_id, segment in replay_partition(segmenter, partition, tps, settings):
+                await out.publish_bytes(into, segment, key=rollout_id)
+                published += 1
+            totals.update(segmenter.counts)
+    return {"into": into, "segments": published, **totals}
 
 
-def replay_partition(
-    segmenter: Segmenter, partition: int, streams: list[list[ConsumerRecord]], settings: SegmenterSettings
-) -> Iterator[tuple[str, bytes]]:
+async def replay_partition(
+    segmenter: Segmenter, partition: int, tps: list[TopicPartition], settings: SegmenterSettings
+) -> AsyncIterator[tuple[str, bytes]]:
     """The partition's messages in timestamp order (each topic's order kept) through the state machine:
     (rollout id, encoded segment) of every segment cut, as the worker publishes them."""
     ticks = topic_name(TICKS, settings.namespace)
-    for message in heapq.merge(*streams, key=lambda m: m.timestamp):
+    async for message in read_merged(
+        settings.bootstrap_servers, tps, client_id="rollbus-rebuild",
+        max_partition_fetch_bytes=MAX_EVENT_BYTES + 64 * 1024, fetch_max_bytes=4 * MAX_EVENT_BYTES,
+    ):  # fmt: skip
         if message.topic == ticks:
             try:
                 segmenter.tick(int(json.loads(message.value)["now"]), partition)
@@ -102,20 +111,3 @@ def replay_partition(
         for segment in outcome.messages:
             yield outcome.rollout_id, segment
         segmenter.settle(outcome)
-
-
-async def read_raw(settings: SegmenterSettings) -> Messages:
-    """Every message of the inputs and ticks up to their current ends, grouped by partition number."""
-    names = [topic_name(t, settings.namespace) for t in (*INPUTS, TICKS)]
-    present = await describe(settings.bootstrap_servers, names)
-    tps = [TopicPartition(t, p) for t in names if t in present for p in range(present[t])]
-    by_tp: dict[TopicPartition, list[ConsumerRecord]] = {tp: [] for tp in tps}
-    async for record in read_partitions(
-        settings.bootstrap_servers, tps, client_id="rollbus-rebuild",
-        max_partition_fetch_bytes=MAX_EVENT_BYTES + 64 * 1024, fetch_max_bytes=4 * MAX_EVENT_BYTES,
-    ):  # fmt: skip
-        by_tp[TopicPartition(record.topic, record.partition)].append(record)
-    grouped: Messages = {}
-    for tp, records in by_tp.items():
-        grouped.setdefault(tp.partition, []).append(records)
-    return grouped

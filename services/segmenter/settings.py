@@ -29,8 +29,8 @@ class SegmenterSettings(BusSettings):
     forget_after: float = Field(
         3600.0,
         gt=0,
-        description="seconds after its last event a finished rollout's tombstone is kept to recognise late "
-        "events (~1 KB each: memory grows with finished rollouts per second times this); a later event "
+        description="seconds after its last event a finished rollout's sealed state is kept to recognise "
+        "late events (~1 KB each: memory grows with finished rollouts per second times this); a later event "
         "starts a new rollout, which times out with nothing trainable",
     )
     tick_interval: float = Field(10.0, gt=0, description="seconds between timeout sweeps")

@@ -37,7 +37,7 @@ class StackFailed(RuntimeError):
 
 
 class Broker(Protocol):
-    """What the supervisor needs of a broker it watches (:class:`rollbus.broker.EmbeddedBroker`)."""
+    """What the supervisor needs of a broker it watches (:class:`rollbus.kafka.broker.EmbeddedBroker`)."""
 
     bootstrap_servers: str
 

@@ -28,7 +28,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from rollbus.broker import EmbeddedBroker, free_port
+from rollbus.kafka.broker import EmbeddedBroker, free_port
 from rollbus.policy_model import MoeSpec
 from rollbus.services.stack.runs import checkpoint_version, run_line
 from rollbus.services.stack.supervisor import ServiceSpec, Supervisor

@@ -87,7 +87,7 @@ def decoder(tokenizer: str) -> Callable[[list[int]], str] | None:
 
 def open_demo(settings: UiSettings, stack: ExitStack) -> tuple[str, str, Path]:
     """The demo's broker (started here if it is not running), its namespace and its trainer metrics file."""
-    from rollbus.broker import EmbeddedBroker, free_port
+    from rollbus.kafka.broker import EmbeddedBroker, free_port
     from rollbus.services.stack.runs import NoEarlierRun, last_demo
 
     state = settings.state_dir / "up"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rollbus.broker import BrokerError, EmbeddedBroker, free_port
 from rollbus.bus import Publisher
+from rollbus.kafka.broker import BrokerError, EmbeddedBroker, free_port
 from rollbus.replay import ReadPlan, read
 from rollbus.topics import create_topics
 from tests.event_samples import SAMPLES
@@ -36,7 +36,7 @@ def cli(state_dir: Path, port: int, action: str) -> subprocess.CompletedProcess[
     command = [
         sys.executable,
         "-m",
-        "rollbus.broker",
+        "rollbus.kafka.broker",
         action,
         "--state-dir",
         str(state_dir),

@@ -63,7 +63,7 @@ async def test_every_event_type_round_trips_keyed_by_rollout(kafka_bootstrap: st
             seen.append(event)
 
         async with EventConsumer(
-            kafka_bootstrap, [topics[spec.topic]], group_id=group(), handler=handle, service="test"
+            kafka_bootstrap, [topics[spec.topic]], consumer_group=group(), handler=handle, service="test"
         ) as consumer:
             await drain(consumer, 1)
         assert [e.event_type for e in seen] == [spec.event_type]
@@ -112,7 +112,7 @@ async def test_publish_returns_once_the_broker_has_each_event(kafka_bootstrap: s
 async def test_failed_handler_commits_nothing_and_restart_redelivers(
     kafka_bootstrap: str, topics: dict
 ) -> None:
-    diffs, group_id = topics["diffs"], group()
+    diffs, consumer_group = topics["diffs"], group()
     async with Publisher(kafka_bootstrap) as bus:
         await bus.publish(diffs, {**SAMPLES["diff"], "turns": 1})
         await bus.publish(diffs, {**SAMPLES["diff"], "turns": 2})
@@ -121,7 +121,7 @@ async def test_failed_handler_commits_nothing_and_restart_redelivers(
         if event.record["turns"] == 2:
             raise ConnectionError("grader sandbox went away")
 
-    async with EventConsumer(kafka_bootstrap, [diffs], group_id=group_id, handler=crash_on_second,
+    async with EventConsumer(kafka_bootstrap, [diffs], consumer_group=consumer_group, handler=crash_on_second,
                              service="test") as consumer:  # fmt: skip
         with pytest.raises(ConnectionError):
             await drain(consumer, 2)
@@ -131,7 +131,7 @@ async def test_failed_handler_commits_nothing_and_restart_redelivers(
     async def record(event: Event) -> None:
         redelivered.append(event.record["turns"])
 
-    async with EventConsumer(kafka_bootstrap, [diffs], group_id=group_id, handler=record,
+    async with EventConsumer(kafka_bootstrap, [diffs], consumer_group=consumer_group, handler=record,
                              service="test") as consumer:  # fmt: skip
         await drain(consumer, 1)
     assert redelivered == [2]  # the first was committed, the failed one comes back
@@ -151,7 +151,7 @@ async def test_consumer_retrying_in_process_sees_the_failed_event_again(
             raise TimeoutError("transient")
 
     async with EventConsumer(
-        kafka_bootstrap, [diffs], group_id=group(), handler=flaky, service="test"
+        kafka_bootstrap, [diffs], consumer_group=group(), handler=flaky, service="test"
     ) as consumer:
         with pytest.raises(TimeoutError):
             await drain(consumer, 1)
@@ -173,7 +173,7 @@ async def test_run_stops_when_asked(kafka_bootstrap: str, topics: dict) -> None:
 
     async with Publisher(kafka_bootstrap) as bus:
         await bus.publish(topics["policy"], SAMPLES["policy"])
-    async with EventConsumer(kafka_bootstrap, [topics["policy"]], group_id=group(), handler=handle,
+    async with EventConsumer(kafka_bootstrap, [topics["policy"]], consumer_group=group(), handler=handle,
                              service="test") as consumer:  # fmt: skip
         await asyncio.wait_for(consumer.run(stop, poll_ms=200), timeout=60)
     assert stop.is_set()
@@ -183,7 +183,7 @@ async def test_transactional_consumer_is_exactly_once_across_a_crash(
     kafka_bootstrap: str, topics: dict
 ) -> None:
     """Turns in, one reward out per turn: a crash mid-batch leaves no output and no commit behind."""
-    turns, rewards, group_id = topics["turns"], topics["rewards"], group()
+    turns, rewards, consumer_group = topics["turns"], topics["rewards"], group()
     async with Publisher(kafka_bootstrap) as bus:
         for i in range(3):
             await bus.publish(turns, {**SAMPLES["turn"], "rollout_id": "r-tx", "turn_index": i})
@@ -198,8 +198,8 @@ async def test_transactional_consumer_is_exactly_once_across_a_crash(
         return handle
 
     for crash_at in (2, None):
-        async with Publisher(kafka_bootstrap, transactional_id=f"tx-{group_id}") as out:
-            async with EventConsumer(kafka_bootstrap, [turns], group_id=group_id, service="test",
+        async with Publisher(kafka_bootstrap, transactional_id=f"tx-{consumer_group}") as out:
+            async with EventConsumer(kafka_bootstrap, [turns], consumer_group=consumer_group, service="test",
                                      handler=handler(out, crash_at), publisher=out) as consumer:  # fmt: skip
                 if crash_at is None:
                     assert await drain(consumer, 3) == 3
@@ -227,7 +227,11 @@ async def test_a_consumer_that_fails_to_start_stops_the_producer_it_started(kafk
         raise AssertionError("never called")
 
     consumer = EventConsumer(
-        kafka_bootstrap, [topics["turns"]], group_id=f"g-{uuid.uuid4().hex}", handler=handler, service="t"
+        kafka_bootstrap,
+        [topics["turns"]],
+        consumer_group=f"g-{uuid.uuid4().hex}",
+        handler=handler,
+        service="t",
     )
 
     async def refuse() -> None:  # the narrowest boundary: the group join itself fails

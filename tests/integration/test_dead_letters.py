@@ -27,7 +27,7 @@ async def consume_all(bootstrap: str, topic: str, want: int, **options) -> list[
             raise PermanentError("turn references a chain that never existed")
         handled.append(event)
 
-    async with EventConsumer(bootstrap, [topic], group_id=f"g-{uuid.uuid4().hex[:8]}", handler=handle,
+    async with EventConsumer(bootstrap, [topic], consumer_group=f"g-{uuid.uuid4().hex[:8]}", handler=handle,
                              service="segmenter", **options) as consumer:  # fmt: skip
         await drain(consumer, want)
     return handled
@@ -71,7 +71,7 @@ async def test_poison_messages_are_dead_lettered_and_the_consumer_keeps_going(
 
 async def test_dead_lettered_messages_are_committed(kafka_bootstrap: str, topics: dict) -> None:
     """A restarted group does not see the poison again: it was handled, by dead-lettering."""
-    turns, group_id = topics["turns"], f"g-{uuid.uuid4().hex[:8]}"
+    turns, consumer_group = topics["turns"], f"g-{uuid.uuid4().hex[:8]}"
     seen: list[Event] = []
 
     async def handle(event: Event) -> None:
@@ -79,11 +79,11 @@ async def test_dead_lettered_messages_are_committed(kafka_bootstrap: str, topics
 
     async with Publisher(kafka_bootstrap) as bus:
         await bus.publish_bytes(turns, b"junk-bytes", key="r-1")
-        async with EventConsumer(kafka_bootstrap, [turns], group_id=group_id, handler=handle,
+        async with EventConsumer(kafka_bootstrap, [turns], consumer_group=consumer_group, handler=handle,
                                  service="test") as consumer:  # fmt: skip
             assert await drain(consumer, 1) == 1
         await bus.publish(turns, SAMPLES["turn"])  # same key, same partition, after the poison
-    async with EventConsumer(kafka_bootstrap, [turns], group_id=group_id, handler=handle,
+    async with EventConsumer(kafka_bootstrap, [turns], consumer_group=consumer_group, handler=handle,
                              service="test") as consumer:  # fmt: skip
         assert await drain(consumer, 1) == 1
     assert [e.record["request_id"] for e in seen] == ["req-7"]

@@ -36,7 +36,7 @@ async def three_each(bootstrap: str, *tps: TopicPartition) -> None:
 
 def group_consumer(bootstrap: str) -> AIOKafkaConsumer:
     return clients.consumer(
-        bootstrap, client_id="test-seek", group_id=f"seek-{uuid.uuid4().hex[:8]}",
+        bootstrap, client_id="test-seek", consumer_group=f"seek-{uuid.uuid4().hex[:8]}",
         auto_offset_reset="earliest",
     )  # fmt: skip
 
