@@ -1,6 +1,7 @@
 """The runner's delivery over a real broker, with the attempt itself stood in by a function the test releases:
-commits never pass a running task, gym tasks are passed over, capacity pauses consumption, and a runner that
-stops mid-rollout leaves its task to the next one (at-least-once, as a new attempt)."""
+commits never pass a running task, gym tasks are passed over, capacity pauses consumption, a runner that
+stops mid-rollout leaves its task to the next one (at-least-once, as a new attempt), and a task whose diff is
+already on the bus is committed without running again (so a rollout gets one rewarded attempt)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from aiokafka import TopicPartition
 
 from rollbus.bus import Publisher
 from rollbus.kafka import clients
-from rollbus.services.sandbox_runner.outcome import AttemptResult
+from rollbus.services.sandbox_runner.outcome import AttemptResult, diff_event
 from rollbus.services.sandbox_runner.service import SandboxRunner
 from rollbus.services.sandbox_runner.settings import RunnerSettings
 from rollbus.topics import create_topics, topic_name
@@ -151,3 +152,22 @@ async def test_a_poison_task_goes_to_dead_letters_and_the_next_task_still_runs(
     assert gate.started == ["after"]
     (letter,) = await all_events(kafka_bootstrap, namespace, "dead-letters")
     assert letter["value"] == b"not an event" and letter["service"] == "sandbox-runner"
+
+
+async def test_a_task_whose_diff_is_on_the_bus_is_committed_and_not_run_again(
+    kafka_bootstrap: str, namespace: str
+) -> None:
+    """A runner killed after publishing ``a``'s diff and before committing ``a``: the next one reads
+    ``diffs``, commits ``a`` without a new attempt, and runs ``b``. On the code before, ``a`` ran again."""
+    gate = Gate()
+    gate.end("a")
+    gate.end("b")
+    killed = AttemptResult("att-a-killed", patch=b"", exit_status=0)
+    async with Publisher(kafka_bootstrap) as publisher:
+        await publisher.publish(topic_name("diffs", namespace), diff_event(task("a"), killed))
+    await publish(kafka_bootstrap, namespace, task("a"), task("b"))
+    async with runner(kafka_bootstrap, namespace, gate, concurrency=2):
+        await until(lambda: commit_is(kafka_bootstrap, namespace, 2))
+    assert gate.started == ["b"]
+    diffs = await all_events(kafka_bootstrap, namespace, "diffs")
+    assert [(d["rollout_id"], d["attempt_id"]) for d in diffs] == [("a", "att-a-killed"), ("b", "att-b")]

@@ -4,7 +4,9 @@ The loop never blocks on the work: it keeps polling (so the group keeps this mem
 partition while ``capacity`` pieces of work run, and commits each partition only up to its oldest message
 whose work is unfinished (:mod:`rollbus.kafka.watermark`). Work ends by returning once its results are
 published; killed or cancelled first, its message stays uncommitted and the group hands it to another
-member (or to this one restarted), which does it again. Poison messages go to dead-letters.
+member (or to this one restarted), which does it again, unless its answer is already on the bus (given
+``answers``, :mod:`rollbus.kafka.answered`): killed after publishing its answer but before committing, the
+work is not done again, its message is committed. Poison messages go to dead-letters.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from aiokafka.structs import OffsetAndMetadata
 from rollbus.bus import Event, Publisher, dead_letter, decode_message
 from rollbus.codec import CodecError
 from rollbus.kafka import clients
+from rollbus.kafka.answered import AnsweredRollouts
 from rollbus.kafka.watermark import OffsetTracker
 from rollbus.topics import MAX_EVENT_BYTES, dead_letters_for
 
@@ -51,17 +54,25 @@ class InFlightConsumer:
 
     def __init__(
         self, bootstrap_servers: str, topic: str, *, group_id: str, client_id: str, service: str,
-        publisher: Publisher, start: Start, capacity: int, poll_ms: int = 500, **options: Any,
+        publisher: Publisher, start: Start, capacity: int, poll_ms: int = 500, answers: str | None = None,
+        **options: Any,
     ) -> None:  # fmt: skip
-        """``service`` names this service in dead letters; ``options`` are the consumer's (aiokafka's)."""
+        """``service`` names this service in dead letters; ``answers`` is the topic (co-partitioned with
+        ``topic``, keyed by rollout id) the work publishes its one answer per rollout on, None: no check;
+        ``options`` are the consumer's (aiokafka's)."""
         self.topic, self.service, self.publisher = topic, service, publisher
         self.start, self.capacity, self.poll_ms = start, capacity, poll_ms
         self.tracker = OffsetTracker()
         self.running: dict[tuple[TopicPartition, int], asyncio.Task[None]] = {}
         self.failed: BaseException | None = None
+        self.assignments = 0  # counts rebalances: what was fetched before one is fetched again
         self.consumer = clients.consumer(
             bootstrap_servers, client_id=client_id, group_id=group_id, auto_offset_reset="earliest",
             isolation_level="read_committed", **options,
+        )  # fmt: skip
+        self.answers = None if answers is None else AnsweredRollouts(
+            bootstrap_servers, answers, client_id=client_id,
+            assigned=lambda: {tp.partition for tp in self.consumer.assignment()},
         )  # fmt: skip
 
     async def run(self, stop: asyncio.Event, drain_timeout: float = 0.0) -> None:
@@ -90,28 +101,47 @@ class InFlightConsumer:
         else:
             self.consumer.resume(*assigned)
         batch = await self.consumer.getmany(timeout_ms=self.poll_ms, max_records=max(free, 1))
+        assignment = self.assignments
         for partition, messages in batch.items():
             for message in messages:
+                if self.assignments != assignment:
+                    break  # a rebalance meanwhile: positions went back to the commits, the rest comes again
                 await self._take(partition, message)
         await self.commit(self.consumer.assignment())
 
     async def _take(self, partition: TopicPartition, message: ConsumerRecord) -> None:
+        """Start the work of ``message``, or end it at once. Anything awaited here may span a rebalance,
+        after which the message is left alone (it is fetched again from the committed offset)."""
         if self.tracker.seen(partition, message.offset):
             return  # redelivered after a rebalance while it runs (or ended, not yet committed)
-        self.tracker.start(partition, message.offset)
+        assignment = self.assignments
         try:
             event = decode_message(message, MAX_EVENT_BYTES)
         except CodecError as poison:
             record = dead_letter(message, poison, self.service)
             await self.publisher.publish(dead_letters_for(message.topic), record, key=message.key)
-            self.tracker.end(partition, message.offset)
+            self._done_at_once(partition, message.offset, assignment)
             return
+        if self.answers is not None and await self.answers.answered(partition.partition, event.rollout_id):
+            log.warning("%s: rollout %s is already answered on %s (its work ended before offset %s was "
+                        "committed): committed, not done again", partition, event.rollout_id,
+                        self.answers.topic, message.offset)  # fmt: skip
+            self._done_at_once(partition, message.offset, assignment)
+            return
+        if self.assignments != assignment:
+            return
+        self.tracker.start(partition, message.offset)
         work = self.start(event)
         if work is None:
             self.tracker.end(partition, message.offset)
             return
         key = (partition, message.offset)
         self.running[key] = asyncio.create_task(self._work(key, work), name=event.rollout_id)
+
+    def _done_at_once(self, partition: TopicPartition, offset: int, assignment: int) -> None:
+        if self.assignments == assignment:
+            self.tracker.start(partition, offset)
+            self.tracker.end(partition, offset)
 
     async def _work(self, key: tuple[TopicPartition, int], work: Work) -> None:
         try:
@@ -136,7 +166,11 @@ class InFlightConsumer:
         self.tracker.committed(commits)
 
     def reassigned(self, assigned: set[TopicPartition]) -> None:
-        """Partitions another member now owns: their running work is abandoned (it does it again)."""
+        """Partitions another member now owns: their running work is abandoned (it does it again). Answers
+        are read afresh: another member may have answered meanwhile."""
+        self.assignments += 1
+        if self.answers is not None:
+            self.answers.forget()
         lost = {tp for tp, _ in self.running} - assigned
         for (tp, offset), task in list(self.running.items()):
             if tp in lost:
