@@ -66,8 +66,10 @@ class SandboxRunner:
             answers=self.diffs_topic, session_timeout_ms=settings.session_timeout_ms,
             heartbeat_interval_ms=max(settings.session_timeout_ms // 4, 250),
         )  # fmt: skip
-        self.kit = RunnerKit(settings, AdapterSessions(settings.adapter_url, settings.admin(),
-                                                       settings.close_timeout))  # fmt: skip
+        sessions = AdapterSessions(
+            settings.adapter_url, settings.admin(), settings.close_timeout, settings.adapter_wait
+        )
+        self.kit = RunnerKit(settings, sessions)
 
     async def run(self, stop: asyncio.Event) -> None:
         try:
