@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
+from aiokafka.errors import KafkaConnectionError
 
 from rollbus.bus import Publisher
 from rollbus.kafka import clients
@@ -171,3 +172,30 @@ async def test_a_task_whose_diff_is_on_the_bus_is_committed_and_not_run_again(
     assert gate.started == ["b"]
     diffs = await all_events(kafka_bootstrap, namespace, "diffs")
     assert [(d["rollout_id"], d["attempt_id"]) for d in diffs] == [("a", "att-a-killed"), ("b", "att-b")]
+
+
+async def test_a_failed_read_of_diffs_fetches_the_task_again_and_still_skips_it(
+    kafka_bootstrap: str, namespace: str
+) -> None:
+    """The broker away while the runner reads ``diffs`` (the first read fails here): the loop keeps going,
+    fetches the task again, reads again, and still does not run the answered task."""
+    gate = Gate()
+    gate.end("b")
+    async with Publisher(kafka_bootstrap) as publisher:
+        answer = diff_event(task("a"), AttemptResult("att-a-0"))
+        await publisher.publish(topic_name("diffs", namespace), answer)
+    await publish(kafka_bootstrap, namespace, task("a"), task("b"))
+    async with runner(kafka_bootstrap, namespace, gate, concurrency=2) as service:
+        answers = service.tasks.answers  # the loop has not run yet: nothing was read
+        assert answers is not None
+        read, failures = answers._read, []
+
+        async def read_failing_once(partitions: set[int]) -> dict[int, set[str]]:
+            if not failures:
+                failures.append(partitions)
+                raise KafkaConnectionError("the broker is away")
+            return await read(partitions)
+
+        answers._read = read_failing_once  # type: ignore[method-assign]
+        await until(lambda: commit_is(kafka_bootstrap, namespace, 2))
+    assert failures == [{0}] and gate.started == ["b"]

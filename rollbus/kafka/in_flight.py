@@ -19,6 +19,7 @@ from typing import Any
 
 from aiokafka import ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from rollbus.bus import Event, Publisher, dead_letter, decode_message
@@ -31,6 +32,7 @@ from rollbus.topics import MAX_EVENT_BYTES, dead_letters_for
 log = logging.getLogger("rollbus.kafka")
 Work = Coroutine[Any, Any, Any]
 Start = Callable[[Event], Work | None]  # None: nothing to do for this event (it is done at once)
+ANSWERS_RETRY_S = 1.0
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -106,14 +108,16 @@ class InFlightConsumer:
             for message in messages:
                 if self.assignments != assignment:
                     break  # a rebalance meanwhile: positions went back to the commits, the rest comes again
-                await self._take(partition, message)
+                if not await self._take(partition, message):
+                    break  # sought back to this message: the rest of its partition comes again
         await self.commit(self.consumer.assignment())
 
-    async def _take(self, partition: TopicPartition, message: ConsumerRecord) -> None:
-        """Start the work of ``message``, or end it at once. Anything awaited here may span a rebalance,
-        after which the message is left alone (it is fetched again from the committed offset)."""
+    async def _take(self, partition: TopicPartition, message: ConsumerRecord) -> bool:
+        """Start the work of ``message``, or end it at once; False if it must be fetched again (the answers
+        could not be read). Anything awaited here may span a rebalance, after which the message is left
+        alone (it is fetched again from the committed offset)."""
         if self.tracker.seen(partition, message.offset):
-            return  # redelivered after a rebalance while it runs (or ended, not yet committed)
+            return True  # redelivered after a rebalance while it runs (or ended, not yet committed)
         assignment = self.assignments
         try:
             event = decode_message(message, MAX_EVENT_BYTES)
@@ -121,22 +125,33 @@ class InFlightConsumer:
             record = dead_letter(message, poison, self.service)
             await self.publisher.publish(dead_letters_for(message.topic), record, key=message.key)
             self._done_at_once(partition, message.offset, assignment)
-            return
-        if self.answers is not None and await self.answers.answered(partition.partition, event.rollout_id):
-            log.warning("%s: rollout %s is already answered on %s (its work ended before offset %s was "
-                        "committed): committed, not done again", partition, event.rollout_id,
-                        self.answers.topic, message.offset)  # fmt: skip
-            self._done_at_once(partition, message.offset, assignment)
-            return
+            return True
+        if self.answers is not None:
+            try:
+                answered = await self.answers.answered(partition.partition, event.rollout_id)
+            except (KafkaError, OSError, TimeoutError):  # the broker away: keep running work, ask later
+                log.warning("reading %s failed: offset %s of %s is fetched again", self.answers.topic,
+                            message.offset, partition, exc_info=True)  # fmt: skip
+                if self.assignments == assignment and partition in self.consumer.assignment():
+                    self.consumer.seek(partition, message.offset)
+                await asyncio.sleep(ANSWERS_RETRY_S)
+                return False
+            if answered:
+                log.warning("%s: rollout %s is already answered on %s (its work ended before offset %s "
+                            "was committed): committed, not done again", partition, event.rollout_id,
+                            self.answers.topic, message.offset)  # fmt: skip
+                self._done_at_once(partition, message.offset, assignment)
+                return True
         if self.assignments != assignment:
-            return
+            return True
         self.tracker.start(partition, message.offset)
         work = self.start(event)
         if work is None:
             self.tracker.end(partition, message.offset)
-            return
+            return True
         key = (partition, message.offset)
         self.running[key] = asyncio.create_task(self._work(key, work), name=event.rollout_id)
+        return True
 
     def _done_at_once(self, partition: TopicPartition, offset: int, assignment: int) -> None:
         if self.assignments == assignment:
