@@ -9,7 +9,7 @@ VENV_FILE := .rollbus/venv-path
 help:
 	@echo "make demo   - the closed loop on embedded defaults: roll out, grade, segment, train, serve the new policy"
 	@echo "make test   - bootstrap, lint and run the whole test suite against a real Kafka broker"
-	@echo "make test-faults - the whole-pipeline fault test (every part SIGKILLed once under rollbus up; ~10 min)"
+	@echo "make test-faults - only the whole-pipeline fault test (every part SIGKILLed once under rollbus up; ~10 min)"
 	@echo "make bench  - run the benchmarks in bench/ (BENCH_ARGS=--quick: a smoke run of each)"
 	@echo "make lint   - ruff over the code"
 	@echo "make broker-start / broker-stop - the embedded Kafka broker of .rollbus (any free port if 9092 is taken)"
@@ -25,7 +25,7 @@ demo: bootstrap
 test: bootstrap
 	@v="$$(cat $(VENV_FILE))"; \
 	"$$v/bin/ruff" check rollbus services trainer tests bench examples && \
-	"$$v/bin/python" -m pytest -p no:cacheprovider -ra --durations=30 -m "not faults" $(PYTEST_ARGS)
+	"$$v/bin/python" -m pytest -p no:cacheprovider -ra --durations=30 $(PYTEST_ARGS)
 
 test-faults: bootstrap
 	@"$$(cat $(VENV_FILE))/bin/python" -m pytest -p no:cacheprovider -ra -m faults tests/integration/test_pipeline_faults.py

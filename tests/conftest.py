@@ -33,7 +33,7 @@ TEST_PARTITIONS = 3  # fewer than the default: quicker to create, still exercise
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "kafka: needs a real Kafka broker (the kafka_bootstrap fixture)")
     config.addinivalue_line(
-        "markers", "faults: the whole-pipeline fault test, out of make test until it holds (make test-faults)"
+        "markers", "faults: the whole-pipeline fault test (part of make test; alone: make test-faults)"
     )
 
 

@@ -21,15 +21,18 @@ from typing import Any
 import pytest
 
 from rollbus import gym
+from rollbus.broker import free_port
 from rollbus.bus import Publisher
 from rollbus.export import ExportSettings, export_completions
 from rollbus.replay import ReadPlan, read
 from rollbus.services.adapter.app import create_app
 from rollbus.services.gym_runner.main import serve
+from rollbus.services.gym_runner.runner import EpisodeResult, reward_record
 from rollbus.services.gym_runner.settings import GymRunnerSettings
 from rollbus.trajectory import fan_out
 from rollbus.turn_log import frozen_chains, resolve_turns
 from tests.e2e_support import SCRIPTS
+from tests.runner_support import group_lag
 from tests.test_adapter_support import served, settings
 
 pytestmark = pytest.mark.kafka
@@ -359,3 +362,31 @@ async def test_a_runner_killed_mid_episode_leaves_its_task_to_the_next(
     opened = [s["attempt_id"] for s in sessions if s["kind"] == "opened"]
     assert len(opened) == 2 and rewards[0]["attempt_id"] == opened[1], "the re-run is a new attempt"
     assert {s["attempt_id"] for s in sessions if s["kind"] == "closed"} == set(opened)
+
+
+async def test_a_task_whose_reward_is_on_the_bus_is_committed_and_not_run_again(kafka_bootstrap, topics):
+    """A runner killed after publishing ``done``'s reward and before committing it: the next one reads
+    ``rewards``, commits ``done`` without an episode, and runs ``next`` (a bad env config: it ends at once,
+    no adapter needed). On the code before, ``done`` ran again and was rewarded twice."""
+    namespace = topics["tasks"].rsplit(".", 1)[0]
+    done, later, group = task("done", [1, 2]), task("next", [1, 2]), f"gym-answered-{uuid.uuid4().hex[:6]}"
+    killed = EpisodeResult(gym.Episode(step_rewards=[1.0]), "done.a1.killed", 1, None, "math")
+    config = {"bootstrap_servers": kafka_bootstrap, "namespace": namespace, "consumer_group": group,
+              "adapter_url": f"http://127.0.0.1:{free_port()}", "admin_token": "adm"}  # fmt: skip
+    async with Publisher(kafka_bootstrap) as publisher:
+        await publisher.publish(topics["rewards"], reward_record(done, killed, "all_turns"))
+        await publisher.publish_many(topics["tasks"], [done, later])
+    stop = asyncio.Event()
+    runner = asyncio.create_task(serve(GymRunnerSettings.load(config), stop))
+    try:
+        async with asyncio.timeout(180):  # both committed: next's reward was published before its commit
+            while await group_lag(kafka_bootstrap, namespace, group):
+                assert not runner.done(), runner
+                await asyncio.sleep(0.5)
+    finally:
+        stop.set()
+        await asyncio.wait_for(runner, 60)
+    rewards = sorted(await events(kafka_bootstrap, topics["rewards"]), key=lambda r: r["rollout_id"])
+    expected = [("done", None), ("next", "bad_env_config")]
+    assert [(r["rollout_id"], r["failure_kind"]) for r in rewards] == expected
+    assert rewards[0]["attempt_id"] == "done.a1.killed"

@@ -1,6 +1,7 @@
 """The runner's delivery over a real broker, with the attempt itself stood in by a function the test releases:
-commits never pass a running task, gym tasks are passed over, capacity pauses consumption, and a runner that
-stops mid-rollout leaves its task to the next one (at-least-once, as a new attempt)."""
+commits never pass a running task, gym tasks are passed over, capacity pauses consumption, a runner that
+stops mid-rollout leaves its task to the next one (at-least-once, as a new attempt), and a task whose diff is
+already on the bus is committed without running again (so a rollout gets one rewarded attempt)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
+from aiokafka.errors import KafkaConnectionError
 
 from rollbus.bus import Publisher
 from rollbus.kafka import clients
-from rollbus.services.sandbox_runner.outcome import AttemptResult
+from rollbus.services.sandbox_runner.outcome import AttemptResult, diff_event
 from rollbus.services.sandbox_runner.service import SandboxRunner
 from rollbus.services.sandbox_runner.settings import RunnerSettings
 from rollbus.topics import create_topics, topic_name
@@ -153,3 +155,49 @@ async def test_a_poison_task_goes_to_dead_letters_and_the_next_task_still_runs(
     assert gate.started == ["after"]
     (letter,) = await all_events(kafka_bootstrap, namespace, "dead-letters")
     assert letter["value"] == b"not an event" and letter["service"] == "sandbox-runner"
+
+
+async def test_a_task_whose_diff_is_on_the_bus_is_committed_and_not_run_again(
+    kafka_bootstrap: str, namespace: str
+) -> None:
+    """A runner killed after publishing ``a``'s diff and before committing ``a``: the next one reads
+    ``diffs``, commits ``a`` without a new attempt, and runs ``b``. On the code before, ``a`` ran again."""
+    gate = Gate()
+    gate.end("a")
+    gate.end("b")
+    killed = AttemptResult("att-a-killed", patch=b"", exit_status=0)
+    async with Publisher(kafka_bootstrap) as publisher:
+        await publisher.publish(topic_name("diffs", namespace), diff_event(task("a"), killed))
+    await publish(kafka_bootstrap, namespace, task("a"), task("b"))
+    async with runner(kafka_bootstrap, namespace, gate, concurrency=2):
+        await until(lambda: commit_is(kafka_bootstrap, namespace, 2))
+    assert gate.started == ["b"]
+    diffs = await all_events(kafka_bootstrap, namespace, "diffs")
+    assert [(d["rollout_id"], d["attempt_id"]) for d in diffs] == [("a", "att-a-killed"), ("b", "att-b")]
+
+
+async def test_a_failed_read_of_diffs_fetches_the_task_again_and_still_skips_it(
+    kafka_bootstrap: str, namespace: str
+) -> None:
+    """The broker away while the runner reads ``diffs`` (the first read fails here): the loop keeps going,
+    fetches the task again, reads again, and still does not run the answered task."""
+    gate = Gate()
+    gate.end("b")
+    async with Publisher(kafka_bootstrap) as publisher:
+        answer = diff_event(task("a"), AttemptResult("att-a-0"))
+        await publisher.publish(topic_name("diffs", namespace), answer)
+    await publish(kafka_bootstrap, namespace, task("a"), task("b"))
+    async with runner(kafka_bootstrap, namespace, gate, concurrency=2) as service:
+        answers = service.tasks.answers  # the loop has not run yet: nothing was read
+        assert answers is not None
+        read, failures = answers._read, []
+
+        async def read_failing_once(partitions: set[int]) -> dict[int, set[str]]:
+            if not failures:
+                failures.append(partitions)
+                raise KafkaConnectionError("the broker is away")
+            return await read(partitions)
+
+        answers._read = read_failing_once  # type: ignore[method-assign]
+        await until(lambda: commit_is(kafka_bootstrap, namespace, 2))
+    assert failures == [{0}] and gate.started == ["b"]

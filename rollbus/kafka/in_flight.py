@@ -4,7 +4,9 @@ The loop never blocks on the work: it keeps polling (so the group keeps this mem
 partition while ``capacity`` pieces of work run, and commits each partition only up to its oldest message
 whose work is unfinished (:mod:`rollbus.kafka.watermark`). Work ends by returning once its results are
 published; killed or cancelled first, its message stays uncommitted and the group hands it to another
-member (or to this one restarted), which does it again. Poison messages go to dead-letters.
+member (or to this one restarted), which does it again, unless its answer is already on the bus (given
+``answers``, :mod:`rollbus.kafka.answered`): killed after publishing its answer but before committing, the
+work is not done again, its message is committed. Poison messages go to dead-letters.
 """
 
 from __future__ import annotations
@@ -17,17 +19,20 @@ from typing import Any
 
 from aiokafka import ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from rollbus.bus import Event, Publisher, dead_letter, decode_message
 from rollbus.codec import CodecError
 from rollbus.kafka import clients
+from rollbus.kafka.answered import AnsweredRollouts
 from rollbus.kafka.watermark import OffsetTracker
 from rollbus.topics import MAX_EVENT_BYTES, dead_letters_for
 
 log = logging.getLogger("rollbus.kafka")
 Work = Coroutine[Any, Any, Any]
 Start = Callable[[Event], Work | None]  # None: nothing to do for this event (it is done at once)
+ANSWERS_RETRY_S = 1.0
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -51,17 +56,25 @@ class InFlightConsumer:
 
     def __init__(
         self, bootstrap_servers: str, topic: str, *, consumer_group: str, client_id: str, service: str,
-        publisher: Publisher, start: Start, capacity: int, poll_ms: int = 500, **options: Any,
+        publisher: Publisher, start: Start, capacity: int, poll_ms: int = 500, answers: str | None = None,
+        **options: Any,
     ) -> None:  # fmt: skip
-        """``service`` names this service in dead letters; ``options`` are the consumer's (aiokafka's)."""
+        """``service`` names this service in dead letters; ``answers`` is the topic (co-partitioned with
+        ``topic``, keyed by rollout id) the work publishes its one answer per rollout on, None: no check;
+        ``options`` are the consumer's (aiokafka's)."""
         self.topic, self.service, self.publisher = topic, service, publisher
         self.start, self.capacity, self.poll_ms = start, capacity, poll_ms
         self.tracker = OffsetTracker()
         self.running: dict[tuple[TopicPartition, int], asyncio.Task[None]] = {}
         self.failed: BaseException | None = None
+        self.assignments = 0  # counts rebalances: what was fetched before one is fetched again
         self.consumer = clients.consumer(
             bootstrap_servers, client_id=client_id, consumer_group=consumer_group,
             auto_offset_reset="earliest", isolation_level="read_committed", **options,
+        )  # fmt: skip
+        self.answers = None if answers is None else AnsweredRollouts(
+            bootstrap_servers, answers, client_id=client_id,
+            assigned=lambda: {tp.partition for tp in self.consumer.assignment()},
         )  # fmt: skip
 
     async def run(self, stop: asyncio.Event, drain_timeout: float = 0.0) -> None:
@@ -90,28 +103,60 @@ class InFlightConsumer:
         else:
             self.consumer.resume(*assigned)
         batch = await self.consumer.getmany(timeout_ms=self.poll_ms, max_records=max(free, 1))
+        assignment = self.assignments
         for partition, messages in batch.items():
             for message in messages:
-                await self._take(partition, message)
+                if self.assignments != assignment:
+                    break  # a rebalance meanwhile: positions went back to the commits, the rest comes again
+                if not await self._take(partition, message):
+                    break  # sought back to this message: the rest of its partition comes again
         await self.commit(self.consumer.assignment())
 
-    async def _take(self, partition: TopicPartition, message: ConsumerRecord) -> None:
+    async def _take(self, partition: TopicPartition, message: ConsumerRecord) -> bool:
+        """Start the work of ``message``, or end it at once; False if it must be fetched again (the answers
+        could not be read). Anything awaited here may span a rebalance, after which the message is left
+        alone (it is fetched again from the committed offset)."""
         if self.tracker.seen(partition, message.offset):
-            return  # redelivered after a rebalance while it runs (or ended, not yet committed)
-        self.tracker.start(partition, message.offset)
+            return True  # redelivered after a rebalance while it runs (or ended, not yet committed)
+        assignment = self.assignments
         try:
             event = decode_message(message, MAX_EVENT_BYTES)
         except CodecError as poison:
             record = dead_letter(message, poison, self.service)
             await self.publisher.publish(dead_letters_for(message.topic), record, key=message.key)
-            self.tracker.end(partition, message.offset)
-            return
+            self._done_at_once(partition, message.offset, assignment)
+            return True
+        if self.answers is not None:
+            try:
+                answered = await self.answers.answered(partition.partition, event.rollout_id)
+            except (KafkaError, OSError, TimeoutError):  # the broker away: keep running work, ask later
+                log.warning("reading %s failed: offset %s of %s is fetched again", self.answers.topic,
+                            message.offset, partition, exc_info=True)  # fmt: skip
+                if self.assignments == assignment and partition in self.consumer.assignment():
+                    self.consumer.seek(partition, message.offset)
+                await asyncio.sleep(ANSWERS_RETRY_S)
+                return False
+            if answered:
+                log.warning("%s: rollout %s is already answered on %s (its work ended before offset %s "
+                            "was committed): committed, not done again", partition, event.rollout_id,
+                            self.answers.topic, message.offset)  # fmt: skip
+                self._done_at_once(partition, message.offset, assignment)
+                return True
+        if self.assignments != assignment:
+            return True
+        self.tracker.start(partition, message.offset)
         work = self.start(event)
         if work is None:
             self.tracker.end(partition, message.offset)
-            return
+            return True
         key = (partition, message.offset)
         self.running[key] = asyncio.create_task(self._work(key, work), name=event.rollout_id)
+        return True
+
+    def _done_at_once(self, partition: TopicPartition, offset: int, assignment: int) -> None:
+        if self.assignments == assignment:
+            self.tracker.start(partition, offset)
+            self.tracker.end(partition, offset)
 
     async def _work(self, key: tuple[TopicPartition, int], work: Work) -> None:
         try:
@@ -136,7 +181,11 @@ class InFlightConsumer:
         self.tracker.committed(commits)
 
     def reassigned(self, assigned: set[TopicPartition]) -> None:
-        """Partitions another member now owns: their running work is abandoned (it does it again)."""
+        """Partitions another member now owns: their running work is abandoned (it does it again). Answers
+        are read afresh: another member may have answered meanwhile."""
+        self.assignments += 1
+        if self.answers is not None:
+            self.answers.forget()
         lost = {tp for tp, _ in self.running} - assigned
         for (tp, offset), task in list(self.running.items()):
             if tp in lost:

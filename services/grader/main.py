@@ -3,9 +3,11 @@
 One member of the ``--consumer-group`` grades one diff at a time (add graders to scale: partitions are
 shared among them). A diff is committed only after its reward is on the bus (at-least-once: a grader killed
 mid-grade leaves the diff to the next member, which publishes the same grade again; rewards carry rollout and
-attempt ids, so readers keep one). Undecodable diffs, diffs without a rollout id and diffs that crash the
-grader itself go to ``dead-letters`` with the error, and consumption goes on; everything a patch or a row can
-do wrong is a reward of 0 with a failure kind, never a dead letter.
+attempt ids, so readers keep one). Only a rollout's first diff is rewarded (:mod:`.first_diffs`): a later
+one, from a runner that ran a task already answered, is committed with no reward. Undecodable diffs, diffs
+without a rollout id and diffs that crash the grader itself go to ``dead-letters`` with the error, and
+consumption goes on; everything a patch or a row can do wrong is a reward of 0 with a failure kind, never a
+dead letter.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from rollbus.bus import Event, EventConsumer, EventTooLarge, PermanentError, Pub
 from rollbus.sandbox import bwrap_usable
 from rollbus.sandbox.scratch import GRADE_SCRATCH_PREFIX, sweep_scratch
 from rollbus.services.grader.core import grade_diff, reward_record, without_bulk
+from rollbus.services.grader.first_diffs import FirstDiffs
 from rollbus.services.grader.settings import GraderSettings
 from rollbus.topics import TopicsError, check_topics, topic_name
 
@@ -52,11 +55,17 @@ class DiffGrader:
         self.publisher = publisher
         self.rewards = topic_name("rewards", settings.namespace)
         self.config = settings.grade_config()
+        diffs = topic_name("diffs", settings.namespace)
+        self.first_diffs = FirstDiffs(settings.bootstrap_servers, diffs, client_id="rollbus-grader")
 
     async def __call__(self, event: Event) -> None:
         diff = event.record
         if not diff.get("rollout_id"):
             raise PermanentError("diff without a rollout_id: no reward can be keyed to it")
+        if not await self.first_diffs.is_first(event.partition, event.offset, event.key):
+            log.warning("rollout %s attempt %s: not the rollout's first diff: no reward",
+                        diff["rollout_id"], diff.get("attempt_id") or "-")  # fmt: skip
+            return
         try:
             result = await grade_diff(
                 diff,

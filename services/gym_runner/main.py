@@ -6,7 +6,9 @@ while the consumer polls on, and a task's offset is committed only once its epis
 reward is published, and every task before it too. On SIGTERM/SIGINT the runner stops taking tasks, lets
 running episodes finish for ``--drain-timeout`` seconds, then cancels the rest (each env is closed, each
 adapter session closed); their tasks stay uncommitted, as do those of a runner killed outright, so the
-group hands them to the next runner, which runs each episode again as a new attempt.
+group hands them to the next runner, which runs each episode again as a new attempt, unless its reward is
+already on ``rewards`` (a runner killed between publishing it and committing the task): that task is
+committed and not run again, so no rollout is rewarded twice (:mod:`rollbus.kafka.answered`).
 """
 
 from __future__ import annotations
@@ -95,6 +97,6 @@ async def serve(settings: GymRunnerSettings, stop: asyncio.Event) -> None:
         tasks = InFlightConsumer(
             settings.bootstrap_servers, topic_name("tasks", ns), consumer_group=settings.consumer_group,
             client_id="gym-runner", service="gym-runner", publisher=publisher, start=start,
-            capacity=settings.concurrency,
+            capacity=settings.concurrency, answers=topic_name("rewards", ns),
         )  # fmt: skip
         await tasks.run(stop, drain_timeout=settings.drain_timeout)

@@ -29,7 +29,9 @@ add_arguments = RunnerSettings.add_arguments
 
 async def run_one(settings: RunnerSettings, task: dict[str, Any]) -> dict[str, Any]:
     """Run ``task`` (a `tasks` record) once as a new attempt; its `diffs` record (not published)."""
-    sessions = AdapterSessions(settings.adapter_url, settings.admin(), settings.close_timeout)
+    sessions = AdapterSessions(
+        settings.adapter_url, settings.admin(), settings.close_timeout, settings.adapter_wait
+    )
     try:
         outcome = await run_task(RunnerKit(settings, sessions), task)
     finally:

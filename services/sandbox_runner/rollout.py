@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -53,6 +54,7 @@ SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}  # no __pycache__ from the agent'
 PROBE_TIMEOUT_S = 60.0
 CAPTURE_TIMEOUT_S = 300.0
 ADAPTER_TRIES = 3
+ADAPTER_MAX_PAUSE_S = 5.0
 
 
 class AttemptFailed(Exception):
@@ -64,30 +66,36 @@ class AttemptFailed(Exception):
 
 
 class AdapterSessions:
-    """The adapter's admin sessions API: one session (and token) per attempt, closed when it ends."""
+    """The adapter's admin sessions API: one session (and token) per attempt, closed when it ends.
 
-    def __init__(self, url: str, admin_token: str, timeout: float) -> None:
+    Opening waits up to ``wait`` seconds for an adapter that does not answer (restarting: its port is
+    closed until it is ready) before the attempt fails as ``session_failed``; closing tries briefly, since
+    the adapter's idle expiry closes what it misses."""
+
+    def __init__(self, url: str, admin_token: str, timeout: float, wait: float = 0.0) -> None:
         headers = {"authorization": f"Bearer {admin_token}"} if admin_token else {}
         self._http = httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout)
+        self.wait = wait
 
     async def open(self, rollout_id: str, attempt_id: str, harness: str = agents.CLAUDE_CODE) -> str:
         """A token for a new attempt. What an earlier attempt left open (its runner died mid-rollout) is
         closed first, so its chains end and the new attempt starts a conversation of its own."""
-        await self.close(rollout_id, None)
+        deadline = time.monotonic() + self.wait
+        await self.close(rollout_id, None, deadline)
         # the token opens its CLI's route only (/v1/messages or /v1/responses), not one of a tool's choosing
         body = {"rollout_id": rollout_id, "attempt_id": attempt_id, "harness": harness}
-        answer = await self._post("/admin/sessions", body)
+        answer = await self._post("/admin/sessions", body, deadline)
         if answer.status_code != 200 or not isinstance(answer.json().get("token"), str):
             raise AttemptFailed(kinds.SESSION_FAILED, f"adapter refused a session: {answer.status_code} "
                                 f"{answer.text[:300]}")  # fmt: skip
         return str(answer.json()["token"])
 
-    async def close(self, rollout_id: str, attempt_id: str | None) -> None:
+    async def close(self, rollout_id: str, attempt_id: str | None, deadline: float | None = None) -> None:
         """Close the attempt's session (every session of the rollout with ``attempt_id=None``); 404 (no
         request ever reached it) is fine."""
         body = {"attempt_id": attempt_id} if attempt_id else {}
         try:
-            answer = await self._post(f"/admin/sessions/{rollout_id}/close", body)
+            answer = await self._post(f"/admin/sessions/{rollout_id}/close", body, deadline)
         except AttemptFailed as exc:
             log.warning("closing the session of %s/%s: %s", rollout_id, attempt_id, exc)
             return
@@ -95,14 +103,19 @@ class AdapterSessions:
             log.warning("closing the session of %s/%s: %s %s", rollout_id, attempt_id, answer.status_code,
                         answer.text[:300])  # fmt: skip
 
-    async def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
-        for attempt in range(ADAPTER_TRIES):
+    async def _post(self, path: str, body: dict[str, Any], deadline: float | None) -> httpx.Response:
+        """POST, tried again while the adapter is unreachable: ``ADAPTER_TRIES`` times, or until ``deadline``
+        (``time.monotonic()``) if that is later."""
+        for attempt in itertools.count():
             try:
                 return await self._http.post(path, json=body)
             except httpx.TransportError as exc:  # the adapter restarting: try again shortly
-                if attempt == ADAPTER_TRIES - 1:
+                pause = min(0.5 * 2**attempt, ADAPTER_MAX_PAUSE_S)
+                if attempt >= ADAPTER_TRIES - 1 and time.monotonic() + pause > (deadline or 0.0):
                     raise AttemptFailed(kinds.SESSION_FAILED, f"adapter unreachable: {exc!r}") from exc
-                await asyncio.sleep(0.5 * 2**attempt)
+                if attempt == ADAPTER_TRIES - 1:
+                    log.warning("the adapter does not answer %s: waiting for it", path)
+                await asyncio.sleep(pause)
         raise AssertionError("unreachable")
 
     async def aclose(self) -> None:

@@ -4,8 +4,10 @@ Rollouts last up to 30 minutes, far beyond Kafka's poll interval, so the loop ne
 polling (the group keeps this member), pauses every partition while it is at capacity, and commits a
 partition's offset only up to its oldest task still running (:mod:`rollbus.kafka.in_flight`). Killed
 mid-rollout, a runner leaves those tasks uncommitted: the group hands them to another runner (or to this one
-restarted), which runs each as a new attempt. Gym tasks (``env_config`` set) belong to another runner and
-are passed over.
+restarted), which runs each as a new attempt, unless the task's diff is already on `diffs` (a runner killed
+between publishing it and committing the task): that task is committed and not run again, so no rollout gets
+two rewarded attempts (:mod:`rollbus.kafka.answered`). Gym tasks (``env_config`` set) belong to another
+runner and are passed over.
 """
 
 from __future__ import annotations
@@ -61,11 +63,13 @@ class SandboxRunner:
             settings.bootstrap_servers, self.tasks_topic, consumer_group=settings.consumer_group,
             client_id="rollbus-sandbox-runner", service="sandbox-runner", publisher=self.publisher,
             start=self._start, capacity=settings.concurrency, poll_ms=settings.poll_ms,
-            session_timeout_ms=settings.session_timeout_ms,
+            answers=self.diffs_topic, session_timeout_ms=settings.session_timeout_ms,
             heartbeat_interval_ms=max(settings.session_timeout_ms // 4, 250),
         )  # fmt: skip
-        self.kit = RunnerKit(settings, AdapterSessions(settings.adapter_url, settings.admin(),
-                                                       settings.close_timeout))  # fmt: skip
+        sessions = AdapterSessions(
+            settings.adapter_url, settings.admin(), settings.close_timeout, settings.adapter_wait
+        )
+        self.kit = RunnerKit(settings, sessions)
 
     async def run(self, stop: asyncio.Event) -> None:
         try:

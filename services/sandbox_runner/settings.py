@@ -95,6 +95,10 @@ class RunnerSettings(BusSettings):
     poll_ms: int = Field(500, ge=10, description="consumer poll timeout, milliseconds")
     session_timeout_ms: int = Field(10_000, ge=1000, description="Kafka group session timeout, milliseconds")
     close_timeout: float = Field(30.0, gt=0, description="seconds to wait for the adapter's sessions API")
+    adapter_wait: float = Field(
+        120.0, ge=0,
+        description="seconds a new attempt waits for an adapter that does not answer, then session_failed",
+    )  # fmt: skip
 
     @field_validator("prompt_template")
     @classmethod

@@ -1,4 +1,5 @@
-"""The grader service over the real broker: diffs in, the expected rewards out, poison dead-lettered."""
+"""The grader service over the real broker: diffs in, the expected rewards out, poison dead-lettered, and
+only a rollout's first diff rewarded."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ import uuid
 from typing import Any
 
 import pytest
+from aiokafka import TopicPartition
 
 from rollbus.bus import Event, Publisher
 from rollbus.codec import decode
 from rollbus.grading import absolute_paths
+from rollbus.kafka import clients
 from rollbus.services.grader.main import DiffGrader, serve
 from rollbus.services.grader.settings import GraderSettings
+from rollbus.topics import describe
 from tests.integration.test_bus import read_raw
 from tests.test_grading_swe_mini import CHEATS, SWE_MINI, load_build
 
@@ -153,3 +157,40 @@ async def test_a_reward_too_large_for_the_bus_keeps_its_verdict(
         [],
     )
     assert "too large" in json.loads(reward["details"])["note"]
+
+
+async def uncommitted(bootstrap: str, topic: str, group: str) -> int:
+    """Messages of ``topic`` the group has not committed past."""
+    partitions = [TopicPartition(topic, p) for p in range((await describe(bootstrap, [topic]))[topic])]
+    async with clients.started_consumer(bootstrap, client_id="test-lag", consumer_group=group) as consumer:
+        ends = await consumer.end_offsets(partitions)
+        return sum([ends[tp] - (await consumer.committed(tp) or 0) for tp in partitions])
+
+
+async def test_only_a_rollouts_first_diff_is_rewarded(kafka_bootstrap: str, topics: dict[str, str]) -> None:
+    """A second diff of one rollout (a runner that ran its task again) is committed with no reward, so the
+    rollout has one rewarded attempt; before, both attempts were rewarded."""
+    failed = {"failure_kind": "timeout", "error": "killed at the budget"}  # graded without a sandbox
+    diffs = [diff("twice", None, "", attempt_id="twice-a1", **failed),
+             diff("twice", None, "", attempt_id="twice-a2", **failed),
+             diff("once", None, "", attempt_id="once-a1", **failed)]  # fmt: skip
+    async with Publisher(kafka_bootstrap) as bus:
+        for record in diffs:
+            await bus.publish(topics["diffs"], record)
+    group = f"grader-{uuid.uuid4().hex[:8]}"
+    namespace = topics["diffs"].rsplit(".", 1)[0]
+    settings = GraderSettings.load({"bootstrap_servers": kafka_bootstrap, "namespace": namespace,
+                                    "consumer_group": group})  # fmt: skip
+    stop = asyncio.Event()
+    service = asyncio.create_task(serve(settings, stop))
+    try:
+        async with asyncio.timeout(180):
+            while await uncommitted(kafka_bootstrap, topics["diffs"], group):
+                assert not service.done(), service
+                await asyncio.sleep(0.5)
+    finally:
+        stop.set()
+        await asyncio.wait_for(service, 30)
+    rewards = [decode(m.value).record for m in await read_raw(kafka_bootstrap, topics["rewards"])]
+    rewarded = sorted((r["rollout_id"], r["attempt_id"]) for r in rewards)
+    assert rewarded == [("once", "once-a1"), ("twice", "twice-a1")]

@@ -11,9 +11,6 @@ import pytest
 
 from tests.pipeline_faults import TARGETS, run_with_faults
 
-# Out of `make test` (CI) for now: a run killed the sandbox runner after it had published an attempt's diff
-# but before the task's offset was committed; the task ran again and the rollout got two rewarded attempts.
-# Until the runner skips tasks whose diff is already on the bus, this test fails by timing (make test-faults).
 pytestmark = [pytest.mark.kafka, pytest.mark.faults]
 
 
