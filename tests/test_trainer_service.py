@@ -168,7 +168,8 @@ async def test_trains_publishes_and_the_engine_serves_each_version(
     # each step's fact is on the bus: what it trained (the screened-out groups are not there) and its figures
     facts = [e.record for e in await read_topic(kafka_bootstrap, topic_name("train-steps", namespace))]
     assert [(f["step"], f["version"], f["group_ids"]) for f in facts] == [(1, 1, ["g0"]), (2, 2, ["g3"])]
-    assert [f["segment_ids"] for f in facts] == [[s["segment_id"] for s in g0], [s["segment_id"] for s in fresh]]
+    ids = lambda segments: [s["segment_id"] for s in segments]  # noqa: E731
+    assert [f["segment_ids"] for f in facts] == [ids(g0), ids(fresh)]
     for fact, row in zip(facts, rows, strict=True):
         for key in ("tokens_trained", "loss", "logprob_diff_mean", "logprob_diff_max", "approx_kl",
                     "ratio_outside_fraction", "staleness_mean", "staleness_max", "trained_at"):  # fmt: skip
