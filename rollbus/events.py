@@ -28,6 +28,7 @@ EVENTS: tuple[EventSpec, ...] = (
     EventSpec("segment", "segments", "rollout_id"),
     EventSpec("policy", "policy", None),
     EventSpec("dead_letter", "dead-letters", None),
+    EventSpec("train_step", "train-steps", None),
 )
 
 EVENT_TYPES: tuple[str, ...] = tuple(spec.event_type for spec in EVENTS)

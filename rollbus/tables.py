@@ -88,6 +88,13 @@ COLUMNS: dict[str, tuple[tuple[str, Cell], ...]] = {
         ("version", get("version")), ("location", get("location")),
         ("published (UTC)", lambda r: clock(r["published_at"], date=True)),
     ),
+    "train_step": (
+        ("step", get("step")), ("version", get("version")), ("groups", count("group_ids")),
+        ("segments", count("segment_ids")), ("tokens", get("tokens_trained")),
+        ("reward", lambda r: f"{r['reward_mean']:.3g}"), ("loss", lambda r: f"{r['loss']:.4g}"),
+        ("stale max", get("staleness_max")), ("|dlogp| max", lambda r: f"{r['logprob_diff_max']:.3g}"),
+        ("kl", lambda r: f"{r['approx_kl']:.3g}"),
+    ),
     "dead_letter": (
         ("source", get("source_topic")), ("partition", get("partition")), ("offset", get("offset")),
         ("key", lambda r: r["key"].decode(errors="replace") if r.get("key") is not None else None),

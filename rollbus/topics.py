@@ -67,6 +67,8 @@ def _spec(event_type: str, topic: str, key_field: str | None) -> TopicSpec:
     if event_type == "policy":
         key = 'the constant "policy"'
         return TopicSpec(topic, event_type, key, rollout_keyed=False, partitions=1, cleanup_policy="compact")
+    if event_type == "train_step":  # one partition: the steps in their order
+        return TopicSpec(topic, event_type, "none", rollout_keyed=False, partitions=1)
     key = "the original message's key"
     return TopicSpec(
         topic, event_type, key, rollout_keyed=False, partitions=1, max_message_bytes=DEAD_LETTER_MAX_BYTES

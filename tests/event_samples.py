@@ -67,4 +67,13 @@ SAMPLES: dict[str, dict] = {
         "source_topic": "turns", "partition": 2, "offset": 12345, "key": b"r-1", "value": b"RB\x01\x00",
         "error": "CodecError: turn v1 body is undecodable", "service": "segmenter", "at": AT,
     },
+    "train_step": {
+        "step": 8, "version": 8, "group_ids": ["g-1"], "segment_ids": ["r-1/0", "r-1/1", "r-2/0"],
+        "rollouts": 2, "tokens_trained": 900, "response_tokens": 1200, "masked_fraction": 0.75,
+        "reward_mean": 0.5, "solve_rate": 0.5, "loss": -0.0125, "grad_norm": 0.75, "clip_fraction": 0.01,
+        "entropy": 1.25, "approx_kl": 0.0005, "logprob_diff_mean": 0.03, "logprob_diff_max": 0.5,
+        "ratio_outside_fraction": 0.002, "replayed_fraction": 0.0, "routing_agreement": None,
+        "staleness_mean": 0.5, "staleness_min": 0, "staleness_max": 1, "wait_s": 2.5, "step_s": 4.0,
+        "trained_at": AT,
+    },
 }

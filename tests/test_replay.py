@@ -100,6 +100,8 @@ TABLE_EXPECTATIONS = {  # event type -> (columns that must be there, cells that 
     "task": (("rollout", "group", "sample", "label", "prompt"), (LONG_ID, "g-1", "0/4")),
     "policy": (("version", "location", "published (UTC)"),
                ("8", "/ckpt/policy-8", "2023-11-14T22:13:20.000")),
+    "train_step": (("step", "version", "groups", "segments", "tokens", "reward", "loss", "stale max",
+                    "|dlogp| max", "kl"), ("8", "1", "3", "900", "0.5", "-0.0125", "0.0005")),
     "dead_letter": (("source", "partition", "offset", "key", "service", "error"),
                     ("turns", "12345", "r-1", "segmenter", "CodecError: turn v1 body is undecodable")),
 }  # fmt: skip

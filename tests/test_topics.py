@@ -34,6 +34,7 @@ def test_raw_events_are_kept_forever_and_policy_is_compacted() -> None:
 def test_rollout_keyed_topics_share_the_configured_partition_count() -> None:
     assert {partitions_of(s, 12) for s in TOPICS if s.rollout_keyed} == {12}
     assert partitions_of(spec_for("policy"), 12) == 1
+    assert partitions_of(spec_for("train-steps"), 12) == 1  # the steps in their order
 
 
 @pytest.mark.parametrize("namespace", ["", "t-1", "demo.run7"])
@@ -50,7 +51,8 @@ def test_unknown_topic_is_named_in_the_error() -> None:
 
 
 def test_mismatch_lists_the_offending_counts() -> None:
-    same = {"tasks": 6, "turns": 6, "sessions": 6, "diffs": 6, "rewards": 6, "segments": 6, "policy": 1}
+    same = {"tasks": 6, "turns": 6, "sessions": 6, "diffs": 6, "rewards": 6, "segments": 6, "policy": 1,
+            "train-steps": 1}
     assert mismatched(same) is None
     problem = mismatched({**same, "rewards": 3})
     assert problem is not None and "rewards=3" in problem and "turns=6" in problem

@@ -165,6 +165,17 @@ async def test_trains_publishes_and_the_engine_serves_each_version(
 
     rows = [json.loads(line) for line in (tmp_path / "ckpt" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
+    # each step's fact is on the bus: what it trained (the screened-out groups are not there) and its figures
+    facts = [e.record for e in await read_topic(kafka_bootstrap, topic_name("train-steps", namespace))]
+    assert [(f["step"], f["version"], f["group_ids"]) for f in facts] == [(1, 1, ["g0"]), (2, 2, ["g3"])]
+    ids = lambda segments: [s["segment_id"] for s in segments]  # noqa: E731
+    assert [f["segment_ids"] for f in facts] == [ids(g0), ids(fresh)]
+    for fact, row in zip(facts, rows, strict=True):
+        for key in ("tokens_trained", "loss", "logprob_diff_mean", "logprob_diff_max", "approx_kl",
+                    "ratio_outside_fraction", "staleness_mean", "staleness_max", "trained_at"):  # fmt: skip
+            assert fact[key] == row[key], key
+    assert facts[0]["tokens_trained"] == sum(sum(s["loss_mask"]) for s in g0) and facts[0]["rollouts"] == 2
+    assert facts[0]["routing_agreement"] is None  # a dense model replays nothing
     assert rows[0]["tokens_trained"] == sum(sum(s["loss_mask"]) for s in g0)
     assert rows[0]["reward_mean"] == 0.5 and rows[0]["solve_rate"] == 0.5
     assert rows[1]["segments"] == len(fresh)
@@ -183,7 +194,7 @@ async def test_trains_publishes_and_the_engine_serves_each_version(
 
 # --------------------------------------------------------------------------- crash anywhere, same weights
 
-PHASES = ["before_train", "after_checkpoint", "after_publish", "after_commit"]
+PHASES = ["before_train", "after_checkpoint", "after_step_fact", "after_publish", "after_commit"]
 
 
 class Killed(Exception):
@@ -213,6 +224,8 @@ async def test_a_crash_at_any_phase_resumes_to_the_uninterrupted_weights(
     staleness = {r["step"]: r["staleness_max"] for r in MetricsLog(tmp_path / "ref").rows()}
     assert staleness == {1: 0, 2: 1, 3: 2}
     expected_tokens = reference.learner.state.step
+    expected_facts = await trained(kafka_bootstrap, reference_ns)
+    assert [f["group_ids"] for f in expected_facts.values()] == [["a"], ["b"], ["c"]]
 
     for phase in PHASES:
         namespace = await one_partition_namespace(kafka_bootstrap)
@@ -247,6 +260,21 @@ async def test_a_crash_at_any_phase_resumes_to_the_uninterrupted_weights(
         assert sum(trained_groups) == 3, f"{phase}: a group was trained twice or skipped: {rows}"
         state = checkpoint.load(checkpoint.version_dir(tmp_path / phase, 3))[2]
         assert sorted(state.finished_groups) == ["a", "b", "c"]
+        # every step's fact is there once the run is done, republished from the checkpoint if the kill
+        # came before its version was on policy; a second copy of a step is the same record
+        facts = await trained(kafka_bootstrap, namespace)
+        assert {step: f["segment_ids"] for step, f in facts.items()} == {
+            step: f["segment_ids"] for step, f in expected_facts.items()
+        }, phase
+
+
+async def trained(bootstrap: str, namespace: str) -> dict[int, dict]:
+    """Step -> its fact on train-steps; every copy of a step must be the same record."""
+    facts: dict[int, dict] = {}
+    for event in await read_topic(bootstrap, topic_name("train-steps", namespace)):
+        first = facts.setdefault(event.record["step"], event.record)
+        assert first == event.record, f"step {first['step']} published twice, differently"
+    return facts
 
 
 # --------------------------------------------------------------------------- data parallel

@@ -65,7 +65,10 @@ async def test_overview_to_rollout_to_topics_in_a_real_browser(ui, tmp_path: Pat
         assert [int(c) for c in await page.locator("td.seg-trained").all_inner_texts()] == [
             sum(s["loss_mask"]) for s in sorted(segments, key=lambda s: s["index"])
         ]
-        assert await page.locator("#step").inner_text() == "policy v1"
+        assert await page.locator("a.step").all_inner_texts() == ["step 1"]  # as train-steps says
+        assert await page.locator("#trained-by td.tokens_trained").inner_text() == str(
+            sum(sum(s["loss_mask"]) for t, s in events if t == "segments" and s["group_id"] == "g0")
+        )
         await page.screenshot(path=shots / "rollout.png", full_page=True)
 
         await page.locator("a", has_text="turns").first.click()

@@ -1,9 +1,8 @@
 """``rollbus ui --demo`` opens a finished demo: the run's embedded broker is started from its state dir (and
-stopped with the UI), its namespace is the last demo run recorded there, and the trainer's metrics show."""
+stopped with the UI), its namespace is the last demo run recorded there, and the trainer's steps show."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -40,10 +39,6 @@ async def test_it_opens_a_finished_demo_and_stops_the_broker_it_started(tmp_path
     finally:
         broker.stop()
     record_demo(state / "up", namespace)
-    metrics = state / "up" / "trainer" / namespace / "metrics.jsonl"
-    metrics.parent.mkdir(parents=True)
-    row = {"step": 1, "version": 1, "reward_mean": 0.5, "staleness_mean": 0.25}
-    metrics.write_text(json.dumps(row) + "\n")
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -54,7 +49,7 @@ async def test_it_opens_a_finished_demo_and_stops_the_broker_it_started(tmp_path
         count = lambda: sum(httpx.get(f"{url}/api/overview").json()["events"].values())  # noqa: E731
         wait_until(lambda: count() == len(events), timeout=120, interval=0.3, what="the demo's events")
         page = httpx.get(url + "/").text
-        assert namespace in page and 'id="steps"' in page and "0.25" in page
+        assert namespace in page and 'id="steps"' in page and "0.25" in page  # the step's fact, its staleness
         assert broker.is_running()
         assert ui.proc is not None
         ui.proc.terminate()  # the UI alone: the broker it started must stop with it

@@ -8,14 +8,14 @@ from rollbus.services.ui.app import Pages
 from rollbus.services.ui.model import (
     Entry,
     ReadModel,
-    consuming_step,
     fold,
     overview,
     policy_offset,
     throughput,
+    trained_by,
 )  # fmt: skip
 from rollbus.services.ui.views import Browse, browse, folded_html, segment_rows, token_runs
-from tests.ui_support import AT, entries, run_events
+from tests.ui_support import AT, entries, run_events, train_step
 
 
 def test_the_overview_counts_what_the_events_say() -> None:
@@ -29,10 +29,15 @@ def test_the_overview_counts_what_the_events_say() -> None:
         {"version": 1, "rollouts": 2, "reward_mean": 0.5, "solve_rate": 0.5},
     ]
     assert o["train_steps"] == 1 and o["policy_version"] == 1
-    assert o["tokens_trained"] == sum(sum(s["loss_mask"]) for s in segments) > 0
+    assert o["trainable_tokens"] == sum(sum(s["loss_mask"]) for s in segments) > 0
+    first_group = [s for s in segments if s["group_id"] == "g0"]
+    assert o["tokens_trained"] == sum(sum(s["loss_mask"]) for s in first_group) > 0  # what step 1 says
+    assert o["segments_trained"] == len(first_group) < len(segments)
+    assert o["last_step"]["step"] == 1 and o["last_step"]["staleness_mean"] == 0.25
+    assert o["last_step"]["logprob_diff_max"] == 0.4375 and o["last_step"]["approx_kl"] == 0.00125
     assert o["drift_masked_tokens"] == 2  # the one drifted output's two tokens
     response = sum(len(s["response_ids"]) for s in segments)
-    assert o["untrained_fraction"] == (response - o["tokens_trained"]) / response
+    assert o["untrained_fraction"] == (response - o["trainable_tokens"]) / response
     assert o["events"]["segments"] == len(segments) and o["dead_letters"] == 0
 
 
@@ -77,16 +82,30 @@ def test_a_redelivered_segment_is_counted_once_and_undecodable_messages_are_kept
     assert [e.offset for e in model.log["turns"] if e.error == "bad magic"] == [99]
 
 
-def test_the_consuming_step_is_the_first_policy_published_after_the_segments() -> None:
+def test_a_rollout_is_trained_by_the_step_whose_fact_names_its_segments() -> None:
     model = fold(entries(run_events()))
-    assert consuming_step(model, model.rollouts["r-0"]) == 1
-    assert consuming_step(model, model.rollouts["r-2"]) is None  # no step after it yet
-    model.add(
-        Entry(
-            "policy", 0, 9, AT, "policy", "policy", {"version": 2, "location": "x", "published_at": AT + 5000}
-        )
-    )
-    assert consuming_step(model, model.rollouts["r-2"]) == 2
+    [step] = trained_by(model, model.rollouts["r-0"])
+    assert step.record is not None and step.record["step"] == 1 and step.topic == "train-steps"
+    assert trained_by(model, model.rollouts["r-1"]) == [step]
+    assert trained_by(model, model.rollouts["r-2"]) == []  # a policy came after it, but no step named it
+    later = [s for r in ("r-2", "r-3") for s in model.rollouts[r].segments.values()]
+    _, fact = train_step(2, ["g1"], later, AT + 5000)
+    model.add(Entry("train-steps", 0, 1, AT, None, "train_step", fact))
+    assert [e.record["step"] for e in trained_by(model, model.rollouts["r-2"])] == [2]  # type: ignore[index]
+    again = Entry("train-steps", 0, 2, AT, None, "train_step", {**fact, "segment_ids": []})
+    model.add(again)  # a restarted trainer's second copy of step 2: the first is kept
+    assert model.steps[2].offset == 1 and overview(model)["train_steps"] == 2
+
+
+def test_the_rollout_page_shows_the_step_that_trained_it_with_its_figures() -> None:
+    pages = Pages(fold(entries(run_events())), "test")
+    page = pages.rollout("r-0")
+    assert page is not None
+    assert '<a class="step" href="/topics?topic=train-steps&offset=0">step 1</a>' in page
+    assert 'id="trained-by"' in page and '<td class="logprob_diff_max">0.4375</td>' in page
+    assert '<td class="staleness_mean">0.25</td>' in page
+    untrained = pages.rollout("r-2")
+    assert untrained is not None and 'id="untrained"' in untrained and 'id="trained-by"' not in untrained
 
 
 def test_token_runs_cover_the_response_in_order_one_colour_each() -> None:

@@ -70,11 +70,30 @@ def policy(version: int, at: int) -> Event:
     return ("policy", {"version": version, "location": f"/ckpt/v{version}", "published_at": at})
 
 
+def train_step(step: int, group_ids: list[str], segments: list[dict[str, Any]], at: int) -> Event:
+    """The trainer's fact of one step (figures made up, ids those of ``segments``)."""
+    trained = sum(sum(s["loss_mask"]) for s in segments)
+    response = sum(len(s["response_ids"]) for s in segments)
+    return ("train-steps", {
+        "step": step, "version": step, "group_ids": group_ids,
+        "segment_ids": [s["segment_id"] for s in segments],
+        "rollouts": len({s["rollout_id"] for s in segments}), "tokens_trained": trained,
+        "response_tokens": response, "masked_fraction": trained / response, "reward_mean": 0.5,
+        "solve_rate": 0.5, "loss": -0.03125, "grad_norm": 0.5, "clip_fraction": 0.0, "entropy": 1.5,
+        "approx_kl": 0.00125, "logprob_diff_mean": 0.0625, "logprob_diff_max": 0.4375,
+        "ratio_outside_fraction": 0.015625, "replayed_fraction": 0.0, "routing_agreement": None,
+        "staleness_mean": 0.25, "staleness_min": 0, "staleness_max": 1, "wait_s": 1.5, "step_s": 2.5,
+        "trained_at": at,
+    })  # fmt: skip
+
+
 def run_events() -> list[Event]:
-    """Two groups of two: one solved and one failed each, the second round sampled by policy v1; one drift."""
+    """Two groups of two: one solved and one failed each, the second round sampled by policy v1; one drift.
+    Step 1 trained the first group (its fact, then policy v1); no step has trained the second yet."""
     events: list[Event] = [policy(0, AT - 10)]
     events += rollout_events("r-0", group="g0", sample=0, reward=1.0, version=0, drift=True)
     events += rollout_events("r-1", group="g0", sample=1, reward=0.0, version=0)
+    events.append(train_step(1, ["g0"], [r for t, r in events if t == "segments"], AT + 1990))
     events.append(policy(1, AT + 2000))
     events += rollout_events("r-2", group="g1", sample=0, reward=1.0, version=1, cut_at=AT + 3000)
     events += rollout_events("r-3", group="g1", sample=1, reward=0.0, version=1, cut_at=AT + 3000)

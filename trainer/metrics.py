@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rollbus.codec import schema
 from rollbus.trainer.loss import LossStats
 
 CONSOLE_KEYS = (
@@ -16,6 +17,7 @@ CONSOLE_KEYS = (
     "clip_fraction", "approx_kl", "logprob_diff_max", "ratio_outside_fraction", "entropy", "grad_norm",
     "staleness_mean", "wait_s", "step_s",
 )  # fmt: skip
+STEP_FACT_OPTIONAL = frozenset({"routing_agreement"})
 
 
 def mismatch(stats: LossStats) -> dict[str, float]:
@@ -43,6 +45,16 @@ def mismatch(stats: LossStats) -> dict[str, float]:
             unreplayed_ratio_outside_fraction=stats.unreplayed_ratio_outside / own,
         )
     return row
+
+
+def step_fact(row: dict[str, Any]) -> dict[str, Any] | None:
+    """The step's record on ``train-steps`` (schema ``train_step``): the fields of its log row the schema
+    names, so the bus and ``metrics.jsonl`` never disagree; ``routing_agreement`` is null when nothing was
+    replayed. None for a row without them: a checkpoint written before the trainer published its steps."""
+    names = [f["name"] for f in schema("train_step")["fields"] if f["name"] != "schema_version"]
+    if any(name not in row for name in names if name not in STEP_FACT_OPTIONAL):
+        return None
+    return {name: row.get(name) for name in names}
 
 
 class MetricsLog:

@@ -6,13 +6,16 @@ The order of one step is the whole durability argument:
 2. train them (every rank its share);
 3. write checkpoint ``v<N>`` atomically: weights, optimiser, and the finished groups (of the last
    ``--forget-finished-after`` seconds);
-4. publish version N to ``policy`` and ask the engine to load it;
+4. publish the step's fact to ``train-steps`` (the groups and segments it trained, tokens, loss, mismatch,
+   staleness), then version N to ``policy``, and ask the engine to load it;
 5. commit, per partition, the first offset that still has an untrained segment behind it.
 
 A kill before 3 loses the step's in-memory work only: the offsets were not committed, the segments come back.
 A kill between 3 and 5 leaves a checkpoint whose finished groups make the redelivered segments *late*, so they
-are dropped, not trained twice; the restart republishes N if 4 did not happen. The version counter restarts
-at max(newest checkpoint, newest on ``policy``), so it never goes back.
+are dropped, not trained twice; the restart republishes the fact and N (from the checkpoint) if N is not on
+``policy``. So a version on ``policy`` always has its step's fact before it, and a fact may appear twice (the
+same record): readers keep the first of each step. The version counter restarts at max(newest checkpoint,
+newest on ``policy``), so it never goes back.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from rollbus.trainer.batch import (
 )
 from rollbus.trainer.feed import SegmentFeed, latest_policy_version, push_weights
 from rollbus.trainer.learner import Learner, stop_followers
-from rollbus.trainer.metrics import MetricsLog, info_count, info_rows, mismatch
+from rollbus.trainer.metrics import MetricsLog, info_count, info_rows, mismatch, step_fact
 from rollbus.trainer.step import StepResult
 
 log = logging.getLogger("rollbus.trainer")
@@ -65,6 +68,7 @@ class Trainer:
         self.fault = fault or (lambda phase: None)
         self.segments_topic = topic_name("segments", self.settings.namespace)
         self.policy_topic = topic_name("policy", self.settings.namespace)
+        self.steps_topic = topic_name("train-steps", self.settings.namespace)
         self.buffer = GroupBuffer(self.settings.group_size)
         self.routes = RoutesStore(self.settings.routes_dir())
         self.buffer.finished.update(learner.state.finished_groups)
@@ -215,7 +219,8 @@ class Trainer:
         state.metrics = row
         state.metrics.update(
             step=state.step, version=state.version, wait_s=ready - self._waiting_since,
-            step_s=trained - ready, infos=info_count(infos), **dict(self.counters),
+            step_s=trained - ready, infos=info_count(infos), trained_at=int(time.time() * 1000),
+            **dict(self.counters),
         )  # fmt: skip
         path = await asyncio.to_thread(learner.save, settings.keep_checkpoints)
         self.fault("after_checkpoint")
@@ -253,6 +258,7 @@ class Trainer:
             "reward_mean": sum(rewards) / len(rewards),
             "solve_rate": sum(r >= self.settings.solve_threshold for r in rewards) / len(rewards),
             "groups": len(groups), "group_ids": [g.group_id for g in groups],
+            "segment_ids": [s["segment_id"] for s in segments],
             "rollouts": len(rewards), "segments": len(segments),
             "tokens_trained": int(result.stats.tokens), "response_tokens": response_tokens,
             "masked_fraction": masked / max(response_tokens, 1),
@@ -267,7 +273,13 @@ class Trainer:
     # ---------------------------------------------------------------- versions
 
     async def _publish(self, location: str, version: int, *, announce: bool = True) -> None:
+        """Step 4: the step's fact (none for version 0), then the version, then the engine's load."""
         if announce:
+            row = self.learner.state.metrics
+            fact = step_fact(row) if self.learner.state.step and row.get("version") == version else None
+            if fact is not None:
+                await self.publisher.publish(self.steps_topic, fact)
+                self.fault("after_step_fact")
             record = {"version": version, "location": location, "published_at": int(time.time() * 1000)}
             await self.publisher.publish(self.policy_topic, record)
         settings = self.settings

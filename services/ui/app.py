@@ -7,7 +7,6 @@ HTTP, the static files and, when given, the task that keeps the model fed.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 from argparse import ArgumentTypeError
@@ -25,11 +24,11 @@ from markupsafe import Markup
 
 from rollbus.replay import parse_since
 from rollbus.services.ui import views
-from rollbus.services.ui.model import ReadModel, consuming_step, overview, policy_offset, throughput
+from rollbus.services.ui.model import ReadModel, overview, policy_offset, step_facts, throughput, trained_by
 from rollbus.topics import TOPICS
 
 HERE = Path(__file__).resolve().parent
-STEP_KEYS = ("step", "version", "reward_mean", "solve_rate", "tokens_trained", "masked_fraction",
+STEP_KEYS = ("step", "version", "rollouts", "reward_mean", "solve_rate", "tokens_trained", "masked_fraction",
              "staleness_mean", "staleness_max", "logprob_diff_mean", "logprob_diff_max",
              "ratio_outside_fraction", "approx_kl", "loss", "step_s")  # fmt: skip
 PAGE_LIMIT = 100  # events per topic-browser page
@@ -51,13 +50,10 @@ def environment() -> Environment:
 
 
 class Pages:
-    """Every page as a string, from the read model (and the trainer's metrics rows, when known)."""
+    """Every page as a string, from the read model."""
 
-    def __init__(
-        self, model: ReadModel, source: str, steps: Callable[[], list[dict[str, Any]]] = list,
-        decode: views.Decode | None = None,
-    ) -> None:  # fmt: skip
-        self.model, self.source, self.steps, self.decode = model, source, steps, decode
+    def __init__(self, model: ReadModel, source: str, decode: views.Decode | None = None) -> None:
+        self.model, self.source, self.decode = model, source, decode
         self.env = environment()
 
     def _page(self, name: str, **context: Any) -> str:
@@ -69,7 +65,7 @@ class Pages:
 
     def overview(self) -> str:
         rollouts = sorted(self.model.rollouts.values(), key=lambda r: r.rollout_id)
-        return self._page("overview.html", o=self.figures(), rollouts=rollouts, steps=self.steps(),
+        return self._page("overview.html", o=self.figures(), rollouts=rollouts, steps=step_facts(self.model),
                           step_keys=STEP_KEYS)  # fmt: skip
 
     def rollout(self, rollout_id: str) -> str | None:
@@ -77,7 +73,8 @@ class Pages:
         if rollout is None:
             return None
         chains = views.timeline(rollout, self.decode)
-        step = consuming_step(self.model, rollout)
+        steps = [(e.offset, e.record, policy_offset(self.model, int(e.record["version"])))  # type: ignore[index]
+                 for e in trained_by(self.model, rollout)]  # fmt: skip
         spans = [t["model_ms"] + t["queue_ms"] + (t["tool_ms"] or 0) for c in chains for t in c["turns"]]
         longest = max(spans, default=0)
         return self._page(
@@ -85,7 +82,7 @@ class Pages:
             scale=TIMELINE_PX / longest if longest else 0,
             segments=views.segment_rows(rollout, self.decode or views.ids_text),
             patch=views.patch_text(rollout), v=views.verdict(rollout),
-            step=step, step_offset=None if step is None else policy_offset(self.model, step),
+            steps=steps, step_keys=STEP_KEYS,
         )  # fmt: skip
 
     def topics(self, want: views.Browse, since: str = "", error: str = "") -> str:
@@ -97,21 +94,6 @@ class Pages:
 
     def missing(self, what: str) -> str:
         return self._page("missing.html", what=what)
-
-
-def metrics_rows(path: Path | None) -> Callable[[], list[dict[str, Any]]]:
-    """The trainer's ``metrics.jsonl`` rows, read afresh on each call (none when there is no such file)."""
-
-    def rows() -> list[dict[str, Any]]:
-        if path is None or not path.exists():
-            return []
-        out = []
-        for line in path.read_text().splitlines():
-            with suppress(ValueError):
-                out.append(json.loads(line))
-        return out
-
-    return rows
 
 
 def _report(task: asyncio.Task[None]) -> None:

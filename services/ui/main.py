@@ -1,8 +1,8 @@
 """``rollbus ui``: serve the pages over a read model fed from the topics (live), or over a finished demo's.
 
 With ``--demo`` it opens the last ``rollbus demo`` run of ``--state-dir``: starts that demo's embedded broker
-(its data under ``<state-dir>/up``) unless it already runs, reads the run's namespace and shows the trainer's
-metrics rows beside the bus; the broker it started stops with it.
+(its data under ``<state-dir>/up``) unless it already runs and reads the run's namespace; the broker it
+started stops with it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import signal
 import sys
 from collections.abc import Callable
 from contextlib import ExitStack
-from pathlib import Path
 
 from rollbus.policy_model import DEFAULT_TOKENIZER
 from rollbus.settings import BusSettings, Field, SettingsError
@@ -34,9 +33,6 @@ class UiSettings(BusSettings):
         DEFAULT_TOKENIZER,
         description="tokenizer that decodes token ids (a name or a model directory); empty: show the ids",
     )
-    trainer_metrics: Path | None = Field(
-        None, description="the trainer's metrics.jsonl, shown on the overview (--demo finds the run's own)"
-    )
 
 
 add_arguments = UiSettings.add_arguments
@@ -50,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from rollbus.reach import quiet_kafka_logs
-    from rollbus.services.ui.app import Pages, create_app, metrics_rows
+    from rollbus.services.ui.app import Pages, create_app
     from rollbus.services.ui.feed import feed
     from rollbus.services.ui.model import ReadModel
 
@@ -60,12 +56,11 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with ExitStack() as stack:
         bootstrap, namespace = settings.bootstrap_servers, settings.namespace
-        metrics = settings.trainer_metrics
         if settings.demo:
-            bootstrap, namespace, metrics = open_demo(settings, stack)
+            bootstrap, namespace = open_demo(settings, stack)
         model = ReadModel()
         source = f"{bootstrap} · {namespace or '(no namespace)'}"
-        pages = Pages(model, source, metrics_rows(metrics), decoder(settings.tokenizer))
+        pages = Pages(model, source, decoder(settings.tokenizer))
         app = create_app(pages, lambda: feed(bootstrap, namespace, model, follow=True, on_status=say))
         say(f"reading {source}; serving http://{settings.host}:{settings.port}/")
         try:
@@ -85,8 +80,8 @@ def decoder(tokenizer: str) -> Callable[[list[int]], str] | None:
     return lambda ids: loaded.decode(ids, skip_special_tokens=False)
 
 
-def open_demo(settings: UiSettings, stack: ExitStack) -> tuple[str, str, Path]:
-    """The demo's broker (started here if it is not running), its namespace and its trainer metrics file."""
+def open_demo(settings: UiSettings, stack: ExitStack) -> tuple[str, str]:
+    """The demo's broker (started here if it is not running) and its namespace."""
     from rollbus.kafka.broker import EmbeddedBroker, free_port
     from rollbus.services.stack.runs import NoEarlierRun, last_demo
 
@@ -102,4 +97,4 @@ def open_demo(settings: UiSettings, stack: ExitStack) -> tuple[str, str, Path]:
         broker.start()
         stack.callback(broker.stop)
         bootstrap = broker.bootstrap_servers
-    return bootstrap, namespace, state / "trainer" / (namespace or "default") / "metrics.jsonl"
+    return bootstrap, namespace

@@ -62,10 +62,13 @@ class Rollout:
 
 @dataclass
 class ReadModel:
-    """The whole UI state: rollouts by id, policy versions, dead letters and the raw log per topic."""
+    """The whole UI state: rollouts by id, policy versions, train steps, dead letters and the raw log per
+    topic."""
 
     rollouts: dict[str, Rollout] = field(default_factory=dict)
     policies: dict[int, dict[str, Any]] = field(default_factory=dict)  # version -> first published record
+    steps: dict[int, Entry] = field(default_factory=dict)  # step -> its first fact on train-steps
+    trained_in: dict[str, int] = field(default_factory=dict)  # segment id -> the (first) step that trained it
     dead_letters: list[Entry] = field(default_factory=list)
     log: dict[str, list[Entry]] = field(default_factory=dict)  # base topic -> entries by (partition, offset)
     duplicate_segments: int = 0
@@ -82,6 +85,9 @@ class ReadModel:
         if entry.event_type == "policy":
             self.policies.setdefault(int(record["version"]), record)
             return
+        if entry.event_type == "train_step":
+            self._step(entry, record)
+            return
         rollout_id = record.get("rollout_id")
         if not isinstance(rollout_id, str):
             return
@@ -89,6 +95,16 @@ class ReadModel:
         fold = _FOLDS.get(entry.event_type or "")
         if fold is not None and fold(rollout, record) is False:
             self.duplicate_segments += 1
+
+    def _step(self, entry: Entry, record: dict[str, Any]) -> None:
+        """A restarted trainer may publish a step twice (the same record): the first is kept. A segment
+        named by two steps (which the trainer never does) shows the earlier, whatever order they came in."""
+        step = int(record["step"])
+        if step in self.steps:
+            return
+        self.steps[step] = entry
+        for segment_id in record["segment_ids"]:
+            self.trained_in[segment_id] = min(step, self.trained_in.get(segment_id, step))
 
     def rollout(self, rollout_id: str) -> Rollout | None:
         return self.rollouts.get(rollout_id)
@@ -150,6 +166,11 @@ def fold(entries: list[Entry]) -> ReadModel:
 
 # --- what the overview shows ----------------------------------------------------------------------
 
+LAST_STEP_KEYS = (
+    "step", "version", "staleness_mean", "staleness_max", "logprob_diff_mean", "logprob_diff_max",
+    "approx_kl", "ratio_outside_fraction", "masked_fraction", "loss",
+)  # fmt: skip
+
 
 def trained_tokens(segment: dict[str, Any]) -> int:
     """Response tokens with loss mask 1."""
@@ -178,8 +199,9 @@ def overview(model: ReadModel) -> dict[str, Any]:
             per_version.setdefault(r.policy_version, []).append(r)
     segments = [s for r in rollouts for s in r.segments.values()]
     response = sum(len(s["response_ids"]) for s in segments)
-    trained = sum(trained_tokens(s) for s in segments)
+    trainable = sum(trained_tokens(s) for s in segments)
     versions = sorted(model.policies)
+    facts = step_facts(model)
     return {
         "rollouts": {
             "submitted": sum(1 for r in rollouts if r.task is not None),
@@ -198,11 +220,14 @@ def overview(model: ReadModel) -> dict[str, Any]:
             for v, rs in sorted(per_version.items())
         ],
         "policy_version": versions[-1] if versions else None,
-        "train_steps": sum(1 for v in versions if v > versions[0]) if versions else 0,
+        "train_steps": len(facts),
+        "tokens_trained": sum(int(f["tokens_trained"]) for f in facts),
+        "last_step": {k: facts[-1][k] for k in LAST_STEP_KEYS} if facts else None,
         "segments": len(segments),
+        "segments_trained": sum(1 for s in segments if s["segment_id"] in model.trained_in),
         "response_tokens": response,
-        "tokens_trained": trained,
-        "untrained_fraction": (response - trained) / response if response else 0.0,
+        "trainable_tokens": trainable,
+        "untrained_fraction": (response - trainable) / response if response else 0.0,
         "drift_masked_tokens": sum(drift_masked_tokens(s) for s in segments),
         "duplicate_segments": model.duplicate_segments,
         "dead_letters": len(model.dead_letters),
@@ -221,19 +246,21 @@ def throughput(model: ReadModel, now_ms: int, window_ms: int = 60_000) -> dict[s
     }
 
 
+def step_facts(model: ReadModel) -> list[dict[str, Any]]:
+    """The trainer's facts on ``train-steps``, one per step, in step order."""
+    return [model.steps[step].record for step in sorted(model.steps)]  # type: ignore[misc]
+
+
+def trained_by(model: ReadModel, rollout: Rollout) -> list[Entry]:
+    """The ``train-steps`` entries of the steps that trained the rollout's segments (as the trainer says),
+    in step order; none while no step has."""
+    steps = {model.trained_in[s] for s in rollout.segments if s in model.trained_in}
+    return [model.steps[step] for step in sorted(steps)]
+
+
 def policy_offset(model: ReadModel, version: int) -> int | None:
     """Where on ``policy`` that version was published (for a link to it)."""
     for entry in model.log.get("policy", []):
         if entry.record is not None and int(entry.record["version"]) == version:
             return entry.offset
     return None
-
-
-def consuming_step(model: ReadModel, rollout: Rollout) -> int | None:
-    """The policy version published first after the rollout's last segment was cut: the step that trained it
-    when the trainer steps as groups complete (the bus does not name a step's segments)."""
-    if not rollout.segments:
-        return None
-    cut = max(int(s["created_at"]) for s in rollout.segments.values())
-    after = [v for v, p in model.policies.items() if int(p["published_at"]) >= cut]
-    return min(after, default=None)

@@ -60,7 +60,9 @@ function show(data) {
   for (const el of document.querySelectorAll("[data-k]")) {
     const value = lookup(data, el.dataset.k);
     if (value === undefined || value === null) continue;
-    el.textContent = el.dataset.fmt === "pct" ? (100 * value).toFixed(1) + "%" : String(value);
+    if (el.dataset.fmt === "pct") el.textContent = (100 * value).toFixed(1) + "%";
+    else if (typeof value === "number" && !Number.isInteger(value)) el.textContent = String(Number(value.toPrecision(4)));
+    else el.textContent = String(value);
   }
   plot(data);
 }
