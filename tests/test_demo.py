@@ -1,5 +1,6 @@
 """`make demo`, as a user runs it: the closed loop on embedded defaults, judged by its JSON summary; run again
-in the same state dir it is a run of its own, `--resume` continues one, and a broker address given is used."""
+in the same state dir it is a run of its own (the second one through the Codex CLI: `--agent codex`),
+`--resume` continues one, and a broker address given is used."""
 
 from __future__ import annotations
 
@@ -42,6 +43,18 @@ def first_demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
     return (tmp, *demo(tmp, "first", "--state-dir", str(tmp / "state")))
 
 
+@pytest.fixture(scope="module")
+def codex_demo(first_demo: Demo) -> tuple[subprocess.CompletedProcess, dict, str, str]:
+    """A second demo in the first one's state dir, one step, through the Codex CLI: its result, summary, run
+    and what the adapter logged during it (the log file is the state dir's, appended to by every run)."""
+    tmp = first_demo[0]
+    adapter_log = tmp / "state" / "up" / "logs" / "adapter.log"
+    logged_before = adapter_log.stat().st_size
+    flags = ["--state-dir", str(tmp / "state"), "--steps", "1", "--agent", "codex"]
+    done, summary, run = demo(tmp, "second", *flags)
+    return done, summary, run, adapter_log.read_bytes()[logged_before:].decode(errors="replace")
+
+
 def test_demo_rolls_out_grades_segments_trains_and_serves_the_new_policy(first_demo) -> None:
     _, done, summary, run = first_demo
     tail = done.stdout[-4000:]
@@ -58,11 +71,29 @@ def test_demo_rolls_out_grades_segments_trains_and_serves_the_new_policy(first_d
     assert "rollbus broker start --state-dir" in done.stdout and f"new run: {run}.* created" in done.stdout
 
 
-def test_a_second_demo_is_a_run_of_its_own_and_resume_continues_it(first_demo) -> None:
+def test_a_codex_demo_runs_the_codex_cli_and_trains_on_what_it_solved(codex_demo) -> None:
+    """``--agent codex``: every turn came through the Responses route (the Codex CLI's session token opens no
+    other), swe-mini's Codex scripts solved sample 0 of each task through exec_command and apply_patch and
+    failed sample 1 (a wrong patch; deleting the tests), and the step trained on that variance."""
+    done, summary, _, adapter_log = codex_demo
+    tail = done.stdout[-4000:]
+    assert summary["rollouts_submitted"] == summary["rollouts_finished"] == 4, summary
+    assert summary["solved"] == 2 and summary["rollouts_failed"] == 0, summary
+    assert summary["segments"] >= 4 and summary["tokens_trained"] > 0, summary
+    assert summary["train_steps"] == 1 and summary["policy_version"] == 1, summary
+    rewards = dict(re.findall(r"(swe-mini__\S+-\d) .*? (\d\.\d\d) ", done.stdout))
+    assert len(rewards) == 4, tail
+    assert all((reward == "1.00") == rollout.endswith("-0") for rollout, reward in rewards.items()), tail
+    # a request per scripted turn: 3 for each solve and for the wrong patch, 2 for deleting the tests
+    assert len(re.findall(r'"POST /v1/responses HTTP/1.1" 200', adapter_log)) >= 11, adapter_log[-3000:]
+    assert "/v1/messages" not in adapter_log, adapter_log[-3000:]
+
+
+def test_a_second_demo_is_a_run_of_its_own_and_resume_continues_it(first_demo, codex_demo) -> None:
     """What failed: the second demo counted the first one's rollouts and saw its policy v2 at once."""
     tmp, _, _, first_run = first_demo
     state = ["--state-dir", str(tmp / "state"), "--steps", "1"]
-    done, summary, second_run = demo(tmp, "second", *state)
+    _, summary, second_run, _ = codex_demo
     assert second_run != first_run
     assert (summary["rollouts_submitted"], summary["rollouts_finished"]) == (4, 4), summary
     assert (summary["train_steps"], summary["policy_version"]) == (1, 1), summary
