@@ -8,12 +8,15 @@ per live 64k-token session and the restart rebuild time with 10k finished and 10
 Starts the rollbus engine (scripted policy: every turn a Read tool call, real logprobs) and the adapter
 (real tokenizer, chat template, SGLang parsers, canonical history; turns encoded with the real codec and
 written to a local file instead of Kafka), each in its own process. For each size it drives one CLI-shaped
-conversation of that many turns through the adapter (history echoed back with tool results each turn),
-and right after each turn sends the *same* prompt ids straight to the engine's ``/generate`` (interleaved,
-so both see the same machine load). The direct calls go to a twin engine (same flags, same seed) that has
-seen the same prompts in the same order, so its prefix cache is in the same state and both paths prefill the
-same new tokens. Prints per-turn wall time (median) and CPU time of the process that served it (mean), the
-added latency, and the ratios adapter/engine.
+conversation of that many turns through each route (history echoed back with tool results each turn):
+Anthropic's ``/v1/messages`` as Claude Code sends it, and ``/v1/responses`` as Codex sends it (the whole item
+history resent, output items echoed back, ``function_call_output`` results). Right after each turn it sends
+the *same* prompt ids straight to the engine's ``/generate`` (interleaved, so both see the same machine
+load). The direct calls go to a twin engine (same flags, same seed) that has seen the same prompts in the same
+order, so its prefix cache is in the same state and both paths prefill the same new tokens. Prints per route
+the per-turn wall time (median) and CPU time of the process that served it (mean), the added latency, and the
+ratios adapter/engine; then the Responses route's added latency over the Anthropic route's (target: within
+20%).
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ TOOLS = [
     }
 ]
 SYSTEM = [{"type": "text", "text": "You are Claude Code, a coding agent. " * 40}]
+READ_FUNCTION = {"type": "function", "name": "Read", "description": TOOLS[0]["description"],
+                 "parameters": TOOLS[0]["input_schema"], "strict": False}  # fmt: skip
+TASK = "Read every module under /repo/src."
 TINY_ENGINE = "--hidden-size 64 --layers 2 --heads 2 --kv-heads 1 --intermediate-size 128"
 
 
@@ -165,6 +171,57 @@ def file_text(path: str, chars: int) -> str:
     return f"# {path}\n" + "".join(f"{n:>6}\t{CODE_LINE}" for n in range(1, lines + 1))
 
 
+class AnthropicChat:
+    """A conversation as Claude Code holds it: ``/v1/messages``, tool results in user messages."""
+
+    path = "/v1/messages?beta=true"
+
+    def __init__(self, rollout: str) -> None:
+        self.headers = {"x-api-key": rollout}
+        self.messages: list[dict] = [{"role": "user", "content": TASK}]
+
+    def body(self) -> dict:
+        return {"model": "bench", "max_tokens": 256, "system": SYSTEM, "tools": TOOLS,
+                "messages": self.messages, "stream": False}  # fmt: skip
+
+    def answer(self, reply: dict, chars: int) -> None:
+        call = next(b for b in reply["content"] if b["type"] == "tool_use")
+        result = file_text(call["input"]["file_path"], chars)
+        returned = {"type": "tool_result", "tool_use_id": call["id"], "content": result}
+        self.messages += [
+            {"role": "assistant", "content": reply["content"]},
+            {"role": "user", "content": [returned]},
+        ]
+
+
+def message(role: str, text: str) -> dict:
+    return {"type": "message", "role": role, "content": [{"type": "input_text", "text": text}]}
+
+
+class ResponsesChat:
+    """A conversation as Codex holds it: ``/v1/responses`` with ``store: false``, the whole item history
+    resent each call (the output items as they came, then a ``function_call_output``)."""
+
+    path = "/v1/responses"
+
+    def __init__(self, rollout: str) -> None:
+        self.headers = {"authorization": f"Bearer {rollout}"}
+        self.items: list[dict] = [message("developer", SYSTEM[0]["text"]), message("user", TASK)]
+
+    def body(self) -> dict:
+        return {"model": "bench", "input": self.items, "tools": [READ_FUNCTION], "tool_choice": "auto",
+                "store": False, "stream": False}  # fmt: skip
+
+    def answer(self, reply: dict, chars: int) -> None:
+        call = next(i for i in reply["output"] if i["type"] == "function_call")
+        result = file_text(json.loads(call["arguments"])["file_path"], chars)
+        output = {"type": "function_call_output", "call_id": call["call_id"], "output": result}
+        self.items += [*reply["output"], output]
+
+
+ROUTES = {"anthropic": AnthropicChat, "responses": ResponsesChat}
+
+
 def conversation(
     adapter_url: str,
     adapter: subprocess.Popen,
@@ -172,8 +229,10 @@ def conversation(
     log: TurnLog,
     turns: int,
     final_context: int,
+    route: str = "anthropic",
 ) -> list[Sample]:
-    """One CLI-shaped conversation through the adapter; after each turn, its prompt to the engine alone.
+    """One CLI-shaped conversation through the adapter's ``route``; after each turn, its prompt to the engine
+    alone.
 
     Each Read result is sized so the conversation reaches about ``final_context`` tokens by its last turn
     (about 3 characters per token for this code-like text), within the adapter's default context.
@@ -181,38 +240,27 @@ def conversation(
     room = final_context - 2_000 - 120 * turns  # the system prompt and tools, then ~120 tokens a turn
     chars_per_result = max(60, int(3.0 * room / turns))
     rollout = f"bench-{uuid.uuid4().hex[:8]}"
-    messages: list[dict] = [{"role": "user", "content": "Read every module under /repo/src."}]
+    chat = ROUTES[route](rollout)
     samples = []
     direct.new_conversation()
-    with httpx.Client(base_url=adapter_url, timeout=300, headers={"x-api-key": rollout}) as client:
+    with httpx.Client(base_url=adapter_url, timeout=300, headers=chat.headers) as client:
         for _ in range(turns):
-            body = {
-                "model": "bench",
-                "max_tokens": 256,
-                "system": SYSTEM,
-                "tools": TOOLS,
-                "messages": messages,
-                "stream": False,
-            }
+            body = chat.body()
             cpu, started = cpu_seconds(adapter), time.perf_counter()
-            response = client.post("/v1/messages?beta=true", json=body)
+            response = client.post(chat.path, json=body)
             wall, cpu = time.perf_counter() - started, cpu_seconds(adapter) - cpu
             response.raise_for_status()
             samples.append(Sample(wall, cpu, *direct.generate(log.last_prompt(rollout))))
-            message = response.json()
-            call = next(b for b in message["content"] if b["type"] == "tool_use")
-            result = file_text(call["input"]["file_path"], chars_per_result)
-            messages += [
-                {"role": "assistant", "content": message["content"]},
-                {
-                    "role": "user",
-                    "content": [{"type": "tool_result", "tool_use_id": call["id"], "content": result}],
-                },
-            ]
+            chat.answer(response.json(), chars_per_result)
     return samples
 
 
-def report(turns: int, samples: list[Sample], context: int) -> None:
+def added_ms(samples: list[Sample]) -> float:
+    """Latency the adapter added per turn (median of each turn's difference)."""
+    return 1000 * statistics.median(s.adapter_wall - s.engine_wall for s in samples)
+
+
+def report(turns: int, samples: list[Sample], context: int, route: str = "anthropic") -> None:
     """Wall time as medians (robust to other load); CPU as means (the clock ticks in 10 ms steps)."""
 
     def median_ms(values: list[float]) -> float:
@@ -222,16 +270,26 @@ def report(turns: int, samples: list[Sample], context: int) -> None:
         return 1000 * statistics.fmean(values)
 
     a_wall, e_wall = median_ms([s.adapter_wall for s in samples]), median_ms([s.engine_wall for s in samples])
-    added = median_ms([s.adapter_wall - s.engine_wall for s in samples])
+    added = added_ms(samples)
     ratio = statistics.median(s.adapter_wall / s.engine_wall for s in samples)  # per turn, then the median
     a_cpu, e_cpu = mean_ms([s.adapter_cpu for s in samples]), mean_ms([s.engine_cpu for s in samples])
     wall = f"wall/turn (median): via adapter {a_wall:6.1f} ms, engine alone {e_wall:6.1f} ms"
     cpu = f"CPU/turn (mean): adapter {a_cpu:5.1f} ms, engine {e_cpu:6.1f} ms"
     print(
-        f"{turns:>4} turns to {context / 1000:4.1f}k tokens | {wall}, added {added:6.1f} ms, "
+        f"{route:9} {turns:>4} turns to {context / 1000:4.1f}k tokens | {wall}, added {added:6.1f} ms, "
         f"ratio {ratio:4.3f} | "
         f"{cpu}, ratio {a_cpu / max(e_cpu, 1e-9):4.2f}"
     )
+
+
+def compare(turns: int, added: dict[str, float]) -> str:
+    """The Responses route's added latency against the Anthropic route's; no ratio when the Anthropic route
+    added none (a difference within the noise, as on a quick run)."""
+    responses, anthropic = added["responses"], added["anthropic"]
+    line = f"{turns:>4} turns: added latency responses {responses:6.1f} ms, anthropic {anthropic:6.1f} ms"
+    if anthropic < 1.0:
+        return f"{line} (no ratio: the Anthropic route added under 1 ms)"
+    return f"{line}, ratio responses/anthropic {responses / anthropic:4.3f}"
 
 
 def serve_adapter(port: int, engine_url: str, records_file: str) -> None:
@@ -314,8 +372,13 @@ def main() -> int:
             print(f"engine flags: {args.engine_flags}; CPU cores: {os.cpu_count()}")
             direct, log = DirectEngine(twin_url, twin), TurnLog(records_file)
             for turns in args.turns:
-                samples = conversation(adapter_url, adapter, direct, log, turns, args.final_context)
-                report(turns, samples, log.last_prompt_tokens())
+                added = {}
+                for route in ROUTES:
+                    final = args.final_context
+                    samples = conversation(adapter_url, adapter, direct, log, turns, final, route)
+                    report(turns, samples, log.last_prompt_tokens(), route)
+                    added[route] = added_ms(samples)
+                print(compare(turns, added))
         finally:
             for proc in reversed(started):
                 proc.terminate()

@@ -100,7 +100,8 @@ async def test_its_tools_get_no_token_in_their_environment_nor_from_the_clis_pro
 
     Left open, as for Claude Code: the sandbox's pid 1 (bwrap) still holds the agent's environment and its
     environ is readable; what keeps a tool's request with the token from training is the adapter proxy's
-    peer stamp (tests/test_sandbox_attribution.py), not the token's secrecy."""
+    peer stamp (tests/test_sandbox_attribution.py; for Codex, the theft itself in
+    tests/test_sandbox_runner_codex.py), not the token's secrecy."""
     rig.use_script(SCRIPTS / "runner" / "codex_token_probe.json")
     rollout_id = f"e2e-{uuid.uuid4().hex[:10]}"
     token = await rig.open_session(rollout_id, "codex")

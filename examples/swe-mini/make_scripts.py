@@ -4,6 +4,10 @@ Claude Code tool calls (Read the file, Edit it with the task's ``fix_edit``, a f
 replays a directory of them with ``--script DIR``: a rollout whose id starts with ``<instance_id>-`` (as
 ``rollbus submit`` names them) gets that task's script.
 
+``scripts-codex/`` holds the same for the Codex CLI's tools (``exec_command`` to read the file, the freeform
+``apply_patch`` to fix it, a final answer), and the two failing ones as ``<instance_id>@1.json``, so sample 1
+of their groups fails (``rollbus demo --agent codex`` replays it).
+
     python3 examples/swe-mini/make_scripts.py          # rewrite the scripts from tasks/*/task.json
     python3 examples/swe-mini/make_scripts.py --check  # exit 1 if a script is out of date
 """
@@ -64,6 +68,46 @@ def delete_tests(task: dict) -> dict:
 FAILING = {"swe-mini__sum-to": wrong_fix, "swe-mini__binsearch": delete_tests}
 
 
+def patch(path: str, old: str, new: str) -> str:
+    """Codex's ``apply_patch`` input replacing the lines ``old`` by ``new`` in ``path`` (workdir-relative)."""
+    removed = [f"-{line}" for line in old.rstrip("\n").split("\n")]
+    lines = removed + [f"+{line}" for line in new.rstrip("\n").split("\n")]
+    return "\n".join(["*** Begin Patch", f"*** Update File: {path}", "@@", *lines, "*** End Patch"])
+
+
+def codex_solving(task: dict) -> dict:
+    edit = task["fix_edit"]
+    return {"turns": [
+        tool_call(f"The bug should be in {edit['path']}; read it first.", "exec_command",
+                  cmd=f"cat {edit['path']}"),
+        tool_call("Found the faulty lines; patch them.", "apply_patch",
+                  input=patch(edit["path"], edit["old_string"], edit["new_string"])),
+        final(f"Fixed the bug in `{edit['path']}`."),
+    ]}  # fmt: skip
+
+
+def codex_wrong_fix(task: dict) -> dict:
+    """sum-to: a patch that changes the code but keeps it wrong (range(0, n) still leaves out n)."""
+    path = task["fix_edit"]["path"]
+    return {"turns": [
+        tool_call(f"Read {path}.", "exec_command", cmd=f"cat {path}"),
+        tool_call("Start the range at 0.", "apply_patch",
+                  input=patch(path, "    return sum(range(1, n))", "    return sum(range(0, n))")),
+        final("Changed the range to start at 0."),
+    ]}  # fmt: skip
+
+
+def codex_delete_tests(task: dict) -> dict:
+    """binsearch: no fix, the visible tests deleted instead (the grader flags it and scores 0)."""
+    return {"turns": [
+        tool_call("The tests are in the way; remove them.", "exec_command", cmd="rm -r tests"),
+        final("Removed the failing tests."),
+    ]}  # fmt: skip
+
+
+CODEX_FAILING = {"swe-mini__sum-to": codex_wrong_fix, "swe-mini__binsearch": codex_delete_tests}
+
+
 def scripts() -> dict[Path, dict]:
     out: dict[Path, dict] = {}
     for task_file in sorted((HERE / "tasks").glob("*/task.json")):
@@ -71,6 +115,10 @@ def scripts() -> dict[Path, dict]:
         out[HERE / "scripts" / f"{task['instance_id']}.json"] = solving(task)
         if task["instance_id"] in FAILING:
             out[HERE / "scripts-failing" / f"{task['instance_id']}.json"] = FAILING[task["instance_id"]](task)
+        out[HERE / "scripts-codex" / f"{task['instance_id']}.json"] = codex_solving(task)
+        if task["instance_id"] in CODEX_FAILING:
+            failing = CODEX_FAILING[task["instance_id"]](task)
+            out[HERE / "scripts-codex" / f"{task['instance_id']}@1.json"] = failing
     return out
 
 

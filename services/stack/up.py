@@ -52,7 +52,11 @@ class StackSettings(BusSettings):
     policy: Literal["sample", "scripted"] = Field("scripted", description="the engine's policy")
     script: Path = Field(
         EXAMPLES / "swe-mini" / "scripts",
-        description="scripted policy: a JSON file, or a directory of NAME.json per task (rollout-id prefix)",
+        description="scripted policy: a JSON file, or a directory of NAME.json per task (rollout-id prefix); "
+        "unset with --agent codex: swe-mini's Codex scripts",
+    )
+    agent: Literal["claude_code", "codex"] = Field(
+        "claude_code", description="the sandbox runner's agent harness for rows without metadata.agent"
     )
     engine_port: int = Field(0, ge=0, le=65535, description="engine port (0: a free one)")
     adapter_port: int = Field(0, ge=0, le=65535, description="adapter port (0: a free one)")
@@ -99,6 +103,12 @@ class StackSettings(BusSettings):
     def starts_broker(self) -> bool:
         return self.embedded_broker if self.embedded_broker is not None else not self.bootstrap_given()
 
+    def engine_script(self) -> Path:
+        """The script given, else the scripts written for the default harness's tools."""
+        if "script" in self.model_fields_set or self.agent != "codex":
+            return self.script
+        return EXAMPLES / "swe-mini" / "scripts-codex"
+
 
 @dataclass(frozen=True)
 class Stack:
@@ -125,8 +135,8 @@ def service_specs(settings: StackSettings, stack: Stack) -> list[ServiceSpec]:
     specs = [
         ServiceSpec.rollbus(
             "engine",
-            ["--port", str(engine_port), "--policy", settings.policy, "--script", str(settings.script),
-             *moe["engine"]],
+            ["--port", str(engine_port), "--policy", settings.policy,
+             "--script", str(settings.engine_script()), *moe["engine"]],
             health_url=f"{stack.engine_url}/health", env={"ROLLBUS_ENGINE_API_KEY": engine_key},
         ),
         ServiceSpec.rollbus(
@@ -141,7 +151,7 @@ def service_specs(settings: StackSettings, stack: Stack) -> list[ServiceSpec]:
         ServiceSpec.rollbus(
             "sandbox-runner",
             ["--adapter-url", stack.adapter_url, "--concurrency", str(settings.runner_concurrency),
-             "--state-dir", str(state), *bus],
+             "--agent", settings.agent, "--state-dir", str(state), *bus],
             env={"ROLLBUS_SANDBOX_RUNNER_ADMIN_TOKEN": stack.admin_token}, settle=2.0,
         ),
         ServiceSpec.rollbus("grader", ["--state-dir", str(state), *bus], settle=2.0),
