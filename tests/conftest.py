@@ -165,13 +165,21 @@ async def namespace(kafka_bootstrap: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def rig(kafka_bootstrap: str, namespace: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The module's adapter and scripted engine for end-to-end runs of a real agent CLI, started once."""
+def rig(
+    request: pytest.FixtureRequest,
+    kafka_bootstrap: str,
+    namespace: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Any]:
+    """The module's adapter and scripted engine for end-to-end runs of a real agent CLI, started once; the
+    engine replays the module's ``RIG_SCRIPT`` if it names one."""
     from tests.e2e_support import Rig
 
     rig = Rig(kafka_bootstrap, namespace, tmp_path_factory.mktemp("e2e-services"))
     rig.start()
     try:
+        if script := getattr(request.module, "RIG_SCRIPT", None):
+            rig.use_script(script)
         yield rig
     finally:
         rig.stop()

@@ -26,7 +26,14 @@ from tests.test_adapter_support import (
     scripted_adapter,
     settings,
 )
-from tests.test_adapter_turns import SUB_SYSTEM, answered, dispatch_agent, echo, streamed
+from tests.test_adapter_turns import (
+    SCRIPT,  # noqa: F401  (the conftest engine_url replays it)
+    SUB_SYSTEM,
+    answered,
+    dispatch_agent,
+    echo,
+    streamed,
+)
 
 ADMIN = {"authorization": "Bearer adm"}
 TOOL = {PEER_HEADER: "tool"}  # what the proxy stamps on a curl from the agent's Bash tool

@@ -7,16 +7,11 @@ One adapter and one engine (``runner/codex_fix.json``) serve the module; each te
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from rollbus.sandbox import git_diff
-from rollbus.tokenizer import load_tokenizer
-from rollbus.topics import create_topics
-from tests.conftest import TEST_PARTITIONS
 from tests.e2e_support import SCRIPTS, Rig, play_codex, rollout_events, script_turns, stream_events
 from tests.test_e2e_claude_code import assert_trains_every_sampled_token, decoded_outputs, session_kinds
 
@@ -25,30 +20,7 @@ pytestmark = pytest.mark.kafka
 FIX = "The tests in this directory fail. Fix the bug."
 IM_END = "<|im_end|>"
 FIXED_LINE = "return sum(range(1, n + 1))"
-SCRIPT = SCRIPTS / "runner" / "codex_fix.json"
-
-
-@pytest.fixture(scope="module")
-async def namespace(kafka_bootstrap: str) -> str:
-    name = f"e2e-codex-{uuid.uuid4().hex[:8]}"
-    await create_topics(kafka_bootstrap, TEST_PARTITIONS, name)
-    return name
-
-
-@pytest.fixture(scope="module")
-def rig(kafka_bootstrap: str, namespace: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    rig = Rig(kafka_bootstrap, namespace, tmp_path_factory.mktemp("e2e-codex-services"))
-    rig.start()
-    try:
-        rig.use_script(SCRIPT)
-        yield rig
-    finally:
-        rig.stop()
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_tokenizer("qwen3.6")
+RIG_SCRIPT = SCRIPTS / "runner" / "codex_fix.json"  # the conftest rig replays it
 
 
 async def test_shell_then_apply_patch_fix_lands_on_disk_and_every_sampled_token_trains(
@@ -63,7 +35,7 @@ async def test_shell_then_apply_patch_fix_lands_on_disk_and_every_sampled_token_
     assert events[-1]["type"] == "turn.completed"
     assert FIXED_LINE in (rollout.workdir / "calc.py").read_text()
     assert "+    " + FIXED_LINE in git_diff(rollout.workdir)
-    assert decoded_outputs(rollout, tokenizer) == [t + IM_END for t in script_turns(SCRIPT)]
+    assert decoded_outputs(rollout, tokenizer) == [t + IM_END for t in script_turns(RIG_SCRIPT)]
     assert {t["chain_id"] for t in rollout.turns} == {"main"}
     # Codex resent its whole history each time: every turn stitched onto the one before it
     assert [t["prompt_ref_turn"] for t in rollout.turns] == [None, 0, 1]

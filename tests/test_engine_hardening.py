@@ -11,7 +11,6 @@ from rollbus.services.engine.protocol import IncrementalText
 from tests.test_adapter_protocol import KEY
 from tests.test_adapter_support import BusPublisher, StalledEngine, adapter_client, body, settings
 from tests.test_engine import SCRIPT, chat_prompt, make_engine, serving
-from tests.test_engine import tokenizer as tokenizer  # noqa: F401, PLC0414 - the module fixture
 
 SECRET = "engine-key-never-in-a-sandbox"
 CONTROL = [

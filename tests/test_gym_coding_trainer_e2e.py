@@ -29,7 +29,13 @@ from rollbus.trajectory import fan_out
 from rollbus.turn_log import resolve_turns
 from tests.segmenter_support import SegmenterProcess, namespace_of, publish, read_all, unique_segments
 from tests.synthetic_rollouts import RolloutWriter, simple_rollout
-from tests.test_gym_e2e import engine_url, events, rewards_for, stack, task  # noqa: F401  (a fixture)
+from tests.test_gym_e2e import (
+    SCRIPT,  # noqa: F401  (the conftest engine_url replays it)
+    events,
+    rewards_for,
+    stack,
+    task,
+)
 from tests.test_trainer_service import TINY, weights
 
 pytestmark = pytest.mark.kafka
@@ -67,7 +73,7 @@ def trained(segment: dict) -> list[int]:
 async def test_one_step_trains_gym_and_coding_segments_cut_by_the_real_segmenter(
     kafka_bootstrap,
     topics,
-    engine_url,  # noqa: F811  (the imported module-scoped fixture)
+    engine_url,
     tmp_path: Path,
 ):
     ns = namespace_of(topics)

@@ -32,7 +32,12 @@ from rollbus.services.stack.demo import DemoSettings
 from rollbus.services.stack.supervisor import ServiceSpec
 from rollbus.services.stack.up import Stack, StackSettings, service_specs
 from rollbus.settings import SettingsError
-from tests.test_gym_e2e import events, rewards_for, stack
+from tests.test_gym_e2e import (
+    SCRIPT,  # noqa: F401  (the conftest engine_url replays it)
+    events,
+    rewards_for,
+    stack,
+)
 
 BOARD = """
 import re
