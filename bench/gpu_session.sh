@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The trainer's checks on a GPU machine, as one script (a lent device has minutes, not hours).
-# The machine's own python3 holds torch; the project's other pins travel as wheels in .whl/ (see
-# bench/README or the device notes). Each step has its own time limit, and a failure does not stop the next.
+# The machine's own python3 holds torch; the project's other pure-Python pins (transformers, huggingface_hub,
+# pydantic, pydantic-settings, tenacity and what they need) travel as cp312 wheels in .whl/, fetched with
+# `pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl NAME==VERSION` at the versions
+# uv.lock pins. Each step has its own time limit, and a failure does not stop the next.
 # Everything it prints is also written under $OUT (or ./gpu-out).
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"
