@@ -314,18 +314,33 @@ def settle(paths: Iterable[Path]) -> int:
 
 
 class BwrapInfo:
-    """What bwrap writes on ``--info-fd`` (one small JSON write), read once it is there."""
+    """What bwrap writes on ``--info-fd``, read once it is all there. bwrap writes the object in several
+    writes (the opening and ``"child-pid": ``, the pid, the namespace ids, the closing brace), so a read can
+    return part of it: bytes gather until they parse, or until bwrap closes the pipe."""
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
+        self._buffer = b""
         self._info: dict[str, Any] | None = None
 
     def child_pid(self) -> int | None:
-        """The host pid of the PID namespace's init; None while bwrap has not started it."""
+        """The host pid of the PID namespace's init; None while bwrap has not started it (or not yet said so
+        in full)."""
         if self._info is None:
+            ended = False
             try:
-                self._info = json.loads(os.read(self._fd, 65536) or b"{}")
+                while chunk := os.read(self._fd, 65536):
+                    self._buffer += chunk
+                ended = True  # bwrap closed its end: nothing more will come
             except BlockingIOError:
+                pass
+            try:
+                self._info = json.loads(self._buffer) if self._buffer else ({} if ended else None)
+            except json.JSONDecodeError:
+                if not ended:
+                    return None  # part of the object: the rest is on its way
+                self._info = {}  # bwrap died mid-write: no pid to report
+            if self._info is None:
                 return None
         pid = self._info.get("child-pid")
         return pid if isinstance(pid, int) else None
