@@ -110,6 +110,7 @@ def worker(out: Path, kind: str, steps: int) -> None:
         stop_followers()
         (out / f"result-{steps}.json").write_text(json.dumps(rows))
     if dist.is_initialized():
+        dist.barrier()  # the ranks tear the group down together, not one while the other is mid-collective
         dist.destroy_process_group()
 
 
