@@ -56,9 +56,6 @@ from rollbus.trainer.step import StepResult
 log = logging.getLogger("rollbus.trainer")
 Fault = Callable[[str], None]
 
-PRUNE_EVERY = 600.0  # seconds between walks of the routed experts store
-
-
 class Trainer:
     """The consuming, committing rank; see the module docstring for the order of a step."""
 
@@ -81,7 +78,7 @@ class Trainer:
         if learner.state.metrics and (not logged or logged[-1]["step"] < learner.state.step):
             self.metrics.write(learner.state.metrics)  # the crash came between checkpoint and log
         self._waiting_since = time.monotonic()
-        self._pruned_at = -PRUNE_EVERY
+        self._pruned_at: float | None = None  # monotonic time of the last walk of the routed experts store
 
     async def run(self, stop: asyncio.Event | None = None) -> int:
         stop = stop or asyncio.Event()
@@ -236,9 +233,9 @@ class Trainer:
 
     async def _prune_routes(self) -> None:
         """Routed experts are kept beside the log, not in it: delete those past their retention, at most
-        every ``PRUNE_EVERY`` seconds (a directory walk)."""
-        retention = self.settings.routed_experts_retention
-        if not retention or time.monotonic() - self._pruned_at < PRUNE_EVERY:
+        every ``--routed-experts-prune-every`` seconds (a directory walk)."""
+        retention, every = self.settings.routed_experts_retention, self.settings.routed_experts_prune_every
+        if not retention or (self._pruned_at is not None and time.monotonic() - self._pruned_at < every):
             return
         self._pruned_at = time.monotonic()
         files, size = await asyncio.to_thread(self.routes.prune, retention)

@@ -74,8 +74,11 @@ class TrainerSettings(ModelSettings, BusSettings):
     )
     routed_experts_retention: float = Field(
         86400.0, ge=0, description="MoE: seconds after which routed experts not stored again are deleted "
-        "from the store (checked every 10 minutes; keep it above the longest a segment waits to train); "
-        "0: keep them"
+        "from the store (keep it above the longest a segment waits to train); 0: keep them"
+    )
+    routed_experts_prune_every: float = Field(
+        600.0, gt=0, description="MoE: seconds between walks of the routed experts store for "
+        "--routed-experts-retention (each walk lists the whole directory)"
     )
     mismatch_unreplayed: bool = Field(
         False, description="MoE with replay: also measure the mismatch on the trainer's own routing (one "
