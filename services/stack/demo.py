@@ -245,10 +245,13 @@ def show(settings: DemoSettings, progress: Progress, summary: dict[str, Any], st
     for rollout_id, reward in sorted(progress.rewards.items()):
         table.add_row(
             Text(rollout_id), Text(reward.get("attempt_id", "")), f"{reward['reward']:.2f}",
-            "yes" if reward["solved"] else "no", Text(reward.get("failure_kind") or ""),
+            "yes" if reward["solved"] else "no", Text(failure_shown(reward)),
             Text(",".join(reward.get("flags", []))),
         )  # fmt: skip
     console.print(table)
+    for rollout_id, reward in sorted(progress.rewards.items()):
+        if note := failure_note(reward):
+            console.print(Text(f"{rollout_id}: {note}"))
     versions = sorted(set(progress.turn_policy_versions))
     console.print(Text(f"policy versions that generated turns: {versions}"))
     for key, value in summary.items():
@@ -260,6 +263,29 @@ def show(settings: DemoSettings, progress: Progress, summary: dict[str, Any], st
         first = sorted(progress.rewards)[0]
         console.file.flush()
         print(replay_hint(first, stack.bootstrap, embedded, stack.namespace), flush=True)  # whole lines
+
+
+def failure_shown(reward: dict[str, Any]) -> str:
+    """The grader's failure kind, with the runner's own when the rollout failed before grading."""
+    kind = reward.get("failure_kind") or ""
+    runner = details(reward).get("rollout_failure")
+    return f"{kind} ({runner})" if kind and isinstance(runner, str) else kind
+
+
+def failure_note(reward: dict[str, Any], limit: int = 600) -> str:
+    """What the runner said of a rollout that failed before grading (the CLI's last words), else ""."""
+    if not isinstance(details(reward).get("rollout_failure"), str):
+        return ""
+    note = details(reward).get("note")
+    return " ".join(note.split())[-limit:] if isinstance(note, str) else ""
+
+
+def details(reward: dict[str, Any]) -> dict[str, Any]:
+    try:
+        found = json.loads(reward.get("details") or "{}")
+    except (TypeError, json.JSONDecodeError):
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def replay_hint(rollout_id: str, bootstrap: str, embedded_state: Path | None, namespace: str = "") -> str:
