@@ -2,7 +2,9 @@
 
 Run: ``python bench/pipeline.py --quick`` (a few rollouts at one rate, one worker: a smoke-sized figure),
 ``python bench/pipeline.py [--rates 2,4,8,16] [--rollouts 200] [--workers 2]`` for rising rates and 1 vs 2
-workers, ``python bench/pipeline.py --soak 600 --in-flight 1000`` for the segmenter's RSS over time.
+workers, ``python bench/pipeline.py --soak 600 --in-flight 1000`` for the segmenter's RSS over time,
+``python bench/pipeline.py --drain 1,2 --rollouts 200`` for what a second worker buys with no load generator
+running beside the workers.
 
 Synthetic rollouts are sized like Claude Code traffic: a ~19k-token opening prompt, 50-150-token suffixes,
 50-500 sampled tokens a turn, 10-100 turns, some sub-agents and compactions. Each rollout's events are
@@ -377,6 +379,57 @@ async def bench(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
     print(summary(results))
 
 
+async def drain(args: argparse.Namespace, bootstrap: str, state: Path) -> None:
+    """For each W in ``--drain``: a group of W workers, stable before anything is sent, then every rollout
+    published at once, as fast as the producer goes; tokens per second from the group's first segment to its
+    last. No rate paces the load, so what one worker more buys is the workers' own figure."""
+    rng = random.Random(13)
+    turns = (10, 20) if args.quick else (10, 100)
+    rollouts = [synth(rng, f"d-{i}", turns=turns, opening=19_000) for i in range(args.rollouts)]
+    payloads = encoded(rollouts)
+    tokens = sum(r.tokens for r in rollouts)
+    expected = {r.rollout_id.encode(): segments_expected(r) for r in rollouts}
+    print(f"{'workers':>7} {'tokens/s':>11} {'elapsed s':>10} {'tokens/CPU s':>13}")
+    figures: dict[int, float] = {}
+    for count in args.drain:
+        ns = f"drain-{uuid.uuid4().hex[:6]}"
+        await create_topics(bootstrap, PARTITIONS, ns)
+        workers = start_workers(bootstrap, ns, state, argparse.Namespace(**{**vars(args), "workers": count}))
+        consumer = clients.consumer(bootstrap, topic_name("segments", ns), client_id="rollbus-bench",
+                                    auto_offset_reset="earliest", fetch_max_bytes=64 * 2**20,
+                                    max_partition_fetch_bytes=16 * 2**20)  # fmt: skip
+        load = producer(bootstrap)
+        try:
+            await group_stable(bootstrap, app_id(ns), count)
+            await asyncio.sleep(3)  # the tables' (empty) recovery, as in the rate runs
+            await consumer.start()
+            await load.start()
+            cpu = sum(cpu_seconds(w.pid) for w in workers)
+            every = [message for messages in payloads for message in messages]
+            sent = [await load.send(topic_name(t, ns), v, key=k) for t, k, v in every]
+            seen: dict[bytes, int] = {}
+            first = last = 0.0
+            async with asyncio.timeout(900):
+                while sum(seen.get(k, 0) >= n for k, n in expected.items()) < len(expected):
+                    batch = await consumer.getmany(timeout_ms=200)
+                    for message in (m for ms in batch.values() for m in ms):
+                        first = first or time.perf_counter()
+                        last = time.perf_counter()
+                        seen[message.key] = seen.get(message.key, 0) + 1
+            await asyncio.gather(*sent)
+            cpu = sum(cpu_seconds(w.pid) for w in workers) - cpu
+        finally:
+            await load.stop()
+            await consumer.stop()
+            stop_workers(workers)
+        elapsed = max(last - first, 1e-9)
+        figures[count] = tokens / elapsed
+        print(f"{count:>7} {figures[count]:>11,.0f} {elapsed:>10.1f} {tokens / cpu:>13,.0f}")
+    one, most = min(figures), max(figures)
+    print(f"ratio {most} workers / {one}: {figures[most] / figures[one]:.2f} of the tokens/s "
+          f"({len(rollouts)} rollouts, {tokens:,} tokens, {os.cpu_count()} cores)")
+
+
 def summary(results: list[tuple[float, dict[str, float], dict[str, float]]]) -> str:
     """The issue's two figures: best segmenter throughput over raw's best in the run, and the highest rate
     whose p99 stayed under a second: the rate rollouts were sent at, which falls short of the one offered
@@ -466,12 +519,15 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=1000, help="rollouts open at once in the soak")
     parser.add_argument("--segmenter-args", default="", help="more worker flags: '--forget-after 60'")
     parser.add_argument("--profile", default="", help="workers run under cProfile, stats here")
+    parser.add_argument("--drain", default="", help="instead: fill the topics, then time groups of these "
+                        "many workers draining them, comma-separated: '1,2'")
     parser.add_argument(
         "--bootstrap-servers", default="", help="use this cluster instead of an embedded broker"
     )
     args = parser.parse_args()
     args.rates = [8.0] if args.quick else [float(r) for r in args.rates.split(",")]
     args.rollouts = 12 if args.quick else args.rollouts
+    args.drain = [int(w) for w in args.drain.split(",")] if args.drain else []
     with tempfile.TemporaryDirectory(prefix="rollbus-bench-") as scratch:
         state = Path(scratch)
         broker = None
@@ -481,7 +537,8 @@ def main() -> None:
             broker.start(timeout=120)
             bootstrap = broker.bootstrap_servers
         try:
-            asyncio.run(soak(args, bootstrap, state) if args.soak else bench(args, bootstrap, state))
+            run = soak if args.soak else drain if args.drain else bench
+            asyncio.run(run(args, bootstrap, state))
         finally:
             if broker is not None:
                 broker.stop()

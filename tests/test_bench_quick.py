@@ -16,6 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 EVERY_BENCH = sorted(p.name for p in (ROOT / "bench").glob("*.py") if "__main__" in p.read_text())
 OWN_TEST = {"grade.py": "test_bench_grade.py", "trainer_step.py": "test_trainer_bench.py"}
 BENCHES = [bench for bench in EVERY_BENCH if bench not in OWN_TEST]
+MODES = {"pipeline.py": [("--drain", "1,2")]}  # a bench's other modes, each run quick as well
+RUNS = [(bench, ()) for bench in BENCHES] + [(b, mode) for b, modes in MODES.items() for mode in modes]
 # "ratio 1.24", "ratio: chunked time / full time = 0.93", or a figure like "3.1x" / "80x" in a ratio column
 RATIO = re.compile(r"ratio\b[^\n]*?\d+\.\d+|\b\d+(?:\.\d+)?x\b")
 
@@ -32,10 +34,10 @@ def test_a_bench_left_to_its_own_test_is_run_there() -> None:
         assert f'"bench" / "{bench}"' in source and '"--quick"' in source, test
 
 
-@pytest.mark.parametrize("bench", BENCHES)
-def test_quick_run_prints_its_ratio(bench: str) -> None:
+@pytest.mark.parametrize(("bench", "mode"), RUNS, ids=[" ".join((b, *m)) for b, m in RUNS])
+def test_quick_run_prints_its_ratio(bench: str, mode: tuple[str, ...]) -> None:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / bench), "--quick"],
+        [sys.executable, str(ROOT / "bench" / bench), "--quick", *mode],
         cwd=ROOT, capture_output=True, text=True, timeout=1200, check=False,
     )  # fmt: skip
     tail = done.stdout[-3000:] + done.stderr[-3000:]
