@@ -237,13 +237,20 @@ CODEX_CATALOG = "/opt/codex/catalog.json"  # where the Codex sandbox mounts the 
 
 
 async def play_codex(
-    rig: Rig, tmp_path: Path, prompt: str, *, token: str | None = None, rollout_id: str = ""
+    rig: Rig,
+    tmp_path: Path,
+    prompt: str,
+    *,
+    token: str | None = None,
+    rollout_id: str = "",
+    extra_args: tuple[str, ...] = (),
 ) -> Rollout:
-    """:func:`play` with the real Codex CLI (a ``codex`` session) instead of Claude Code."""
+    """:func:`play` with the real Codex CLI (a ``codex`` session) instead of Claude Code; ``extra_args`` go
+    on its command line (``-c key=value`` settings)."""
     rollout_id = rollout_id or new_rollout_id()
     session_token = await rig.open_session(rollout_id, "codex") if token is None else token
     workdir = prepare_repo(EXAMPLES / "buggy_repo", tmp_path / rollout_id)
-    completed = await run_codex(rig.url, session_token, workdir, prompt)
+    completed = await run_codex(rig.url, session_token, workdir, prompt, extra_args=extra_args)
     (tmp_path / f"{rollout_id}.events.jsonl").write_text(completed.stdout)  # for a failure's post-mortem
     if token is None:
         await rig.close_session(rollout_id)
@@ -253,7 +260,13 @@ async def play_codex(
 
 
 async def run_codex(
-    base_url: str, token: str, workdir: Path, prompt: str, *, timeout: float = 180.0
+    base_url: str,
+    token: str,
+    workdir: Path,
+    prompt: str,
+    *,
+    timeout: float = 180.0,
+    extra_args: tuple[str, ...] = (),
 ) -> Completed:
     """The real Codex CLI, headless, in a bwrap sandbox that only reaches loopback (the adapter)."""
     codex_cli.fetch()
@@ -266,7 +279,7 @@ async def run_codex(
     try:
         cmd = codex_cli.build_command(
             prompt, base_url=f"{base_url}/v1", model=MODEL, catalog=CODEX_CATALOG, workdir=sandbox.workdir,
-            binary=codex_cli.SANDBOX_BINARY, tool_env=SANDBOX_ENV,
+            binary=codex_cli.SANDBOX_BINARY, tool_env=SANDBOX_ENV, extra_args=extra_args,
         )  # fmt: skip
         env = codex_cli.build_env(token, home=sandbox.home, extra=SANDBOX_ENV)
         return await sandbox.run(cmd, env, timeout=timeout)

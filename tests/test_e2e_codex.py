@@ -89,3 +89,48 @@ async def test_its_tools_get_no_token_in_their_environment_nor_from_the_clis_pro
         p for p, (_, argv) in zip(processes, headers, strict=True) if argv.startswith("/opt/codex/codex exec")
     ]
     assert token not in cli and "Permission denied" in cli
+
+
+# --- codex_compact.json: Codex's local compaction ---------------------------------------------------
+
+COMPACT_SCRIPT = SCRIPTS / "runner" / "codex_compact.json"
+# Codex compacts before its next request once the last response's usage plus its estimate of the items added
+# since reaches the limit: ~2.8k prompt tokens + the `seq 1 2000` output (~2.2k by its estimate) is over it,
+# the rewritten ~2.9k-token prompt and the patch after it are under it (so it compacts once).
+AUTO_COMPACT = ("-c", "model_auto_compact_token_limit=3800")
+CHECKPOINT = "You are performing a CONTEXT CHECKPOINT COMPACTION"
+HANDOFF = "Another language model started to solve this problem"
+
+
+async def test_compaction_is_a_chain_of_its_own_and_the_rewritten_history_a_new_one(
+    rig: Rig, tmp_path: Path, tokenizer
+) -> None:
+    """Codex's local compaction: a tool-less request (the history so far + a checkpoint message) whose reply
+    is the summary, then a history rewritten to the opening messages + the summary as a user message. The
+    summary call is a chain of its own (as Claude Code's summary request is), the rewritten history another;
+    the two earlier chains are frozen as wipes, every sampled token trains, and the summary trains only
+    where it was sampled."""
+    rig.use_script(COMPACT_SCRIPT)
+    rollout = await play_codex(rig, tmp_path, FIX, extra_args=AUTO_COMPACT)
+
+    assert rollout.completed.exit_code == 0, rollout.completed.stderr[-3000:]
+    assert FIXED_LINE in (rollout.workdir / "calc.py").read_text()  # by apply_patch, after the compaction
+    assert "+    " + FIXED_LINE in git_diff(rollout.workdir)
+    assert decoded_outputs(rollout, tokenizer) == [t + IM_END for t in script_turns(COMPACT_SCRIPT)]
+    assert [t["chain_id"] for t in rollout.turns] == ["main", "main.1", "main.2", "main.2"]
+    listing, checkpoint, rewritten, last = rollout.resolved()
+    compaction = tokenizer.decode(checkpoint.prompt_ids)
+    assert CHECKPOINT in compaction and "\n1999\n2000\n" in compaction  # the whole history, then the request
+    assert "<tools>" in tokenizer.decode(listing.prompt_ids) and "<tools>" not in compaction  # offered none
+    summary = script_turns(COMPACT_SCRIPT)[1].split("</think>\n\n")[1]
+    opening = tokenizer.decode(rewritten.prompt_ids)
+    assert HANDOFF in opening and summary in opening  # the summary's text came back as a user message
+    assert "seq 1 2000" not in opening and CHECKPOINT not in opening  # the rest of the history is gone
+    assert "The context is full" not in opening  # the summary call's reasoning is not handed over
+    assert [t["prompt_ref_turn"] for t in rollout.turns] == [None, None, None, 0]
+    assert "Success. Updated the following files" in tokenizer.decode(last.prompt_ids[-200:])
+    # no tools, then tools again: each restart is a `tools_changed` rewrite of main's history
+    assert session_kinds(rollout, "main") == [("opened", "first"), ("frozen", "tools_changed")]
+    assert session_kinds(rollout, "main.1") == [("opened", "tools_changed"), ("frozen", "tools_changed")]
+    assert session_kinds(rollout, "main.2") == [("opened", "tools_changed"), ("closed", "rollout_end")]
+    assert_trains_every_sampled_token(rollout, ["wipe", "wipe", "final"])

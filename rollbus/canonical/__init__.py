@@ -11,7 +11,8 @@ Only a real history rewrite starts a new chain from a full render; the old chain
 ``wipe``. The plan's ``reason`` names the rewrite:
 
 * ``first``: the thread's first request (or the first after :meth:`CanonicalHistory.freeze`);
-* ``tools_changed``: the offered tools differ;
+* ``tools_changed``: the offered tools differ, e.g. the Codex CLI's compaction request (no tools) and the
+  request after it (tools again, the history rewritten to its opening + the summary);
 * ``compaction``: the conversation's opening (its first non-system message) was rewritten, e.g.
   Claude Code's "This session is being continued from a previous conversation...";
 * ``fork``: the messages match a strict prefix of the chain's context (by the same rules as an
