@@ -19,6 +19,8 @@ import pytest
 from rollbus.topics import describe, topic_name
 
 ROOT = Path(__file__).resolve().parents[1]
+# a demo may take up to its own 1500 s (a loaded machine took over 600 s for the first, two-round demo)
+pytestmark = pytest.mark.timeout(1600)
 Demo = tuple[Path, subprocess.CompletedProcess, dict, str]  # its tmp dir, result, JSON summary and run
 
 
