@@ -192,8 +192,10 @@ async def test_the_engine_answers_each_route_with_its_harness_s_script(adapter) 
     to the engine: the Responses route's turns come from --codex-script (the test above), the Messages
     route's from --script."""
     _, claude_code = await open_session(adapter, "claude_code")
-    body = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "x"}]}
-    answer = await adapter.post("/v1/messages", json=body, headers=claude_code)
+    read = {"name": "Read", "description": "Reads a file.",
+            "input_schema": {"type": "object", "properties": {"file_path": {"type": "string"}}}}  # fmt: skip
+    body = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "x"}], "tools": [read]}
+    answer = await adapter.post("/v1/messages", json=body, headers=claude_code)  # with tools: its main chain
     assert answer.status_code == 200, answer.text
     said = json.dumps(answer.json()["content"])
     assert "Answered on the Messages route." in said and "exec_command" not in said, said
