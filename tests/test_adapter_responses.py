@@ -31,6 +31,7 @@ PATCH = (
     f"{PATCH_TEXT}\n</parameter>\n</function>\n</tool_call>"
 )
 SCRIPT = {"turns": [EXEC, PATCH, "Done.\n</think>\n\nAdded a.txt."]}
+CLAUDE_CODE_SCRIPT = {"turns": ["Answer.\n</think>\n\nAnswered on the Messages route."]}
 TOOLS = [
     {
         "type": "function",
@@ -58,7 +59,8 @@ def opening() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def engine_url(tmp_path_factory):
-    with engine_process(SCRIPT, tmp_path_factory.mktemp("engine")) as url:
+    # the Codex route's turns come from SCRIPT, any other route's from CLAUDE_CODE_SCRIPT
+    with engine_process(CLAUDE_CODE_SCRIPT, tmp_path_factory.mktemp("engine"), codex_script=SCRIPT) as url:
         yield url
 
 
@@ -182,6 +184,21 @@ async def test_tokens_are_bound_to_their_rollout_and_to_the_codex_harness(adapte
     assert gone.status_code == 401 and "session token" in gone.json()["error"]["message"]
     assert (await adapter.post("/v1/responses", json=body)).status_code == 401
     assert adapter.publisher.events == [] or all(t != "turns" for t, _, _ in adapter.publisher.events)
+
+
+async def test_the_engine_answers_each_route_with_its_harness_s_script(adapter) -> None:
+    """What failed: the engine could not tell a Codex request from a Claude Code one, so a dataset mixing the
+    harnesses got one harness's scripts for both (the other's tool calls fail). Each route names its harness
+    to the engine: the Responses route's turns come from --codex-script (the test above), the Messages
+    route's from --script."""
+    _, claude_code = await open_session(adapter, "claude_code")
+    read = {"name": "Read", "description": "Reads a file.",
+            "input_schema": {"type": "object", "properties": {"file_path": {"type": "string"}}}}  # fmt: skip
+    body = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "x"}], "tools": [read]}
+    answer = await adapter.post("/v1/messages", json=body, headers=claude_code)  # with tools: its main chain
+    assert answer.status_code == 200, answer.text
+    said = json.dumps(answer.json()["content"])
+    assert "Answered on the Messages route." in said and "exec_command" not in said, said
 
 
 def answered(call_id: str, kind: str = "function_call_output") -> list[dict]:

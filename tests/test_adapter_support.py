@@ -100,10 +100,17 @@ def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None) ->
 
 
 @contextlib.contextmanager
-def engine_process(script: dict[str, Any], tmp: Path) -> Iterator[str]:
-    """The real rollbus engine (scripted policy) as a subprocess; yields its base URL."""
+def engine_process(
+    script: dict[str, Any], tmp: Path, codex_script: dict[str, Any] | None = None
+) -> Iterator[str]:
+    """The real rollbus engine (scripted policy) as a subprocess; yields its base URL. ``codex_script``: what
+    it replays to the requests of the Codex harness (``--codex-script``) instead of ``script``."""
     script_file = tmp / "script.json"
     script_file.write_text(json.dumps(script))
+    codex = []
+    if codex_script is not None:
+        (tmp / "codex-script.json").write_text(json.dumps(codex_script))
+        codex = ["--codex-script", str(tmp / "codex-script.json")]
     port = free_port()
     cmd = [
         sys.executable,
@@ -117,6 +124,7 @@ def engine_process(script: dict[str, Any], tmp: Path) -> Iterator[str]:
         str(port),
         "--threads",
         "1",
+        *codex,
     ]
     log = (tmp / "engine.log").open("w")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))

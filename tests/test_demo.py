@@ -1,7 +1,7 @@
 """`make demo`, as a user runs it: the closed loop on embedded defaults, judged by its JSON summary; then, in
 the same state dir (the tests run in file order), `--resume` continues it, and a demo given a broker address
-uses it, is a run of its own and goes through the Codex CLI (`--agent codex`). One full demo serves all three
-(each start costs a minute or more)."""
+uses it, is a run of its own and runs a dataset whose rows mix the Claude Code and Codex CLIs. One full demo
+serves all three (each start costs a minute or more)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ import pytest
 from rollbus.topics import describe, topic_name
 
 ROOT = Path(__file__).resolve().parents[1]
+# a demo may take up to its own 1500 s (a loaded machine took over 600 s for the first, two-round demo)
+pytestmark = pytest.mark.timeout(1600)
 Demo = tuple[Path, subprocess.CompletedProcess, dict, str]  # its tmp dir, result, JSON summary and run
 
 
@@ -82,21 +84,23 @@ def test_resume_continues_the_last_run_and_counts_only_what_it_did(first_demo) -
     assert (summary["train_steps"], summary["policy_version"]) == (1, 3), summary
 
 
-def test_a_codex_demo_given_a_broker_is_a_run_of_its_own_and_trains_on_what_it_solved(
+def test_a_mixed_demo_given_a_broker_is_a_run_of_its_own_and_trains_on_both_harnesses(
     first_demo, kafka_bootstrap: str
 ) -> None:
     """What failed: --bootstrap-servers was ignored unless --embedded-broker false came with it. Run in the
     state dir of the demos above (which holds their broker and a trainer at v3), it is a new run all the
-    same: new topics, no checkpoint, nothing of theirs counted. With ``--agent codex`` every turn came through
-    the Responses route (the Codex CLI's session token opens no other), swe-mini's Codex scripts solved sample
-    0 of each task through exec_command and apply_patch and failed sample 1 (a wrong patch; deleting the
-    tests), and the step trained on that variance."""
+    same: new topics, no checkpoint, nothing of theirs counted. Its dataset (demo-mixed.jsonl) mixes the
+    harnesses by ``metadata.agent``: binsearch runs under the Codex CLI (the Responses route), sum-to under
+    Claude Code (the Messages route). The engine answers each request with its harness's script (Codex's
+    exec_command and apply_patch, Claude Code's Read and Edit: the other's tool calls would fail), so sample
+    0 of each task is solved and sample 1 fails as scripted, and the step trains on that variance."""
     tmp, _, _, first_run = first_demo
     state = tmp / "state"
     kafka = sorted((p, p.stat().st_mtime_ns) for p in (state / "up" / "kafka").rglob("*"))
     adapter_log = state / "up" / "logs" / "adapter.log"
     logged_before = adapter_log.stat().st_size
-    given = ["--bootstrap-servers", kafka_bootstrap, "--steps", "1", "--agent", "codex"]
+    mixed = ROOT / "examples" / "swe-mini" / "demo-mixed.jsonl"
+    given = ["--bootstrap-servers", kafka_bootstrap, "--steps", "1", "--tasks", str(mixed)]
     done, summary, run = demo(tmp, "external", "--state-dir", str(state), *given)
     tail = done.stdout[-4000:]
     assert run != first_run and "(a new run)" in done.stdout.splitlines()[0]
@@ -111,8 +115,10 @@ def test_a_codex_demo_given_a_broker_is_a_run_of_its_own_and_trains_on_what_it_s
     assert len(found) == 2, found
     rewards = dict(re.findall(r"(swe-mini__\S+-\d) .*? (\d\.\d\d) ", done.stdout))
     assert len(rewards) == 4, tail
+    assert {rollout.rsplit("-", 2)[0] for rollout in rewards} == {"swe-mini__binsearch", "swe-mini__sum-to"}
     assert all((reward == "1.00") == rollout.endswith("-0") for rollout, reward in rewards.items()), tail
     logged = adapter_log.read_bytes()[logged_before:].decode(errors="replace")
-    # a request per scripted turn: 3 for each solve and for the wrong patch, 2 for deleting the tests
-    assert len(re.findall(r'"POST /v1/responses HTTP/1.1" 200', logged)) >= 11, logged[-3000:]
-    assert "/v1/messages" not in logged, logged[-3000:]
+    # a request per scripted turn: Codex's 3 to solve binsearch and 2 to delete its tests; Claude Code's 3
+    # to solve sum-to and 3 for the wrong fix
+    assert len(re.findall(r'"POST /v1/responses HTTP/1.1" 200', logged)) >= 5, logged[-3000:]
+    assert len(re.findall(r'"POST /v1/messages(\?\S*)? HTTP/1.1" 200', logged)) >= 6, logged[-3000:]

@@ -8,7 +8,7 @@ import pytest
 
 from rollbus.services.adapter.sessions import SessionTokens
 from rollbus.services.adapter.settings import AdapterSettings
-from rollbus.services.stack.up import Stack, StackSettings, service_specs
+from rollbus.services.stack.up import EXAMPLES, Stack, StackSettings, service_specs
 
 
 def adapter_settings(spec_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> AdapterSettings:
@@ -31,3 +31,31 @@ def test_a_restarted_adapter_accepts_the_session_tokens_its_predecessor_issued(t
     assert stack.adapter_signing_key not in " ".join(adapter.argv)  # ps shows command lines
     other = Stack("127.0.0.1:9", "ns", "http://127.0.0.1:1", "http://127.0.0.1:2", "adm", tmp_path, "key")
     assert other.adapter_signing_key != stack.adapter_signing_key  # one per run, never a constant
+
+
+def engine_argv(tmp_path: Path, **given) -> list[str]:
+    stack = Stack("127.0.0.1:9", "ns", "http://127.0.0.1:1", "http://127.0.0.1:2", "adm", tmp_path, "key")
+    specs = service_specs(StackSettings(state_dir=tmp_path, **given), stack)
+    (engine,) = [s for s in specs if s.name == "engine"]
+    return engine.argv
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+@pytest.mark.parametrize("agent", ["claude_code", "codex"])
+def test_the_engine_gets_each_harness_s_scripts_whatever_the_default_harness(tmp_path: Path, agent: str):
+    """A dataset's rows choose their harness (metadata.agent), so the engine gets both sets of swe-mini
+    scripts and answers each request with its harness's (--agent codex used to switch them for every row)."""
+    argv = engine_argv(tmp_path, agent=agent)
+    assert flag(argv, "--script") == str(EXAMPLES / "swe-mini" / "scripts")
+    assert flag(argv, "--codex-script") == str(EXAMPLES / "swe-mini" / "scripts-codex")
+
+
+def test_a_script_given_alone_serves_every_harness_and_a_codex_script_given_serves_codex(tmp_path: Path):
+    mine, codex = tmp_path / "mine.json", tmp_path / "codex"
+    alone = engine_argv(tmp_path, agent="codex", script=mine)
+    assert flag(alone, "--script") == str(mine) and "--codex-script" not in alone
+    both = engine_argv(tmp_path, script=mine, codex_script=codex)
+    assert (flag(both, "--script"), flag(both, "--codex-script")) == (str(mine), str(codex))

@@ -6,7 +6,7 @@ replays a directory of them with ``--script DIR``: a rollout whose id starts wit
 
 ``scripts-codex/`` holds the same for the Codex CLI's tools (``exec_command`` to read the file, the freeform
 ``apply_patch`` to fix it, a final answer), and the two failing ones as ``<instance_id>@1.json``, so sample 1
-of their groups fails (``rollbus demo --agent codex`` replays it).
+of their groups fails (``rollbus demo --agent codex`` replays it; ``demo-mixed.jsonl`` mixes both harnesses).
 
     python3 examples/swe-mini/make_scripts.py          # rewrite the scripts from tasks/*/task.json
     python3 examples/swe-mini/make_scripts.py --check  # exit 1 if a script is out of date

@@ -57,7 +57,7 @@ async def messages(request: Request) -> Response:
     if agent.kind == MAIN and answers_agent_call(chat.messages):
         hand_back(state.kit, session.finished_subagents())
     state.kit.metrics.count_route(agent)
-    turn = TurnInput(chat, body.model, body.max_tokens, body.sampling())
+    turn = TurnInput(chat, body.model, body.max_tokens, body.sampling(), CLAUDE_CODE)
     return await answer(state, request, agent, turn, stream=anthropic_events if body.stream else None)
 
 

@@ -237,7 +237,7 @@ async def chat_completions(request: Request) -> Response:
         agent = state.sessions.get(granted.rollout_id, granted.attempt_id).main_agent(shape)
         state.kit.metrics.count_route(agent)
         max_tokens = body.max_completion_tokens or body.max_tokens or state.kit.settings.max_new_tokens
-        turn = TurnInput(chat, body.model, max_tokens, body.sampling())
+        turn = TurnInput(chat, body.model, max_tokens, body.sampling(), GYM)
         return await answer(
             state, request, agent, turn, stream=completion_chunks if body.stream else None, render=completion
         )

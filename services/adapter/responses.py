@@ -261,7 +261,7 @@ async def responses(request: Request) -> Response:
         agent = state.sessions.get(granted.rollout_id, granted.attempt_id).main_agent(shape)
         state.kit.metrics.count_route(agent)
         max_tokens = body.max_output_tokens or settings.max_new_tokens
-        turn = TurnInput(chat, body.model, max_tokens, body.sampling())
+        turn = TurnInput(chat, body.model, max_tokens, body.sampling(), CODEX)
         stream = functools.partial(response_events, custom=custom) if body.stream else None
         render = functools.partial(response_body, custom=custom)
         return await answer(state, request, agent, turn, stream=stream, render=render)

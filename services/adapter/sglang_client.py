@@ -40,18 +40,23 @@ class Generation:
 
 @dataclass(frozen=True)
 class TurnHeaders:
-    """Who the turn is for, so engine logs and schedulers can group by rollout and chain."""
+    """Who the turn is for, so engine logs and schedulers can group by rollout and chain, and which harness's
+    route it came through (empty: not said), so a scripted engine can answer in that harness's tools."""
 
     rollout_id: str
     chain_id: str
     chain_kind: str
+    harness: str = ""
 
     def as_dict(self) -> dict[str, str]:
-        return {
+        headers = {
             "X-Rollbus-Rollout": self.rollout_id,
             "X-Rollbus-Chain": self.chain_id,
             "X-Rollbus-Chain-Kind": self.chain_kind,
         }
+        if self.harness:
+            headers["X-Rollbus-Harness"] = self.harness
+        return headers
 
 
 class SGLangClient:

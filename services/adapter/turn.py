@@ -52,6 +52,7 @@ class TurnInput:
     model: str
     max_tokens: int
     sampling: dict[str, Any]  # temperature / top_p / top_k / stop, only those the request gave
+    harness: str = ""  # the harness whose route it came through (its session token opens no other)
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,7 @@ async def generate(
         "skip_special_tokens": False,
     }
     rid = f"rb-{uuid.uuid4().hex}"
-    headers = TurnHeaders(agent.rollout_id, prepared.plan.chain_id, agent.kind)
+    headers = TurnHeaders(agent.rollout_id, prepared.plan.chain_id, agent.kind, turn.harness)
     call = asyncio.create_task(
         kit.engine.generate(list(prepared.plan.prompt_ids), params, rid, headers, prepared.routes_from)
     )

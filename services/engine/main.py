@@ -37,6 +37,11 @@ class EngineSettings(ModelSettings):
         description='scripted policy: JSON file {"turns": [...]}, or a directory of NAME.json replayed to '
         "rollouts whose id starts with NAME-",
     )
+    codex_script: Path | None = Field(
+        None,
+        description="scripted policy for the Codex CLI's requests (the adapter's Responses route): a file or "
+        "directory as --script; unset: --script serves them too",
+    )
     weight_version: str = Field("0", description="weight_version reported before any update")
     prefix_cache_size: int = Field(8, ge=0, description="KV cache entries kept (LRU)")
     prefill_chunk: int = Field(
@@ -78,19 +83,20 @@ add_arguments = EngineSettings.add_arguments
 
 def build_policy(settings: EngineSettings) -> Policy:
     from rollbus.services.engine.policies import (
+        CODEX,
+        DEFAULT,
+        NO_SCRIPT,
         SamplePolicy,
-        Script,
         ScriptedPolicy,
-        load_script,
-        load_script_dir,
+        load_scripts,
     )
 
     if settings.policy == "sample" or settings.script is None:
         return SamplePolicy()
-    if settings.script.is_dir():  # one script per task; rollouts of no task get default.json or nothing
-        scripts = load_script_dir(settings.script)
-        return ScriptedPolicy(scripts.get("default", Script(turns=())), by_prefix=scripts)
-    return ScriptedPolicy(load_script(settings.script))
+    # one script per task (a directory); rollouts of no task get default.json or nothing
+    scripts = load_scripts(settings.script)
+    by_harness = {CODEX: load_scripts(settings.codex_script)} if settings.codex_script else {}
+    return ScriptedPolicy(scripts.get(DEFAULT, NO_SCRIPT), by_prefix=scripts, by_harness=by_harness)
 
 
 def build_engine(settings: EngineSettings) -> Engine:

@@ -25,7 +25,9 @@ text turn that ends the agent loop instead of failing the rollout.
 
 The chain comes from the adapter's headers ``X-Rollbus-Rollout``, ``X-Rollbus-Chain`` and
 ``X-Rollbus-Chain-Kind`` (``main`` | ``subagent`` | ``side``); without them a request belongs to the
-anonymous main chain.
+anonymous main chain. ``X-Rollbus-Harness`` names the harness whose route the request came through
+(``claude_code``, ``codex``, ``gym``): a harness with scripts of its own (``--codex-script``) gets those,
+since each harness offers its own tools; any other request gets ``--script``.
 """
 
 from __future__ import annotations
@@ -46,22 +48,26 @@ CHAIN_KINDS = ("main", "subagent", "side", "unattributed")  # unattributed repla
 ROLLOUT_HEADER = "x-rollbus-rollout"
 CHAIN_HEADER = "x-rollbus-chain"
 CHAIN_KIND_HEADER = "x-rollbus-chain-kind"
+HARNESS_HEADER = "x-rollbus-harness"
+CODEX = "codex"  # the adapter's name for the Codex CLI's harness (its Responses route)
 
 
 @dataclass(frozen=True)
 class ChainRoute:
-    """Which rollout and chain a request belongs to (from the adapter's headers)."""
+    """Which rollout and chain a request belongs to, and the harness it came from (the adapter's headers)."""
 
     rollout_id: str = ""
     chain_id: str = ""
     kind: str = "main"
+    harness: str = ""  # empty: not said
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, str]) -> ChainRoute:
         kind = headers.get(CHAIN_KIND_HEADER, "main")
         if kind not in CHAIN_KINDS:
             raise BadRequest(f"X-Rollbus-Chain-Kind must be one of {', '.join(CHAIN_KINDS)}, got {kind!r}.")
-        return cls(headers.get(ROLLOUT_HEADER, ""), headers.get(CHAIN_HEADER, ""), kind)
+        harness = headers.get(HARNESS_HEADER, "")
+        return cls(headers.get(ROLLOUT_HEADER, ""), headers.get(CHAIN_HEADER, ""), kind, harness)
 
 
 @dataclass(frozen=True)
@@ -136,12 +142,32 @@ class SamplePolicy:
         return None
 
 
+DEFAULT = "default"  # the script of a rollout whose id names no task of its directory
+NO_SCRIPT = Script(turns=())
+
+
 def load_script_dir(path: str | Path) -> dict[str, Script]:
     """Every ``NAME.json`` of a directory, by name (a dataset's scripts, one per task)."""
     scripts = {p.stem: load_script(p) for p in sorted(Path(path).glob("*.json"))}
     if not scripts:
         raise ValueError(f"no *.json scripts in {path}")
     return scripts
+
+
+def load_scripts(path: str | Path) -> dict[str, Script]:
+    """A script directory by name, or one script file as the ``default`` of every rollout."""
+    return load_script_dir(path) if Path(path).is_dir() else {DEFAULT: load_script(path)}
+
+
+def task_script(scripts: Mapping[str, Script], rollout_id: str, default: Script) -> Script:
+    """``NAME`` of the longest ``NAME-`` prefix of ``rollout_id``, its ``NAME@K`` variant for sample ``K``
+    (the id's last ``-`` field) when there is one; ``default`` when no name is a prefix."""
+    names = [n for n in scripts if "@" not in n and rollout_id.startswith(n + "-")]
+    if not names:
+        return default
+    name = max(names, key=len)
+    sample = rollout_id.rsplit("-", 1)[-1]
+    return scripts.get(f"{name}@{sample}", scripts[name])
 
 
 MAX_CURSORS = 10_000  # chains whose place in the script is remembered (least recently used go first)
@@ -155,8 +181,10 @@ class ScriptedPolicy:
     (``rollbus submit`` starts rollout ids with the row's instance id), any other rollout ``script``;
     ``NAME@K.json``, when present, replaces it for sample K of each group (ids end in ``-K``), so one group
     can hold rollouts that solve and rollouts that fail: the reward variance a group-relative trainer needs.
-    At most ``max_cursors`` cursors are kept (an engine serves rollouts for days); the least recently
-    used chain is forgotten first, and would start its script again.
+    A harness in ``by_harness`` (a request's ``X-Rollbus-Harness``) picks from its own scripts the same way
+    (their ``default`` for any other rollout), so one engine serves a dataset whose rows run under different
+    harnesses, each in its own tools. At most ``max_cursors`` cursors are kept (an engine serves rollouts
+    for days); the least recently used chain is forgotten first, and would start its script again.
     """
 
     script: Script
@@ -164,17 +192,16 @@ class ScriptedPolicy:
     max_cursors: int = MAX_CURSORS
     cursors: OrderedDict[tuple[str, str, str], int] = field(default_factory=OrderedDict)
     by_prefix: dict[str, Script] = field(default_factory=dict)
+    by_harness: dict[str, dict[str, Script]] = field(default_factory=dict)
 
-    def script_for(self, rollout_id: str) -> Script:
-        names = [n for n in self.by_prefix if "@" not in n and rollout_id.startswith(n + "-")]
-        if not names:
-            return self.script
-        name = max(names, key=len)
-        sample = rollout_id.rsplit("-", 1)[-1]
-        return self.by_prefix.get(f"{name}@{sample}", self.by_prefix[name])
+    def script_for(self, rollout_id: str, harness: str = "") -> Script:
+        if harness in self.by_harness:
+            scripts = self.by_harness[harness]
+            return task_script(scripts, rollout_id, scripts.get(DEFAULT, NO_SCRIPT))
+        return task_script(self.by_prefix, rollout_id, self.script)
 
     def scripted_turn(self, route: ChainRoute) -> ScriptedTurn:
-        script = self.script_for(route.rollout_id)
+        script = self.script_for(route.rollout_id, route.harness)
         if route.kind == "side":
             return ScriptedTurn(script.side_text)
         turns = script.turns if route.kind == "main" else script.subagent_turns

@@ -45,7 +45,11 @@ class DemoSettings(StackSettings):
     """Settings of ``rollbus demo`` (flags --x-y, variables ROLLBUS_DEMO_X_Y)."""
 
     model_config = StackSettings.scoped("demo")
-    tasks: Path = Field(EXAMPLES / "swe-mini" / "demo.jsonl", description="dataset submitted (slime's rows)")
+    tasks: Path = Field(
+        EXAMPLES / "swe-mini" / "demo.jsonl",
+        description="dataset submitted (slime's rows; metadata.agent picks a row's harness: swe-mini's "
+        "demo-mixed.jsonl runs both)",
+    )
     n_samples_per_prompt: int = Field(2, ge=1, description="rollouts per task (one group)")
     steps: int = Field(
         2, ge=0, description="training steps, one per round of the dataset (0: one round, no training wait)"

@@ -52,8 +52,12 @@ class StackSettings(BusSettings):
     policy: Literal["sample", "scripted"] = Field("scripted", description="the engine's policy")
     script: Path = Field(
         EXAMPLES / "swe-mini" / "scripts",
-        description="scripted policy: a JSON file, or a directory of NAME.json per task (rollout-id prefix); "
-        "unset with --agent codex: swe-mini's Codex scripts",
+        description="scripted policy: a JSON file, or a directory of NAME.json per task (rollout-id prefix)",
+    )
+    codex_script: Path = Field(
+        EXAMPLES / "swe-mini" / "scripts-codex",
+        description="scripted policy of the rollouts the Codex CLI runs (its requests come through the "
+        "adapter's Responses route); unset while --script is given: --script serves them too",
     )
     agent: Literal["claude_code", "codex"] = Field(
         "claude_code", description="the sandbox runner's agent harness for rows without metadata.agent"
@@ -103,11 +107,14 @@ class StackSettings(BusSettings):
     def starts_broker(self) -> bool:
         return self.embedded_broker if self.embedded_broker is not None else not self.bootstrap_given()
 
-    def engine_script(self) -> Path:
-        """The script given, else the scripts written for the default harness's tools."""
-        if "script" in self.model_fields_set or self.agent != "codex":
-            return self.script
-        return EXAMPLES / "swe-mini" / "scripts-codex"
+    def engine_scripts(self) -> list[str]:
+        """The engine's script flags: ``--script`` for every request and, unless ``--script`` alone was given
+        (one script for every harness), ``--codex-script`` for the Codex CLI's: each row runs under its own
+        harness (``metadata.agent``), whose tools its script must call."""
+        flags = ["--script", str(self.script)]
+        if "codex_script" in self.model_fields_set or "script" not in self.model_fields_set:
+            flags += ["--codex-script", str(self.codex_script)]
+        return flags
 
 
 @dataclass(frozen=True)
@@ -135,8 +142,8 @@ def service_specs(settings: StackSettings, stack: Stack) -> list[ServiceSpec]:
     specs = [
         ServiceSpec.rollbus(
             "engine",
-            ["--port", str(engine_port), "--policy", settings.policy,
-             "--script", str(settings.engine_script()), *moe["engine"]],
+            ["--port", str(engine_port), "--policy", settings.policy, *settings.engine_scripts(),
+             *moe["engine"]],
             health_url=f"{stack.engine_url}/health", env={"ROLLBUS_ENGINE_API_KEY": engine_key},
         ),
         ServiceSpec.rollbus(
