@@ -237,13 +237,14 @@ CODEX_CATALOG = "/opt/codex/catalog.json"  # where the Codex sandbox mounts the 
 
 
 async def play_codex(
-    rig: Rig, tmp_path: Path, prompt: str, *, token: str | None = None, rollout_id: str = ""
+    rig: Rig, tmp_path: Path, prompt: str, *, token: str | None = None, rollout_id: str = "", url: str = ""
 ) -> Rollout:
-    """:func:`play` with the real Codex CLI (a ``codex`` session) instead of Claude Code."""
+    """:func:`play` with the real Codex CLI (a ``codex`` session) instead of Claude Code; ``url``: where it
+    reaches the adapter, if not directly (a proxy in between)."""
     rollout_id = rollout_id or new_rollout_id()
     session_token = await rig.open_session(rollout_id, "codex") if token is None else token
     workdir = prepare_repo(EXAMPLES / "buggy_repo", tmp_path / rollout_id)
-    completed = await run_codex(rig.url, session_token, workdir, prompt)
+    completed = await run_codex(url or rig.url, session_token, workdir, prompt)
     (tmp_path / f"{rollout_id}.events.jsonl").write_text(completed.stdout)  # for a failure's post-mortem
     if token is None:
         await rig.close_session(rollout_id)

@@ -6,6 +6,8 @@ One adapter and one engine (``runner/codex_fix.json``) serve the module; each te
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from pathlib import Path
 
@@ -21,6 +23,67 @@ FIX = "The tests in this directory fail. Fix the bug."
 IM_END = "<|im_end|>"
 FIXED_LINE = "return sum(range(1, n + 1))"
 RIG_SCRIPT = SCRIPTS / "runner" / "codex_fix.json"  # the conftest rig replays it
+ITEM_DONE = b"event: response.output_item.done\n"
+
+
+class CuttingProxy:
+    """Loopback TCP between the CLI and the adapter that cuts one response: the first stream to carry a
+    ``response.output_item.done`` is closed right after that event (and its HTTP chunk's end), as a dropped
+    connection would be, before the turn's later items and ``response.completed``."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.cuts = 0
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()  # its connections ended with the CLI
+        await self.server.wait_closed()
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        upstream_r, upstream_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        ask = asyncio.create_task(self._copy(client_r, upstream_w))
+        try:
+            await self._answer(upstream_r, client_w)
+        finally:
+            ask.cancel()
+            for writer in (client_w, upstream_w):
+                writer.close()
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
+
+    @staticmethod
+    async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+
+    async def _answer(self, upstream: asyncio.StreamReader, client: asyncio.StreamWriter) -> None:
+        seen, sent = b"", 0
+        while data := await upstream.read(65536):
+            seen += data
+            cut = None if self.cuts else self._cut_at(seen)
+            end = max(sent, len(seen) if cut is None else cut)  # nothing past the cut ever reaches the CLI
+            client.write(seen[sent:end])
+            await client.drain()
+            sent = end
+            if cut is not None:
+                self.cuts += 1
+                return
+
+    @staticmethod
+    def _cut_at(seen: bytes) -> int | None:
+        """Where the first whole output_item.done event (and its chunk's CRLF) ends, once it has arrived."""
+        start = seen.find(ITEM_DONE)
+        end = seen.find(b"\n\n", start) if start >= 0 else -1
+        if end < 0 or len(seen) < end + 4:
+            return None
+        return end + 4 if seen[end + 2 : end + 4] == b"\r\n" else end + 2
 
 
 async def test_shell_then_apply_patch_fix_lands_on_disk_and_every_sampled_token_trains(
@@ -89,3 +152,31 @@ async def test_its_tools_get_no_token_in_their_environment_nor_from_the_clis_pro
         p for p, (_, argv) in zip(processes, headers, strict=True) if argv.startswith("/opt/codex/codex exec")
     ]
     assert token not in cli and "Permission denied" in cli
+
+
+async def test_a_stream_cut_after_its_first_item_is_retried_and_answered_with_the_rest_of_that_turn(
+    rig: Rig, tmp_path: Path, tokenizer
+) -> None:
+    """The first response is cut after its reasoning item, before its exec_command call and completion.
+    Codex retries with that item appended to the same history; the adapter answers with the rest of the turn
+    it recorded (no new sample), so the run goes on as if nothing happened: three turns, each trained once,
+    one chain. Without stream retries the cut fails the run; answered with a new sample instead, the
+    retry's turn (the script's next one) and a rewritten chain would show on the bus."""
+    rig.use_script(RIG_SCRIPT)  # a fresh cursor: this rollout's turns are the script's, in order
+    retried = await rig.metric("rollbus_adapter_stream_retries_total")
+    answered = await rig.answered(200, route="/v1/responses")
+    proxy = CuttingProxy(rig.adapter_port)
+    async with proxy as url:
+        rollout = await play_codex(rig, tmp_path, FIX, url=url)
+
+    assert proxy.cuts == 1
+    assert rollout.completed.exit_code == 0, rollout.completed.stderr[-3000:]
+    assert stream_events(rollout.completed.stdout)[-1]["type"] == "turn.completed"
+    assert FIXED_LINE in (rollout.workdir / "calc.py").read_text()
+    assert await rig.metric("rollbus_adapter_stream_retries_total") - retried == 1
+    assert await rig.answered(200, route="/v1/responses") - answered == 4  # three turns and the retry
+    assert decoded_outputs(rollout, tokenizer) == [t + IM_END for t in script_turns(RIG_SCRIPT)]
+    assert [t["chain_id"] for t in rollout.turns] == ["main"] * 3
+    assert [t["prompt_ref_turn"] for t in rollout.turns] == [None, 0, 1]  # each stitched onto the one before
+    assert_trains_every_sampled_token(rollout, ["final"])
+    assert session_kinds(rollout, "main") == [("opened", "first"), ("closed", "rollout_end")]
