@@ -118,8 +118,8 @@ class Rig:
         async with httpx.AsyncClient(timeout=HTTP_TIMEOUT) as http:
             text = (await http.get(f"{self.url}/metrics")).raise_for_status().text
         total = 0.0
-        for sample in re.finditer(rf"^{re.escape(name)}\{{(.*)\}} (\S+)$", text, re.MULTILINE):
-            found = dict(re.findall(r'(\w+)="([^"]*)"', sample.group(1)))
+        for sample in re.finditer(rf"^{re.escape(name)}(?:\{{(.*)\}})? (\S+)$", text, re.MULTILINE):
+            found = dict(re.findall(r'(\w+)="([^"]*)"', sample.group(1) or ""))
             if all(found.get(k) == v for k, v in labels.items()):
                 total += float(sample.group(2))
         return total

@@ -7,7 +7,6 @@ One adapter and one engine (``runner/codex_fix.json``) serve the module; each te
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from pathlib import Path
 
@@ -35,6 +34,7 @@ class CuttingProxy:
         self.upstream_port = upstream_port
         self.cuts = 0
         self.server: asyncio.Server | None = None
+        self.connections: set[asyncio.Task] = set()
 
     async def __aenter__(self) -> str:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -42,26 +42,30 @@ class CuttingProxy:
 
     async def __aexit__(self, *exc: object) -> None:
         assert self.server is not None
-        self.server.close()  # its connections ended with the CLI
+        self.server.close()
+        for connection in self.connections:
+            connection.cancel()
+        await asyncio.gather(*self.connections, return_exceptions=True)
         await self.server.wait_closed()
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        self.connections.add(asyncio.current_task())  # type: ignore[arg-type]
         upstream_r, upstream_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
         ask = asyncio.create_task(self._copy(client_r, upstream_w))
         try:
             await self._answer(upstream_r, client_w)
         finally:
             ask.cancel()
-            for writer in (client_w, upstream_w):
-                writer.close()
-                with contextlib.suppress(OSError):
-                    await writer.wait_closed()
+            client_w.close()
+            upstream_w.close()
 
     @staticmethod
     async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """The CLI's bytes to the adapter; the CLI's side closed, the adapter's is closed too."""
         while data := await reader.read(65536):
             writer.write(data)
             await writer.drain()
+        writer.close()
 
     async def _answer(self, upstream: asyncio.StreamReader, client: asyncio.StreamWriter) -> None:
         seen, sent = b"", 0

@@ -266,7 +266,8 @@ async def responses(request: Request) -> Response:
         )
         if body.stream and owed is not None:  # a cut stream retried: the rest of the turn, not a new one
             state.kit.metrics.stream_retries.inc()
-            return StreamingResponse(replay_events(agent.answered.response, owed), media_type=EVENT_STREAM)
+            replay = replay_events(agent.answered.response, owed)
+            return StreamingResponse(replay, media_type=EVENT_STREAM, headers={"cache-control": "no-cache"})
         max_tokens = body.max_output_tokens or settings.max_new_tokens
         turn = TurnInput(chat, body.model, max_tokens, body.sampling())
         remember = functools.partial(_remember, agent, body)
