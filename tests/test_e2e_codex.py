@@ -175,7 +175,9 @@ async def test_a_stream_cut_after_its_first_item_is_retried_and_answered_with_th
 
     assert proxy.cuts == 1
     assert rollout.completed.exit_code == 0, rollout.completed.stderr[-3000:]
-    assert stream_events(rollout.completed.stdout)[-1]["type"] == "turn.completed"
+    events = stream_events(rollout.completed.stdout)
+    assert [e["message"][:16] for e in events if e["type"] == "error"] == ["Reconnecting... "]  # one retry
+    assert events[-1]["type"] == "turn.completed"
     assert FIXED_LINE in (rollout.workdir / "calc.py").read_text()
     assert await rig.metric("rollbus_adapter_stream_retries_total") - retried == 1
     assert await rig.answered(200, route="/v1/responses") - answered == 4  # three turns and the retry
