@@ -99,9 +99,10 @@ def config_overrides(
     A custom provider named other than "OpenAI" speaks plain HTTPS (no WebSocket attempts, local compaction
     only). A stream cut mid-response is retried (``STREAM_RETRIES``): the turn was recorded before it was
     streamed, and the adapter answers the retry (the same history plus the items that arrived) with the rest
-    of that turn instead of a new sample, so no turn trains twice. Request retries stay off: a 5xx is not
-    shown to be answered before anything was recorded. The idle timeout is above any turn, since the adapter
-    streams ``response.in_progress`` while it waits for the engine anyway.
+    of that turn instead of a new sample, so no turn trains twice. These retries also repeat a request
+    answered with an HTTP error (a 401 is asked three times), which is safe: the adapter answers every error
+    before it records a turn. Request retries stay off (not needed, not tested). The idle timeout is above any
+    turn, since the adapter streams ``response.in_progress`` while it waits for the engine anyway.
 
     The commands the model runs get Codex's ``core`` variables (HOME, PATH, SHELL, USER, TMPDIR, ...) and
     ``tool_env``, nothing else: by default Codex hands its whole environment to them, the session token

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from rollbus import codex_cli
 from rollbus.sandbox import git_diff
 from tests.e2e_support import SCRIPTS, Rig, play_codex, rollout_events, script_turns, stream_events
 from tests.test_e2e_claude_code import assert_trains_every_sampled_token, decoded_outputs, session_kinds
@@ -113,9 +114,10 @@ async def test_shell_then_apply_patch_fix_lands_on_disk_and_every_sampled_token_
     assert session_kinds(rollout, "main") == [("opened", "first"), ("closed", "rollout_end")]
 
 
-async def test_another_rollouts_closed_token_is_a_401_codex_does_not_retry(rig: Rig, tmp_path: Path) -> None:
+async def test_another_rollouts_closed_token_is_a_401_each_time_codex_asks(rig: Rig, tmp_path: Path) -> None:
     """A token whose rollout was closed (what an agent that kept an earlier rollout's token would send) gets
-    one 401 on /v1/responses: Codex fails the run without retrying, and nothing reaches the bus."""
+    a 401 on /v1/responses each time: Codex's stream retries repeat the request (``STREAM_RETRIES`` times),
+    then it fails the run, and nothing reaches the bus."""
     other = f"e2e-{uuid.uuid4().hex[:10]}"
     stale = await rig.open_session(other, "codex")
     await rig.close_session_if_open(other)
@@ -124,7 +126,7 @@ async def test_another_rollouts_closed_token_is_a_401_codex_does_not_retry(rig: 
 
     assert rollout.completed.exit_code != 0
     assert "401" in rollout.completed.stdout + rollout.completed.stderr
-    assert await rig.answered(401, route="/v1/responses") - before == 1
+    assert await rig.answered(401, route="/v1/responses") - before == 1 + codex_cli.STREAM_RETRIES
     assert rollout.turns == [] and git_diff(rollout.workdir) == ""
     assert await rollout_events(rig.bootstrap, rig.namespace, "turns", other) == []
 
