@@ -168,7 +168,7 @@ async def test_a_stream_cut_after_its_first_item_is_retried_and_answered_with_th
     it recorded (no new sample), so the run goes on as if nothing happened: three turns, each trained once,
     one chain. Without stream retries the cut fails the run; answered with a new sample instead, the
     retry's turn (the script's next one) and a rewritten chain would show on the bus."""
-    rig.use_script(RIG_SCRIPT)  # a fresh cursor: this rollout's turns are the script's, in order
+    rig.use_script(RIG_SCRIPT)  # the module's script again (a test before may have served another)
     retried = await rig.metric("rollbus_adapter_stream_retries_total")
     answered = await rig.answered(200, route="/v1/responses")
     proxy = CuttingProxy(rig.adapter_port)
