@@ -43,6 +43,7 @@ DEFAULT_INSTRUCTIONS = (
     "change files and to run commands; finish with a short summary of what you changed."
 )
 DEFAULT_CONTEXT_WINDOW = 65536
+STREAM_RETRIES = 2  # a stream cut mid-response is retried; the adapter answers with the rest of the turn
 
 
 def model_catalog(
@@ -96,15 +97,19 @@ def config_overrides(
     ``base_url`` is off (analytics, feedback, update checks, plugins, apps, web search, sub-agents).
 
     A custom provider named other than "OpenAI" speaks plain HTTPS (no WebSocket attempts, local compaction
-    only); retries are off so a failed turn is never generated twice; the idle timeout is above any turn,
-    since the adapter streams ``response.in_progress`` while it waits for the engine anyway.
+    only). A stream cut mid-response is retried (``STREAM_RETRIES``): the turn was recorded before it was
+    streamed, and the adapter answers the retry (the same history plus the items that arrived) with the rest
+    of that turn instead of a new sample, so no turn trains twice. These retries also repeat a request
+    answered with an HTTP error (a 401 is asked three times), which is safe: the adapter answers every error
+    before it records a turn. Request retries stay off (not needed, not tested). The idle timeout is above any
+    turn, since the adapter streams ``response.in_progress`` while it waits for the engine anyway.
 
     The commands the model runs get Codex's ``core`` variables (HOME, PATH, SHELL, USER, TMPDIR, ...) and
     ``tool_env``, nothing else: by default Codex hands its whole environment to them, the session token
     included (tests/test_e2e_codex.py shows a shell command reading it)."""
     provider = (
         f'{{name = "{PROVIDER}", base_url = {json.dumps(base_url)}, env_key = "{TOKEN_ENV}", '
-        f'wire_api = "responses", request_max_retries = 0, stream_max_retries = 0, '
+        f'wire_api = "responses", request_max_retries = 0, stream_max_retries = {STREAM_RETRIES}, '
         f"stream_idle_timeout_ms = {int(max_turn_seconds * 1000)}}}"
     )
     settings = {

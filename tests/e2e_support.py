@@ -118,8 +118,8 @@ class Rig:
         async with httpx.AsyncClient(timeout=HTTP_TIMEOUT) as http:
             text = (await http.get(f"{self.url}/metrics")).raise_for_status().text
         total = 0.0
-        for sample in re.finditer(rf"^{re.escape(name)}\{{(.*)\}} (\S+)$", text, re.MULTILINE):
-            found = dict(re.findall(r'(\w+)="([^"]*)"', sample.group(1)))
+        for sample in re.finditer(rf"^{re.escape(name)}(?:\{{(.*)\}})? (\S+)$", text, re.MULTILINE):
+            found = dict(re.findall(r'(\w+)="([^"]*)"', sample.group(1) or ""))
             if all(found.get(k) == v for k, v in labels.items()):
                 total += float(sample.group(2))
         return total
@@ -244,13 +244,15 @@ async def play_codex(
     token: str | None = None,
     rollout_id: str = "",
     extra_args: tuple[str, ...] = (),
+    url: str = "",
 ) -> Rollout:
     """:func:`play` with the real Codex CLI (a ``codex`` session) instead of Claude Code; ``extra_args`` go
-    on its command line (``-c key=value`` settings)."""
+    on its command line (``-c key=value`` settings); ``url``: where it reaches the adapter, if not directly (a
+    proxy in between)."""
     rollout_id = rollout_id or new_rollout_id()
     session_token = await rig.open_session(rollout_id, "codex") if token is None else token
     workdir = prepare_repo(EXAMPLES / "buggy_repo", tmp_path / rollout_id)
-    completed = await run_codex(rig.url, session_token, workdir, prompt, extra_args=extra_args)
+    completed = await run_codex(url or rig.url, session_token, workdir, prompt, extra_args=extra_args)
     (tmp_path / f"{rollout_id}.events.jsonl").write_text(completed.stdout)  # for a failure's post-mortem
     if token is None:
         await rig.close_session(rollout_id)

@@ -30,7 +30,7 @@ def test_the_command_runs_headless_offline_and_keeps_a_dash_prompt_a_prompt() ->
     assert settings["web_search"] == '"disabled"' and settings["model_provider"] == '"rollbus"'
     provider = settings["model_providers.rollbus"]
     assert 'base_url = "http://127.0.0.1:8080/v1"' in provider and 'wire_api = "responses"' in provider
-    assert "request_max_retries = 0" in provider and "stream_max_retries = 0" in provider
+    assert "request_max_retries = 0" in provider and "stream_max_retries = 2" in provider
     assert "stream_idle_timeout_ms = 60000" in provider
 
 

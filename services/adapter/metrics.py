@@ -60,6 +60,11 @@ class AdapterMetrics:
             "MoE turns recorded without routed experts (the engine sent none, or rows that do not fit)",
             registry=r,
         )
+        self.stream_retries = Counter(
+            "rollbus_adapter_stream_retries",
+            "Retries of a cut Responses stream answered with the rest of the recorded turn (no new sample)",
+            registry=r,
+        )
         self.in_flight = Gauge("rollbus_adapter_in_flight", "Turns being generated", registry=r)
         self.backlog = Gauge("rollbus_adapter_bus_backlog", "Records waiting for the bus", registry=r)
         self.turn_seconds = Histogram(

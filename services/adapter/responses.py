@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
-from rollbus.services.adapter import edge
+from rollbus.services.adapter import edge, stream_retry
 from rollbus.services.adapter.bodies import check_json, decode_json
 from rollbus.services.adapter.errors import ApiError, invalid_request
 from rollbus.services.adapter.replies import answer
@@ -41,6 +41,7 @@ _MODEL = ConfigDict(extra="ignore", frozen=True)
 FREEFORM_PARAMETER = "input"  # the one string parameter a custom tool is offered with
 ASSISTANT_ITEMS = ("reasoning", "function_call", "custom_tool_call")
 OUTPUT_ITEMS = ("function_call_output", "custom_tool_call_output")
+EVENT_STREAM = "text/event-stream"
 
 
 class Part(BaseModel):
@@ -260,9 +261,17 @@ async def responses(request: Request) -> Response:
         shape = RequestShape(None, chat.system, chat.messages, chat.tools, edge.peer(request))
         agent = state.sessions.get(granted.rollout_id, granted.attempt_id).main_agent(shape)
         state.kit.metrics.count_route(agent)
+        owed = stream_retry.rest(
+            agent.answered, body.items(), body.tools, agent.history.chain_id, len(agent.history.turns)
+        )
+        if body.stream and owed is not None:  # a cut stream retried: the rest of the turn, not a new one
+            state.kit.metrics.stream_retries.inc()
+            replay = replay_events(agent.answered.response, owed)
+            return StreamingResponse(replay, media_type=EVENT_STREAM, headers={"cache-control": "no-cache"})
         max_tokens = body.max_output_tokens or settings.max_new_tokens
         turn = TurnInput(chat, body.model, max_tokens, body.sampling(), CODEX)
-        stream = functools.partial(response_events, custom=custom) if body.stream else None
+        remember = functools.partial(_remember, agent, body)
+        stream = functools.partial(response_events, custom=custom, remember=remember) if body.stream else None
         render = functools.partial(response_body, custom=custom)
         return await answer(state, request, agent, turn, stream=stream, render=render)
     except ApiError as err:
@@ -270,8 +279,13 @@ async def responses(request: Request) -> Response:
 
 
 async def response_events(
-    events: AsyncIterator[TurnEvent], started: Started, custom: frozenset[str]
+    events: AsyncIterator[TurnEvent],
+    started: Started,
+    custom: frozenset[str],
+    remember: Callable[[dict[str, Any]], None] = lambda body: None,
 ) -> AsyncIterator[bytes]:
+    """The turn's stream; ``remember`` gets the completed body (the turn is committed) before any item is
+    sent, so a retry after a cut finds it."""
     head = response_body(started.message, custom, status="in_progress")
     yield _sse("response.created", {"response": head})
     try:
@@ -280,13 +294,36 @@ async def response_events(
                 yield _sse("response.in_progress", {"response": head})
             elif isinstance(item, Done):
                 body = response_body(item.message, custom)
-                for index, output in enumerate(body["output"]):
-                    yield _sse("response.output_item.added", {"output_index": index, "item": output})
-                    yield _sse("response.output_item.done", {"output_index": index, "item": output})
-                yield _sse("response.completed", {"response": body})
+                remember(body)
+                for chunk in _items_and_completion(body):
+                    yield chunk
     except ApiError as err:  # the status line is gone: the failure travels as an event
         error = {"code": err.error_type, "message": err.message}
         yield _sse("response.failed", {"response": head | {"status": "failed", "error": error}})
+
+
+async def replay_events(answered: dict[str, Any], owed: list[dict[str, Any]]) -> AsyncIterator[bytes]:
+    """The stream answering a retry: the items the cut kept from the client, then completion."""
+    body = answered | {"output": owed}
+    yield _sse("response.created", {"response": body | {"status": "in_progress", "output": []}})
+    for chunk in _items_and_completion(body):
+        yield chunk
+
+
+def _items_and_completion(body: dict[str, Any]) -> Iterator[bytes]:
+    for index, output in enumerate(body["output"]):
+        yield _sse("response.output_item.added", {"output_index": index, "item": output})
+        yield _sse("response.output_item.done", {"output_index": index, "item": output})
+    yield _sse("response.completed", {"response": body})
+
+
+def _remember(agent: Any, request: ResponsesRequest, body: dict[str, Any]) -> None:
+    """What :mod:`stream_retry` needs to answer a retry of ``request``, whose turn was just committed."""
+    echoes = tuple(Item.model_validate(output) for output in body["output"])
+    history = agent.history
+    agent.answered = stream_retry.Answered(
+        tuple(request.items()), request.tools, echoes, body, history.chain_id, len(history.turns)
+    )
 
 
 def _sse(kind: str, payload: dict[str, Any]) -> bytes:

@@ -169,6 +169,7 @@ class Agent:
     parent_tool_use_id: str | None = None  # the parent's Agent call this sub-agent answers
     cause: str | None = None  # why it is unattributed (FROM_A_TOOL, ...), for the metrics
     contested: bool = False  # another conversation claimed its Agent call: its chain ends `ambiguous`
+    answered: Any = None  # the Responses route's last streamed turn, for a retry of it (stream_retry.py)
 
     @property
     def chain_id(self) -> str:
