@@ -120,7 +120,7 @@ def config_overrides(
         "feedback.enabled": "false",
         "features.plugins": "false",
         "features.apps": "false",
-        "agents.enabled": "false",
+        "agents.enabled": "true",
         "skills.bundled.enabled": "false",
         "tools.update_plan.enabled": "true",
         "shell_environment_policy.inherit": '"core"',
