@@ -93,7 +93,8 @@ def config_overrides(
     tool_env: Mapping[str, str] | None = None,
 ) -> list[str]:
     """``-c key=value`` settings (TOML values) for one headless run; everything Codex would reach besides
-    ``base_url`` is off (analytics, feedback, update checks, plugins, apps, web search, sub-agents).
+    ``base_url`` is off (analytics, feedback, update checks, plugins, apps, web search). Sub-agents are on:
+    each child thread's requests train as a ``subagent`` chain of the rollout (docs/codex-wire.md).
 
     A custom provider named other than "OpenAI" speaks plain HTTPS (no WebSocket attempts, local compaction
     only); retries are off so a failed turn is never generated twice; the idle timeout is above any turn,
