@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from rollbus.canonical import CanonicalHistory
+from rollbus.canonical import CanonicalHistory, TemplateRenderer, canonical_history
 from rollbus.services.adapter.responses import (
     ResponsesRequest,
     namespaces,
@@ -84,6 +84,16 @@ def tokenizer():
     return load_tokenizer("qwen3.6")
 
 
+@pytest.fixture(scope="module")
+def shared_renderer(tokenizer):
+    """Every history of the module renders with one real template renderer: building one takes seconds (its
+    markup tables), and a session builds a history per conversation."""
+    renderer = TemplateRenderer(tokenizer)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(canonical_history, "TemplateRenderer", lambda *args, **kwargs: renderer)
+        yield renderer
+
+
 def chat_tools(tools: list[dict]) -> list[dict]:
     return offered_tools(tools)[0]
 
@@ -123,7 +133,7 @@ def child(session: Session, thread: str, prompt: str = PROMPT, peer: str | None 
 
 
 @pytest.fixture
-def session(tokenizer) -> Session:
+def session(tokenizer, shared_renderer) -> Session:
     return Sessions(lambda name: CanonicalHistory(tokenizer, chain_name=name)).get("r1")
 
 
@@ -157,6 +167,8 @@ def test_a_thread_answering_no_spawn_call_or_sent_by_a_tool_is_unattributed(sess
     spawn_turn(session, ("call_a", PROMPT))
     stranger = child(session, "t-other", prompt="Read calc.py")  # a part of the message is not the message
     assert (stranger.kind, stranger.cause) == (UNATTRIBUTED, NO_AGENT_CALL)
+    spawn_turn(session, ("call_items", ""))  # a spawn by `items` only: no message to match
+    assert child(session, "t-blank", prompt=" ").kind == UNATTRIBUTED
     tool = child(session, "t-tool", peer=TOOL_PEER)
     assert tool.kind == UNATTRIBUTED and "call_a" not in session.claimed
     assert child(session, "t-child").kind == SUBAGENT  # the call was still open for its real child

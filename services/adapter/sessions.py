@@ -336,12 +336,13 @@ class Session:
         starts, so the parent's next turn can be planned, or even done, before the child's first request."""
         main = self.agents.get(MAIN)
         users = [m.get("content") for m in shape.messages if m.get("role") == "user"]
-        if main is None or not users or not isinstance(users[-1], str):
+        prompt = users[-1].strip() if users and isinstance(users[-1], str) else ""
+        if main is None or not prompt:
             return None, []
         contested = []
         for sent in main.history.sent:
             for call_id, name, arguments in sent.tool_calls if sent is not None else ():
-                if name != SPAWN_TOOL or _message_of(arguments) != users[-1].strip():
+                if name != SPAWN_TOOL or _message_of(arguments) != prompt:
                     continue
                 if call_id not in self.claimed:
                     return call_id, []
