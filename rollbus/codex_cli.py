@@ -94,7 +94,8 @@ def config_overrides(
     tool_env: Mapping[str, str] | None = None,
 ) -> list[str]:
     """``-c key=value`` settings (TOML values) for one headless run; everything Codex would reach besides
-    ``base_url`` is off (analytics, feedback, update checks, plugins, apps, web search, sub-agents).
+    ``base_url`` is off (analytics, feedback, update checks, plugins, apps, web search). Sub-agents are on:
+    each child thread's requests train as a ``subagent`` chain of the rollout (docs/codex-wire.md).
 
     A custom provider named other than "OpenAI" speaks plain HTTPS (no WebSocket attempts, local compaction
     only). A stream cut mid-response is retried (``STREAM_RETRIES``): the turn was recorded before it was
@@ -125,7 +126,7 @@ def config_overrides(
         "feedback.enabled": "false",
         "features.plugins": "false",
         "features.apps": "false",
-        "agents.enabled": "false",
+        "agents.enabled": "true",
         "skills.bundled.enabled": "false",
         "tools.update_plan.enabled": "true",
         "shell_environment_policy.inherit": '"core"',

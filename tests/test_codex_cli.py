@@ -25,8 +25,9 @@ def test_the_command_runs_headless_offline_and_keeps_a_dash_prompt_a_prompt() ->
     assert "--dangerously-bypass-approvals-and-sandbox" in cmd and "--ephemeral" in cmd
     settings = overrides(cmd)
     for off in ("analytics.enabled", "feedback.enabled", "check_for_update_on_startup", "features.plugins",
-                "features.apps", "agents.enabled"):  # fmt: skip
+                "features.apps"):  # fmt: skip
         assert settings[off] == "false", off
+    assert settings["agents.enabled"] == "true"  # sub-agents train (tests/test_e2e_codex_subagents.py)
     assert settings["web_search"] == '"disabled"' and settings["model_provider"] == '"rollbus"'
     provider = settings["model_providers.rollbus"]
     assert 'base_url = "http://127.0.0.1:8080/v1"' in provider and 'wire_api = "responses"' in provider

@@ -9,8 +9,15 @@ stitches onto the recorded tokens.
 
 Tools: ``function`` tools pass through; a ``custom`` (freeform grammar) tool such as ``apply_patch`` is
 offered to the model as a function with one string parameter ``input`` and its calls go back as
-``custom_tool_call``; hosted tools (``web_search``, ...) and ``namespace`` tools are not offered (the
-runner's Codex config disables them).
+``custom_tool_call``; the functions of a ``namespace`` tool (Codex's sub-agent tools, ``multi_agent_v1``)
+are offered by their own names and their calls go back as ``function_call`` items carrying that
+``namespace`` (without it Codex answers "unsupported call"); hosted tools (``web_search``, ...) are not
+offered (the runner's Codex config disables them).
+
+Each Codex thread is its own conversation (``thread-id``; the root thread's id is the ``session-id``): the
+root is the main agent, a sub-agent's thread becomes a ``subagent`` chain when it answers a ``spawn_agent``
+call of main's (:meth:`~rollbus.services.adapter.sessions.Session.thread_agent`), and its chain is complete
+once main's request carries Codex's ``<subagent_notification>`` for it.
 
 The stream is the one Codex reads (docs/codex-wire.md): ``response.created``, ``response.in_progress`` while
 the engine works (Codex's idle timer counts events, not SSE comments), then per item
@@ -22,7 +29,8 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -33,15 +41,24 @@ from rollbus.services.adapter import edge, stream_retry
 from rollbus.services.adapter.bodies import check_json, decode_json
 from rollbus.services.adapter.errors import ApiError, invalid_request
 from rollbus.services.adapter.replies import answer
-from rollbus.services.adapter.sessions import CODEX, RequestShape
+from rollbus.services.adapter.sessions import CODEX, MAIN, RequestShape
 from rollbus.services.adapter.translate import ChatPrompt
-from rollbus.services.adapter.turn import Done, Ping, Started, TurnEvent, TurnInput
+from rollbus.services.adapter.turn import (
+    Done,
+    Ping,
+    Started,
+    TurnEvent,
+    TurnInput,
+    hand_back,
+    settle_contests,
+)
 
 _MODEL = ConfigDict(extra="ignore", frozen=True)
 FREEFORM_PARAMETER = "input"  # the one string parameter a custom tool is offered with
 ASSISTANT_ITEMS = ("reasoning", "function_call", "custom_tool_call")
 OUTPUT_ITEMS = ("function_call_output", "custom_tool_call_output")
 EVENT_STREAM = "text/event-stream"
+THREAD_HEADER, ROOT_HEADER = "thread-id", "session-id"  # Codex: this conversation's thread, its root's
 
 
 class Part(BaseModel):
@@ -100,12 +117,13 @@ def parse_request(body: bytes) -> ResponsesRequest:
 
 
 def offered_tools(tools: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], frozenset[str]]:
-    """Codex's tools as chat-template functions, and the names of the freeform (custom) ones."""
+    """Codex's tools as chat-template functions, and the names of the freeform (custom) ones; a namespace's
+    functions are offered by their own names (:func:`namespaces` says which namespace each came from)."""
     functions, custom = [], set()
-    for i, tool in enumerate(tools):
+    for i, tool in _flat_tools(tools):
         kind, name = tool.get("type"), tool.get("name")
         if kind not in ("function", "custom"):
-            continue  # hosted (web_search, ...) and namespace tools: not offered
+            continue  # hosted tools (web_search, ...): not offered
         if not isinstance(name, str) or not name:
             raise invalid_request(f"tools.{i}.name: a non-empty string is required")
         if kind == "custom":
@@ -123,6 +141,32 @@ def offered_tools(tools: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], fr
     if len(set(names)) != len(names):
         raise invalid_request("tools: tool names must be unique")
     return functions, frozenset(custom)
+
+
+def _flat_tools(tools: list[Any]) -> list[tuple[str, dict[str, Any]]]:
+    """``(where, tool)`` for each top-level tool and each function inside a ``namespace`` tool."""
+    flat = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise invalid_request(f"tools.{i}: an object is required")
+        inner = tool.get("tools") if tool.get("type") == "namespace" else None
+        if inner is None:
+            flat.append((str(i), tool))
+            continue
+        if not isinstance(inner, list) or not all(isinstance(t, dict) for t in inner):
+            raise invalid_request(f"tools.{i}.tools: a list of objects is required")
+        flat.extend((f"{i}.tools.{j}", t) for j, t in enumerate(inner) if t.get("type") == "function")
+    return flat
+
+
+def namespaces(tools: list[dict[str, Any]]) -> dict[str, str]:
+    """Function name -> the namespace it was offered in, for the functions inside ``namespace`` tools."""
+    found = {}
+    for tool in tools:
+        if tool.get("type") == "namespace" and isinstance(tool.get("name"), str):
+            inner = [t for t in tool.get("tools") or () if isinstance(t, dict)]
+            found.update((t.get("name"), tool["name"]) for t in inner)
+    return found
 
 
 def to_chat(request: ResponsesRequest) -> ChatPrompt:
@@ -194,11 +238,14 @@ def _gather(turn: dict[str, Any], item: Item, index: int, pending: set[str]) -> 
     pending.add(item.call_id)
 
 
-def output_items(message: dict[str, Any], custom: frozenset[str]) -> list[dict[str, Any]]:
+def output_items(
+    message: dict[str, Any], custom: frozenset[str], spaces: Mapping[str, str] = MappingProxyType({})
+) -> list[dict[str, Any]]:
     """The turn core's final message (Anthropic blocks) as Responses output items, in the order written.
 
     Each item translates back (:func:`to_chat`) to what was committed: the reasoning text, the text, and
-    each call with our tool_use id as its ``call_id`` and its arguments."""
+    each call with our tool_use id as its ``call_id`` and its arguments; a call of a namespace's function
+    (``spaces``, from :func:`namespaces`) carries that ``namespace``."""
     items: list[dict[str, Any]] = []
     suffix = message["id"].removeprefix("msg_")
     for i, block in enumerate(message["content"]):
@@ -225,11 +272,16 @@ def output_items(message: dict[str, Any], custom: frozenset[str]) -> list[dict[s
                 {"type": "function_call", "id": f"fc_{suffix}_{i}", "status": "completed",
                  "call_id": block["id"], "name": block["name"], "arguments": json.dumps(block["input"])}
             )  # fmt: skip
+            if block["name"] in spaces:
+                items[-1]["namespace"] = spaces[block["name"]]
     return items
 
 
 def response_body(
-    message: dict[str, Any], custom: frozenset[str], status: str = "completed"
+    message: dict[str, Any],
+    custom: frozenset[str],
+    status: str = "completed",
+    spaces: Mapping[str, str] = MappingProxyType({}),
 ) -> dict[str, Any]:
     usage = message["usage"]
     return {
@@ -237,7 +289,7 @@ def response_body(
         "object": "response",
         "status": status,
         "model": message["model"],
-        "output": output_items(message, custom) if status == "completed" else [],
+        "output": output_items(message, custom, spaces) if status == "completed" else [],
         "usage": {
             "input_tokens": usage["input_tokens"],
             "input_tokens_details": {"cached_tokens": 0},
@@ -259,7 +311,12 @@ async def responses(request: Request) -> Response:
         _, custom = offered_tools(body.tools or [])
         granted = edge.grant(request, state.tokens, CODEX)  # again: it may have closed during the upload
         shape = RequestShape(None, chat.system, chat.messages, chat.tools, edge.peer(request))
-        agent = state.sessions.get(granted.rollout_id, granted.attempt_id).main_agent(shape)
+        session = state.sessions.get(granted.rollout_id, granted.attempt_id)
+        thread, root = request.headers.get(THREAD_HEADER), request.headers.get(ROOT_HEADER)
+        agent = session.thread_agent(shape, thread, root)
+        settle_contests(state.kit, session.contenders())
+        if agent.kind == MAIN:
+            hand_back(state.kit, session.notified_subagents(chat.messages))
         state.kit.metrics.count_route(agent)
         owed = stream_retry.rest(
             agent.answered, body.items(), body.tools, agent.history.chain_id, len(agent.history.turns)
@@ -270,9 +327,14 @@ async def responses(request: Request) -> Response:
             return StreamingResponse(replay, media_type=EVENT_STREAM, headers={"cache-control": "no-cache"})
         max_tokens = body.max_output_tokens or settings.max_new_tokens
         turn = TurnInput(chat, body.model, max_tokens, body.sampling(), CODEX)
+        spaces = namespaces(body.tools or [])
         remember = functools.partial(_remember, agent, body)
-        stream = functools.partial(response_events, custom=custom, remember=remember) if body.stream else None
-        render = functools.partial(response_body, custom=custom)
+        stream = (
+            functools.partial(response_events, custom=custom, spaces=spaces, remember=remember)
+            if body.stream
+            else None
+        )
+        render = functools.partial(response_body, custom=custom, spaces=spaces)
         return await answer(state, request, agent, turn, stream=stream, render=render)
     except ApiError as err:
         return err.openai_response()
@@ -283,6 +345,7 @@ async def response_events(
     started: Started,
     custom: frozenset[str],
     remember: Callable[[dict[str, Any]], None] = lambda body: None,
+    spaces: Mapping[str, str] = MappingProxyType({}),
 ) -> AsyncIterator[bytes]:
     """The turn's stream; ``remember`` gets the completed body (the turn is committed) before any item is
     sent, so a retry after a cut finds it."""
@@ -293,7 +356,7 @@ async def response_events(
             if isinstance(item, Ping):
                 yield _sse("response.in_progress", {"response": head})
             elif isinstance(item, Done):
-                body = response_body(item.message, custom)
+                body = response_body(item.message, custom, spaces=spaces)
                 remember(body)
                 for chunk in _items_and_completion(body):
                     yield chunk

@@ -13,6 +13,10 @@ from Bash) can send requests with it. A chain trains only when its origin is pro
 * a new conversation is a trainable ``subagent`` only if it answers an ``Agent`` tool call of the main
   chain's newest turn and its first user message carries that call's prompt; a second conversation
   claiming the same call makes it ambiguous: the claimant's chain ends ``ambiguous`` and neither trains;
+* Codex names each conversation by its thread id (:meth:`Session.thread_agent`): a thread other than the
+  root is a trainable ``subagent`` only if its prompt is the ``message`` of an unclaimed ``spawn_agent``
+  call in main's live chain (Codex spawns without waiting, so not only the newest turn); claims are
+  contested the same way;
 * main's history is rewritten (compaction) only by a request with main's system prompt; after a
   restart that prompt is unknown, so such a request is ambiguous too;
 * a token opens only its harness's route (:data:`HARNESSES`).
@@ -40,6 +44,7 @@ from rollbus.canonical import History
 MAIN, SUBAGENT, SIDE, UNATTRIBUTED = "main", "subagent", "side", "unattributed"
 TOKEN_PREFIX = "rb1"
 AGENT_TOOLS = ("Agent", "Task")  # the CLI's sub-agent tool (named Task before 2.1)
+SPAWN_TOOL = "spawn_agent"  # Codex's (namespace ``multi_agent_v1``): the child's prompt is its ``message``
 #: which harness a rollout runs, and so the one API its token opens: the Claude Code CLI speaks
 #: Anthropic's ``/v1/messages``, a gym episode OpenAI's ``/v1/chat/completions``
 CLAUDE_CODE, CODEX, GYM = "claude_code", "codex", "gym"
@@ -266,13 +271,31 @@ class Session:
         agent.cause = cause
         return agent
 
-    def _get_or_new(self, name: str, shape: RequestShape) -> Agent:
-        """The named sub-agent, or a new one: ``subagent`` if it answers an unclaimed Agent call, else
-        unattributed. A second claim of one call makes every claimant ambiguous: none of them trains."""
+    def thread_agent(self, shape: RequestShape, thread: str | None, root: str | None) -> Agent:
+        """Codex: one conversation per thread. The root thread (``thread`` is the session's ``root``, or
+        not given) is main; any other thread is ``agent-<thread>``, a sub-agent if it answers an unclaimed
+        ``spawn_agent`` call (:meth:`_spawn_call_for`), else unattributed; a tool's request is
+        unattributed whatever thread it names."""
+        if shape.peer == TOOL_PEER:
+            return self._from_a_tool(shape)
+        if thread is None or thread == root:
+            return self.main_agent(shape)
+        child = RequestShape(thread, shape.system, shape.messages, shape.tools, shape.peer)
+        return self._get_or_new(f"agent-{thread}", child, self._spawn_call_for)
+
+    def _get_or_new(
+        self,
+        name: str,
+        shape: RequestShape,
+        find: Callable[[RequestShape], tuple[str | None, list[str]]] | None = None,
+    ) -> Agent:
+        """The named sub-agent, or a new one: ``subagent`` if it answers an unclaimed Agent call (``find``:
+        :meth:`_agent_call_for` unless given), else unattributed. A second claim of one call makes every
+        claimant ambiguous: none of them trains."""
         known = self.agents.get(name)
         if known is not None:
             return known
-        call, contested = self._agent_call_for(shape)
+        call, contested = (find or self._agent_call_for)(shape)
         if contested:
             for agent in self.agents.values():
                 if agent.kind == SUBAGENT and agent.parent_tool_use_id in contested:
@@ -305,6 +328,39 @@ class Session:
                 return call_id, []
             contested.append(call_id)
         return None, contested
+
+    def _spawn_call_for(self, shape: RequestShape) -> tuple[str | None, list[str]]:
+        """The unclaimed ``spawn_agent`` call of main's live chain whose ``message`` is this thread's prompt
+        (its last user message, exactly); if every such call is claimed already, those calls (contested).
+
+        Not only the newest turn, and main may be generating: Codex's parent goes on while its child
+        starts, so the parent's next turn can be planned, or even done, before the child's first request."""
+        main = self.agents.get(MAIN)
+        users = [m.get("content") for m in shape.messages if m.get("role") == "user"]
+        prompt = users[-1].strip() if users and isinstance(users[-1], str) else ""
+        if main is None or not prompt:
+            return None, []
+        contested = []
+        for sent in main.history.sent:
+            for call_id, name, arguments in sent.tool_calls if sent is not None else ():
+                if name != SPAWN_TOOL or _message_of(arguments) != prompt:
+                    continue
+                if call_id not in self.claimed:
+                    return call_id, []
+                contested.append(call_id)
+        return None, contested
+
+    def notified_subagents(self, messages: list[dict[str, Any]]) -> list[Agent]:
+        """Codex sub-agents with a live chain whose completion main's request reports: a
+        ``<subagent_notification>`` naming their thread after main's last assistant message (Codex sends
+        one when a child's turn ends). Older ones are history: a child resumed since is not ended by them."""
+        last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
+        threads = {thread for m in messages[last + 1 :] if (thread := notified_thread(m)) is not None}
+        return [
+            a
+            for a in self.agents.values()
+            if a.kind == SUBAGENT and a.agent_id in threads and a.history.turns and not a.lock.locked()
+        ]
 
     def contenders(self) -> list[Agent]:
         """Sub-agents whose Agent call was claimed again and whose chain has not ended yet."""
@@ -339,6 +395,32 @@ def _prompt_of(arguments: str) -> str:
     except (ValueError, AttributeError):
         return ""
     return prompt.strip() if isinstance(prompt, str) else ""
+
+
+def _message_of(arguments: str) -> str:
+    try:
+        message = json.loads(arguments).get("message")
+    except (ValueError, AttributeError):
+        return ""
+    return message.strip() if isinstance(message, str) else ""
+
+
+NOTIFICATION_OPEN, NOTIFICATION_CLOSE = "<subagent_notification>", "</subagent_notification>"
+
+
+def notified_thread(message: dict[str, Any]) -> str | None:
+    """The thread a Codex ``<subagent_notification>`` user message reports on (its ``agent_path``)."""
+    text = message.get("content")
+    if message.get("role") != "user" or not isinstance(text, str):
+        return None
+    text = text.strip()
+    if not (text.startswith(NOTIFICATION_OPEN) and text.endswith(NOTIFICATION_CLOSE)):
+        return None
+    try:
+        path = json.loads(text[len(NOTIFICATION_OPEN) : -len(NOTIFICATION_CLOSE)]).get("agent_path")
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    return path if isinstance(path, str) and path else None
 
 
 def answers_agent_call(messages: list[dict[str, Any]]) -> bool:

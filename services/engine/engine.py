@@ -183,6 +183,8 @@ class Engine:
         if self._is_aborted(request.rid):
             return self._result(decode, abort_reason())
         turn = self.policy.scripted_turn(route)
+        if turn is not None and turn.fill:
+            turn = turn.filled(self.tokenizer.decode(prompt, skip_special_tokens=False))
         entry = self.prefix_cache.acquire(prompt)
         decode.cached = len(entry.token_ids)
         logits = self._prefill(entry, prompt, request.rid)

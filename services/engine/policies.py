@@ -9,6 +9,7 @@ Script file (JSON)::
 
     {
       "turns": ["<raw model output>", {"text": "<partial output>", "complete": false}, ...],
+      # a turn may quote its prompt: {"text": "... {id} ...", "fill": {"id": "<regex with one group>"}}
       "subagent_turns": ["..."],            # optional: replayed per sub-agent chain
       "side_text": "...",                   # optional: every side-chain request (titles, summaries)
       "final_text": "..."                   # optional: answer once a chain's turns run out
@@ -16,7 +17,11 @@ Script file (JSON)::
 
 A turn is raw model output (reasoning, ``<tool_call>`` blocks, text) without the closing
 ``<|im_end|>``; the engine appends it for a complete turn (a string, or ``"complete": true``), so the
-request finishes with ``{"type": "stop", "matched": im_end}``. A rollout's main agent has one cursor
+request finishes with ``{"type": "stop", "matched": im_end}``. ``fill`` replaces each ``{name}`` in the text
+with the first group of the regex's last match in the decoded prompt: a script can answer with what only
+the run knows (an id a tool returned, e.g. Codex's sub-agent id for ``wait_agent``).
+
+A rollout's main agent has one cursor
 across its chains (a compaction or history rewrite starts a new chain id, ``main`` -> ``main.1``, but the
 agent carries on with the next scripted turn); every sub-agent chain replays ``subagent_turns`` from the
 start. A request advances its cursor by one (a retried request therefore gets the next turn). When a
@@ -33,6 +38,7 @@ since each harness offers its own tools; any other request gets ``--script``.
 from __future__ import annotations
 
 import json
+import re
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -76,6 +82,18 @@ class ScriptedTurn:
 
     text: str
     complete: bool = True
+    fill: tuple[tuple[str, str], ...] = ()  # (placeholder name, regex whose group 1 replaces it)
+
+    def filled(self, prompt: str) -> ScriptedTurn:
+        """The text with each ``{name}`` replaced from ``prompt``; BadRequest if a regex finds nothing."""
+        text = self.text
+        for name, pattern in self.fill:
+            found = re.findall(pattern, prompt)
+            if not found:
+                raise BadRequest(f"scripted turn: {pattern!r} ({{{name}}}) matches nothing in the prompt")
+            last = found[-1]
+            text = text.replace("{" + name + "}", last[0] if isinstance(last, tuple) else last)
+        return ScriptedTurn(text, self.complete)
 
 
 @dataclass(frozen=True)
@@ -90,11 +108,20 @@ def _turn(raw: Any, where: str) -> ScriptedTurn:
     if isinstance(raw, str):
         return ScriptedTurn(raw)
     if isinstance(raw, dict) and isinstance(raw.get("text"), str):
-        complete = raw.get("complete", True)
+        complete, fill = raw.get("complete", True), raw.get("fill", {})
         if not isinstance(complete, bool):
             raise ValueError(f"{where}.complete must be a boolean")
-        return ScriptedTurn(raw["text"], complete)
-    raise ValueError(f'{where} must be a string or {{"text": str, "complete": bool}}')
+        if not isinstance(fill, dict) or not all(isinstance(v, str) for v in fill.values()):
+            raise ValueError(f"{where}.fill must map names to regular expressions")
+        for name, pattern in fill.items():
+            try:
+                groups = re.compile(pattern).groups
+            except re.error as err:
+                raise ValueError(f"{where}.fill.{name}: {err}") from None
+            if groups != 1:
+                raise ValueError(f"{where}.fill.{name} must have exactly one group")
+        return ScriptedTurn(raw["text"], complete, tuple(fill.items()))
+    raise ValueError(f'{where} must be a string or {{"text": str, "complete": bool, "fill": {{...}}}}')
 
 
 def _text(data: dict[str, Any], key: str, default: str) -> str:
