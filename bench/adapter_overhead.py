@@ -71,15 +71,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start(cmd: list[str], health: str, log: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 180
+def launch(cmd: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def wait_up(proc: subprocess.Popen, health: str, log: Path) -> None:
+    """Until ``health`` answers 200; exits if the process dies or 600 s pass (three start at once, on a
+    loaded box too)."""
+    deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"{cmd[2:4]} exited early; see {log}")
+            raise SystemExit(f"{proc.args[2:4]} exited early; see {log}")
         try:
             if httpx.get(health, timeout=1).status_code == 200:
-                return proc
+                return
         except httpx.HTTPError:
             time.sleep(0.3)
     proc.kill()
@@ -357,18 +362,17 @@ def main() -> int:
         ]  # fmt: skip
         started: list[subprocess.Popen] = []  # stopped at the end, also when a later one never comes up
         try:
-            engine_argv = [*engine_cmd, "--port", str(engine_port)]
-            engine = start(engine_argv, f"{engine_url}/health", tmp / "engine.log")
-            started.append(engine)
-            twin = start([*engine_cmd, "--port", str(twin_port)], f"{twin_url}/health", tmp / "twin.log")
-            started.append(twin)
+            # the three load at once (imports and tokenizer dominate a quick run); none is measured yet
             serve = ["--serve-adapter", str(adapter_port), engine_url, str(records_file)]
-            adapter = start(
-                [sys.executable, __file__, *serve],
-                f"{adapter_url}/healthz",
-                tmp / "adapter.log",
-            )
+            engine = launch([*engine_cmd, "--port", str(engine_port)], tmp / "engine.log")
+            started.append(engine)
+            twin = launch([*engine_cmd, "--port", str(twin_port)], tmp / "twin.log")
+            started.append(twin)
+            adapter = launch([sys.executable, __file__, *serve], tmp / "adapter.log")
             started.append(adapter)
+            wait_up(engine, f"{engine_url}/health", tmp / "engine.log")
+            wait_up(twin, f"{twin_url}/health", tmp / "twin.log")
+            wait_up(adapter, f"{adapter_url}/healthz", tmp / "adapter.log")
             print(f"engine flags: {args.engine_flags}; CPU cores: {os.cpu_count()}")
             direct, log = DirectEngine(twin_url, twin), TurnLog(records_file)
             for turns in args.turns:

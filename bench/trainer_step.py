@@ -13,7 +13,7 @@ The baselines are measured in the same run:
 * chunked vs full logits on the same segment (full logits at 20k tokens would need 20k x 248k x 4 bytes
   = ~20 GB per copy, so the 20k/64k figures of the full path are computed, not measured).
 
-    python bench/trainer_step.py --quick   # 1 vs 2 ranks, dense and MoE, 4 x 512 tokens, one step each
+    python bench/trainer_step.py --quick   # 1 vs 2 ranks, dense and MoE, 4 x 256 tokens, one step each
     python bench/trainer_step.py           # + 20k/64k segments, chunked vs full; best of 3 steps each
     python bench/trainer_step.py --device cuda --shape gpu   # GPU-sized layers, 4 x 4096 tokens, with MFU
 
@@ -228,7 +228,7 @@ def main() -> None:
         print(json.dumps(measured), flush=True)
         return
     steps = 1 if args.quick else 3
-    size = 512 if args.quick else 2000
+    size = 256 if args.quick else 2000
     if args.shape == "gpu":
         size = 4096
     ranks, force = 2, False

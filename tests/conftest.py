@@ -178,25 +178,35 @@ async def namespace(kafka_bootstrap: str) -> str:
     return name
 
 
-@pytest.fixture(scope="module")
-def rig(
-    request: pytest.FixtureRequest,
-    kafka_bootstrap: str,
-    namespace: str,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Any]:
-    """The module's adapter and scripted engine for end-to-end runs of a real agent CLI, started once; the
-    engine replays the module's ``RIG_SCRIPT`` if it names one."""
+@pytest.fixture(scope="session")
+def session_rig(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The adapter and scripted engine that every module's ``rig`` is: started once per session (an
+    adapter's start, loading its tokenizer and parsers, is the slow part of a module's set-up). It publishes
+    to a topic namespace of its own; tests read back their own rollouts by rollout id and take the adapter's
+    counters as differences, so modules sharing it do not see each other."""
+    import asyncio
+
     from tests.e2e_support import Rig
 
+    namespace = unique_namespace()
+    asyncio.run(create_topics(kafka_bootstrap, TEST_PARTITIONS, namespace))
     rig = Rig(kafka_bootstrap, namespace, tmp_path_factory.mktemp("e2e-services"))
     rig.start()
     try:
-        if script := getattr(request.module, "RIG_SCRIPT", None):
-            rig.use_script(script)
         yield rig
     finally:
         rig.stop()
+
+
+@pytest.fixture(scope="module")
+def rig(request: pytest.FixtureRequest, session_rig: Any) -> Any:
+    """The session's adapter and scripted engine for end-to-end runs of a real agent CLI; the engine replays
+    the module's ``RIG_SCRIPT`` if it names one. An adapter an earlier module left stopped (a test that
+    killed it and failed before restarting it) is started again."""
+    session_rig.ensure_adapter()
+    if script := getattr(request.module, "RIG_SCRIPT", None):
+        session_rig.use_script(script)
+    return session_rig
 
 
 @pytest.fixture(scope="module")

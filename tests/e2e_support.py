@@ -1,9 +1,10 @@
 """The pieces end-to-end tests of the real Claude Code CLI share: one adapter, a scripted engine behind it,
 episodes in bwrap, and the rollout's events read back from the bus.
 
-The adapter is started once (it is the slow part to load: tokenizer, SGLang parsers) and publishes to a
-topic namespace of its own. The scripted engine replays one script per process, so :class:`Rig` restarts it
-on the same port when a test needs another script; tests grouped by script restart it rarely.
+The adapter is started once per session (it is the slow part to load: tokenizer, SGLang parsers; the
+conftest's ``session_rig``) and publishes to a topic namespace of its own. The scripted engine replays one
+script per process, so :class:`Rig` restarts it on the same port when a test needs another script; tests
+grouped by script restart it rarely.
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ class Rig:
     def stop(self) -> None:
         self.stop_engine()
         self.adapter.stop()
+
+    def ensure_adapter(self) -> None:
+        """Start the adapter again if it is not running (same port, state directory and signing key)."""
+        if self.adapter.proc is None or self.adapter.proc.poll() is not None:
+            self.adapter.start(timeout=START_TIMEOUT)
 
     def kill_adapter(self) -> None:
         """``kill -9`` the adapter: no drain, no spill, whatever it held in memory is gone."""

@@ -1,9 +1,9 @@
 """The real Claude Code CLI, in bwrap, against the real adapter and the scripted engine, onto a real broker.
 
-One adapter serves the whole module (publishing to a topic namespace of the module's own); the engine is
-restarted only when the script changes, so the tests are grouped by script. Each test is its own rollout
-(its own session token), reads its events back from the bus by rollout id and checks what training would
-see: the sampled tokens, the prompts they resolve to, the segments and their loss masks.
+One adapter serves the whole session (the conftest's ``session_rig``, publishing to a topic namespace of
+its own); the engine is restarted only when the script changes, so the tests are grouped by script. Each
+test is its own rollout (its own session token), reads its events back from the bus by rollout id and checks
+what training would see: the sampled tokens, the prompts they resolve to, the segments and their loss masks.
 """
 
 from __future__ import annotations
@@ -236,7 +236,7 @@ async def test_a_killed_adapter_restarts_and_the_cli_finishes_the_episode(rig: R
         await asyncio.to_thread(rig.kill_adapter)
         (tmp_path / rollout_id / ".resume").touch()  # the CLI asks for turn 1 while nothing listens
         await asyncio.sleep(1.0)
-        await asyncio.to_thread(rig.adapter.start)
+        await asyncio.to_thread(rig.ensure_adapter)  # its start may take minutes on a loaded box
         rollout = await episode
     finally:
         episode.cancel()

@@ -105,6 +105,10 @@ async def test_a_tool_printing_chat_markup_and_curling_the_openai_route_forges_n
     assert trained(rollout) == [("main", "final")]
 
 
+async def contested_calls(rig: Rig) -> float:
+    return await rig.metric("rollbus_adapter_ambiguous_attributions_total", cause="contested_call")
+
+
 async def test_a_curl_claiming_the_agent_call_makes_it_ambiguous_and_neither_trains(
     rig: Rig, tmp_path: Path
 ) -> None:
@@ -130,6 +134,7 @@ async def test_a_curl_claiming_the_agent_call_makes_it_ambiguous_and_neither_tra
             "subagent_turns": ["Nothing to read.\n</think>\n\nsum_to is off by one."] * 4,
         }
 
+    contested = await contested_calls(rig)
     rollout = await play_script(rig, tmp_path, turns)
     assert rollout.completed.exit_code == 0, rollout.completed.stderr
     kinds = {t["chain_id"]: t["chain_kind"] for t in rollout.turns}
@@ -140,4 +145,4 @@ async def test_a_curl_claiming_the_agent_call_makes_it_ambiguous_and_neither_tra
     ]
     assert len(ambiguous) == 1 and ambiguous[0] in claimants
     assert trained(rollout) == [("main", "final")]
-    assert await rig.metric("rollbus_adapter_ambiguous_attributions_total", cause="contested_call") >= 1
+    assert await contested_calls(rig) > contested

@@ -8,12 +8,9 @@ script, so one engine serves a fix (graded 1) and a wrong fix (graded 0).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shlex
 import shutil
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,8 +20,6 @@ from rollbus.rows import RowKeys, parse_row, tasks_for
 from rollbus.services.grader.core import grade_diff
 from rollbus.services.sandbox_runner.main import run_one
 from rollbus.services.sandbox_runner.settings import RunnerSettings
-from rollbus.topics import create_topics
-from tests.conftest import TEST_PARTITIONS
 from tests.e2e_support import EXAMPLES, Rig, Rollout, rollout_events
 from tests.runner_support import FIXED_LINE, RUNNER_SCRIPTS, calc_row, scripts_dir
 from tests.test_e2e_claude_code import assert_trains_every_sampled_token
@@ -39,17 +34,11 @@ SCRIPTS_BY_TASK = {
 
 
 @pytest.fixture(scope="module")
-def rig(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    work = tmp_path_factory.mktemp("codex-runner-services")
-    namespace = f"codex-runner-{uuid.uuid4().hex[:8]}"
-    asyncio.run(create_topics(kafka_bootstrap, TEST_PARTITIONS, namespace))
-    rig = Rig(kafka_bootstrap, namespace, work)
-    rig.start()
-    rig.use_script(scripts_dir(work / "scripts", SCRIPTS_BY_TASK))
-    try:
-        yield rig
-    finally:
-        rig.stop()
+def rig(session_rig: Rig, tmp_path_factory: pytest.TempPathFactory) -> Rig:
+    """The session's adapter, its engine serving this module's scripts (a directory: one per instance)."""
+    session_rig.ensure_adapter()
+    session_rig.use_script(scripts_dir(tmp_path_factory.mktemp("codex-runner-scripts"), SCRIPTS_BY_TASK))
+    return session_rig
 
 
 @pytest.fixture

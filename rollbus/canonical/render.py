@@ -32,7 +32,7 @@ class TemplateRenderer:
         self.tokenizer = tokenizer
         self.kwargs = dict(chat_template_kwargs or {})
         self.special_ids = {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
-        self.markup = Markup(tokenizer)  # content encodes as text; only the template's markup is special
+        self.markup = Markup.of(tokenizer)  # content encodes as text; only the template's markup is special
         closed = self._render(_WINDOW_HEAD + [{"role": "assistant", "content": WINDOW_MARKER}], None, False)
         self.close_text = closed[closed.index(WINDOW_MARKER) + len(WINDOW_MARKER) :]
         self.close_ids = self.encode(self.close_text)
