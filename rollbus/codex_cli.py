@@ -42,7 +42,25 @@ DEFAULT_INSTRUCTIONS = (
     "You are a coding agent working in the repository in the current directory. Use the tools to read and "
     "change files and to run commands; finish with a short summary of what you changed."
 )
-DEFAULT_CONTEXT_WINDOW = 65536
+DEFAULT_CONTEXT_WINDOW = 32768  # the adapter's default --context-length
+TOOL_OUTPUT_TOKENS = 10_000  # Codex's truncation of one tool output, at most a quarter of the context
+CHECKPOINT_TOKENS = 1_000  # room for the compaction request's own message
+
+
+def tool_output_tokens(context_length: int) -> int:
+    """The most one tool output adds to a history (the catalog's ``truncation_policy``)."""
+    return min(TOOL_OUTPUT_TOKENS, context_length // 4)
+
+
+def compact_limit(context_length: int) -> int:
+    """Codex's ``model_auto_compact_token_limit`` for a served context of ``context_length`` tokens.
+
+    Codex compacts before a request once the last response's usage plus its estimate of the tool output
+    added since reaches the limit, and the compaction request carries that whole history plus its checkpoint
+    message. The adapter refuses a prompt at ``context_length`` with a 400 that Codex does not survive (Claude
+    Code compacts on it; Codex fails the run), so the limit leaves room for one more tool output and the
+    checkpoint: a history just under it, grown by a tool output, still fits as a compaction request."""
+    return context_length - tool_output_tokens(context_length) - CHECKPOINT_TOKENS
 STREAM_RETRIES = 2  # a stream cut mid-response is retried; the adapter answers with the rest of the turn
 
 
@@ -61,7 +79,8 @@ def model_catalog(
         "include_skills_usage_instructions": False, "include_plugin_usage_instructions": False,
         "include_apps_usage_instructions": False, "default_reasoning_summary": "none",
         "support_verbosity": False, "default_verbosity": None, "apply_patch_tool_type": "freeform",
-        "web_search_tool_type": "text", "truncation_policy": {"mode": "tokens", "limit": 10000},
+        "web_search_tool_type": "text",
+        "truncation_policy": {"mode": "tokens", "limit": tool_output_tokens(context_window)},
         "supports_image_detail_original": False, "context_window": context_window,
         "max_context_window": context_window, "comp_hash": "rollbus", "effective_context_window_percent": 95,
         "experimental_supported_tools": [], "input_modalities": ["text"], "supports_search_tool": False,
@@ -92,6 +111,7 @@ def config_overrides(
     catalog: str,
     max_turn_seconds: float = 1800.0,
     tool_env: Mapping[str, str] | None = None,
+    context_length: int = DEFAULT_CONTEXT_WINDOW,
 ) -> list[str]:
     """``-c key=value`` settings (TOML values) for one headless run; everything Codex would reach besides
     ``base_url`` is off (analytics, feedback, update checks, plugins, apps, web search). Sub-agents are on:
@@ -103,7 +123,9 @@ def config_overrides(
     of that turn instead of a new sample, so no turn trains twice. These retries also repeat a request
     answered with an HTTP error (a 401 is asked three times), which is safe: the adapter answers every error
     before it records a turn. Request retries stay off (not needed, not tested). The idle timeout is above any
-    turn, since the adapter streams ``response.in_progress`` while it waits for the engine anyway.
+    turn, since the adapter streams ``response.in_progress`` while it waits for the engine anyway. The
+    context window is the served model's (``context_length``), and Codex compacts early enough that its
+    compaction request still fits it (:func:`compact_limit`).
 
     The commands the model runs get Codex's ``core`` variables (HOME, PATH, SHELL, USER, TMPDIR, ...) and
     ``tool_env``, nothing else: by default Codex hands its whole environment to them, the session token
@@ -117,6 +139,8 @@ def config_overrides(
         "model": json.dumps(model),
         "model_provider": f'"{PROVIDER}"',
         "model_catalog_json": json.dumps(catalog),
+        "model_context_window": str(context_length),
+        "model_auto_compact_token_limit": str(compact_limit(context_length)),
         f"model_providers.{PROVIDER}": provider,
         "approval_policy": '"never"',
         "sandbox_mode": '"danger-full-access"',
@@ -149,6 +173,7 @@ def build_command(
     binary: str | os.PathLike[str] = "codex",
     max_turn_seconds: float = 1800.0,
     tool_env: Mapping[str, str] | None = None,
+    context_length: int = DEFAULT_CONTEXT_WINDOW,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
     """argv for one headless episode printing JSON events on stdout; Codex's own sandbox and approvals are
@@ -156,8 +181,9 @@ def build_command(
     cmd = [str(binary), "exec", "--json", "--skip-git-repo-check", "--ephemeral", "--ignore-rules"]
     cmd += ["-C", workdir, "--dangerously-bypass-approvals-and-sandbox"]
     cmd += config_overrides(
-        base_url, model=model, catalog=catalog, max_turn_seconds=max_turn_seconds, tool_env=tool_env
-    )
+        base_url, model=model, catalog=catalog, max_turn_seconds=max_turn_seconds, tool_env=tool_env,
+        context_length=context_length,
+    )  # fmt: skip
     return [*cmd, *extra_args, "--", prompt]
 
 

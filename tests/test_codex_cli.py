@@ -51,6 +51,30 @@ def test_the_catalog_offers_freeform_apply_patch_and_no_search_and_is_written_on
     assert codex_cli.catalog_file("m", instructions="other") != path
 
 
+@pytest.mark.parametrize("context_length", [4096, 32768, 131072])
+def test_codex_compacts_while_its_compaction_request_still_fits_the_served_context(context_length) -> None:
+    """What was wrong: the catalog said 65,536 tokens while the adapter serves 32,768 by default, so a long
+    Codex episode met the adapter's 400 "prompt is too long" (fatal to Codex) before it ever compacted. The
+    window is now the served one, and Codex compacts while a history grown by one more tool output, plus the
+    checkpoint message, is still a prompt the adapter takes."""
+    cmd = agents.codex_command("fix it", base_url="http://a", model="m", workdir="/w", timeout=60,
+                               tool_env={}, context_length=context_length)  # fmt: skip
+    settings = overrides(cmd)
+    limit = int(settings["model_auto_compact_token_limit"])
+    assert int(settings["model_context_window"]) == context_length
+    (entry,) = codex_cli.model_catalog("m", context_window=context_length)["models"]
+    assert entry["context_window"] == context_length
+    grown = limit + entry["truncation_policy"]["limit"] + codex_cli.CHECKPOINT_TOKENS
+    assert grown <= context_length  # the largest compaction request is still under the adapter's refusal
+    assert limit >= context_length // 2  # and Codex does not compact at every turn
+    catalog = json.loads(codex_cli.catalog_file("m", context_window=context_length).read_text())
+    assert catalog["models"][0]["context_window"] == context_length
+    assert agents.mounts(agents.CODEX, codex_cli.cache_dir(), "m", context_length) == {
+        str(codex_cli.cache_dir()): codex_cli.SANDBOX_BINARY,
+        str(codex_cli.catalog_file("m", context_window=context_length)): agents.CODEX_CATALOG,
+    }
+
+
 def test_the_installed_binary_is_the_pinned_version_and_its_sandbox_copy_is_execute_only() -> None:
     binary = codex_cli.fetch()  # installed by bootstrap: no download here
     done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60, check=True)

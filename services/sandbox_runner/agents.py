@@ -35,20 +35,31 @@ def cli(agent: str) -> Any:
     return codex_cli if agent == CODEX else claude_cli
 
 
-def mounts(agent: str, binary: Path, model: str) -> dict[str, str]:
-    """Host path -> sandbox path of what the agent needs read-only: its binary (and Codex's catalog)."""
+def mounts(
+    agent: str, binary: Path, model: str, context_length: int = codex_cli.DEFAULT_CONTEXT_WINDOW
+) -> dict[str, str]:
+    """Host path -> sandbox path of what the agent needs read-only: its binary (and Codex's catalog, whose
+    context window is the served model's)."""
     binds = {str(binary): cli(agent).SANDBOX_BINARY}
     if agent == CODEX:
-        binds[str(codex_cli.catalog_file(model))] = CODEX_CATALOG
+        binds[str(codex_cli.catalog_file(model, context_window=context_length))] = CODEX_CATALOG
     return binds
 
 
 def codex_command(
-    prompt: str, *, base_url: str, model: str, workdir: str, timeout: float, tool_env: dict[str, str]
+    prompt: str,
+    *,
+    base_url: str,
+    model: str,
+    workdir: str,
+    timeout: float,
+    tool_env: dict[str, str],
+    context_length: int = codex_cli.DEFAULT_CONTEXT_WINDOW,
 ) -> list[str]:
     """The Codex CLI's argv in the sandbox: the adapter's Responses route under ``base_url``; the commands
     it runs see ``tool_env`` and Codex's core variables only (never the token)."""
     return codex_cli.build_command(
         prompt, base_url=f"{base_url}/v1", model=model, catalog=CODEX_CATALOG, workdir=workdir,
         binary=codex_cli.SANDBOX_BINARY, max_turn_seconds=timeout, tool_env=tool_env,
+        context_length=context_length,
     )  # fmt: skip

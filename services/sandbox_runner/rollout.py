@@ -264,8 +264,8 @@ def sandbox_spec(
     return SandboxSpec(
         image=resolve_image(image), role="agent", workdir=str(metadata.get("workdir") or WORKSPACE),
         limits=settings.limits(), adapter_url=settings.adapter_url, base_url=settings.agent_base_url(),
-        toolchain=settings.toolchain, ro_binds=agents.mounts(agent, binary, settings.model),
-        metadata=metadata, sandbox_id=sandbox_id,
+        toolchain=settings.toolchain, metadata=metadata, sandbox_id=sandbox_id,
+        ro_binds=agents.mounts(agent, binary, settings.model, settings.context_length),
     )  # fmt: skip
 
 
@@ -353,6 +353,7 @@ async def run_codex(
     cmd = agents.codex_command(
         task_prompt(task, metadata, settings.prompt_template), base_url=settings.agent_base_url(),
         model=settings.model, workdir=sandbox.workdir, timeout=settings.agent_timeout, tool_env=SANDBOX_ENV,
+        context_length=settings.context_length,
     )  # fmt: skip
     env = codex_cli.build_env(token, home=sandbox.home, extra=SANDBOX_ENV)
     agent = {"agent": True} if isinstance(sandbox, BwrapSandbox) else {}  # its proxy knows the CLI's process

@@ -80,6 +80,10 @@ class RunnerSettings(BusSettings):
     )
     model: str = Field("rollbus-engine", min_length=1, description="model name the CLI asks for")
     max_turns: int = Field(50, ge=1, description="agent turns allowed per rollout")
+    context_length: int = Field(
+        32768, ge=4096, description="the served model's context in tokens (the adapter's --context-length): "
+        "Codex's context window, and when it compacts so that its compaction request still fits",
+    )
     max_output_tokens: int = Field(claude_cli.DEFAULT_MAX_OUTPUT_TOKENS, ge=1, description="CLI output cap")
     prompt_template: str = Field(
         DEFAULT_PROMPT_TEMPLATE,
