@@ -165,8 +165,10 @@ async def test_its_tools_get_no_token_in_their_environment_nor_from_the_clis_pro
 COMPACT_SCRIPT = SCRIPTS / "runner" / "codex_compact.json"
 # Codex compacts before its next request once the last response's usage plus its estimate of the items added
 # since reaches the limit: ~2.8k prompt tokens + the `seq 1 2000` output (~2.2k by its estimate) is over it,
-# the rewritten ~2.9k-token prompt and the patch after it are under it (so it compacts once).
-AUTO_COMPACT = ("-c", "model_auto_compact_token_limit=3800")
+# the rewritten ~2.9k-token prompt and the patch after it are under it (so it compacts once). Sub-agent tools
+# are off here: their ~1.2k tokens in every prompt would move both sides of that margin. These settings come
+# after the runner's own (a later `-c` wins), so they also replace its compact_limit.
+AUTO_COMPACT = ("-c", "model_auto_compact_token_limit=3800", "-c", "agents.enabled=false")
 CHECKPOINT = "You are performing a CONTEXT CHECKPOINT COMPACTION"
 HANDOFF = "Another language model started to solve this problem"
 
