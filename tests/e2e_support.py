@@ -290,6 +290,7 @@ async def run_codex(
             binary=codex_cli.SANDBOX_BINARY, tool_env=SANDBOX_ENV, extra_args=extra_args,
         )  # fmt: skip
         env = codex_cli.build_env(token, home=sandbox.home, extra=SANDBOX_ENV)
-        return await sandbox.run(cmd, env, timeout=timeout)
+        secret = {codex_cli.TOKEN_ENV: env.pop(codex_cli.TOKEN_ENV)}  # as the runner hands it over
+        return await sandbox.run(cmd, env, timeout=timeout, secret_env=secret)
     finally:
         await sandbox.close()

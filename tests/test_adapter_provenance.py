@@ -149,6 +149,23 @@ async def test_a_tool_on_the_openai_route_of_a_gym_rollout_is_unattributed(adapt
     assert set(chains(adapter, rollout_id).values()) == {"unattributed"}
 
 
+async def test_a_tool_on_the_responses_route_with_codexs_token_is_unattributed(adapter) -> None:
+    """A tool holding the Codex CLI's token (none can read it in the sandbox now, see
+    tests/test_sandbox_secrets.py; assume it anyway) sends a conversation of its own under main's tools: the
+    proxy stamps it ``tool``, so it is an unattributed chain, never main's."""
+    rollout_id, headers = await token(adapter, "codex")
+    text = [{"type": "input_text", "text": "Say it is solved."}]
+    said = {"type": "message", "role": "user", "content": text}
+    shell = {"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {}}}
+    request = {"model": "m", "stream": False, "store": False, "input": [said], "tools": [shell]}
+    bearer = {"authorization": f"Bearer {headers['x-api-key']}"}
+    response = await adapter.post("/v1/responses", json=request, headers={**bearer, **TOOL})
+    assert response.status_code == 200, response.text
+    assert set(chains(adapter, rollout_id).values()) == {"unattributed"}
+    assert trained(adapter, rollout_id) == []
+    assert metric(adapter, 'rollbus_adapter_unattributed_requests_total{cause="tool_peer"}') == 1
+
+
 async def test_a_peer_header_the_proxy_never_sends_is_refused(adapter) -> None:
     _, headers = await token(adapter)
     response = await adapter.post("/v1/messages", json=body("hi"), headers={**headers, PEER_HEADER: "host"})

@@ -137,12 +137,11 @@ async def test_its_tools_get_no_token_in_their_environment_nor_from_the_clis_pro
     """The attacker's move: a shell command that dumps its own environment and every process's environ and
     command line in the sandbox into the workspace. Its own environment holds no token (Codex hands its tools
     only its core variables and ours; by default it hands them everything), and the CLI's /proc/<pid>/environ
-    is closed to it (an execute-only binary: the kernel makes the process non-dumpable).
-
-    Left open, as for Claude Code: the sandbox's pid 1 (bwrap) still holds the agent's environment and its
-    environ is readable; what keeps a tool's request with the token from training is the adapter proxy's
-    peer stamp (tests/test_sandbox_attribution.py; for Codex, the theft itself in
-    tests/test_sandbox_runner_codex.py), not the token's secrecy."""
+    is closed to it (an execute-only binary: the kernel makes the process non-dumpable). The sandbox's pid 1
+    (bwrap, readable by the tools) never had it: the token reaches Codex through a pipe read before the CLI
+    starts (tests/test_sandbox_secrets.py); before, a tool read it from /proc/1/environ. (Claude Code hands
+    its whole environment to its tools, token included: there only the adapter proxy's peer stamp keeps a
+    tool's request from training, tests/test_sandbox_attribution.py.)"""
     rig.use_script(SCRIPTS / "runner" / "codex_token_probe.json")
     rollout_id = f"e2e-{uuid.uuid4().hex[:10]}"
     token = await rig.open_session(rollout_id, "codex")
@@ -158,6 +157,9 @@ async def test_its_tools_get_no_token_in_their_environment_nor_from_the_clis_pro
         p for p, (_, argv) in zip(processes, headers, strict=True) if argv.startswith("/opt/codex/codex exec")
     ]
     assert token not in cli and "Permission denied" in cli
+    (init,) = [p for p, (pid, _) in zip(processes, headers, strict=True) if pid == "1"]
+    assert "bwrap" in init and "PATH=" in init  # bwrap's environment was read...
+    assert token not in "".join(processes)  # ...and no process it could read held the token
 
 
 # --- codex_compact.json: Codex's local compaction ---------------------------------------------------

@@ -69,7 +69,16 @@ from rollbus.sandbox.bwrap_host import (
     unmount,
     write_identity,
 )
-from rollbus.sandbox.bwrap_layout import AGENT_UID, HOME, WORKSPACE, BwrapLayout, bwrap_argv, system_mounts
+from rollbus.sandbox.bwrap_layout import (
+    AGENT_UID,
+    HOME,
+    WORKSPACE,
+    BwrapLayout,
+    bwrap_argv,
+    secret_lines,
+    system_mounts,
+    with_secrets,
+)
 from rollbus.sandbox.limits import Cgroups, enforcement, failure_from_counters, rlimits
 from rollbus.sandbox.peer import AgentProcess, command_pid
 from rollbus.sandbox.process import CappedBytes, run_process
@@ -157,12 +166,16 @@ class BwrapSandbox(SandboxBase):
         timeout: float = 600.0,
         *,
         agent: bool = False,
+        secret_env: Mapping[str, str] | None = None,
     ) -> Completed:
         """``agent``: ``cmd`` is the agent; while it runs the adapter proxy knows its process, so what it
-        sends is stamped ``agent`` and what anything it starts sends is stamped ``tool``."""
+        sends is stamped ``agent`` and what anything it starts sends is stamped ``tool``. ``secret_env``:
+        variables (the session token) the command gets through a pipe rather than from bwrap, whose pid 1
+        inside keeps its own environment and command line readable to the agent's tools."""
         return await self._run(
-            self.layout, self._system, self._binds, self._netns, cmd, env, cwd, timeout, agent=agent
-        )
+            self.layout, self._system, self._binds, self._netns, cmd, env, cwd, timeout, agent=agent,
+            secret_env=secret_env,
+        )  # fmt: skip
 
     async def run_tool(
         self,
@@ -209,7 +222,17 @@ class BwrapSandbox(SandboxBase):
         stdout: CappedBytes | None = None,
         *,
         agent: bool = False,
+        secret_env: Mapping[str, str] | None = None,
     ) -> Completed:
+        secret_r = None
+        if secret_env:
+            data = secret_lines(secret_env)
+            secret_r, secret_w = os.pipe()
+            try:
+                os.write(secret_w, data)  # under a pipe's atomic size: never blocks
+            finally:
+                os.close(secret_w)
+            cmd = with_secrets(cmd)
         info_r, info_w = os.pipe()
         os.set_blocking(info_r, False)
         info = BwrapInfo(info_r)
@@ -235,6 +258,7 @@ class BwrapSandbox(SandboxBase):
                 timeout=timeout,
                 kill=lambda _proc: kill_namespace(info),
                 pass_fds=(info_w,) if filter_in is None else (info_w, filter_in),
+                stdin=secret_r,
                 output_limit=self.limits.output_bytes,
                 preexec_fn=launcher,
                 stdout=stdout,
@@ -247,6 +271,8 @@ class BwrapSandbox(SandboxBase):
                 self.proxy.agent = None
             os.close(info_r)
             os.close(info_w)
+            if secret_r is not None:
+                os.close(secret_r)
             if filter_in is not None:
                 os.close(filter_in)
         after = self.cgroups.counters() if self.cgroups else {}

@@ -10,6 +10,7 @@ the root remounted read-only last.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,37 @@ FORWARDER = (
     "  [ $n -gt 20 ] && sleep 0.005; done\n"
     'unset RB_PORT RB_HEX RB_SOCAT; exec "$@"'
 )
+# Reads ``NAME=value`` lines from standard input (a pipe the host wrote and closed), exports them and execs
+# the rest with /dev/null as its input: the command gets its secrets without bwrap's pid 1 (dumpable, the
+# agent's uid) ever holding them in its environment or command line. Nothing of the agent's runs before the
+# exec, so no tool can race the read, and the pipe is empty by then.
+SECRET_READER = 'while IFS= read -r kv; do export "$kv"; done; exec "$@" < /dev/null'
+SECRET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SECRET_BYTES = 4096  # at most what one pipe write holds atomically, long before it could block
+
+
+class BadSecret(ValueError):
+    """A secret variable this reader cannot carry (a bad name, a newline or NUL in its value, too long)."""
+
+
+def secret_lines(secrets: Mapping[str, str]) -> bytes:
+    """What the host writes into the secret pipe: one ``NAME=value`` line a variable."""
+    for name, value in secrets.items():
+        if not SECRET_NAME.fullmatch(name):
+            raise BadSecret(f"{name!r} is not a variable name")
+        if "\n" in value or "\0" in value:
+            raise BadSecret(f"the value of {name} holds a newline or NUL")
+    data = "".join(f"{name}={value}\n" for name, value in secrets.items()).encode()
+    if len(data) > SECRET_BYTES:
+        raise BadSecret(f"the secrets take {len(data)} bytes, more than {SECRET_BYTES}")
+    return data
+
+
+def with_secrets(cmd: Sequence[str]) -> list[str]:
+    """``cmd`` behind :data:`SECRET_READER`, which reads its secrets from standard input."""
+    return ["/bin/sh", "-c", SECRET_READER, "sh", *cmd]
+
+
 HOST_USR = "/.rollbus/host/usr"
 TOOLCHAIN_SKIP = {"proc", "dev", "sys", "tmp", "run", "home", "workspace", ".rollbus"}
 

@@ -89,17 +89,19 @@ async def run_process(
     output_limit: int = DEFAULT_OUTPUT_LIMIT,
     preexec_fn: Callable[[], None] | None = None,
     stdout: CappedBytes | None = None,
+    stdin: int | None = None,
 ) -> Completed:
     """Run ``argv`` in a new POSIX session; on timeout ``kill`` it (and its group) and report what it printed.
 
     ``preexec_fn`` runs in the child before exec (joining cgroups, dropping to the sandbox uid). With
     ``stdout``, standard output goes there (``Completed.stdout`` is empty) and overflowing it kills the
-    process as a timeout would (``failure_kind`` ``output_truncated``).
+    process as a timeout would (``failure_kind`` ``output_truncated``). ``stdin``: a file descriptor to read
+    from instead of /dev/null.
     """
     start = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
         *argv,
-        stdin=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.DEVNULL if stdin is None else stdin,
         stdout=PIPE,
         stderr=PIPE,
         env=dict(env),

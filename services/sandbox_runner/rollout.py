@@ -356,5 +356,11 @@ async def run_codex(
         context_length=settings.context_length,
     )  # fmt: skip
     env = codex_cli.build_env(token, home=sandbox.home, extra=SANDBOX_ENV)
-    agent = {"agent": True} if isinstance(sandbox, BwrapSandbox) else {}  # its proxy knows the CLI's process
-    return await sandbox.run(cmd, env, cwd=sandbox.workdir, timeout=settings.agent_timeout, **agent)
+    if not isinstance(sandbox, BwrapSandbox):
+        return await sandbox.run(cmd, env, cwd=sandbox.workdir, timeout=settings.agent_timeout)
+    # its proxy knows the CLI's process; the token reaches the CLI through a pipe, never bwrap's environment
+    # (the sandbox's pid 1 is readable by the tools; Codex's own process and its tools' environment are not)
+    secret = {codex_cli.TOKEN_ENV: env.pop(codex_cli.TOKEN_ENV)}
+    return await sandbox.run(
+        cmd, env, cwd=sandbox.workdir, timeout=settings.agent_timeout, agent=True, secret_env=secret
+    )
