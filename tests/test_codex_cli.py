@@ -92,7 +92,16 @@ def test_a_row_chooses_its_agent_and_the_runner_gives_the_default(metadata, defa
     assert agents.chosen(metadata, default) == expected
 
 
-@pytest.mark.parametrize("bad", ["aider", "", None, ["codex"], 1])
+def test_a_row_listing_harnesses_gives_them_to_its_samples_in_turn_so_a_group_compares_them() -> None:
+    """What was missing: a group is one row, so a group ran under one harness and could not compare two."""
+    both = {"agent": ["claude_code", "codex"]}
+    assert [agents.chosen(both, "claude_code", k) for k in range(5)] == ["claude_code", "codex"] * 2 + [
+        "claude_code"
+    ]
+    assert [agents.chosen({"agent": ["codex"]}, "claude_code", k) for k in range(2)] == ["codex", "codex"]
+
+
+@pytest.mark.parametrize("bad", ["aider", "", None, [], ["codex", "aider"], [["codex"]], 1])
 def test_an_unknown_agent_is_refused(bad) -> None:
     with pytest.raises(agents.UnknownAgent, match="metadata.agent"):
         agents.chosen({"agent": bad}, "claude_code")

@@ -15,7 +15,7 @@ from rollbus.rows import RowError, RowKeys, parse_row, read_rows, tasks_for
 from rollbus.sandbox import Completed
 from rollbus.sandbox.capture import Captured
 from rollbus.services.sandbox_runner.outcome import AttemptResult, cap_patch, classify, diff_event, drop_paths
-from rollbus.services.sandbox_runner.rollout import attempt_outcome, task_prompt
+from rollbus.services.sandbox_runner.rollout import AttemptFailed, attempt_outcome, chosen_agent, task_prompt
 from rollbus.services.sandbox_runner.settings import RunnerSettings
 from rollbus.settings import SettingsError
 
@@ -190,3 +190,16 @@ def test_samples_share_a_group_and_ids_start_with_the_instance() -> None:
     assert all(t["rollout_id"].startswith("django__django-1_x-") for t in tasks)
     assert len({t["rollout_id"] for t in tasks}) == 3 and {t["group_size"] for t in tasks} == {3}
     assert all(t["env_config"] is None and json.loads(t["metadata"])["image"] == "/d/repo" for t in tasks)
+
+
+def test_the_samples_of_a_row_listing_two_harnesses_run_one_each(tmp_path: Path) -> None:
+    """One group compares the harnesses: the tasks of a row whose ``metadata.agent`` lists both take them in
+    turn by their sample index; a list naming an unknown harness fails the task as bad, not the runner."""
+    row = {**GOOD, "instance_id": "i", "metadata": {**GOOD["metadata"], "agent": ["claude_code", "codex"]}}
+    tasks = tasks_for(parse_row(json.dumps(row), 1, RowKeys(), tmp_path), 4)
+    settings = RunnerSettings.load({})
+    picked = [chosen_agent(json.loads(t["metadata"]), settings, t) for t in tasks]
+    assert picked == ["claude_code", "codex", "claude_code", "codex"]
+    assert len({t["group_id"] for t in tasks}) == 1
+    with pytest.raises(AttemptFailed, match="metadata.agent"):
+        chosen_agent({"agent": ["codex", "aider"]}, settings, tasks[0])

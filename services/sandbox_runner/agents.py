@@ -22,11 +22,16 @@ class UnknownAgent(ValueError):
     """The row names an agent harness the runner does not have."""
 
 
-def chosen(metadata: dict[str, Any], default: str) -> str:
-    """The row's ``metadata.agent``, else ``default``; anything else is the row's error."""
+def chosen(metadata: dict[str, Any], default: str, sample_index: int = 0) -> str:
+    """The row's ``metadata.agent``, else ``default``; anything else is the row's error. A list of harnesses
+    gives sample K the K-th (modulo its length), so one group compares them: ``["claude_code", "codex"]``."""
     agent = metadata.get("agent", default)
+    if isinstance(agent, list) and agent and all(a in AGENTS for a in agent):
+        return agent[sample_index % len(agent)]
     if agent not in AGENTS:
-        raise UnknownAgent(f"metadata.agent must be one of {', '.join(AGENTS)}, not {agent!r}")
+        raise UnknownAgent(
+            f"metadata.agent must be one of {', '.join(AGENTS)} or a non-empty list of them, not {agent!r}"
+        )
     return agent
 
 

@@ -170,7 +170,7 @@ async def run_task(kit: RunnerKit, task: dict[str, Any], attempt_id: str | None 
         if kit.settings.backend == "e2b":
             from rollbus.services.sandbox_runner import remote
 
-            if chosen_agent(parse_metadata(task), kit.settings) != agents.CLAUDE_CODE:
+            if chosen_agent(parse_metadata(task), kit.settings, task) != agents.CLAUDE_CODE:
                 raise AttemptFailed(kinds.BAD_TASK, "the e2b backend runs only the claude_code agent")
             return await remote.attempt(kit, task, attempt_id)
         return await _attempt(kit, task, attempt_id)
@@ -188,7 +188,7 @@ async def run_task(kit: RunnerKit, task: dict[str, Any], attempt_id: str | None 
 async def _attempt(kit: RunnerKit, task: dict[str, Any], attempt_id: str) -> AttemptResult:
     settings, rollout_id = kit.settings, task["rollout_id"]
     metadata = parse_metadata(task)
-    agent = chosen_agent(metadata, settings)
+    agent = chosen_agent(metadata, settings, task)
     binary = agent_binary(agent)
     sandbox = await boot(kit, metadata, binary, attempt_id, agent)
     try:
@@ -225,10 +225,11 @@ def attempt_outcome(
     )
 
 
-def chosen_agent(metadata: dict[str, Any], settings: RunnerSettings) -> str:
-    """The row's agent harness (``metadata.agent``, else ``--agent``); an unknown one is a bad task."""
+def chosen_agent(metadata: dict[str, Any], settings: RunnerSettings, task: dict[str, Any]) -> str:
+    """The harness of this sample of the row (``metadata.agent``: one, or a list the group's samples take in
+    turn; else ``--agent``); an unknown one is a bad task."""
     try:
-        return agents.chosen(metadata, settings.agent)
+        return agents.chosen(metadata, settings.agent, task.get("sample_index") or 0)
     except agents.UnknownAgent as exc:
         raise AttemptFailed(kinds.BAD_TASK, str(exc)) from exc
 
