@@ -90,8 +90,9 @@ def test_a_mixed_demo_given_a_broker_is_a_run_of_its_own_and_trains_on_both_harn
     """What failed: --bootstrap-servers was ignored unless --embedded-broker false came with it. Run in the
     state dir of the demos above (which holds their broker and a trainer at v3), it is a new run all the
     same: new topics, no checkpoint, nothing of theirs counted. Its dataset (demo-mixed.jsonl) mixes the
-    harnesses by ``metadata.agent``: binsearch runs under the Codex CLI (the Responses route), sum-to under
-    Claude Code (the Messages route). The engine answers each request with its harness's script (Codex's
+    harnesses inside each group: ``metadata.agent`` lists both, so binsearch's sample 0 runs under the Codex
+    CLI (the Responses route) and sample 1 under Claude Code (the Messages route), sum-to's the other way
+    round. The engine answers each request with its harness's script (Codex's
     exec_command and apply_patch, Claude Code's Read and Edit: the other's tool calls would fail), so sample
     0 of each task is solved and sample 1 fails as scripted, and the step trains on that variance."""
     tmp, _, _, first_run = first_demo
@@ -118,7 +119,8 @@ def test_a_mixed_demo_given_a_broker_is_a_run_of_its_own_and_trains_on_both_harn
     assert {rollout.rsplit("-", 2)[0] for rollout in rewards} == {"swe-mini__binsearch", "swe-mini__sum-to"}
     assert all((reward == "1.00") == rollout.endswith("-0") for rollout, reward in rewards.items()), tail
     logged = adapter_log.read_bytes()[logged_before:].decode(errors="replace")
-    # a request per scripted turn: Codex's 3 to solve binsearch and 2 to delete its tests; Claude Code's 3
-    # to solve sum-to and 3 for the wrong fix
-    assert len(re.findall(r'"POST /v1/responses HTTP/1.1" 200', logged)) >= 5, logged[-3000:]
-    assert len(re.findall(r'"POST /v1/messages(\?\S*)? HTTP/1.1" 200', logged)) >= 6, logged[-3000:]
+    # each group mixes the CLIs (metadata.agent lists both), a request per scripted turn: Codex's 3 to
+    # solve binsearch and 3 for sum-to's wrong fix; Claude Code's 3 to solve sum-to and 2 to delete
+    # binsearch's tests
+    assert len(re.findall(r'"POST /v1/responses HTTP/1.1" 200', logged)) >= 6, logged[-3000:]
+    assert len(re.findall(r'"POST /v1/messages(\?\S*)? HTTP/1.1" 200', logged)) >= 5, logged[-3000:]
