@@ -19,7 +19,7 @@ from rollbus.services.adapter.anthropic import Message
 from rollbus.services.adapter.app import create_app
 from rollbus.services.adapter.responses import ResponsesRequest, output_items, to_chat
 from rollbus.services.adapter.translate import assistant_message
-from tests.test_adapter_support import BusPublisher, adapter_client, engine_process, served, settings
+from tests.test_adapter_support import BusPublisher, engine_process, scripted_adapter, served, settings
 
 EXEC = (
     "Look first.\n</think>\n\n<tool_call>\n<function=exec_command>\n<parameter=cmd>\ncat calc.py\n"
@@ -66,11 +66,7 @@ def engine_url(tmp_path_factory):
 
 @pytest.fixture
 async def adapter(engine_url):
-    publisher = BusPublisher()
-    async with adapter_client(
-        settings(engine_url, admin_token="adm", open_sessions=False), publisher
-    ) as client:
-        client.publisher = publisher
+    async with scripted_adapter(engine_url, open_sessions=False) as client:
         yield client
 
 

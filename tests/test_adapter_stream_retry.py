@@ -12,7 +12,7 @@ import pytest
 from rollbus.services.adapter.responses import Item
 from rollbus.services.adapter.stream_retry import Answered, rest
 from tests.test_adapter_responses import TOOLS, done_items, open_session, opening, respond
-from tests.test_adapter_support import BusPublisher, adapter_client, engine_process, settings
+from tests.test_adapter_support import engine_process, scripted_adapter
 
 SCRIPT = {
     "turns": [
@@ -92,11 +92,7 @@ def engine_url(tmp_path_factory):
 
 @pytest.fixture
 async def adapter(engine_url):
-    publisher = BusPublisher()
-    async with adapter_client(
-        settings(engine_url, admin_token="adm", open_sessions=False), publisher
-    ) as client:
-        client.publisher = publisher
+    async with scripted_adapter(engine_url, open_sessions=False) as client:
         yield client
 
 
