@@ -321,7 +321,7 @@ class Session:
             return None, []
         contested = []
         for call_id, name, arguments in newest.tool_calls:
-            prompt = _prompt_of(arguments) if name in AGENT_TOOLS else ""
+            prompt = _argument(arguments, "prompt") if name in AGENT_TOOLS else ""
             if not prompt or prompt not in first:
                 continue
             if call_id not in self.claimed:
@@ -343,7 +343,7 @@ class Session:
         contested = []
         for sent in main.history.sent:
             for call_id, name, arguments in sent.tool_calls if sent is not None else ():
-                if name != SPAWN_TOOL or _message_of(arguments) != prompt:
+                if name != SPAWN_TOOL or _argument(arguments, "message") != prompt:
                     continue
                 if call_id not in self.claimed:
                     return call_id, []
@@ -389,20 +389,14 @@ def _continues(agent: Agent, shape: RequestShape) -> bool:
     return agent.history.continues(shape.messages, shape.tools)
 
 
-def _prompt_of(arguments: str) -> str:
+def _argument(arguments: str, key: str) -> str:
+    """A tool call's string argument ``key``, stripped ("" when the arguments are not JSON or lack it): the
+    sub-agent's prompt of Claude Code's ``Agent`` call, the ``message`` of Codex's ``spawn_agent``."""
     try:
-        prompt = json.loads(arguments).get("prompt")
+        value = json.loads(arguments).get(key)
     except (ValueError, AttributeError):
         return ""
-    return prompt.strip() if isinstance(prompt, str) else ""
-
-
-def _message_of(arguments: str) -> str:
-    try:
-        message = json.loads(arguments).get("message")
-    except (ValueError, AttributeError):
-        return ""
-    return message.strip() if isinstance(message, str) else ""
+    return value.strip() if isinstance(value, str) else ""
 
 
 NOTIFICATION_OPEN, NOTIFICATION_CLOSE = "<subagent_notification>", "</subagent_notification>"
