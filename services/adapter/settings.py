@@ -67,6 +67,10 @@ class AdapterSettings(BusSettings):
     )
     engine_timeout: float = Field(1800.0, gt=0, description="seconds one engine call may take")
     engine_connect_timeout: float = Field(10.0, gt=0, description="seconds to connect to the engine")
+    engine_keepalive: float = Field(
+        2.0, gt=0, description="seconds an idle engine connection is kept; below the engine server's own "
+        "keep-alive (uvicorn's: 5 s), or a request can go out on a connection the engine is closing",
+    )
     abort_timeout: float = Field(5.0, gt=0, description="seconds an abort sent to the engine may take")
     outbox_capacity: int = Field(
         1000, ge=1, description="records that may wait for the bus before new turns get 529"

@@ -19,7 +19,6 @@ from rollbus.services.adapter.sglang_client import SGLangClient
 from rollbus.services.adapter.turn import TurnKit
 
 log = logging.getLogger(__name__)
-ENGINE_KEEPALIVE_S = 2.0  # below the engine server's keep-alive timeout (uvicorn's default: 5 s)
 
 
 @dataclass
@@ -91,7 +90,7 @@ def build_state(
         # idle connections are dropped before the engine's server drops them (uvicorn: 5 s): reusing one it
         # is closing loses the request (a ReadError, seen when Codex's spawn left the engine idle ~5 s)
         limits=httpx.Limits(
-            max_connections=settings.max_concurrency + 8, keepalive_expiry=ENGINE_KEEPALIVE_S
+            max_connections=settings.max_concurrency + 8, keepalive_expiry=settings.engine_keepalive
         ),
     )
     outbox = Outbox(
