@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +49,7 @@ FORWARDER = (
 # exec, so no tool can race the read, and the pipe is empty by then.
 SECRET_READER = 'while IFS= read -r kv; do export "$kv"; done; exec "$@" < /dev/null'
 SECRET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-SECRET_BYTES = 4096  # at most what one pipe write holds atomically, long before it could block
+SECRET_BYTES = select.PIPE_BUF  # what one pipe write holds atomically: it never blocks
 
 
 class BadSecret(ValueError):
