@@ -75,6 +75,7 @@ DEFAULT_USER = f"{AGENT_UID}:{AGENT_UID}"
 PREP_MOUNT = "/.rollbus/ws"
 DISK_FULL_MARGIN = 64 << 10
 PREP_TIMEOUT_S = 600.0
+LEFTOVER_KILL_S = 5.0  # past this, what a finished command left is killed with the whole container
 PREP_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER"]  # copy the image's files and hand them to the agent's uid
 # Runs as root in a network-less container from the image: copy the image's workdir (its .git left out)
 # into the workspace, then give it a repository of the base commit alone; the agent's uid owns the result.
@@ -359,13 +360,15 @@ class DockerSandbox(SandboxBase):
         if work.cgroups is None:
             self._kill_work(work)
             return
-        for _ in range(10):  # a process forking while it is killed: again until none is left
-            pids = [p for p in work.processes() if p not in work.spare]
+        deadline = time.monotonic() + LEFTOVER_KILL_S
+        while time.monotonic() < deadline:  # a process forking while it is killed: again until none is left
+            pids = [p for p in work.processes() if p not in work.spare and not _zombie(p)]
             if not pids:
                 return
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+            time.sleep(0.005)
         self._kill_work(work)
 
     def _running(self, work: WorkContainer) -> bool:
@@ -518,6 +521,14 @@ def work_container(cid: str, init: int) -> WorkContainer:
             break
         time.sleep(0.01)
     return work
+
+
+def _zombie(pid: int) -> bool:
+    """Dead and waiting for the init to reap it (it holds nothing, and killing it does nothing)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return True  # gone already
 
 
 def _resolve(pin: asyncio.Future[AgentProcess | None], process: AgentProcess | None) -> None:
