@@ -47,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
             "rollbus sandbox-runner: bwrap cannot build sandboxes here (use --backend local)", file=sys.stderr
         )
         return 2
+    if settings.backend == "docker" and (problem := docker_unusable()):
+        print(f"rollbus sandbox-runner: --backend docker: {problem}", file=sys.stderr)
+        return 2
     if settings.backend == "e2b" and (problem := e2b_unusable()):
         print(f"rollbus sandbox-runner: --backend e2b: {problem}", file=sys.stderr)
         return 2
@@ -58,6 +61,17 @@ def run(args: argparse.Namespace) -> int:
     except TopicsError as exc:
         print(f"rollbus sandbox-runner: {exc}", file=sys.stderr)
         return 1
+
+
+def docker_unusable() -> str | None:
+    """Why no container could be made from here (no engine answers and none can start), or None."""
+    from rollbus.sandbox import docker_engine
+
+    try:
+        docker_engine.client().close()
+    except docker_engine.EngineUnavailable as exc:
+        return str(exc)
+    return None
 
 
 def e2b_unusable() -> str | None:
