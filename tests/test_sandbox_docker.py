@@ -13,6 +13,7 @@ import io
 import json
 import os
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -300,3 +301,25 @@ def test_the_engine_is_the_projects_own_where_none_answers(engine: Any) -> None:
     assert engine.images.get(base.tag).id == before and engine.images.get("debian:bookworm").id == before
     if not os.environ.get("DOCKER_HOST") and not Path("/var/run/docker.sock").is_socket():
         assert docker_engine.own_socket().is_socket()
+
+
+@pytest.mark.parametrize("task", ["sum-to", "flatten", "intervals"])  # eval command, F2P, swepro
+async def test_the_grader_in_containers_scores_the_fix_one_and_the_empty_patch_zero(
+    engine: Any, task: str
+) -> None:
+    """The grader's every command in a fresh, network-less container of the base image (Debian's python3
+    and pytest), over the tree the grader prepared on the host."""
+    from rollbus.grading import GradeConfig, grade, parse_row
+    from tests.test_grading_swe_mini import SWE_MINI, load_build
+
+    rows = {row["metadata"]["image"].split("/")[-1]: row for row in load_build().build()}
+    spec = parse_row(rows[task], SWE_MINI)
+    config = GradeConfig(container_image=docker_images.ensure_base_image(engine))
+    since = int(time.time()) - 1
+    fixed = await grade(spec, rows[task]["label"], config)
+    assert (fixed.reward, fixed.failure_kind, fixed.flags) == (1.0, None, ()), fixed
+    empty = await grade(spec, "", config)
+    assert (empty.reward, empty.failure_kind) == (0.0, "tests_failed"), empty
+    filters = {"type": "container", "event": "start", "label": "rollbus.sandbox"}
+    started = engine.api.events(since=since, until=int(time.time()) + 1, filters=filters, decode=True)
+    assert len(list(started)) >= 3  # the fix: apply, then its tests; the empty patch: its tests

@@ -560,17 +560,17 @@ def _prepare_host(
         raise SandboxError(f"docker: {exc}") from exc
     data.mkdir(parents=True, mode=0o700)
     mounted = []
-    for name in ("ws", "home"):
+    for name in ("ws", "home") if workspace is None else ("home",):
         (data / name).mkdir(mode=0o755)
         if limits.disk_bytes is not None and mount_tmpfs(
             data / name, 0o755, limits.disk_bytes, "rollbus-disk"
         ):
             mounted.append(data / name)
-    ws = data / "ws"
+    ws = data / "ws" if workspace is None else Path(workspace)
     layout = DockerLayout(image_id, workdir, ws, data / "home", user, limits, "none", ro_binds, sandbox_id)
-    if workspace is not None:
-        layout = DockerLayout(**{**layout.__dict__, "workspace": Path(workspace)})
+    if workspace is not None:  # a tree the host prepared (the grader's): handed to the sandbox's uid
         owner = _numeric_owner(user)
+        _chown_tree(ws, owner)
     else:
         owner = _prepare_workspace(client, layout, ws)
         record_baseline(ws)
@@ -609,6 +609,13 @@ def _prepare_workspace(client: Any, layout: DockerLayout, ws: Path) -> tuple[int
             kind,
         )
     return int(found[1]), int(found[2])
+
+
+def _chown_tree(root: Path, owner: tuple[int, int]) -> None:
+    os.chown(root, *owner, follow_symlinks=False)
+    for top, dirs, files in os.walk(root):
+        for name in dirs + files:
+            os.chown(os.path.join(top, name), *owner, follow_symlinks=False)
 
 
 def _numeric_owner(user: str) -> tuple[int, int]:
