@@ -239,13 +239,21 @@ class DockerSandbox(SandboxBase):
             ro_binds=dict(ro_binds or {}), user=user or DEFAULT_USER, sandbox_id=sandbox_id,
             workspace=workspace,
         )  # fmt: skip
+        if network == "adapter" and (adapter_url is None or forward_port is None):
+            raise SandboxError("an adapter network needs the adapter's URL and the forwarded port")
         box: DockerSandbox | None = None
         try:
             box = cls(client, *await asyncio.to_thread(made))
-            if network == "adapter":
-                if adapter_url is None or forward_port is None:
-                    raise SandboxError("an adapter network needs the adapter's URL and the forwarded port")
-                await box._open_adapter(adapter_url, forward_port)
+            # the workspace is filled while the network holder and the command container start
+            filled = await asyncio.gather(
+                asyncio.to_thread(_fill, client, box.layout, box._data, workspace is not None),
+                box._boot(adapter_url if network == "adapter" else None, forward_port),
+                return_exceptions=True,
+            )
+            for result in filled:
+                if isinstance(result, BaseException):
+                    raise result
+            box._owner = filled[0]  # type: ignore[assignment]
             return box
         except BaseException:
             if box is not None:
@@ -253,6 +261,12 @@ class DockerSandbox(SandboxBase):
             else:
                 await asyncio.to_thread(_remove_data, data, [data / "ws", data / "home"])
             raise
+
+    async def _boot(self, adapter_url: str | None, port: int | None) -> None:
+        """The holder and listener (an agent's), then the command container, started."""
+        if adapter_url is not None and port is not None:
+            await self._open_adapter(adapter_url, port)
+        await asyncio.to_thread(self._work_container)
 
     async def _open_adapter(self, adapter_url: str, port: int) -> None:
         """The holder (a sleeping container whose network namespace every command joins) and the proxy's
@@ -548,8 +562,8 @@ def _prepare_host(
     sandbox_id: str,
     workspace: Path | None,
 ) -> tuple[DockerLayout, Path, tuple[int, int], list[Path]]:
-    """The host side, off the loop: the image's digest, the capped workspace and HOME, the prepared
-    repository and its trusted baseline."""
+    """The host side, off the loop: the image's digest, the capped workspace and HOME (filled by
+    :func:`_fill`)."""
     import docker
 
     try:
@@ -568,15 +582,22 @@ def _prepare_host(
             mounted.append(data / name)
     ws = data / "ws" if workspace is None else Path(workspace)
     layout = DockerLayout(image_id, workdir, ws, data / "home", user, limits, "none", ro_binds, sandbox_id)
-    if workspace is not None:  # a tree the host prepared (the grader's): handed to the sandbox's uid
-        owner = _numeric_owner(user)
-        _chown_tree(ws, owner)
-    else:
-        owner = _prepare_workspace(client, layout, ws)
-        record_baseline(ws)
-    os.chown(data / "home", *owner)
     os.chmod(data, 0o755)  # the agent's uid traverses to its binds
-    return layout, data, owner, mounted
+    return layout, data, _numeric_owner(user) if workspace is not None else (0, 0), mounted
+
+
+def _fill(client: Any, layout: DockerLayout, data: Path, prepared: bool) -> tuple[int, int]:
+    """The workspace from the image (its repository re-made from the base commit) and its trusted
+    baseline, or a tree the host ``prepared`` (the grader's) handed to the sandbox's uid; HOME likewise.
+    Returns the owner (uid, gid) of both."""
+    if prepared:
+        owner = _numeric_owner(layout.user)
+        _chown_tree(layout.workspace, owner)
+    else:
+        owner = _prepare_workspace(client, layout, layout.workspace)
+        record_baseline(layout.workspace)
+    os.chown(data / "home", *owner)
+    return owner
 
 
 def _prepare_workspace(client: Any, layout: DockerLayout, ws: Path) -> tuple[int, int]:
