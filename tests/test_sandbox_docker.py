@@ -293,14 +293,32 @@ async def test_a_missing_image_is_an_image_error(engine: Any) -> None:
     assert raised.value.failure_kind == "image_error"
 
 
-def test_the_engine_is_the_projects_own_where_none_answers(engine: Any) -> None:
-    """The session's engine answers; the base image is cached: asking again builds nothing."""
+def test_the_base_image_is_built_once_and_answers_to_its_public_name(engine: Any) -> None:
     base = docker_images.BASE
     before = engine.images.get(base.tag).id
-    assert docker_images.ensure_base_image(engine) == base.tag
+    assert docker_images.ensure_base_image(engine) == base.tag  # cached: nothing built
     assert engine.images.get(base.tag).id == before and engine.images.get("debian:bookworm").id == before
-    if not os.environ.get("DOCKER_HOST") and not Path("/var/run/docker.sock").is_socket():
-        assert docker_engine.own_socket().is_socket()
+
+
+def test_where_no_engine_answers_the_tests_run_on_the_projects_own(engine: Any) -> None:
+    """CI has no engine of its own: the session's came from ``docker_engine.client()`` starting one under
+    the cache (its data there), and a second call finds it rather than starting another."""
+    if os.environ.get("DOCKER_HOST") or Path("/var/run/docker.sock").is_socket():
+        assert engine.ping()
+        return
+    pid = int((docker_engine.engine_dir() / "dockerd.pid").read_text())
+    again = docker_engine.client()
+    assert again.info()["DockerRootDir"] == str(docker_engine.engine_dir() / "data")
+    assert int((docker_engine.engine_dir() / "dockerd.pid").read_text()) == pid
+    again.close()
+
+
+def test_an_engine_that_cannot_start_says_why_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROLLBUS_CACHE", "/tmp/" + "x" * 120)
+    with pytest.raises(docker_engine.EngineUnavailable) as raised:
+        docker_engine.start_engine()
+    assert "longer than 107 bytes" in str(raised.value) and "\n" not in str(raised.value)
+    assert not Path("/tmp/" + "x" * 120).exists()  # nothing made
 
 
 @pytest.mark.parametrize("task", ["sum-to", "flatten", "intervals"])  # eval command, F2P, swepro

@@ -66,7 +66,6 @@ def start_engine() -> None:
     """Start the project's own ``dockerd`` (detached, in its own session: it outlives this process and
     serves every later caller) and wait until it answers. One starter at a time (a lock file)."""
     home = engine_dir()
-    home.mkdir(parents=True, exist_ok=True)
     sock = own_socket()
     if len(str(sock)) > SOCKET_PATH_MAX:
         raise EngineUnavailable(f"the engine's socket path {sock} is longer than {SOCKET_PATH_MAX} bytes")
@@ -75,6 +74,7 @@ def start_engine() -> None:
         raise EngineUnavailable("no dockerd here: run scripts/bootstrap.sh (it installs Debian's docker.io)")
     if os.geteuid() != 0:
         raise EngineUnavailable("no Docker engine answers, and starting one needs root")
+    home.mkdir(parents=True, exist_ok=True)
 
     with open(home / "start.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second starter waits here, then finds the first one's engine
