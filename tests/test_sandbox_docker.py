@@ -341,3 +341,35 @@ async def test_the_grader_in_containers_scores_the_fix_one_and_the_empty_patch_z
     filters = {"type": "container", "event": "start", "label": "rollbus.sandbox"}
     started = engine.api.events(since=since, until=int(time.time()) + 1, filters=filters, decode=True)
     assert len(list(started)) >= 3  # the fix: apply, then its tests; the empty patch: its tests
+
+
+KILLED_RUNNER = """
+import asyncio, os, sys
+from pathlib import Path
+from rollbus.sandbox.docker_backend import DockerSandbox
+async def main():
+    box = await DockerSandbox.create(sys.argv[1], workdir="/testbed", scratch_root=Path(sys.argv[2]))
+    await box.run(["true"], {"PATH": "/usr/bin:/bin"})
+    print(box.sandbox_id, flush=True)
+    os.kill(os.getpid(), 9)
+asyncio.run(main())
+"""
+
+
+async def test_what_a_killed_runner_left_is_swept(engine: Any, history_image: str, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from rollbus.sandbox import docker_backend
+
+    done = subprocess.run([sys.executable, "-c", KILLED_RUNNER, history_image, str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    sandbox_id = done.stdout.strip()
+    assert done.returncode == -9 and sandbox_id, done.stderr
+    left = engine.containers.list(filters={"label": f"rollbus.sandbox={sandbox_id}"})
+    assert left and (tmp_path / f"{sandbox_id}.docker").is_dir()  # its command container runs on
+    async with await make(engine, history_image, scratch_root=tmp_path) as alive:
+        assert sandbox_id in docker_backend.sweep_stale(engine, tmp_path)
+        assert not engine.containers.list(all=True, filters={"label": f"rollbus.sandbox={sandbox_id}"})
+        assert not (tmp_path / f"{sandbox_id}.docker").exists()
+        assert (await alive.run(["true"], ENV)).exit_code == 0  # a live runner's sandbox is not touched

@@ -66,15 +66,17 @@ from rollbus.sandbox.bwrap_layout import AGENT_UID, HOME, WORKSPACE, secret_line
 from rollbus.sandbox.docker_run import Ran, run_container, run_exec
 from rollbus.sandbox.limits import Cgroups, Limits, failure_from_counters
 from rollbus.sandbox.netns import listener_in
-from rollbus.sandbox.peer import AgentProcess
+from rollbus.sandbox.peer import AgentProcess, start_time
 from rollbus.sandbox.process import CappedBytes
 from rollbus.sandbox.repo import record_baseline
 
 LABEL = "rollbus.sandbox"  # every container and the holder carry it: a sweep finds what a dead runner left
+OWNER_LABEL = "rollbus.owner"  # the making process's pid and start time
 DEFAULT_USER = f"{AGENT_UID}:{AGENT_UID}"
 PREP_MOUNT = "/.rollbus/ws"
 DISK_FULL_MARGIN = 64 << 10
 PREP_TIMEOUT_S = 600.0
+OWNER = "owner"  # in a sandbox's host dir: its maker's pid and start time
 LEFTOVER_KILL_S = 5.0  # past this, what a finished command left is killed with the whole container
 PREP_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER"]  # copy the image's files and hand them to the agent's uid
 # Runs as root in a network-less container from the image: copy the image's workdir (its .git left out)
@@ -347,7 +349,7 @@ class DockerSandbox(SandboxBase):
                 config["Init"] = True  # the engine's tini as pid 1 reaps what the commands orphan
                 self._work_id = api.create_container(
                     self.layout.image, ["sleep", "infinity"], user=self.layout.user,
-                    working_dir=self.layout.workdir, host_config=config, labels={LABEL: self.sandbox_id},
+                    working_dir=self.layout.workdir, host_config=config, labels=labels(self.sandbox_id),
                     entrypoint=[],
                 )["Id"]  # fmt: skip
             api.start(self._work_id)
@@ -411,7 +413,7 @@ class DockerSandbox(SandboxBase):
         create = {
             "image": self.layout.image, "command": list(cmd), "environment": dict(env), "working_dir": "/",
             "user": layout.user, "host_config": host_config(self.client, layout, tool=True),
-            "labels": {LABEL: self.sandbox_id}, "entrypoint": [],
+            "labels": labels(self.sandbox_id), "entrypoint": [],
         }  # fmt: skip
 
         def one_shot(cancelled: threading.Event) -> Completed:
@@ -479,6 +481,39 @@ class DockerSandbox(SandboxBase):
         await asyncio.to_thread(
             _close, self.client, [c for c in (work, holder) if c], self._data, self._mounted
         )
+
+
+def labels(sandbox_id: str) -> dict[str, str]:
+    """What every container of a sandbox carries: its sandbox, and its owner (so a sweep can tell a dead
+    runner's from a live one's, a reused pid included)."""
+    return {LABEL: sandbox_id, OWNER_LABEL: _owner_stamp(os.getpid())}
+
+
+def _owner_stamp(pid: int) -> str:
+    return f"{pid}:{start_time(pid)}"
+
+
+def sweep_stale(client: Any, scratch_root: Path = SCRATCH_ROOT) -> list[str]:
+    """Remove what docker sandboxes of dead processes left (a runner killed -9): their containers (the
+    command container and the holder sleep forever otherwise) and their host side (tmpfs mounts, dirs).
+    For a runner's start; returns the swept sandbox ids."""
+    swept: set[str] = set()
+    for container in client.containers.list(all=True, filters={"label": LABEL}):
+        stamp = container.labels.get(OWNER_LABEL, "")
+        pid = stamp.partition(":")[0]
+        if pid.isdigit() and _owner_stamp(int(pid)) == stamp:
+            continue  # its owner lives
+        with contextlib.suppress(Exception):
+            container.remove(force=True)
+        swept.add(container.labels.get(LABEL, ""))
+    for owner in scratch_root.glob(f"*.docker/{OWNER}"):
+        stamp = owner.read_text().strip()
+        pid = stamp.partition(":")[0]
+        if pid.isdigit() and _owner_stamp(int(pid)) == stamp:
+            continue
+        _remove_data(owner.parent, [owner.parent / "ws", owner.parent / "home"])
+        swept.add(owner.parent.name.removesuffix(".docker"))
+    return sorted(swept - {""})
 
 
 def _completed(ran: Ran, kind: FailureKind | None) -> Completed:
@@ -573,6 +608,7 @@ def _prepare_host(
     except docker.errors.DockerException as exc:
         raise SandboxError(f"docker: {exc}") from exc
     data.mkdir(parents=True, mode=0o700)
+    (data / OWNER).write_text(_owner_stamp(os.getpid()))  # for sweep_stale after a kill -9
     mounted = []
     for name in ("ws", "home") if workspace is None else ("home",):
         (data / name).mkdir(mode=0o755)
@@ -615,7 +651,7 @@ def _prepare_workspace(client: Any, layout: DockerLayout, ws: Path) -> tuple[int
         "image": layout.image, "command": ["/bin/sh", "-c", PREPARE, "prepare", layout.workdir, PREP_MOUNT,
                                            layout.user],
         "environment": {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-        "user": "0:0", "working_dir": "/", "host_config": config, "labels": {LABEL: layout.sandbox_id},
+        "user": "0:0", "working_dir": "/", "host_config": config, "labels": labels(layout.sandbox_id),
         "entrypoint": [],
     }  # fmt: skip
     try:
@@ -655,7 +691,7 @@ def _start_holder(client: Any, image: str, sandbox_id: str) -> tuple[str, int]:
         pids_limit=4, mem_limit=32 << 20, log_config=docker.types.LogConfig(type="none"),
     )  # fmt: skip
     cid = client.api.create_container(
-        image, ["sleep", "infinity"], user="65534:65534", host_config=config, labels={LABEL: sandbox_id},
+        image, ["sleep", "infinity"], user="65534:65534", host_config=config, labels=labels(sandbox_id),
         entrypoint=[],
     )["Id"]  # fmt: skip
     try:

@@ -91,6 +91,13 @@ async def _serve(settings: RunnerSettings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if settings.backend == "docker":  # what a runner killed -9 left: containers that sleep forever, mounts
+        from rollbus.sandbox import docker_backend, docker_engine
+
+        client = docker_engine.client()
+        swept = await asyncio.to_thread(docker_backend.sweep_stale, client, settings.sandbox_root)
+        if swept:
+            log.info("swept %d docker sandboxes of dead runners", len(swept))
     runner = SandboxRunner(settings)
     log.info("consuming %s as group %s: %d rollouts at once, %d booting, budget %.0fs, %s, adapter %s",
              runner.tasks_topic, settings.consumer_group, settings.concurrency, settings.boot_concurrency,
