@@ -373,3 +373,15 @@ async def test_what_a_killed_runner_left_is_swept(engine: Any, history_image: st
         assert not engine.containers.list(all=True, filters={"label": f"rollbus.sandbox={sandbox_id}"})
         assert not (tmp_path / f"{sandbox_id}.docker").exists()
         assert (await alive.run(["true"], ENV)).exit_code == 0  # a live runner's sandbox is not touched
+
+
+def test_an_images_tree_is_exported_to_the_host_as_it_is(
+    engine: Any, history_image: str, tmp_path: Path
+) -> None:
+    """What host-side grading of a container image's row starts from: the image's repository, history and
+    all (the grader re-makes its one-commit tree from it), nothing of the image run."""
+    tree = docker_images.export_tree(engine, history_image, "/testbed", tmp_path / "tree")
+    assert (tree / "calc.py").read_text() == "def add(a, b):\n    return a - b\n"
+    assert (tree / ".git" / "HEAD").is_file() and (tree / "build" / "out").read_text() == "made\n"
+    with pytest.raises(docker_images.ImageBuildError):
+        docker_images.export_tree(engine, "rollbus-test/absent:never", "/testbed", tmp_path / "none")

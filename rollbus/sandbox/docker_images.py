@@ -15,8 +15,10 @@ import hashlib
 import json
 import shutil
 import subprocess
+import tarfile
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rollbus.config import cache_dir
@@ -95,3 +97,29 @@ def _build(client: Any, base: BaseImage) -> None:
         client.api.import_image_from_file(rootfs, repository=repository, tag=tag, changes=changes)
     if not _has(client, base.tag):
         raise ImageBuildError(f"the engine did not keep the imported image {base.tag}")
+
+
+def export_tree(client: Any, image: str, path: str, dest: Path) -> Path:
+    """The directory ``path`` of a container image, as a host directory at ``dest`` (for host-side work on
+    a task's tree: the grader's copy to patch, a validation). Nothing of the image runs: the container is
+    created, read and removed; the archive is spooled to a temporary file and unpacked with the ``tar``
+    filter, as :func:`rollbus.grading.run.materialize` unpacks a tarball image (no member lands outside
+    ``dest``; symlinks stay links, as the repository has them)."""
+    import docker
+
+    try:
+        cid = client.api.create_container(image, ["true"], entrypoint=[], network_disabled=True)["Id"]
+    except docker.errors.ImageNotFound as exc:
+        raise ImageBuildError(f"no image {image!r} in the Docker engine") from exc
+    try:
+        stream, _ = client.api.get_archive(cid, path.rstrip("/") + "/.")
+        with tempfile.TemporaryFile() as spool:
+            for chunk in stream:
+                spool.write(chunk)
+            spool.seek(0)
+            dest.mkdir(parents=True, exist_ok=True)
+            with tarfile.open(fileobj=spool) as archive:
+                archive.extractall(dest, filter="tar")
+    finally:
+        client.api.remove_container(cid, force=True)
+    return dest
