@@ -5,11 +5,12 @@ fresh container from the image's digest (the same bytes for the agent, its patch
 
 - **Workspace** (``workdir`` inside) and **HOME**: host directories bind-mounted read-write, each a tmpfs
   of ``disk_bytes`` mounted by the host (as root), so the disk written is bounded while it is written. The
-  workspace is filled once, before anything of the agent's runs, by a preparation container from the
-  image (no network): the image's ``workdir`` copied without its ``.git``, and a fresh repository holding
-  the base commit alone (fetched with depth 1 from the image's repository): no other ref, tag, reflog,
-  stash, or object of a later commit (:data:`PREPARE`). The trusted baseline the patch is taken against
-  is recorded beside it on the host and never mounted where the agent runs.
+  workspace is filled once, before anything of the agent's runs: the image's ``workdir`` copied out of the
+  image (a created container's archive: nothing of the image runs), and its repository re-made by host git
+  (every configured program off) as a fresh repository holding the base commit alone (a shallow fetch of
+  ``HEAD``): no other ref, tag, reflog, stash, or object of a later commit; the image's own repository is
+  deleted before any container starts. The trusted baseline the patch is taken against is recorded beside
+  it on the host and never mounted where the agent runs.
 - **Every command's container**: ``network_mode=none`` (or, for an agent, the holder's network namespace,
   where the host's :class:`~rollbus.sandbox.adapter_proxy.AdapterProxy` listens on the loopback port the
   agent's base URL names: its only way out, nothing mounted for it), an unprivileged uid, ``cap_drop=ALL``,
@@ -40,10 +41,12 @@ import asyncio
 import contextlib
 import functools
 import os
-import re
 import secrets
 import shutil
 import signal
+import subprocess
+import tarfile
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -68,47 +71,14 @@ from rollbus.sandbox.limits import Cgroups, Limits, failure_from_counters
 from rollbus.sandbox.netns import listener_in
 from rollbus.sandbox.peer import AgentProcess, start_time
 from rollbus.sandbox.process import CappedBytes
-from rollbus.sandbox.repo import record_baseline
+from rollbus.sandbox.repo import GIT_IDENTITY, GitError, _git_env, record_baseline
 
 LABEL = "rollbus.sandbox"  # every container and the holder carry it: a sweep finds what a dead runner left
 OWNER_LABEL = "rollbus.owner"  # the making process's pid and start time
 DEFAULT_USER = f"{AGENT_UID}:{AGENT_UID}"
-PREP_MOUNT = "/.rollbus/ws"
 DISK_FULL_MARGIN = 64 << 10
-PREP_TIMEOUT_S = 600.0
 OWNER = "owner"  # in a sandbox's host dir: its maker's pid and start time
 LEFTOVER_KILL_S = 5.0  # past this, what a finished command left is killed with the whole container
-PREP_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER"]  # copy the image's files and hand them to the agent's uid
-# Runs as root in a network-less container from the image: copy the image's workdir (its .git left out)
-# into the workspace, then give it a repository of the base commit alone; the agent's uid owns the result.
-PREPARE = r"""set -eu
-src=$1 ws=$2 owner=$3
-export HOME=/nonexistent GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null GIT_TERMINAL_PROMPT=0
-g() { git -c core.fsmonitor=false -c core.hooksPath=/dev/null -c safe.directory='*' \
-  -c core.logAllRefUpdates=false -c gc.auto=0 -c maintenance.auto=false "$@"; }
-if [ -d "$src" ]; then
-  for f in "$src"/* "$src"/.[!.]* "$src"/..?*; do
-    { [ -e "$f" ] || [ -L "$f" ]; } || continue
-    [ "$f" = "$src/.git" ] && continue
-    cp -a "$f" "$ws/"
-  done
-fi
-g init -q "$ws"
-rm -rf "$ws/.git/hooks"
-if [ -d "$src" ] && head=$(g -C "$src" rev-parse --verify -q HEAD); then
-  branch=$(g -C "$src" symbolic-ref -q --short HEAD || echo main)
-  g -C "$ws" fetch -q --depth=1 --no-tags "file://$src" HEAD
-  g -C "$ws" update-ref "refs/heads/$branch" "$head"
-  g -C "$ws" symbolic-ref HEAD "refs/heads/$branch"
-  g -C "$ws" reset -q
-  rm -rf "$ws/.git/FETCH_HEAD" "$ws/.git/logs"
-else
-  g -C "$ws" add -A
-  g -C "$ws" -c user.name=rollbus -c user.email=rollbus@localhost commit -q --allow-empty -m baseline
-fi
-chown -R "$owner" "$ws"
-echo "owner=$(stat -c %u:%g "$ws")"
-"""
 
 
 @dataclass(frozen=True)
@@ -637,35 +607,82 @@ def _fill(client: Any, layout: DockerLayout, data: Path, prepared: bool) -> tupl
 
 
 def _prepare_workspace(client: Any, layout: DockerLayout, ws: Path) -> tuple[int, int]:
-    """Run :data:`PREPARE` in a network-less container from the image; the owner it reports."""
-    import docker
+    """The image's ``workdir`` copied out of it (nothing of the image runs), its repository re-made from the
+    base commit alone by host git (a shallow fetch of ``HEAD`` into a fresh repository, every configured
+    program off), handed to the agent's uid; returns that (uid, gid)."""
+    from rollbus.sandbox.docker_images import ImageBuildError, export_tree
 
-    limits = layout.limits
-    config = client.api.create_host_config(
-        binds={str(ws): {"bind": PREP_MOUNT, "mode": "rw"}}, network_mode="none", cap_drop=["ALL"],
-        cap_add=PREP_CAPS, security_opt=["no-new-privileges"], read_only=True,
-        tmpfs={"/tmp": "mode=1777,size=64m"}, pids_limit=limits.pids, mem_limit=limits.memory_bytes,
-        memswap_limit=limits.memory_bytes, log_config=docker.types.LogConfig(type="none"),
-    )  # fmt: skip
-    create = {
-        "image": layout.image, "command": ["/bin/sh", "-c", PREPARE, "prepare", layout.workdir, PREP_MOUNT,
-                                           layout.user],
-        "environment": {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-        "user": "0:0", "working_dir": "/", "host_config": config, "labels": labels(layout.sandbox_id),
-        "entrypoint": [],
-    }  # fmt: skip
+    owner = _owner_of(client, layout)
+    source = ws.with_name("image.git")  # the image's repository, beside the workspace: never mounted
     try:
-        ran = run_container(client, create, PREP_TIMEOUT_S, output_limit=1 << 20)
-    except docker.errors.DockerException as exc:
-        raise SandboxError(f"docker: preparing the workspace: {exc}") from exc
-    found = re.search(r"^owner=(\d+):(\d+)$", ran.stdout, re.M)
-    if ran.exit_code != 0 or found is None:
-        kind: FailureKind = "disk_full" if "No space left" in ran.stderr else "image_error"
-        raise SandboxError(
-            f"preparing {layout.workdir} from the image failed ({ran.exit_code}): {ran.stderr[-400:]}",
-            kind,
-        )
-    return int(found[1]), int(found[2])
+        export_tree(client, layout.image, layout.workdir, ws)
+    except (ImageBuildError, OSError, tarfile.TarError) as exc:
+        raise SandboxError(f"copying {layout.workdir} out of the image: {exc}", "image_error") from exc
+    except Exception as exc:  # the engine's own errors (a workdir the image lacks: 404)
+        raise SandboxError(f"copying {layout.workdir} out of the image: {exc}", "image_error") from exc
+    try:
+        if (ws / ".git").is_dir() and not (ws / ".git").is_symlink():
+            shutil.move(ws / ".git", source)
+            _rebase_repository(ws, source)
+        else:
+            if (ws / ".git").exists() or (ws / ".git").is_symlink():
+                (ws / ".git").unlink()  # a gitfile (a submodule's or worktree's): its repository is not here
+            _host_git(ws, "init", "-q", "--template=")
+            _host_git(ws, "add", "-A")
+            _host_git(ws, *GIT_IDENTITY, "commit", "-q", "--allow-empty", "-m", "base")
+    except (GitError, OSError) as exc:
+        kind: FailureKind = "disk_full" if "No space left" in str(exc) else "image_error"
+        raise SandboxError(f"re-making {layout.workdir}'s repository: {exc}", kind) from exc
+    finally:
+        shutil.rmtree(source, ignore_errors=True)
+    _chown_tree(ws, owner)
+    return owner
+
+
+def _rebase_repository(ws: Path, source: Path) -> None:
+    """A fresh repository in ``ws`` holding the base commit (``source``'s ``HEAD``) alone, on its branch."""
+    head = _host_git(ws, "--git-dir", str(source), "rev-parse", "--verify", "HEAD").strip()
+    branch = _host_git(ws, "--git-dir", str(source), "symbolic-ref", "-q", "--short", "HEAD", check=False)
+    _host_git(ws, "init", "-q", "--template=")
+    _host_git(ws, "fetch", "-q", "--depth=1", "--no-tags", f"file://{source}", "HEAD")
+    ref = f"refs/heads/{branch.strip() or 'main'}"
+    _host_git(ws, "update-ref", ref, head)
+    _host_git(ws, "symbolic-ref", "HEAD", ref)
+    _host_git(ws, "reset", "-q")
+    for left in (ws / ".git" / "FETCH_HEAD", ws / ".git" / "logs"):
+        if left.is_dir():
+            shutil.rmtree(left)
+        elif left.exists():
+            left.unlink()
+
+
+def _host_git(cwd: Path, *args: str, check: bool = True) -> str:
+    """git on the host over a tree copied from the image: no user or system config, no hooks, no fsmonitor,
+    no reflog, no automatic gc."""
+    settings = ("core.fsmonitor=false", "core.hooksPath=/dev/null", "core.logAllRefUpdates=false",
+                "gc.auto=0", "maintenance.auto=false", "protocol.file.allow=always")  # fmt: skip
+    off = [arg for setting in settings for arg in ("-c", setting)]
+    done = subprocess.run(["git", *off, *args], cwd=cwd, env=_git_env(), capture_output=True, text=True,
+                          check=False)  # fmt: skip
+    if check and done.returncode != 0:
+        raise GitError(f"git {' '.join(args)}: {done.stderr.strip()[-400:]}")
+    return done.stdout
+
+
+def _owner_of(client: Any, layout: DockerLayout) -> tuple[int, int]:
+    """The agent's (uid, gid): numeric as given, or a name looked up in the image's ``/etc/passwd``."""
+    name, _, group = layout.user.partition(":")
+    if name.isdigit() and (not group or group.isdigit()):
+        return int(name), int(group or name)
+    from rollbus.sandbox.docker_images import export_tree
+
+    with tempfile.TemporaryDirectory(prefix="rollbus-passwd-") as tmp:
+        export_tree(client, layout.image, "/etc", Path(tmp) / "etc")
+        for line in (Path(tmp) / "etc" / "passwd").read_text(errors="replace").splitlines():
+            fields = line.split(":")
+            if len(fields) > 3 and fields[0] == name:
+                return int(fields[2]), int(fields[3])
+    raise SandboxError(f"the image has no user {name!r}", "image_error")
 
 
 def _chown_tree(root: Path, owner: tuple[int, int]) -> None:
