@@ -8,13 +8,17 @@ cache=${ROLLBUS_CACHE:-$HOME/.cache/rollbus}
 mkdir -p "$cache"
 log() { echo "bootstrap: $*" >&2; }
 
-# --- Debian packages: Java + Maven (Kafka), npm (Claude Code), bubblewrap (sandboxes), docker-compose (compose/) ---
+# --- Debian packages: Java + Maven (Kafka), npm (Claude Code), bubblewrap and Docker (sandboxes), docker-compose ---
 need_apt=()
 command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need_apt+=(maven)
 command -v npm >/dev/null || need_apt+=(nodejs npm)
 command -v bwrap >/dev/null || need_apt+=(bubblewrap)
 command -v docker-compose >/dev/null || need_apt+=(docker-compose)
+# the container sandbox backend: Debian's Docker engine (rollbus/sandbox/docker_engine.py starts it under the cache
+# where none answers) and mmdebstrap, which builds the base image from Debian's mirror (no registry needed)
+command -v dockerd >/dev/null || [ -x /usr/sbin/dockerd ] || need_apt+=(docker.io)
+command -v mmdebstrap >/dev/null || need_apt+=(mmdebstrap)
 command -v git >/dev/null || need_apt+=(git)
 command -v chromium >/dev/null || need_apt+=(chromium)  # the UI test's headless browser (Playwright drives it)
 # what every sandbox offers (the default toolchain is the host's read-only /usr): Debian's python3 with pytest,

@@ -12,6 +12,9 @@ an async context manager (``async with`` closes it, also on error) and offers:
   the command.
 - ``write_file(path, data)`` / ``read_file(path) -> bytes``: move bytes in and out by inside path; a path that
   resolves outside the sandbox's own files (a planted symlink) raises :class:`SandboxPathError`.
+- ``capture_patch(max_bytes, excluded=(), timeout=300.0) -> Captured``: the agent's patch against the
+  trusted baseline, as bytes under a cap, taken inside the sandbox's limits once the agent's commands
+  returned; local, E2B and docker attempts share one flow through it.
 - ``close()``: kill everything, free everything; idempotent.
 - ``enforced: Mapping[str, str]``: which limits hold and how (``{"memory": "cgroup v1", ...}``), for the log.
 
@@ -29,7 +32,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from types import TracebackType
-from typing import Literal, Protocol, Self
+from typing import TYPE_CHECKING, Literal, Protocol, Self
+
+if TYPE_CHECKING:
+    from rollbus.sandbox.capture import Captured
 
 # "none": no network at all (grader). "adapter": a private network namespace whose only way out is the
 # adapter socket, forwarded on loopback (agent). "loopback": the host's network namespace (debugging only:
@@ -115,6 +121,19 @@ class SandboxBase:
 
     async def close(self) -> None:
         raise NotImplementedError
+
+    async def capture_patch(
+        self, max_bytes: int, excluded: Sequence[str] = (), timeout: float = 300.0
+    ) -> Captured:
+        """The agent's patch against the trusted baseline as bytes, at most ``max_bytes`` (``truncated`` when
+        more existed), taken inside the sandbox's own limits (:mod:`rollbus.sandbox.capture`); call it after
+        the agent's last command returned. Backends that run host tools over their files (``run_tool``:
+        bwrap, docker) share this one; a backend without it overrides the method."""
+        from rollbus.sandbox.capture import capture_patch
+
+        if not hasattr(self, "run_tool"):
+            raise NotImplementedError(f"{type(self).__name__} cannot take a patch")
+        return await capture_patch(self, max_bytes, excluded, timeout)  # type: ignore[arg-type]
 
     async def __aenter__(self) -> Self:
         return self

@@ -1,8 +1,8 @@
 """Take an agent's patch inside its own sandbox: bytes, never text, streamed to the host under a byte cap.
 
 The workspace is the attacker's: a few gigabytes of random data in it make ``git diff`` (and anything that
-holds its output) take gigabytes. So git never runs on the host. It runs through
-:meth:`BwrapSandbox.run_tool` once the agent's processes are gone: the sandbox's cgroups bound its memory
+holds its output) take gigabytes. So git never runs on the host. It runs through the sandbox's ``run_tool``
+(bwrap's or docker's) once the agent's processes are gone: the sandbox's cgroups bound its memory
 whatever the workspace holds (a hit is named, the host is untouched), the trusted baseline is bound
 read-only (git writes nothing there: the index is a copy in the tool's private /tmp, where the one object
 it writes goes too, the empty blob of intent-to-add entries: no file's content is ever stored), and its
@@ -14,10 +14,12 @@ The bytes are the patch: a file in Latin-1 (or any encoding) is carried as it is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
-from rollbus.sandbox.bwrap import BwrapSandbox
+from rollbus.sandbox.base import Completed
 from rollbus.sandbox.process import CappedBytes
 from rollbus.sandbox.repo import baseline_gitdir
 
@@ -34,6 +36,25 @@ SCRIPT = (
 # The tool's limits that end a capture (a full workspace is the agent's doing, and git writes nothing there).
 LIMITS = ("timeout", "memory_limit", "pids_limit", "cpu_limit")
 GIT_CONFIG = {"core.fsmonitor": "false", "core.hooksPath": "/dev/null", "safe.directory": "*"}
+
+
+class ToolRunner(Protocol):
+    """A sandbox that runs a host program over its own files (bwrap's and docker's ``run_tool``)."""
+
+    workdir: str
+
+    @property
+    def host_workdir(self) -> Path: ...
+
+    async def run_tool(
+        self,
+        cmd: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        ro_binds: Mapping[Path, str] | None = None,
+        stdout: CappedBytes | None = None,
+        timeout: float = 600.0,
+    ) -> Completed: ...
 
 
 @dataclass(frozen=True)
@@ -77,7 +98,7 @@ def pathspec(excluded: Sequence[str]) -> list[str]:
 
 
 async def capture_patch(
-    sandbox: BwrapSandbox, max_bytes: int, excluded: Sequence[str] = (), timeout: float = 300.0
+    sandbox: ToolRunner, max_bytes: int, excluded: Sequence[str] = (), timeout: float = 300.0
 ) -> Captured:
     """The agent's patch against the trusted baseline, at most ``max_bytes`` of it (``truncated`` when more
     existed: git was stopped there). Call it after the agent's last command has returned."""

@@ -68,3 +68,26 @@ async def private_netns(port: int) -> tuple[int, socket.socket]:
     except asyncio.CancelledError:
         made.add_done_callback(_discard)
         raise
+
+
+def _listen_in(path: str, port: int) -> socket.socket:
+    """In the calling (throwaway) thread: join the network namespace at ``path``, listen there."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if libc().setns(fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns({path})")
+    finally:
+        os.close(fd)
+    listener = socket.create_server(("127.0.0.1", port), backlog=BACKLOG)
+    listener.setblocking(False)
+    return listener
+
+
+async def listener_in(path: str, port: int) -> socket.socket:
+    """A listener on ``127.0.0.1:port`` inside an existing network namespace (``/proc/<pid>/ns/net`` of a
+    container's process), made from a thread that ends right after, so no host socket is ever made there.
+    Needs root. The listener keeps the namespace alive; the caller closes it."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="rollbus-netns")
+    made = asyncio.get_running_loop().run_in_executor(pool, _listen_in, path, port)
+    pool.shutdown(wait=False)
+    return await made

@@ -138,12 +138,13 @@ async def create_local(spec: SandboxSpec, *, scratch_root: Path = SCRATCH_ROOT) 
 
 
 async def create_sandbox(spec: SandboxSpec, backend: str = "local", **options: Any) -> SandboxBase:
-    """The sandbox ``spec`` describes on ``backend`` (``local``: bwrap; ``e2b``: a cloud VM).
+    """The sandbox ``spec`` describes on ``backend`` (``local``/``bwrap``: bwrap; ``docker``: a container of
+    the task's own image; ``e2b``: a cloud VM).
 
     On E2B the agent reaches the adapter at ``spec.adapter_url`` directly (no forwarder); ``options`` go to
     the backend's factory (``scratch_root`` for local, ``options``/``sdk`` for E2B).
     """
-    if backend == "local":
+    if backend in ("local", "bwrap"):
         return await create_local(spec, **options)
     if backend == "e2b":
         from rollbus.sandbox.e2b_backend import E2BSandbox
@@ -157,7 +158,25 @@ async def create_sandbox(spec: SandboxSpec, backend: str = "local", **options: A
             sandbox_id=spec.sandbox_id,
             **options,
         )
-    raise ValueError(f"unknown sandbox backend {backend!r} (local, e2b)")
+    if backend == "docker":
+        return await create_docker(spec, **options)
+    raise ValueError(f"unknown sandbox backend {backend!r} (local, docker, e2b)")
+
+
+async def create_docker(spec: SandboxSpec, **options: Any) -> SandboxBase:
+    """The docker sandbox ``spec`` describes: ``spec.image`` names a container image the engine has, its
+    ``workdir`` the repository inside it (history scrubbed to the base commit), ``metadata.user`` the uid the
+    agent runs as (default 1000:1000); ``options`` go to :meth:`DockerSandbox.create` (``client``,
+    ``scratch_root``)."""
+    from rollbus.sandbox.docker_backend import DockerSandbox
+
+    user = spec.metadata.get("user")
+    return await DockerSandbox.create(
+        str(spec.image), workdir=spec.workdir, limits=spec.limits, ro_binds=spec.ro_binds,
+        network=spec.network, adapter_url=spec.adapter_url,
+        forward_port=spec.forward_port if spec.network == "adapter" else None,
+        user=str(user) if user else None, sandbox_id=spec.sandbox_id, **options,
+    )  # fmt: skip
 
 
 def probe_enforcement(limits: Limits) -> dict[str, str]:

@@ -47,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
             "rollbus sandbox-runner: bwrap cannot build sandboxes here (use --backend local)", file=sys.stderr
         )
         return 2
+    if settings.backend == "docker" and (problem := docker_unusable()):
+        print(f"rollbus sandbox-runner: --backend docker: {problem}", file=sys.stderr)
+        return 2
     if settings.backend == "e2b" and (problem := e2b_unusable()):
         print(f"rollbus sandbox-runner: --backend e2b: {problem}", file=sys.stderr)
         return 2
@@ -58,6 +61,17 @@ def run(args: argparse.Namespace) -> int:
     except TopicsError as exc:
         print(f"rollbus sandbox-runner: {exc}", file=sys.stderr)
         return 1
+
+
+def docker_unusable() -> str | None:
+    """Why no container could be made from here (no engine answers and none can start), or None."""
+    from rollbus.sandbox import docker_engine
+
+    try:
+        docker_engine.client().close()
+    except docker_engine.EngineUnavailable as exc:
+        return str(exc)
+    return None
 
 
 def e2b_unusable() -> str | None:
@@ -77,6 +91,13 @@ async def _serve(settings: RunnerSettings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if settings.backend == "docker":  # what a runner killed -9 left: containers that sleep forever, mounts
+        from rollbus.sandbox import docker_backend, docker_engine
+
+        client = docker_engine.client()
+        swept = await asyncio.to_thread(docker_backend.sweep_stale, client, settings.sandbox_root)
+        if swept:
+            log.info("swept %d docker sandboxes of dead runners", len(swept))
     runner = SandboxRunner(settings)
     log.info("consuming %s as group %s: %d rollouts at once, %d booting, budget %.0fs, %s, adapter %s",
              runner.tasks_topic, settings.consumer_group, settings.concurrency, settings.boot_concurrency,

@@ -38,11 +38,11 @@ from rollbus.sandbox import (
     SandboxBase,
     SandboxError,
     SandboxSpec,
-    create_local,
+    create_sandbox,
     resolve_image,
 )
 from rollbus.sandbox.bwrap_layout import WORKSPACE
-from rollbus.sandbox.capture import Captured, capture_patch
+from rollbus.sandbox.capture import Captured
 from rollbus.sandbox.e2b_backend import E2BOptions
 from rollbus.services.sandbox_runner import agents
 from rollbus.services.sandbox_runner import outcome as kinds
@@ -200,8 +200,8 @@ async def _attempt(kit: RunnerKit, task: dict[str, Any], attempt_id: str) -> Att
                 completed = await run_agent(settings, sandbox, task, metadata, token)
         finally:  # the sandbox is dead here (run returns once its processes are gone): no more requests
             await kit.sessions.close(rollout_id, attempt_id)
-        captured = await capture_patch(
-            sandbox, settings.patch_max_bytes + 1, settings.excluded(), CAPTURE_TIMEOUT_S
+        captured = await sandbox.capture_patch(
+            settings.patch_max_bytes + 1, settings.excluded(), CAPTURE_TIMEOUT_S
         )  # one byte over the cap says "more"
     finally:
         await sandbox.close()
@@ -262,8 +262,10 @@ def sandbox_spec(
     image = metadata.get("image") or env.get("image")
     if not isinstance(image, str) or not image:
         raise AttemptFailed(kinds.BAD_TASK, "the task's metadata names no image")
+    # docker: a container image the engine has, by name; bwrap: a host directory or tarball
+    found = Path(image) if settings.backend == "docker" else resolve_image(image)
     return SandboxSpec(
-        image=resolve_image(image), role="agent", workdir=str(metadata.get("workdir") or WORKSPACE),
+        image=found, role="agent", workdir=str(metadata.get("workdir") or WORKSPACE),
         limits=settings.limits(), adapter_url=settings.adapter_url, base_url=settings.agent_base_url(),
         toolchain=settings.toolchain, metadata=metadata, sandbox_id=sandbox_id,
         ro_binds=agents.mounts(agent, binary, settings.model, settings.context_length),
@@ -272,13 +274,13 @@ def sandbox_spec(
 
 async def boot(
     kit: RunnerKit, metadata: dict[str, Any], binary: Path, attempt_id: str, agent: str = agents.CLAUDE_CODE
-) -> BwrapSandbox:
+) -> SandboxBase:
     """The agent's sandbox, probed with one command; retried (with a new sandbox) under the boot cap."""
     settings = kit.settings
 
-    async def start(n: int) -> BwrapSandbox:
+    async def start(n: int) -> SandboxBase:
         spec = sandbox_spec(settings, metadata, binary, f"{attempt_id}-{n}", agent)
-        sandbox = await create_local(spec, scratch_root=settings.sandbox_root)
+        sandbox = await create_sandbox(spec, settings.backend, scratch_root=settings.sandbox_root)
         try:
             probe = await sandbox.run(["true"], {"PATH": "/usr/bin:/bin"}, timeout=PROBE_TIMEOUT_S)
             if probe.exit_code != 0 or probe.timed_out:
@@ -343,8 +345,24 @@ async def run_agent(
         base_url or settings.agent_base_url(), token, model=settings.model, home=sandbox.home,
         max_output_tokens=settings.max_output_tokens, extra=SANDBOX_ENV, **({"path": path} if path else {}),
     )  # fmt: skip
-    agent = {"agent": True} if isinstance(sandbox, BwrapSandbox) else {}  # its proxy knows the CLI's process
-    return await sandbox.run(cmd, env, cwd=sandbox.workdir, timeout=settings.agent_timeout, **agent)
+    if not local(sandbox):
+        return await sandbox.run(cmd, env, cwd=sandbox.workdir, timeout=settings.agent_timeout)
+    # its proxy knows the CLI's process; in a container the token reaches the CLI through a pipe, never the
+    # container's configuration (`docker inspect`). (Under bwrap the CLI hands it to its tools either way.)
+    secret = {}
+    if not isinstance(sandbox, BwrapSandbox):
+        secret = {"ANTHROPIC_AUTH_TOKEN": env.pop("ANTHROPIC_AUTH_TOKEN")}
+    return await sandbox.run(
+        cmd, env, cwd=sandbox.workdir, timeout=settings.agent_timeout, agent=True, secret_env=secret or None
+    )
+
+
+def local(sandbox: SandboxBase) -> bool:
+    """A sandbox of this machine (bwrap, docker): its proxy knows the agent's process and it takes secrets
+    through a pipe (``run(agent=True, secret_env=...)``)."""
+    from rollbus.sandbox.docker_backend import DockerSandbox
+
+    return isinstance(sandbox, BwrapSandbox | DockerSandbox)
 
 
 async def run_codex(
@@ -357,7 +375,7 @@ async def run_codex(
         context_length=settings.context_length,
     )  # fmt: skip
     env = codex_cli.build_env(token, home=sandbox.home, extra=SANDBOX_ENV)
-    if not isinstance(sandbox, BwrapSandbox):
+    if not local(sandbox):
         return await sandbox.run(cmd, env, cwd=sandbox.workdir, timeout=settings.agent_timeout)
     # its proxy knows the CLI's process; the token reaches the CLI through a pipe, never bwrap's environment
     # (the sandbox's pid 1 is readable by the tools; Codex's own process and its tools' environment are not)

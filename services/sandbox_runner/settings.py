@@ -29,8 +29,10 @@ class RunnerSettings(BusSettings):
 
     adapter_url: str = Field(ADAPTER_URL, description="adapter the agent talks to", min_length=1)
     admin_token: SecretStr | None = Field(None, description="the adapter's admin token (sessions API)")
-    backend: Literal["bwrap", "e2b"] = Field(
-        "bwrap", description="sandbox backend of the agent (e2b: template and routing from ROLLBUS_E2B_*)"
+    backend: Literal["bwrap", "docker", "e2b"] = Field(
+        "bwrap",
+        description="sandbox backend of the agent (docker: the row's metadata.image, a container image the "
+        "engine has; e2b: template and routing from ROLLBUS_E2B_*)",
     )
     public_adapter_url: str | None = Field(
         None, description="the adapter as an E2B VM reaches it (unset: --adapter-url)"

@@ -1,0 +1,737 @@
+"""Docker backend: a task's own container image as the sandbox, for the agent and for the grader.
+
+One sandbox is a set of host directories and, for an agent, one network holder; each command runs in a
+fresh container from the image's digest (the same bytes for the agent, its patch capture and the grader):
+
+- **Workspace** (``workdir`` inside) and **HOME**: host directories bind-mounted read-write, each a tmpfs
+  of ``disk_bytes`` mounted by the host (as root), so the disk written is bounded while it is written. The
+  workspace is filled once, before anything of the agent's runs: the image's ``workdir`` copied out of the
+  image (a created container's archive: nothing of the image runs), and its repository re-made by host git
+  (every configured program off) as a fresh repository holding the base commit alone (a shallow fetch of
+  ``HEAD``): no other ref, tag, reflog, stash, or object of a later commit; the image's own repository is
+  deleted before any container starts. The trusted baseline the patch is taken against is recorded beside
+  it on the host and never mounted where the agent runs.
+- **Every command's container**: ``network_mode=none`` (or, for an agent, the holder's network namespace,
+  where the host's :class:`~rollbus.sandbox.adapter_proxy.AdapterProxy` listens on the loopback port the
+  agent's base URL names: its only way out, nothing mounted for it), an unprivileged uid, ``cap_drop=ALL``,
+  ``no-new-privileges``, the image's root read-only, a size-capped tmpfs ``/tmp``, ``pids_limit``,
+  ``mem_limit`` (swap included), ``nano_cpus``, ``RLIMIT_CPU`` where asked; no Docker socket and no host
+  path but the workspace, HOME and the named read-only binds (the agent CLI, which runs in any image
+  without installing anything: it is a native binary mounted from the cache). The engine's default
+  seccomp profile refuses new namespaces (nested user namespaces included).
+- **Wall clock**: at the deadline the whole container is killed. Limits hit come back named
+  (:data:`~rollbus.sandbox.base.FailureKind`): ``timeout``, ``memory_limit`` (the engine's OOM record),
+  ``pids_limit`` (the kernel's pids counter), ``cpu_limit``, ``disk_full`` (the workspace's or HOME's
+  tmpfs is full, or /tmp said so).
+- **Secrets** (the session token) go in on the command's standard input, read by
+  :data:`~rollbus.sandbox.bwrap_layout.SECRET_READER`: never in the container's configuration, so neither
+  ``docker inspect`` nor any process's environment but the command's own holds them.
+- **Patch capture** runs git in a tool container (the image's git, the sandbox's limits, no network) over
+  the workspace bound read-only and the trusted baseline (:mod:`rollbus.sandbox.capture`).
+
+The engine must share the host's filesystem (the default socket or the project's own engine,
+:mod:`rollbus.sandbox.docker_engine`): bind mounts name host paths. Podman's Docker-compatible service
+offers the same API and bind mounts; its rootless mode has no ``container:`` network sharing with a host
+listener, so the agent role needs rootful Podman.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tarfile
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rollbus.sandbox.adapter_proxy import AdapterProxy
+from rollbus.sandbox.base import (
+    Completed,
+    FailureKind,
+    Network,
+    SandboxBase,
+    SandboxError,
+    read_host_file,
+    write_host_file,
+)
+from rollbus.sandbox.bwrap_host import SCRATCH_ROOT, free_bytes, mount_tmpfs, unmount
+from rollbus.sandbox.bwrap_layout import AGENT_UID, HOME, WORKSPACE, secret_lines, with_secrets
+from rollbus.sandbox.docker_run import Ran, run_container, run_exec
+from rollbus.sandbox.limits import Cgroups, Limits, failure_from_counters
+from rollbus.sandbox.netns import listener_in
+from rollbus.sandbox.peer import AgentProcess, start_time
+from rollbus.sandbox.process import CappedBytes
+from rollbus.sandbox.repo import GIT_IDENTITY, GitError, _git_env, record_baseline
+
+LABEL = "rollbus.sandbox"  # every container and the holder carry it: a sweep finds what a dead runner left
+OWNER_LABEL = "rollbus.owner"  # the making process's pid and start time
+DEFAULT_USER = f"{AGENT_UID}:{AGENT_UID}"
+DISK_FULL_MARGIN = 64 << 10
+OWNER = "owner"  # in a sandbox's host dir: its maker's pid and start time
+LEFTOVER_KILL_S = 5.0  # past this, what a finished command left is killed with the whole container
+
+
+@dataclass(frozen=True)
+class DockerLayout:
+    """What every command container of one sandbox shares (the host config's inputs)."""
+
+    image: str  # the image's id (sha256:...): every container of the sandbox runs these bytes
+    workdir: str
+    workspace: Path
+    home: Path
+    user: str
+    limits: Limits
+    network: str  # "none" or "container:<holder id>"
+    ro_binds: Mapping[str, str] = field(default_factory=dict)  # host path -> inside path
+    sandbox_id: str = ""
+
+
+def host_config(client: Any, layout: DockerLayout, *, tool: bool = False) -> dict[str, Any]:
+    """The hardened host config of a command container (``tool``: the workspace read-only, no HOME)."""
+    import docker
+
+    limits = layout.limits
+    binds = {str(layout.workspace): {"bind": layout.workdir, "mode": "ro" if tool else "rw"}}
+    if not tool:
+        binds[str(layout.home)] = {"bind": HOME, "mode": "rw"}
+    binds |= {host: {"bind": inside, "mode": "ro"} for host, inside in layout.ro_binds.items()}
+    tmp = "mode=1777,nosuid,nodev" + (f",size={limits.tmp_bytes}" if limits.tmp_bytes else "")
+    ulimits = []
+    if limits.cpu_time_s is not None:
+        ulimits.append(docker.types.Ulimit(name="cpu", soft=limits.cpu_time_s, hard=limits.cpu_time_s + 1))
+    return client.api.create_host_config(
+        binds=binds,
+        network_mode="none" if tool else layout.network,
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
+        read_only=True,
+        tmpfs={"/tmp": tmp},
+        pids_limit=limits.pids,
+        mem_limit=limits.memory_bytes,
+        memswap_limit=limits.memory_bytes,
+        nano_cpus=int(limits.cpus * 1e9) if limits.cpus else None,
+        ulimits=ulimits or None,
+        log_config=docker.types.LogConfig(type="none"),
+        ipc_mode="private",
+    )
+
+
+class DockerSandbox(SandboxBase):
+    """A sandbox over a container image (see the module docstring for what holds and how)."""
+
+    home = HOME
+
+    def __init__(
+        self, client: Any, layout: DockerLayout, data: Path, owner: tuple[int, int], mounted: list[Path]
+    ) -> None:
+        self.client = client
+        self.layout = layout
+        self.sandbox_id = layout.sandbox_id
+        self.workdir = layout.workdir
+        self.limits = layout.limits
+        self.proxy: AdapterProxy | None = None
+        self.holder: str | None = None
+        self._data = data
+        self._owner = owner
+        self._mounted = mounted
+        self._mounts = {layout.workdir: layout.workspace, HOME: layout.home}
+        self._live: set[threading.Event] = set()
+        self._lock = threading.Lock()
+        self._work: WorkContainer | None = None
+        self._work_id: str | None = None
+        self.enforced = self._report()
+
+    @property
+    def host_workdir(self) -> Path:
+        return self.layout.workspace
+
+    @property
+    def image(self) -> str:
+        """The image's digest (id): the grader and a regrade run these bytes."""
+        return self.layout.image
+
+    def _report(self) -> dict[str, str]:
+        limits, capped = self.limits, bool(self._mounted)
+        return {
+            "memory": f"container memory+swap {limits.memory_bytes}" if limits.memory_bytes else "none",
+            "pids": f"container pids {limits.pids}" if limits.pids else "none",
+            "cpu": f"container {limits.cpus} cpus" if limits.cpus else "none",
+            "cpu_time": f"RLIMIT_CPU {limits.cpu_time_s} s" if limits.cpu_time_s else "none",
+            "disk": "tmpfs size (workspace and HOME)" if capped else "NOT capped (not root)",
+            "tmp": f"tmpfs size {limits.tmp_bytes}" if limits.tmp_bytes else "tmpfs",
+            "identity": f"uid {self.layout.user}, no capabilities, no new privileges",
+            "network": "none" if self.layout.network == "none" else "loopback of its own, the adapter only",
+            "nested_userns": "the engine's seccomp profile",
+        }
+
+    @classmethod
+    async def create(
+        cls,
+        image: str,
+        *,
+        client: Any = None,
+        workdir: str = WORKSPACE,
+        limits: Limits | None = None,
+        ro_binds: Mapping[str, str] | None = None,
+        network: Network = "none",
+        adapter_url: str | None = None,
+        forward_port: int | None = None,
+        user: str | None = None,
+        sandbox_id: str | None = None,
+        scratch_root: Path = SCRATCH_ROOT,
+        workspace: Path | None = None,
+    ) -> DockerSandbox:
+        """A sandbox over ``image`` (a name or id the engine has). Its workspace is the image's ``workdir``,
+        history scrubbed, unless ``workspace`` (a prepared host directory with its baseline) is given.
+        ``network="adapter"`` needs ``adapter_url`` and ``forward_port``. Raises :class:`SandboxError`
+        (``image_error`` when the engine lacks the image); nothing is left behind on failure."""
+        if network == "loopback":
+            raise SandboxError("the docker backend has no loopback (host network) mode")
+        if client is None:
+            from rollbus.sandbox import docker_engine
+
+            try:
+                client = await asyncio.to_thread(docker_engine.client)
+            except docker_engine.EngineUnavailable as exc:
+                raise SandboxError(f"docker: {exc}") from exc
+        sandbox_id = sandbox_id or secrets.token_hex(8)
+        data = scratch_root / f"{sandbox_id}.docker"
+        made = functools.partial(
+            _prepare_host, client, image, data, workdir=workdir, limits=limits or Limits(),
+            ro_binds=dict(ro_binds or {}), user=user or DEFAULT_USER, sandbox_id=sandbox_id,
+            workspace=workspace,
+        )  # fmt: skip
+        if network == "adapter" and (adapter_url is None or forward_port is None):
+            raise SandboxError("an adapter network needs the adapter's URL and the forwarded port")
+        box: DockerSandbox | None = None
+        try:
+            box = cls(client, *await asyncio.to_thread(made))
+            # the workspace is filled while the network holder and the command container start
+            filled = await asyncio.gather(
+                asyncio.to_thread(_fill, client, box.layout, box._data, workspace is not None),
+                box._boot(adapter_url if network == "adapter" else None, forward_port),
+                return_exceptions=True,
+            )
+            for result in filled:
+                if isinstance(result, BaseException):
+                    raise result
+            box._owner = filled[0]  # type: ignore[assignment]
+            return box
+        except BaseException:
+            if box is not None:
+                await box.close()
+            else:
+                await asyncio.to_thread(_remove_data, data, [data / "ws", data / "home"])
+            raise
+
+    async def _boot(self, adapter_url: str | None, port: int | None) -> None:
+        """The holder and listener (an agent's), then the command container, started."""
+        if adapter_url is not None and port is not None:
+            await self._open_adapter(adapter_url, port)
+        await asyncio.to_thread(self._work_container)
+
+    async def _open_adapter(self, adapter_url: str, port: int) -> None:
+        """The holder (a sleeping container whose network namespace every command joins) and the proxy's
+        listener on its loopback port, made by the host inside that namespace."""
+        from rollbus.sandbox.docker_images import ensure_base_image
+
+        base = await asyncio.to_thread(ensure_base_image, self.client)
+        self.holder, pid = await asyncio.to_thread(_start_holder, self.client, base, self.sandbox_id)
+        listener = await listener_in(f"/proc/{pid}/ns/net", port)
+        self.layout = DockerLayout(**{**self.layout.__dict__, "network": f"container:{self.holder}"})
+        self.proxy = AdapterProxy(None, adapter_url, self.sandbox_id, listener=listener)
+        await self.proxy.start()
+
+    async def run(
+        self,
+        cmd: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str | None = None,
+        timeout: float = 600.0,
+        *,
+        agent: bool = False,
+        secret_env: Mapping[str, str] | None = None,
+    ) -> Completed:
+        """``cmd`` in the sandbox's container; ``secret_env`` through its standard input (never its config);
+        ``agent``: what its process sends the adapter is stamped ``agent`` (anything it starts: ``tool``)."""
+        stdin = b""
+        if secret_env:
+            stdin, cmd = secret_lines(secret_env), with_secrets(cmd)
+        create = {"cmd": list(cmd), "environment": dict(env), "workdir": cwd or self.workdir,
+                  "user": self.layout.user}  # fmt: skip
+        pin: asyncio.Future[AgentProcess | None] | None = None
+        started = None
+        if agent and self.proxy is not None:
+            loop = asyncio.get_running_loop()
+            pin = loop.create_future()
+            self.proxy.agent = pin
+
+            def started(pid: int) -> None:
+                loop.call_soon_threadsafe(_resolve, pin, AgentProcess.of(pid))
+
+        try:
+            return await self._in_thread(self._run_blocking, create, timeout, stdin, started)
+        finally:
+            if pin is not None and self.proxy is not None:
+                pin.cancel()
+                self.proxy.agent = None
+
+    def _run_blocking(
+        self,
+        create: dict[str, Any],
+        timeout: float,
+        stdin: bytes,
+        started: Callable[[int], None] | None,
+        cancelled: threading.Event,
+    ) -> Completed:
+        work = self._work_container()
+        before = work.cgroups.counters() if work.cgroups else {}
+        ran = run_exec(
+            self.client, work.id, create, timeout, stdin=stdin, output_limit=self.limits.output_bytes,
+            kill=lambda: self._kill_work(work), leftovers=lambda: self._kill_leftovers(work), started=started,
+            cancelled=cancelled,
+        )  # fmt: skip
+        after = work.cgroups.counters() if work.cgroups else {}
+        kind = self._classify(ran, failure_from_counters(before, after), work)
+        if not ran.timed_out and not self._running(work):
+            self._work = None  # its init died (an OOM kill of the whole): the next command starts it again
+        return _completed(ran, kind)
+
+    def _work_container(self) -> WorkContainer:
+        """The running container commands are executed in: made at the first command, started again after
+        a deadline killed it (a fresh /tmp, the same workspace and HOME)."""
+        with self._lock:
+            if self._work is not None:
+                return self._work
+            api = self.client.api
+            if self._work_id is None:
+                config = host_config(self.client, self.layout)
+                config["Init"] = True  # the engine's tini as pid 1 reaps what the commands orphan
+                self._work_id = api.create_container(
+                    self.layout.image, ["sleep", "infinity"], user=self.layout.user,
+                    working_dir=self.layout.workdir, host_config=config, labels=labels(self.sandbox_id),
+                    entrypoint=[],
+                )["Id"]  # fmt: skip
+            api.start(self._work_id)
+            self._work = work_container(
+                self._work_id, int(api.inspect_container(self._work_id)["State"]["Pid"])
+            )
+            return self._work
+
+    def _kill_work(self, work: WorkContainer) -> None:
+        """The deadline: the whole container dies, every process in it."""
+        import docker
+
+        with contextlib.suppress(docker.errors.APIError):
+            self.client.api.kill(work.id)
+        with contextlib.suppress(docker.errors.APIError):
+            self.client.api.wait(work.id, timeout=60)
+        with self._lock:
+            if self._work is work:
+                self._work = None
+
+    def _kill_leftovers(self, work: WorkContainer) -> None:
+        """What the finished command left running (its background children), so it returns with nothing
+        of it alive; where the host cannot see the container's processes, the whole container goes."""
+        if work.cgroups is None:
+            self._kill_work(work)
+            return
+        deadline = time.monotonic() + LEFTOVER_KILL_S
+        while time.monotonic() < deadline:  # a process forking while it is killed: again until none is left
+            pids = [p for p in work.processes() if p not in work.spare and not _zombie(p)]
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.005)
+        self._kill_work(work)
+
+    def _running(self, work: WorkContainer) -> bool:
+        import docker
+
+        try:
+            return bool(self.client.api.inspect_container(work.id)["State"]["Running"])
+        except docker.errors.NotFound:
+            return False
+
+    async def run_tool(
+        self,
+        cmd: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        ro_binds: Mapping[Path, str] | None = None,
+        stdout: CappedBytes | None = None,
+        timeout: float = 600.0,
+    ) -> Completed:
+        """A program over this sandbox's files that the host must not run itself (git taking the patch): a
+        fresh container from the same image, the workspace read-only, no network, the sandbox's limits,
+        ``ro_binds`` (host path -> inside path) read-only, stdout into ``stdout``."""
+        layout = DockerLayout(
+            **{**self.layout.__dict__, "ro_binds": {str(h): i for h, i in (ro_binds or {}).items()}}
+        )
+        create = {
+            "image": self.layout.image, "command": list(cmd), "environment": dict(env), "working_dir": "/",
+            "user": layout.user, "host_config": host_config(self.client, layout, tool=True),
+            "labels": labels(self.sandbox_id), "entrypoint": [],
+        }  # fmt: skip
+
+        def one_shot(cancelled: threading.Event) -> Completed:
+            ran = run_container(self.client, create, timeout, output_limit=self.limits.output_bytes,
+                                stdout=stdout, cancelled=cancelled)  # fmt: skip
+            return _completed(ran, "timeout" if ran.timed_out else "memory_limit" if ran.oom_killed else None)
+
+        return await self._in_thread(one_shot)
+
+    async def _in_thread(self, job_fn: Callable[..., Completed], *args: Any) -> Completed:
+        """``job_fn(*args, cancelled)`` off the loop; cancelling the caller sets ``cancelled`` (the job
+        kills what it runs) and waits until it is gone."""
+        cancelled = threading.Event()
+        self._live.add(cancelled)
+        job = asyncio.ensure_future(asyncio.to_thread(job_fn, *args, cancelled))
+        try:
+            return await asyncio.shield(job)
+        except asyncio.CancelledError:
+            cancelled.set()
+            with contextlib.suppress(Exception):
+                await job
+            raise
+        except Exception as exc:
+            import docker
+
+            if isinstance(exc, docker.errors.ImageNotFound):
+                raise SandboxError(f"docker: {exc}", "image_error") from exc
+            if isinstance(exc, docker.errors.DockerException):
+                raise SandboxError(f"docker: {exc}") from exc
+            raise
+        finally:
+            self._live.discard(cancelled)
+
+    def _classify(self, ran: Ran, counted: FailureKind | None, work: WorkContainer) -> FailureKind | None:
+        if ran.timed_out:
+            return "timeout"
+        if counted:
+            return counted
+        if self.limits.cpu_time_s is not None and ran.exit_code == 128 + signal.SIGXCPU:
+            return "cpu_limit"
+        if any(free_bytes(path) < DISK_FULL_MARGIN for path in self._mounted):
+            return "disk_full"
+        with contextlib.suppress(OSError):
+            if self.limits.tmp_bytes is not None and free_bytes(work.tmp) < DISK_FULL_MARGIN:
+                return "disk_full"
+        if ran.output_dropped:
+            return "output_truncated"
+        return None
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        write_host_file(self._mounts, path, data, owner=self._owner[0])
+
+    async def read_file(self, path: str) -> bytes:
+        return read_host_file(self._mounts, path)
+
+    async def close(self) -> None:
+        for cancelled in list(self._live):
+            cancelled.set()
+        proxy, self.proxy = self.proxy, None
+        if proxy is not None:
+            with contextlib.suppress(Exception):
+                await proxy.close()
+        holder, self.holder = self.holder, None
+        work, self._work_id, self._work = self._work_id, None, None
+        await asyncio.to_thread(
+            _close, self.client, [c for c in (work, holder) if c], self._data, self._mounted
+        )
+
+
+def labels(sandbox_id: str) -> dict[str, str]:
+    """What every container of a sandbox carries: its sandbox, and its owner (so a sweep can tell a dead
+    runner's from a live one's, a reused pid included)."""
+    return {LABEL: sandbox_id, OWNER_LABEL: _owner_stamp(os.getpid())}
+
+
+def _owner_stamp(pid: int) -> str:
+    return f"{pid}:{start_time(pid)}"
+
+
+def sweep_stale(client: Any, scratch_root: Path = SCRATCH_ROOT) -> list[str]:
+    """Remove what docker sandboxes of dead processes left (a runner killed -9): their containers (the
+    command container and the holder sleep forever otherwise) and their host side (tmpfs mounts, dirs).
+    For a runner's start; returns the swept sandbox ids."""
+    swept: set[str] = set()
+    for container in client.containers.list(all=True, filters={"label": LABEL}):
+        stamp = container.labels.get(OWNER_LABEL, "")
+        pid = stamp.partition(":")[0]
+        if pid.isdigit() and _owner_stamp(int(pid)) == stamp:
+            continue  # its owner lives
+        with contextlib.suppress(Exception):
+            container.remove(force=True)
+        swept.add(container.labels.get(LABEL, ""))
+    for owner in scratch_root.glob(f"*.docker/{OWNER}"):
+        stamp = owner.read_text().strip()
+        pid = stamp.partition(":")[0]
+        if pid.isdigit() and _owner_stamp(int(pid)) == stamp:
+            continue
+        _remove_data(owner.parent, [owner.parent / "ws", owner.parent / "home"])
+        swept.add(owner.parent.name.removesuffix(".docker"))
+    return sorted(swept - {""})
+
+
+def _completed(ran: Ran, kind: FailureKind | None) -> Completed:
+    return Completed(
+        ran.exit_code, ran.stdout, ran.stderr, ran.wall_time_s, ran.timed_out, kind, ran.output_dropped
+    )
+
+
+@dataclass
+class WorkContainer:
+    """The running container of a sandbox: its id, its init's host pid, its cgroups (None where the host
+    cannot see them: a remote engine) and the processes that were there before any command."""
+
+    id: str
+    init: int
+    cgroups: Cgroups | None
+    spare: set[int] = field(default_factory=set)
+
+    @property
+    def tmp(self) -> Path:
+        return Path(f"/proc/{self.init}/root/tmp")
+
+    def processes(self) -> list[int]:
+        if self.cgroups is None:
+            return []
+        procs = next(iter(self.cgroups.dirs.values())) / "cgroup.procs"
+        with contextlib.suppress(OSError, ValueError):
+            return [int(pid) for pid in procs.read_text().split()]
+        return []
+
+
+def work_container(cid: str, init: int) -> WorkContainer:
+    """Find the container's cgroups (v1 under ``docker/``, v2 under ``docker/`` or systemd's scope) and
+    what runs in it before any command (the init and its sleeping child)."""
+    dirs: dict[str, Path] = {}
+    for controller in ("pids", "memory", "cpu"):
+        path = Path(f"/sys/fs/cgroup/{controller}/docker/{cid}")
+        if path.is_dir():
+            dirs[controller] = path
+    version = 1
+    if not dirs:
+        version = 2
+        for path in (
+            Path(f"/sys/fs/cgroup/docker/{cid}"),
+            Path(f"/sys/fs/cgroup/system.slice/docker-{cid}.scope"),
+        ):
+            if path.is_dir():
+                dirs = {"pids": path, "memory": path, "cpu": path}
+    work = WorkContainer(cid, init, Cgroups(version, dirs) if dirs else None)
+    deadline = time.monotonic() + 5.0
+    while work.cgroups is not None and time.monotonic() < deadline:
+        work.spare = set(work.processes())
+        if len(work.spare) >= 2:  # tini and its sleep
+            break
+        time.sleep(0.01)
+    return work
+
+
+def _zombie(pid: int) -> bool:
+    """Dead and waiting for the init to reap it (it holds nothing, and killing it does nothing)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return True  # gone already
+
+
+def _resolve(pin: asyncio.Future[AgentProcess | None], process: AgentProcess | None) -> None:
+    if not pin.done():
+        pin.set_result(process)
+
+
+def _prepare_host(
+    client: Any,
+    image: str,
+    data: Path,
+    *,
+    workdir: str,
+    limits: Limits,
+    ro_binds: dict[str, str],
+    user: str,
+    sandbox_id: str,
+    workspace: Path | None,
+) -> tuple[DockerLayout, Path, tuple[int, int], list[Path]]:
+    """The host side, off the loop: the image's digest, the capped workspace and HOME (filled by
+    :func:`_fill`)."""
+    import docker
+
+    try:
+        image_id = client.images.get(image).id
+    except docker.errors.ImageNotFound as exc:
+        raise SandboxError(f"no image {image!r} in the Docker engine", "image_error") from exc
+    except docker.errors.DockerException as exc:
+        raise SandboxError(f"docker: {exc}") from exc
+    data.mkdir(parents=True, mode=0o700)
+    (data / OWNER).write_text(_owner_stamp(os.getpid()))  # for sweep_stale after a kill -9
+    mounted = []
+    for name in ("ws", "home") if workspace is None else ("home",):
+        (data / name).mkdir(mode=0o755)
+        if limits.disk_bytes is not None and mount_tmpfs(
+            data / name, 0o755, limits.disk_bytes, "rollbus-disk"
+        ):
+            mounted.append(data / name)
+    ws = data / "ws" if workspace is None else Path(workspace)
+    layout = DockerLayout(image_id, workdir, ws, data / "home", user, limits, "none", ro_binds, sandbox_id)
+    os.chmod(data, 0o755)  # the agent's uid traverses to its binds
+    return layout, data, _numeric_owner(user) if workspace is not None else (0, 0), mounted
+
+
+def _fill(client: Any, layout: DockerLayout, data: Path, prepared: bool) -> tuple[int, int]:
+    """The workspace from the image (its repository re-made from the base commit) and its trusted
+    baseline, or a tree the host ``prepared`` (the grader's) handed to the sandbox's uid; HOME likewise.
+    Returns the owner (uid, gid) of both."""
+    if prepared:
+        owner = _numeric_owner(layout.user)
+        _chown_tree(layout.workspace, owner)
+    else:
+        owner = _prepare_workspace(client, layout, layout.workspace)
+        record_baseline(layout.workspace)
+    os.chown(data / "home", *owner)
+    return owner
+
+
+def _prepare_workspace(client: Any, layout: DockerLayout, ws: Path) -> tuple[int, int]:
+    """The image's ``workdir`` copied out of it (nothing of the image runs), its repository re-made from the
+    base commit alone by host git (a shallow fetch of ``HEAD`` into a fresh repository, every configured
+    program off), handed to the agent's uid; returns that (uid, gid)."""
+    from rollbus.sandbox.docker_images import ImageBuildError, export_tree
+
+    owner = _owner_of(client, layout)
+    source = ws.with_name("image.git")  # the image's repository, beside the workspace: never mounted
+    try:
+        export_tree(client, layout.image, layout.workdir, ws)
+    except (ImageBuildError, OSError, tarfile.TarError) as exc:
+        raise SandboxError(f"copying {layout.workdir} out of the image: {exc}", "image_error") from exc
+    except Exception as exc:  # the engine's own errors (a workdir the image lacks: 404)
+        raise SandboxError(f"copying {layout.workdir} out of the image: {exc}", "image_error") from exc
+    try:
+        if (ws / ".git").is_dir() and not (ws / ".git").is_symlink():
+            shutil.move(ws / ".git", source)
+            _rebase_repository(ws, source)
+        else:
+            if (ws / ".git").exists() or (ws / ".git").is_symlink():
+                (ws / ".git").unlink()  # a gitfile (a submodule's or worktree's): its repository is not here
+            _host_git(ws, "init", "-q", "--template=")
+            _host_git(ws, "add", "-A")
+            _host_git(ws, *GIT_IDENTITY, "commit", "-q", "--allow-empty", "-m", "base")
+    except (GitError, OSError) as exc:
+        kind: FailureKind = "disk_full" if "No space left" in str(exc) else "image_error"
+        raise SandboxError(f"re-making {layout.workdir}'s repository: {exc}", kind) from exc
+    finally:
+        shutil.rmtree(source, ignore_errors=True)
+    _chown_tree(ws, owner)
+    return owner
+
+
+def _rebase_repository(ws: Path, source: Path) -> None:
+    """A fresh repository in ``ws`` holding the base commit (``source``'s ``HEAD``) alone, on its branch."""
+    head = _host_git(ws, "--git-dir", str(source), "rev-parse", "--verify", "HEAD").strip()
+    branch = _host_git(ws, "--git-dir", str(source), "symbolic-ref", "-q", "--short", "HEAD", check=False)
+    _host_git(ws, "init", "-q", "--template=")
+    _host_git(ws, "fetch", "-q", "--depth=1", "--no-tags", f"file://{source}", "HEAD")
+    ref = f"refs/heads/{branch.strip() or 'main'}"
+    _host_git(ws, "update-ref", ref, head)
+    _host_git(ws, "symbolic-ref", "HEAD", ref)
+    _host_git(ws, "reset", "-q")
+    for left in (ws / ".git" / "FETCH_HEAD", ws / ".git" / "logs"):
+        if left.is_dir():
+            shutil.rmtree(left)
+        elif left.exists():
+            left.unlink()
+
+
+def _host_git(cwd: Path, *args: str, check: bool = True) -> str:
+    """git on the host over a tree copied from the image: no user or system config, no hooks, no fsmonitor,
+    no reflog, no automatic gc."""
+    settings = ("core.fsmonitor=false", "core.hooksPath=/dev/null", "core.logAllRefUpdates=false",
+                "gc.auto=0", "maintenance.auto=false", "protocol.file.allow=always")  # fmt: skip
+    off = [arg for setting in settings for arg in ("-c", setting)]
+    done = subprocess.run(["git", *off, *args], cwd=cwd, env=_git_env(), capture_output=True, text=True,
+                          check=False)  # fmt: skip
+    if check and done.returncode != 0:
+        raise GitError(f"git {' '.join(args)}: {done.stderr.strip()[-400:]}")
+    return done.stdout
+
+
+def _owner_of(client: Any, layout: DockerLayout) -> tuple[int, int]:
+    """The agent's (uid, gid): numeric as given, or a name looked up in the image's ``/etc/passwd``."""
+    name, _, group = layout.user.partition(":")
+    if name.isdigit() and (not group or group.isdigit()):
+        return int(name), int(group or name)
+    from rollbus.sandbox.docker_images import export_tree
+
+    with tempfile.TemporaryDirectory(prefix="rollbus-passwd-") as tmp:
+        export_tree(client, layout.image, "/etc", Path(tmp) / "etc")
+        for line in (Path(tmp) / "etc" / "passwd").read_text(errors="replace").splitlines():
+            fields = line.split(":")
+            if len(fields) > 3 and fields[0] == name:
+                return int(fields[2]), int(fields[3])
+    raise SandboxError(f"the image has no user {name!r}", "image_error")
+
+
+def _chown_tree(root: Path, owner: tuple[int, int]) -> None:
+    os.chown(root, *owner, follow_symlinks=False)
+    for top, dirs, files in os.walk(root):
+        for name in dirs + files:
+            os.chown(os.path.join(top, name), *owner, follow_symlinks=False)
+
+
+def _numeric_owner(user: str) -> tuple[int, int]:
+    uid, _, gid = user.partition(":")
+    if not uid.isdigit() or not (gid or uid).isdigit():
+        raise SandboxError(f"a prepared workspace needs a numeric user (uid:gid), got {user!r}")
+    return int(uid), int(gid or uid)
+
+
+def _start_holder(client: Any, image: str, sandbox_id: str) -> tuple[str, int]:
+    """A sleeping container with no network of its own but loopback; its id and its process's host pid."""
+    import docker
+
+    config = client.api.create_host_config(
+        network_mode="none", cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True,
+        pids_limit=4, mem_limit=32 << 20, log_config=docker.types.LogConfig(type="none"),
+    )  # fmt: skip
+    cid = client.api.create_container(
+        image, ["sleep", "infinity"], user="65534:65534", host_config=config, labels=labels(sandbox_id),
+        entrypoint=[],
+    )["Id"]  # fmt: skip
+    try:
+        client.api.start(cid)
+        pid = int(client.api.inspect_container(cid)["State"]["Pid"])
+        if pid <= 0:
+            raise SandboxError("the network holder did not start")
+    except BaseException:
+        with contextlib.suppress(Exception):
+            client.api.remove_container(cid, force=True)
+        raise
+    return cid, pid
+
+
+def _close(client: Any, containers: list[str], data: Path, mounted: list[Path]) -> None:
+    for cid in containers:
+        with contextlib.suppress(Exception):
+            client.api.remove_container(cid, force=True)
+    _remove_data(data, mounted)
+
+
+def _remove_data(data: Path, mounted: list[Path]) -> None:
+    for path in mounted:
+        if os.path.ismount(path):
+            unmount(path)
+    shutil.rmtree(data, ignore_errors=True)

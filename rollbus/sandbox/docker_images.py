@@ -1,0 +1,125 @@
+"""The base image, built here from Debian's mirror (no container registry needed), cached by content key.
+
+``mmdebstrap --variant=minbase`` makes a root filesystem tarball of Debian with what every sandbox uses
+(Python with pytest, git, CA certificates); ``docker import`` turns it into an image tagged
+``rollbus/debian:<suite>-<key>``, the key a hash of everything that decides its bytes, and also under the
+public name (``debian:bookworm``, where nothing holds that name yet), so an unmodified task Dockerfile
+``FROM debian:bookworm`` builds on a machine that reaches no registry. Built once per machine (about 90 s),
+found by its tag afterwards: a second call builds nothing.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rollbus.config import cache_dir
+
+BUILD_TIMEOUT_S = 900.0
+
+
+class ImageBuildError(RuntimeError):
+    """The base image could not be built (mmdebstrap missing or failing, the import refused)."""
+
+
+@dataclass(frozen=True)
+class BaseImage:
+    """What decides a base image's bytes; ``key`` hashes it, so a changed recipe is a new tag."""
+
+    suite: str = "bookworm"
+    variant: str = "minbase"
+    packages: tuple[str, ...] = ("python3", "python3-pytest", "git", "ca-certificates")
+    public_name: str | None = "debian:bookworm"
+    recipe: int = 1  # bump when the way it is made changes
+
+    @property
+    def key(self) -> str:
+        fields = [self.suite, self.variant, sorted(self.packages), self.recipe]
+        return hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:12]
+
+    @property
+    def tag(self) -> str:
+        return f"rollbus/debian:{self.suite}-{self.key}"
+
+
+BASE = BaseImage()
+
+
+def ensure_base_image(client: Any, base: BaseImage = BASE) -> str:
+    """The base image's tag, building it first if this engine lacks it (one builder at a time per machine)."""
+    if not _has(client, base.tag):
+        lock_path = cache_dir() / "docker-images.lock"
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(lock_path, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not _has(client, base.tag):
+                _build(client, base)
+    if base.public_name and not _has(client, base.public_name):
+        repository, _, tag = base.public_name.partition(":")
+        client.images.get(base.tag).tag(repository, tag or "latest")
+    return base.tag
+
+
+def _has(client: Any, name: str) -> bool:
+    import docker
+
+    try:
+        client.images.get(name)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+def _build(client: Any, base: BaseImage) -> None:
+    mmdebstrap = shutil.which("mmdebstrap")
+    if mmdebstrap is None:
+        raise ImageBuildError("no mmdebstrap here: run scripts/bootstrap.sh (it installs it)")
+    with tempfile.TemporaryDirectory(prefix="rollbus-base-", dir=cache_dir()) as tmp:
+        rootfs = f"{tmp}/rootfs.tar"
+        argv = [mmdebstrap, f"--variant={base.variant}", f"--include={','.join(base.packages)}", base.suite,
+                rootfs]  # fmt: skip
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise ImageBuildError(f"mmdebstrap took over {BUILD_TIMEOUT_S:.0f} s") from exc
+        if done.returncode != 0:
+            raise ImageBuildError(f"mmdebstrap failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+        repository, _, tag = base.tag.partition(":")
+        changes = ["ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", 'CMD ["bash"]']
+        client.api.import_image_from_file(rootfs, repository=repository, tag=tag, changes=changes)
+    if not _has(client, base.tag):
+        raise ImageBuildError(f"the engine did not keep the imported image {base.tag}")
+
+
+def export_tree(client: Any, image: str, path: str, dest: Path) -> Path:
+    """The directory ``path`` of a container image, as a host directory at ``dest`` (for host-side work on
+    a task's tree: the grader's copy to patch, a validation). Nothing of the image runs: the container is
+    created, read and removed; the archive is spooled to a temporary file and unpacked with the ``tar``
+    filter, as :func:`rollbus.grading.run.materialize` unpacks a tarball image (no member lands outside
+    ``dest``; symlinks stay links, as the repository has them)."""
+    import docker
+
+    try:
+        cid = client.api.create_container(image, ["true"], entrypoint=[], network_disabled=True)["Id"]
+    except docker.errors.ImageNotFound as exc:
+        raise ImageBuildError(f"no image {image!r} in the Docker engine") from exc
+    try:
+        stream, _ = client.api.get_archive(cid, path.rstrip("/") + "/.")
+        with tempfile.TemporaryFile() as spool:
+            for chunk in stream:
+                spool.write(chunk)
+            spool.seek(0)
+            dest.mkdir(parents=True, exist_ok=True)
+            with tarfile.open(fileobj=spool) as archive:
+                archive.extractall(dest, filter="tar")
+    finally:
+        client.api.remove_container(cid, force=True)
+    return dest

@@ -1,0 +1,387 @@
+"""The Docker backend attacked from inside, as a policy would: a real engine (started by the project where
+none answers), the base image built from Debian's mirror (cached: once per machine), and a task image that
+carries its fix in its repository's history.
+
+Every probe runs inside a container of :class:`DockerSandbox` and reports what the kernel answered; a refusal
+must come from the container's own network namespace (ECONNREFUSED on its loopback, ENETUNREACH elsewhere).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollbus import claude_cli, codex_cli
+from rollbus.sandbox import docker_engine, docker_images
+from rollbus.sandbox.base import SandboxError
+from rollbus.sandbox.docker_backend import DockerSandbox
+from rollbus.sandbox.limits import Limits
+from tests.test_sandbox_isolation import PROBE, Adapter
+
+pytestmark = pytest.mark.docker
+
+ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/home/agent"}
+PORT = 4000
+SMALL = Limits(memory_bytes=128 << 20, pids=64, cpus=1.0, tmp_bytes=8 << 20, disk_bytes=32 << 20)
+# A task image whose repository holds its fix in every place a policy has looked for one: a later commit on
+# another branch, tags, a stash, reflog entries, packed refs, packed objects, a remote-tracking ref.
+# /future.txt (outside the repository) is the test's oracle: the ids of the later commit and the fixed blob.
+HISTORY_IMAGE = "rollbus-test/history:1"
+HISTORY_DOCKERFILE = r"""
+FROM {base}
+RUN set -e; mkdir /testbed; cd /testbed; export GIT_AUTHOR_NAME=a GIT_AUTHOR_EMAIL=a@b GIT_COMMITTER_NAME=a \
+    GIT_COMMITTER_EMAIL=a@b; git init -q -b main; printf 'def add(a, b):\n    return a - b\n' > calc.py; \
+    printf 'build/\n' > .gitignore; git add calc.py .gitignore; git commit -qm base; git checkout -qb fix; \
+    printf 'def add(a, b):\n    return a + b  # FUTURE_FIX_MARKER\n' > calc.py; git commit -qam 'gold fix'; \
+    git tag gold; git tag -a gold-annotated -m gold; git update-ref refs/remotes/origin/fix HEAD; \
+    git rev-parse HEAD > /future.txt; git rev-parse HEAD:calc.py >> /future.txt; git pack-refs --all; \
+    git repack -qad; git checkout -q main; echo FUTURE_FIX_MARKER > stash.txt; git add stash.txt; \
+    git stash -q; git branch -D fix -q; mkdir build; echo made > build/out
+"""
+
+
+@pytest.fixture(scope="session")
+def engine() -> Any:
+    """The engine (the project's own, started here where none answers) and the cached base image."""
+    client = docker_engine.client()
+    docker_images.ensure_base_image(client)
+    return client
+
+
+@pytest.fixture(scope="session")
+def history_image(engine: Any) -> str:
+    base = docker_images.ensure_base_image(engine)
+    dockerfile = HISTORY_DOCKERFILE.format(base=base).encode()
+    engine.images.build(fileobj=io.BytesIO(dockerfile), tag=HISTORY_IMAGE, rm=True, network_mode="none")
+    return HISTORY_IMAGE
+
+
+@pytest.fixture
+async def adapter() -> AsyncIterator[Adapter]:
+    fake = Adapter()
+    fake.server = await asyncio.start_server(fake.handle, "127.0.0.1", 0)
+    yield fake
+    fake.server.close()
+
+
+@pytest.fixture
+async def agent(engine: Any, history_image: str, adapter: Adapter) -> AsyncIterator[DockerSandbox]:
+    box = await DockerSandbox.create(
+        history_image, client=engine, workdir="/testbed", limits=SMALL, network="adapter",
+        adapter_url=adapter.url, forward_port=PORT,
+    )  # fmt: skip
+    async with box:
+        yield box
+
+
+async def make(engine: Any, image: str, limits: Limits = SMALL, **options: Any) -> DockerSandbox:
+    return await DockerSandbox.create(image, client=engine, workdir="/testbed", limits=limits, **options)
+
+
+@pytest.fixture
+def host_listener() -> Iterator[int]:
+    """A listener of the test itself on host loopback: what the broker or the engine would be."""
+    server = socket.create_server(("127.0.0.1", 0))
+    yield server.getsockname()[1]
+    server.close()
+
+
+@pytest.fixture
+def abstract_socket() -> Iterator[str]:
+    name = f"rollbus-test-{uuid.uuid4().hex[:8]}"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind("\0" + name)
+    server.listen()
+    yield "@" + name
+    server.close()
+
+
+POST = (
+    "import sys, urllib.request as u; r = u.Request(sys.argv[1], data=b'ping', headers={'X-Rollbus-Sandbox': "
+    "'someone-else'}); print(u.urlopen(r, timeout=10).read().decode())"
+)
+
+
+async def test_the_agent_reaches_the_adapter_and_nothing_else(
+    agent: DockerSandbox, adapter: Adapter, host_listener: int, abstract_socket: str
+) -> None:
+    done = await agent.run(["python3", "-c", POST, f"http://127.0.0.1:{PORT}/v1/messages"], ENV, timeout=60)
+    assert (done.exit_code, done.stdout.strip()) == (0, "adapter:ping"), done.stderr
+    [head] = adapter.heads
+    assert f"x-rollbus-sandbox: {agent.sandbox_id}".encode() in head and b"someone-else" not in head
+    targets = [f"127.0.0.1:{host_listener}", "127.0.0.1:9092", "172.17.0.1:2375", "1.1.1.1:443"]
+    targets.append(abstract_socket)
+    probed = await agent.run(["python3", "-c", PROBE, *targets], ENV, timeout=60)
+    assert probed.stdout.split() == ["ECONNREFUSED", "ECONNREFUSED", "ENETUNREACH", "ENETUNREACH",
+                                     "ECONNREFUSED"], probed.stderr  # fmt: skip
+    links = await agent.run(["sh", "-c", "tail -n +3 /proc/net/dev | cut -d: -f1"], ENV)
+    assert links.stdout.split() == ["lo"]
+
+
+async def test_the_grader_has_no_network_at_all(engine: Any, history_image: str, host_listener: int) -> None:
+    async with await make(engine, history_image) as box:
+        probed = await box.run(["python3", "-c", PROBE, f"127.0.0.1:{host_listener}", "1.1.1.1:443"], ENV)
+    assert probed.stdout.split() == ["ECONNREFUSED", "ENETUNREACH"]
+
+
+async def test_the_agent_is_unprivileged_and_sees_no_engine_nor_host_path(agent: DockerSandbox) -> None:
+    script = (
+        "id -u; grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status | tr -d '\\t';"
+        "unshare -U true 2>/dev/null && echo NESTED-USERNS; touch /usr/x 2>/dev/null && echo ROOT-WRITABLE;"
+        "ls /var/run/docker.sock /run/docker.sock 2>/dev/null && echo DOCKER-SOCKET;"
+        "touch made; cut -d' ' -f5 /proc/self/mountinfo | sort"
+    )
+    done = await agent.run(["sh", "-c", script], ENV)
+    lines = done.stdout.splitlines()
+    assert lines[:4] == ["1000", "CapEff:0000000000000000", "CapBnd:0000000000000000", "NoNewPrivs:1"]
+    assert not {"NESTED-USERNS", "ROOT-WRITABLE", "DOCKER-SOCKET"} & set(lines), done.stdout
+    # the engine's own: three small files it writes, and its init (tini, pid 1) read-only
+    engine_made = {"/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/sbin/docker-init"}
+    engine_made.add("/usr/sbin/docker-init")  # /sbin is a link to usr/sbin in a merged-/usr image
+    mounts = {m for m in lines[4:] if not m.startswith(("/proc", "/dev", "/sys"))} - engine_made
+    assert mounts == {"/", "/testbed", "/home/agent", "/tmp"}  # nothing of the host's but what is named
+    assert (agent.host_workdir / "made").stat().st_uid == 1000  # not host root in disguise
+
+
+async def test_the_agent_and_the_grader_see_the_base_commit_only(engine: Any, history_image: str) -> None:
+    script = (
+        "git log --all --oneline | wc -l; git tag | wc -l; git stash list | wc -l; git reflog | wc -l;"
+        "git for-each-ref | wc -l; git status --porcelain | wc -l; cat .git/packed-refs 2>/dev/null | wc -l;"
+        "for id in $(cat /future.txt); do git cat-file -e $id 2>/dev/null && echo FUTURE; done;"
+        "git count-objects -v | awk '/^(count|in-pack):/ {n += $2} END {print n}';"
+        "grep -rl FUTURE_FIX_MARKER . | wc -l;"
+        "cat build/out; git log --format=%s"
+    )
+    for options in ({}, {"network": "none"}):
+        async with await make(engine, history_image, **options) as box:
+            done = await box.run(["sh", "-c", script], ENV)
+        # one commit (4 objects: the commit, its tree, two files), no tag, stash, reflog or other ref; the
+        # ignored build output copied as the image had it
+        assert done.stdout.split() == ["1", "0", "0", "0", "1", "0", "0", "4",
+                                       "0", "made", "base"], done.stderr  # fmt: skip
+
+
+async def test_the_token_is_in_neither_the_engines_record_nor_another_process(agent: DockerSandbox) -> None:
+    secret = "rb-" + uuid.uuid4().hex
+    # the command (which holds the token, as the CLI would) waits for a sibling command to look everywhere
+    hold = asyncio.ensure_future(
+        agent.run(["python3", "-c", HOLD], ENV, timeout=60, secret_env={"RB_TOKEN": secret})
+    )
+    look = (
+        "import os, sys; t = sys.argv[1].encode(); found = []\n"
+        "for p in os.listdir('/proc'):\n"
+        "    if p.isdigit() and int(p) != os.getpid():\n"
+        "        try: env, cmd = (open(f'/proc/{p}/{f}', 'rb').read() for f in ('environ', 'cmdline'))\n"
+        "        except OSError: continue\n"
+        "        if t in cmd or (t in env and b'rollbus-holder' not in cmd): found.append(p)\n"
+        "print('found', found); open('/tmp/looked', 'w')"
+    )
+    seen = await agent.run(["python3", "-c", look, secret], ENV, timeout=60)
+    held = await hold
+    assert seen.stdout.strip() == "found []" and held.exit_code == 0, (seen, held)
+    records = [engine_record(agent.client, c) for c in agent.client.api.containers(all=True)]
+    assert records and not any(secret in r for r in records)
+
+
+HOLD = "import os, time  # rollbus-holder\nwhile not os.path.exists('/tmp/looked'): time.sleep(0.02)"
+
+
+def engine_record(client: Any, container: dict[str, Any]) -> str:
+    """What ``docker inspect`` shows of a container and of every command executed in it."""
+    info = client.api.inspect_container(container["Id"])
+    execs = [client.api.exec_inspect(e) for e in info.get("ExecIDs") or []]
+    return json.dumps([info, execs])
+
+
+async def test_the_wall_clock_kills_the_whole_container_and_the_next_command_runs(
+    agent: DockerSandbox,
+) -> None:
+    done = await agent.run(["sh", "-c", "sleep 60 & sleep 60 & echo started; wait"], ENV, timeout=1.5)
+    assert done.timed_out and done.failure_kind == "timeout" and done.wall_time_s < 20
+    assert "started" in done.stdout
+    assert await processes(agent) == ["sleep infinity"]  # tini's own child, nothing of the command's
+
+
+async def test_a_finished_command_leaves_nothing_running(agent: DockerSandbox) -> None:
+    done = await agent.run(["sh", "-c", "sleep 300 > /dev/null 2>&1 & sleep 301 & echo bye"], ENV, timeout=60)
+    assert (done.exit_code, done.stdout.strip(), done.timed_out) == (0, "bye", False)
+    assert await processes(agent) == ["sleep infinity"]
+
+
+async def processes(box: DockerSandbox) -> list[str]:
+    """The command lines of every process in the container but the probe itself and pid 1 (the init)."""
+    probe = (
+        "import os; me = str(os.getpid())\n"
+        "for p in sorted(x for x in os.listdir('/proc') if x.isdigit() and x not in (me, '1')):\n"
+        "    try: print(open(f'/proc/{p}/cmdline', 'rb').read().replace(b'\\0', b' ').decode().strip())\n"
+        "    except OSError: pass"
+    )
+    done = await box.run(["python3", "-c", probe], ENV)
+    assert done.exit_code == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("script", "kind"),
+    [
+        ("for i in $(seq 200); do sleep 30 & done; wait", "pids_limit"),
+        ("python3 -c 'b = bytearray(512 << 20); print(len(b))'", "memory_limit"),
+        ("dd if=/dev/zero of=big bs=1M count=64 2>/dev/null; echo wrote", "disk_full"),
+        ("dd if=/dev/zero of=/tmp/big bs=1M count=64 2>/dev/null; echo wrote", "disk_full"),
+        ("dd if=/dev/zero of=/home/agent/big bs=1M count=64 2>/dev/null; echo wrote", "disk_full"),
+    ],
+    ids=["pids", "memory", "workspace", "tmp", "home"],
+)
+async def test_a_limit_hit_is_named_and_the_sandbox_goes_on(
+    engine: Any, history_image: str, script: str, kind: str
+) -> None:
+    async with await make(engine, history_image) as box:
+        done = await box.run(["sh", "-c", script], ENV, timeout=60)
+        assert done.failure_kind == kind, done
+        again = await box.run(["echo", "on"], ENV)
+    assert (again.exit_code, again.stdout) == (0, "on\n")
+
+
+async def test_the_agent_clis_run_from_the_cache_in_an_image_that_lacks_them(
+    engine: Any, history_image: str
+) -> None:
+    binds = {str(claude_cli.execute_only_binary()): claude_cli.SANDBOX_BINARY,
+             str(codex_cli.execute_only_binary()): codex_cli.SANDBOX_BINARY}  # fmt: skip
+    async with await make(engine, history_image, ro_binds=binds) as box:
+        claude = await box.run([claude_cli.SANDBOX_BINARY, "--version"], ENV, timeout=120)
+        codex = await box.run([codex_cli.SANDBOX_BINARY, "--version"], ENV, timeout=120)
+        writable = await box.run(["sh", "-c", f"echo x > {claude_cli.SANDBOX_BINARY} || echo read-only"], ENV)
+    assert claude_cli.VERSION in claude.stdout, claude
+    assert codex_cli.VERSION in codex.stdout, codex
+    assert "read-only" in writable.stdout
+
+
+async def test_the_patch_is_taken_inside_against_the_trusted_baseline(
+    engine: Any, history_image: str
+) -> None:
+    async with await make(engine, history_image) as box:
+        plant = (
+            "printf 'def add(a, b):\\n    return a + b\\n' > calc.py; printf '\\377\\000bin' > blob.bin;"
+            "echo new > new.txt; git add -A; git -c user.name=a -c user.email=a@b commit -qm 'agent commit';"
+            "git config core.fsmonitor 'touch /testbed/PWNED; false'"
+        )
+        done = await box.run(["sh", "-c", plant], ENV)
+        assert done.exit_code == 0, done.stderr
+        captured = await box.capture_patch(1 << 20)
+        capped = await box.capture_patch(100)
+        planted = await box.run(["sh", "-c", "ls PWNED 2>/dev/null | wc -l"], ENV)
+    assert captured.failure is None and not captured.truncated, captured
+    assert b"+    return a + b" in captured.patch and b"new.txt" in captured.patch
+    assert b"GIT binary patch" in captured.patch  # bytes, never text
+    assert capped.truncated and len(capped.patch) == 100
+    assert planted.stdout.split() == ["0"]  # the agent's git config ran nothing
+
+
+async def test_a_missing_image_is_an_image_error(engine: Any) -> None:
+    with pytest.raises(SandboxError) as raised:
+        await make(engine, "rollbus-test/absent:never")
+    assert raised.value.failure_kind == "image_error"
+
+
+def test_the_base_image_is_built_once_and_answers_to_its_public_name(engine: Any) -> None:
+    base = docker_images.BASE
+    before = engine.images.get(base.tag).id
+    assert docker_images.ensure_base_image(engine) == base.tag  # cached: nothing built
+    assert engine.images.get(base.tag).id == before and engine.images.get("debian:bookworm").id == before
+
+
+def test_where_no_engine_answers_the_tests_run_on_the_projects_own(engine: Any) -> None:
+    """CI has no engine of its own: the session's came from ``docker_engine.client()`` starting one under
+    the cache (its data there), and a second call finds it rather than starting another."""
+    if os.environ.get("DOCKER_HOST") or Path("/var/run/docker.sock").is_socket():
+        assert engine.ping()
+        return
+    pid = int((docker_engine.engine_dir() / "dockerd.pid").read_text())
+    again = docker_engine.client()
+    assert again.info()["DockerRootDir"] == str(docker_engine.engine_dir() / "data")
+    assert int((docker_engine.engine_dir() / "dockerd.pid").read_text()) == pid
+    again.close()
+
+
+def test_an_engine_that_cannot_start_says_why_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROLLBUS_CACHE", "/tmp/" + "x" * 120)
+    with pytest.raises(docker_engine.EngineUnavailable) as raised:
+        docker_engine.start_engine()
+    assert "longer than 107 bytes" in str(raised.value) and "\n" not in str(raised.value)
+    assert not Path("/tmp/" + "x" * 120).exists()  # nothing made
+
+
+@pytest.mark.parametrize("task", ["sum-to", "flatten", "intervals"])  # eval command, F2P, swepro
+async def test_the_grader_in_containers_scores_the_fix_one_and_the_empty_patch_zero(
+    engine: Any, task: str
+) -> None:
+    """The grader's every command in a fresh, network-less container of the base image (Debian's python3
+    and pytest), over the tree the grader prepared on the host."""
+    from rollbus.grading import GradeConfig, grade, parse_row
+    from tests.test_grading_swe_mini import SWE_MINI, load_build
+
+    rows = {row["metadata"]["image"].split("/")[-1]: row for row in load_build().build()}
+    spec = parse_row(rows[task], SWE_MINI)
+    config = GradeConfig(container_image=docker_images.ensure_base_image(engine))
+    since = int(time.time()) - 1
+    fixed = await grade(spec, rows[task]["label"], config)
+    assert (fixed.reward, fixed.failure_kind, fixed.flags) == (1.0, None, ()), fixed
+    empty = await grade(spec, "", config)
+    assert (empty.reward, empty.failure_kind) == (0.0, "tests_failed"), empty
+    filters = {"type": "container", "event": "start", "label": "rollbus.sandbox"}
+    started = engine.api.events(since=since, until=int(time.time()) + 1, filters=filters, decode=True)
+    assert len(list(started)) >= 3  # the fix: apply, then its tests; the empty patch: its tests
+
+
+KILLED_RUNNER = """
+import asyncio, os, sys
+from pathlib import Path
+from rollbus.sandbox.docker_backend import DockerSandbox
+async def main():
+    box = await DockerSandbox.create(sys.argv[1], workdir="/testbed", scratch_root=Path(sys.argv[2]))
+    await box.run(["true"], {"PATH": "/usr/bin:/bin"})
+    print(box.sandbox_id, flush=True)
+    os.kill(os.getpid(), 9)
+asyncio.run(main())
+"""
+
+
+async def test_what_a_killed_runner_left_is_swept(engine: Any, history_image: str, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from rollbus.sandbox import docker_backend
+
+    done = subprocess.run([sys.executable, "-c", KILLED_RUNNER, history_image, str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    sandbox_id = done.stdout.strip()
+    assert done.returncode == -9 and sandbox_id, done.stderr
+    left = engine.containers.list(filters={"label": f"rollbus.sandbox={sandbox_id}"})
+    assert left and (tmp_path / f"{sandbox_id}.docker").is_dir()  # its command container runs on
+    async with await make(engine, history_image, scratch_root=tmp_path) as alive:
+        assert sandbox_id in docker_backend.sweep_stale(engine, tmp_path)
+        assert not engine.containers.list(all=True, filters={"label": f"rollbus.sandbox={sandbox_id}"})
+        assert not (tmp_path / f"{sandbox_id}.docker").exists()
+        assert (await alive.run(["true"], ENV)).exit_code == 0  # a live runner's sandbox is not touched
+
+
+def test_an_images_tree_is_exported_to_the_host_as_it_is(
+    engine: Any, history_image: str, tmp_path: Path
+) -> None:
+    """What host-side grading of a container image's row starts from: the image's repository, history and
+    all (the grader re-makes its one-commit tree from it), nothing of the image run."""
+    tree = docker_images.export_tree(engine, history_image, "/testbed", tmp_path / "tree")
+    assert (tree / "calc.py").read_text() == "def add(a, b):\n    return a - b\n"
+    assert (tree / ".git" / "HEAD").is_file() and (tree / "build" / "out").read_text() == "made\n"
+    with pytest.raises(docker_images.ImageBuildError):
+        docker_images.export_tree(engine, "rollbus-test/absent:never", "/testbed", tmp_path / "none")
