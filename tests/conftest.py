@@ -2,9 +2,9 @@
 
 Which broker (``ROLLBUS_TEST_BROKER`` forces one):
 
-* ``docker``   — testcontainers' ``KafkaContainer`` (KRaft) from the Kafka image built here, on the project's
-  Docker engine; the default when ``DOCKER_HOST`` or the default socket answers, and what ``make test``'s second
-  run forces for a share of the suite (``ROLLBUS_TEST_BROKER=docker``);
+* ``docker``   — testcontainers' ``KafkaContainer`` (KRaft) from the Kafka image built here, on the
+  project's Docker engine; the default when ``DOCKER_HOST`` or the default socket answers, and what
+  ``make test``'s second run forces for a share of the suite (``ROLLBUS_TEST_BROKER=docker``);
 * ``local``    — the embedded broker (:class:`rollbus.kafka.broker.EmbeddedBroker`) in a temporary state
   directory on a free port, when ``java`` is on PATH;
 * ``external`` — whatever ``ROLLBUS_BOOTSTRAP_SERVERS`` points at.
@@ -48,7 +48,7 @@ def pytest_ignore_collect(collection_path: Path) -> bool | None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "kafka: needs a real Kafka broker (the kafka_bootstrap fixture)")
-    config.addinivalue_line("markers", "docker: needs a Docker engine (the project starts its own where none answers)")
+    config.addinivalue_line("markers", "docker: needs a Docker engine (one is started where none answers)")
     config.addinivalue_line(
         "markers", "faults: the whole-pipeline fault test (part of make test; alone: make test-faults)"
     )
@@ -97,9 +97,9 @@ def broker_kind() -> str:
 
 
 def docker_broker() -> Iterator[str]:
-    """A KRaft Kafka in a container: testcontainers' ``KafkaContainer`` on the project's Docker engine (started
-    where none answers), from the Kafka image built here (:mod:`rollbus.kafka.image`: the embedded broker's
-    jars on Debian's JRE), so no registry is needed.
+    """A KRaft Kafka in a container: testcontainers' ``KafkaContainer`` on the project's Docker engine
+    (started where none answers), from the Kafka image built here (:mod:`rollbus.kafka.image`: the
+    embedded broker's jars on Debian's JRE), so no registry is needed.
 
     The container joins a network of its own (the engine runs without a default bridge) under the alias
     ``kafka``, which its controller quorum names; the host reaches the mapped port on loopback. Ryuk, the

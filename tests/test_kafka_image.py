@@ -1,4 +1,4 @@
-"""The Kafka image built here (rollbus.kafka.image): variables to properties, and compose's kafka service on it.
+"""The Kafka image built here (rollbus.kafka.image): variables to properties; compose's kafka service on it.
 
 The testcontainers path (``KafkaContainer`` on this image) is exercised by ``make test``'s second run, which
 forces ``ROLLBUS_TEST_BROKER=docker`` for a share of the broker tests.
