@@ -13,14 +13,11 @@ testcontainers' ``KafkaContainer`` drives.
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from rollbus.config import cache_dir
+from rollbus.images.build import content_key, ensure_image
 from rollbus.kafka.runtime import BrokerError, fetch
 
 RECIPE = Path(__file__).resolve().parent / "image"
@@ -35,55 +32,19 @@ def kafka_version(jars: Path) -> str:
 
 
 def image_key(jars: Path, base_tag: str) -> str:
-    """What decides the image's bytes: every recipe file, every jar's name and size, and the base."""
-    digest = hashlib.sha256(base_tag.encode())
-    for path in sorted(p for p in RECIPE.rglob("*") if p.is_file()):
-        digest.update(str(path.relative_to(RECIPE)).encode() + b"\0" + path.read_bytes())
-    for jar in sorted(jars.glob("*.jar")):
-        digest.update(f"{jar.name}:{jar.stat().st_size}".encode())
-    return digest.hexdigest()[:12]
+    """What decides the image's bytes: the recipe, every jar's name and size, and the base."""
+    sizes = "".join(f"{jar.name}:{jar.stat().st_size}\n" for jar in sorted(jars.glob("*.jar")))
+    return content_key(base_tag, RECIPE, sizes)
 
 
 def ensure_kafka_image(client: Any, base_tag: str) -> str:
-    """The Kafka image's tag on ``client``'s engine, built first if the engine lacks it (one builder at a
-    time per machine). ``base_tag`` names the Debian image it builds on."""
+    """The Kafka image's tag on ``client``'s engine, built on ``base_tag`` first if the engine lacks it."""
     jars = fetch()
     tag = f"{REPOSITORY}:{kafka_version(jars)}-{image_key(jars, base_tag)}"
-    if _has(client, tag):
-        return tag
-    lock_path = cache_dir() / "docker-images.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not _has(client, tag):
-            _build(client, jars, base_tag, tag)
-    return tag
 
-
-def _has(client: Any, name: str) -> bool:
-    import docker
-
-    try:
-        client.images.get(name)
-    except docker.errors.ImageNotFound:
-        return False
-    return True
-
-
-def _build(client: Any, jars: Path, base_tag: str, tag: str) -> None:
-    import docker
-
-    with tempfile.TemporaryDirectory(prefix="rollbus-kafka-image-", dir=cache_dir()) as tmp:
-        context = Path(tmp) / "context"
-        shutil.copytree(RECIPE, context)
+    def add(context: Path) -> None:
         (context / "jars").mkdir()
         for jar in jars.glob("*.jar"):
             shutil.copy2(jar, context / "jars" / jar.name)
-        try:
-            client.images.build(
-                path=str(context), tag=tag, buildargs={"BASE": base_tag}, network_mode="host", rm=True,
-                forcerm=True, pull=False,
-            )  # fmt: skip
-        except docker.errors.BuildError as exc:
-            tail = "".join(str(line.get("stream") or line.get("error") or "") for line in exc.build_log)
-            raise BrokerError(f"the Kafka image did not build: {exc.msg}\n{tail[-1500:]}") from exc
+
+    return ensure_image(client, tag, RECIPE, buildargs={"BASE": base_tag}, add=add)
