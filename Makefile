@@ -24,7 +24,7 @@ demo: bootstrap
 
 # A share of the broker tests runs again on testcontainers' KafkaContainer (the Kafka image built here, on the
 # project's own Docker engine), so that path is proven in every run; the embedded broker serves the rest.
-DOCKER_BROKER_SHARE := tests/test_kafka_image.py tests/test_regrade.py tests/test_sandbox_runner_delivery.py \
+DOCKER_BROKER_SHARE := tests/test_local_images.py tests/test_regrade.py tests/test_sandbox_runner_delivery.py \
 	tests/test_trainer_service.py::test_trains_publishes_and_the_engine_serves_each_version
 
 test: bootstrap

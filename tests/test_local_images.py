@@ -1,4 +1,5 @@
-"""The Kafka image built here (rollbus.kafka.image): variables to properties; compose's kafka service on it.
+"""Images built here without a registry: the Kafka image (variables to properties; compose's kafka service on
+it) and python:3.11-slim-bookworm's equivalent.
 
 The testcontainers path (``KafkaContainer`` on this image) is exercised by ``make test``'s second run, which
 forces ``ROLLBUS_TEST_BROKER=docker`` for a share of the broker tests.
@@ -102,3 +103,31 @@ def test_composes_kafka_service_starts_on_the_image_built_here_and_passes_its_he
             network.remove()
         except docker.errors.APIError:
             pass
+
+
+@pytest.mark.docker
+def test_the_python_base_stands_in_for_the_public_image_and_trusts_the_hosts_extra_cas() -> None:
+    """Built from Debian's mirror under the public name, so ``FROM python:3.11-slim-bookworm`` builds here;
+    pip installs without PEP 668's refusal, and every CA the host added is trusted inside."""
+    from rollbus.images.build import host_ca_certificates
+    from rollbus.images.python_base import PUBLIC_NAME, ensure_python_base
+    from rollbus.sandbox.docker_engine import client
+    from rollbus.sandbox.docker_images import ensure_base_image
+
+    engine = client()
+    tag = ensure_python_base(engine, ensure_base_image(engine))
+    assert engine.images.get(PUBLIC_NAME).id == engine.images.get(tag).id
+    script = (
+        "import subprocess, sys; print(sys.version_info[:2]); "
+        "print(subprocess.run([sys.executable, '-m', 'pip', 'install', '--dry-run', '--no-index', 'x'], "
+        "capture_output=True, text=True).stderr.count('externally-managed'))"
+    )
+    out = engine.containers.run(tag, ["python", "-c", script], network_mode="none", remove=True).decode()
+    version, refusals = out.strip().split("\n")
+    assert version == "(3, 11)" and refusals == "0"
+    for cert in host_ca_certificates():
+        name = cert.name
+        listed = engine.containers.run(
+            tag, ["sh", "-c", "ls /usr/local/share/ca-certificates/"], network_mode="none", remove=True
+        ).decode()
+        assert any(line.endswith(name) for line in listed.split()), (name, listed)
