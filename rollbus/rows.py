@@ -1,8 +1,10 @@
 """Dataset rows (slime's JSONL: ``{"prompt", "label", "metadata"}``) checked and turned into `tasks` records.
 
-A row must name an image and a workdir, a prompt (the prompt key, else ``metadata.problem_statement``) and at
-most one grader (swepro, ``eval_cmd`` or ``remote_env_info.f2p_script``, checked as the grader reads it; none
-is allowed and scores 0). A bad row is reported with its line number and skipped; the rest are submitted.
+A row must name an image (a host path or a container image reference, :mod:`rollbus.task_image`), a
+workdir (optionally the user the agent runs as), a prompt (the prompt key, else
+``metadata.problem_statement``) and at most one grader (swepro, ``eval_cmd`` or
+``remote_env_info.f2p_script``, checked as the grader reads it; none is allowed and scores 0).
+A bad row is reported with its line number and skipped; the rest are submitted.
 Host paths in the metadata (image, swepro scripts, eval files) are made absolute against the dataset file, so
 tasks run from any directory.
 """
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rollbus.grading.rows import BadRow, absolute_paths, parse_metadata
+from rollbus.task_image import ImageFieldError, parse_image, parse_user, parse_workdir
 
 
 class RowError(ValueError):
@@ -75,10 +78,18 @@ def parse_row(text: str, line: int, keys: RowKeys, base: Path) -> Row:
     metadata = absolute_paths(metadata, base)
     env = metadata.get("remote_env_info") if isinstance(metadata.get("remote_env_info"), dict) else {}
     if not (metadata.get("image") or env.get("image")):
-        raise RowError(f"no image in {keys.metadata_key!r} (a repository directory or tarball)")
+        raise RowError(
+            f"no image in {keys.metadata_key!r} (a repository directory or tarball, or a container image)"
+        )
     workdir = metadata.get("workdir") or env.get("workdir")
     if not isinstance(workdir, str) or not workdir.startswith("/"):
         raise RowError(f"no workdir in {keys.metadata_key!r} (the repository's absolute path inside)")
+    try:
+        parse_image(metadata.get("image") or env.get("image"), f"{keys.metadata_key}.image")
+        parse_workdir(workdir, f"{keys.metadata_key}.workdir")
+        parse_user(metadata.get("user") or env.get("user"), f"{keys.metadata_key}.user")
+    except ImageFieldError as exc:
+        raise RowError(str(exc)) from None
     prompt = data.get(keys.input_key)
     if not isinstance(prompt, str) or not prompt.strip():
         prompt = metadata.get("problem_statement")

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from rollbus.task_image import ImageFieldError, image_kind, parse_image, parse_user, parse_workdir
+
 
 class BadRow(ValueError):
     """The row's grading fields are missing, contradictory or malformed; the message says which."""
@@ -57,11 +59,14 @@ class GradingSpec:
     """Everything the grader needs from a row."""
 
     instance_id: str
-    image: Path
+    image: Path  # a host path image (the bwrap backend); for a container image, its reference as a Path
     workdir: str
     grader: Grader
     eval_files: Mapping[str, Path] = field(default_factory=dict)
     pre_commands: tuple[str, ...] = ()
+    container_image: str | None = None  # the row's container image reference (a container backend's)
+    user: str | None = None  # the OS user the agent runs as (metadata.user), for a container backend
+    image_digest: str | None = None  # the digest the agent's container ran (from the diff): a regrade's pin
 
     def test_files(self) -> set[str]:
         """The row's test files: a patch touching any of them is flagged."""
@@ -99,11 +104,14 @@ def parse_metadata(metadata: Mapping[str, Any], base_dir: Path) -> GradingSpec:
         value = metadata.get(key)
         return env.get(key) if value in (None, "") else value
 
-    image, workdir = get("image"), get("workdir")
-    if not isinstance(image, str) or not image:
+    if get("image") in (None, ""):
         raise BadRow("metadata has no image")
-    if not isinstance(workdir, str) or not workdir.startswith("/"):
-        raise BadRow(f"metadata.workdir must be an absolute path, got {workdir!r}")
+    try:
+        image = parse_image(get("image"))
+        workdir = parse_workdir(get("workdir"))
+        user = parse_user(get("user"))
+    except ImageFieldError as exc:
+        raise BadRow(str(exc)) from None
     found = [key for key in ("swepro", "eval_cmd", "f2p_script") if get(key) not in (None, "", {})]
     if not found:
         raise BadRow("no grader (swepro, eval_cmd or remote_env_info.f2p_script)")
@@ -111,11 +119,13 @@ def parse_metadata(metadata: Mapping[str, Any], base_dir: Path) -> GradingSpec:
         raise BadRow(f"more than one grader: {', '.join(found)}")
     return GradingSpec(
         instance_id=str(get("instance_id") or ""),
-        image=resolve(base_dir, image),
+        image=resolve(base_dir, image.text) if image.kind == "path" else Path(image.text),
         workdir=workdir,
         grader=parse_grader(found[0], get(found[0]), base_dir),
         eval_files=parse_eval_files(get("eval_files"), base_dir),
         pre_commands=tuple(string_list(get("pre_commands"), "pre_commands")),
+        container_image=image.text if image.kind == "container" else None,
+        user=user,
     )
 
 
@@ -223,8 +233,9 @@ def absolute_paths(metadata: Mapping[str, Any], base_dir: Path) -> dict[str, Any
     before a row leaves the dataset file's directory): image, swepro scripts, eval_files sources."""
     out = json.loads(json.dumps(metadata))
     for holder in (out, out.get("remote_env_info") or {}):
-        if isinstance(holder.get("image"), str) and holder["image"]:
-            holder["image"] = str(resolve(base_dir, holder["image"]))
+        image = holder.get("image")
+        if isinstance(image, str) and image and image_kind(image) == "path":
+            holder["image"] = str(resolve(base_dir, image))
         swepro = holder.get("swepro")
         if isinstance(swepro, dict):
             for key in SWEPRO_PATH_KEYS:

@@ -113,6 +113,12 @@ async def grade(spec: GradingSpec, patch: bytes | str, config: GradeConfig | Non
 async def _grade(
     spec: GradingSpec, sanitized: Sanitized, config: GradeConfig, deadline: float
 ) -> GradeResult:
+    if spec.container_image is not None:
+        return failed(
+            verdict.SANDBOX_FAILED,
+            f"metadata.image {spec.container_image!r} is a container image: the local (bwrap) grader runs "
+            "host repository directories and tarballs only (grade with a container backend)",
+        )
     missing = [str(p) for p in eval_material(spec) if not p.is_file()]
     if missing:
         return failed(verdict.BAD_ROW, f"eval-only files missing: {', '.join(missing)}")

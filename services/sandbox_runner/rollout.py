@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -48,6 +49,7 @@ from rollbus.services.sandbox_runner import agents
 from rollbus.services.sandbox_runner import outcome as kinds
 from rollbus.services.sandbox_runner.outcome import AttemptResult, agent_turns, cap_patch, classify
 from rollbus.services.sandbox_runner.settings import RunnerSettings
+from rollbus.task_image import ImageFieldError, parse_image, parse_user
 
 log = logging.getLogger("rollbus.sandbox_runner")
 SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}  # no __pycache__ from the agent's test runs in its patch
@@ -205,7 +207,8 @@ async def _attempt(kit: RunnerKit, task: dict[str, Any], attempt_id: str) -> Att
         )  # one byte over the cap says "more"
     finally:
         await sandbox.close()
-    return attempt_outcome(attempt_id, completed, captured, settings.patch_max_bytes)
+    result = attempt_outcome(attempt_id, completed, captured, settings.patch_max_bytes)
+    return dataclasses.replace(result, image_digest=sandbox.image_digest)  # the bytes a regrade must use
 
 
 def attempt_outcome(
@@ -259,11 +262,15 @@ def sandbox_spec(
 ) -> SandboxSpec:
     """The agent's sandbox: the image's base commit, the adapter as its only way out, the CLI read-only."""
     env = metadata.get("remote_env_info") if isinstance(metadata.get("remote_env_info"), dict) else {}
-    image = metadata.get("image") or env.get("image")
-    if not isinstance(image, str) or not image:
-        raise AttemptFailed(kinds.BAD_TASK, "the task's metadata names no image")
+    try:
+        image = parse_image(metadata.get("image") or env.get("image"))
+        user = parse_user(metadata.get("user") or env.get("user"))
+    except ImageFieldError as exc:
+        raise AttemptFailed(kinds.BAD_TASK, str(exc)) from exc
+    container = image.text if image.kind == "container" else None
     return SandboxSpec(
-        image=resolve_image(image), role="agent", workdir=str(metadata.get("workdir") or WORKSPACE),
+        image=Path(image.text) if container else resolve_image(image.text), container_image=container,
+        user=user, role="agent", workdir=str(metadata.get("workdir") or WORKSPACE),
         limits=settings.limits(), adapter_url=settings.adapter_url, base_url=settings.agent_base_url(),
         toolchain=settings.toolchain, metadata=metadata, sandbox_id=sandbox_id,
         ro_binds=agents.mounts(agent, binary, settings.model, settings.context_length),
