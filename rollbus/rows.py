@@ -49,10 +49,11 @@ class Row:
 
 
 def graders_of(metadata: dict[str, Any]) -> list[str]:
-    """Which graders the metadata names (swepro, eval_cmd, f2p_script; also under ``remote_env_info``)."""
+    """Which graders the metadata names (swepro, eval_cmd, f2p_script, harbor; also under
+    ``remote_env_info``)."""
     env = metadata.get("remote_env_info") if isinstance(metadata.get("remote_env_info"), dict) else {}
     found = []
-    for key in ("swepro", "eval_cmd", "f2p_script"):
+    for key in ("swepro", "eval_cmd", "f2p_script", "harbor"):
         value = metadata.get(key)
         if (value if value not in (None, "") else env.get(key)) not in (None, "", {}):
             found.append(key)
@@ -122,6 +123,25 @@ def read_rows(path: Path, keys: RowKeys) -> Iterator[Row | tuple[int, RowError]]
                 yield parse_row(text, number, keys, base)
             except RowError as exc:
                 yield number, exc
+
+
+def read_dataset(
+    path: Path, keys: RowKeys, fmt: str | None = None, revision: str | None = None
+) -> Iterator[Row | tuple[str, RowError]]:
+    """Every task of ``path`` in any format users bring (:mod:`rollbus.task_formats`: a JSONL file of rollbus,
+    SWE-bench or SWE-bench Pro rows, a Harbor task folder or a folder of them): its :class:`Row`, or
+    ``(where, error)``. Raises ``FormatError`` when the dataset as a whole cannot be read that way."""
+    from rollbus.task_formats import load_dataset
+
+    base = path.resolve() if path.is_dir() else path.resolve().parent
+    for loaded in load_dataset(path, fmt, revision, (keys.input_key, keys.metadata_key)):
+        if loaded.text is None:
+            yield loaded.where, RowError(loaded.error or "unreadable")
+            continue
+        try:
+            yield parse_row(loaded.text, loaded.line, keys, base)
+        except RowError as exc:
+            yield loaded.where, exc
 
 
 def slug(text: str, limit: int = 48) -> str:

@@ -13,9 +13,13 @@ raises :class:`ImageFieldError` naming the field.
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
+
+from rollbus.sandbox.limits import MIB, Limits
 
 ImageKind = Literal["path", "container"]
 
@@ -110,3 +114,25 @@ def pinned(ref: ImageRef, digest: str | None) -> str:
     name = REFERENCE.match(ref.text)
     assert name is not None
     return f"{name['name']}@{digest}"
+
+
+def row_limits(base: Limits, metadata: Mapping[str, Any]) -> Limits:
+    """The operator's limits narrowed by what the row asks (``agent_timeout_sec``, ``resources.cpus``,
+    ``memory_mb``, ``storage_mb``): a task gets what it asks, never more than the operator allows."""
+
+    def narrowed(current: float | None, asked: Any, scale: float) -> Any:
+        if isinstance(asked, bool) or not isinstance(asked, int | float) or asked <= 0:
+            return current
+        value = asked * scale
+        return value if current is None else min(current, value)
+
+    resources = metadata.get("resources") if isinstance(metadata.get("resources"), Mapping) else {}
+    memory = narrowed(base.memory_bytes, resources.get("memory_mb"), MIB)
+    disk = narrowed(base.disk_bytes, resources.get("storage_mb"), MIB)
+    return dataclasses.replace(
+        base,
+        cpus=narrowed(base.cpus, resources.get("cpus"), 1),
+        memory_bytes=None if memory is None else int(memory),
+        disk_bytes=None if disk is None else int(disk),
+        wall_s=narrowed(base.wall_s, metadata.get("agent_timeout_sec"), 1),
+    )

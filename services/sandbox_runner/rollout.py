@@ -49,7 +49,7 @@ from rollbus.services.sandbox_runner import agents
 from rollbus.services.sandbox_runner import outcome as kinds
 from rollbus.services.sandbox_runner.outcome import AttemptResult, agent_turns, cap_patch, classify
 from rollbus.services.sandbox_runner.settings import RunnerSettings
-from rollbus.task_image import ImageFieldError, parse_image, parse_user
+from rollbus.task_image import ImageFieldError, parse_image, parse_user, row_limits
 
 log = logging.getLogger("rollbus.sandbox_runner")
 SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}  # no __pycache__ from the agent's test runs in its patch
@@ -228,6 +228,11 @@ def attempt_outcome(
     )
 
 
+def agent_timeout(settings: RunnerSettings, metadata: dict[str, Any]) -> float:
+    """``--agent-timeout``, or the row's ``agent_timeout_sec`` when it asks for less (a Harbor task's)."""
+    return row_limits(settings.limits(), metadata).wall_s
+
+
 def chosen_agent(metadata: dict[str, Any], settings: RunnerSettings, task: dict[str, Any]) -> str:
     """The harness of this sample of the row (``metadata.agent``: one, or a list the group's samples take in
     turn; else ``--agent``); an unknown one is a bad task."""
@@ -271,7 +276,8 @@ def sandbox_spec(
     return SandboxSpec(
         image=Path(image.text) if container else resolve_image(image.text), container_image=container,
         user=user, role="agent", workdir=str(metadata.get("workdir") or WORKSPACE),
-        limits=settings.limits(), adapter_url=settings.adapter_url, base_url=settings.agent_base_url(),
+        limits=row_limits(settings.limits(), metadata), adapter_url=settings.adapter_url,
+        base_url=settings.agent_base_url(),
         toolchain=settings.toolchain, metadata=metadata, sandbox_id=sandbox_id,
         ro_binds=agents.mounts(agent, binary, settings.model, settings.context_length),
     )  # fmt: skip
@@ -351,7 +357,8 @@ async def run_agent(
         max_output_tokens=settings.max_output_tokens, extra=SANDBOX_ENV, **({"path": path} if path else {}),
     )  # fmt: skip
     agent = {"agent": True} if isinstance(sandbox, BwrapSandbox) else {}  # its proxy knows the CLI's process
-    return await sandbox.run(cmd, env, cwd=sandbox.workdir, timeout=settings.agent_timeout, **agent)
+    timeout = agent_timeout(settings, metadata)
+    return await sandbox.run(cmd, env, cwd=sandbox.workdir, timeout=timeout, **agent)
 
 
 async def run_codex(
@@ -360,15 +367,17 @@ async def run_codex(
     """The Codex CLI, headless, with the attempt's token, under the wall-clock budget (local sandboxes)."""
     cmd = agents.codex_command(
         task_prompt(task, metadata, settings.prompt_template), base_url=settings.agent_base_url(),
-        model=settings.model, workdir=sandbox.workdir, timeout=settings.agent_timeout, tool_env=SANDBOX_ENV,
+        model=settings.model, workdir=sandbox.workdir, timeout=agent_timeout(settings, metadata),
+        tool_env=SANDBOX_ENV,
         context_length=settings.context_length,
     )  # fmt: skip
     env = codex_cli.build_env(token, home=sandbox.home, extra=SANDBOX_ENV)
     if not isinstance(sandbox, BwrapSandbox):
-        return await sandbox.run(cmd, env, cwd=sandbox.workdir, timeout=settings.agent_timeout)
+        return await sandbox.run(cmd, env, cwd=sandbox.workdir, timeout=agent_timeout(settings, metadata))
     # its proxy knows the CLI's process; the token reaches the CLI through a pipe, never bwrap's environment
     # (the sandbox's pid 1 is readable by the tools; Codex's own process and its tools' environment are not)
     secret = {codex_cli.TOKEN_ENV: env.pop(codex_cli.TOKEN_ENV)}
     return await sandbox.run(
-        cmd, env, cwd=sandbox.workdir, timeout=settings.agent_timeout, agent=True, secret_env=secret
+        cmd, env, cwd=sandbox.workdir, timeout=agent_timeout(settings, metadata), agent=True,
+        secret_env=secret,
     )
