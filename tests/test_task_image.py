@@ -15,9 +15,10 @@ from rollbus.grading import verdict as v
 from rollbus.grading.rows import absolute_paths
 from rollbus.rows import RowError, RowKeys, parse_row
 from rollbus.sandbox import SandboxError, SandboxSpec, create_local
+from rollbus.sandbox.limits import MIB, Limits
 from rollbus.services.grader.core import grade_row, reward_record
 from rollbus.services.sandbox_runner.outcome import AttemptResult, diff_event
-from rollbus.services.sandbox_runner.rollout import sandbox_spec
+from rollbus.services.sandbox_runner.rollout import agent_timeout, sandbox_spec
 from rollbus.services.sandbox_runner.settings import RunnerSettings
 from rollbus.task_image import (
     ImageFieldError,
@@ -26,6 +27,7 @@ from rollbus.task_image import (
     parse_image,
     parse_user,
     parse_workdir,
+    row_limits,
 )
 from rollbus.task_image import pinned as pinned_ref
 
@@ -171,3 +173,18 @@ def test_older_diff_and_reward_events_read_back_with_no_digest() -> None:
         latest = codec.schema(event_type)
         field = next(f for f in latest["fields"] if f["name"] == "image_digest")
         assert field["default"] is None and latest["version"] == old + 1
+
+
+def test_a_rows_resources_and_agent_timeout_narrow_the_operators_limits() -> None:
+    base = Limits(memory_bytes=4096 * MIB, cpus=2.0, disk_bytes=None, wall_s=1800.0)
+    asked = {"resources": {"cpus": 1, "memory_mb": 512, "storage_mb": 100}, "agent_timeout_sec": 60}
+    got = row_limits(base, asked)
+    assert (got.cpus, got.memory_bytes, got.disk_bytes, got.wall_s) == (1, 512 * MIB, 100 * MIB, 60)
+    greedy = {"resources": {"cpus": 64, "memory_mb": 10**6}, "agent_timeout_sec": 10**6}
+    capped = row_limits(base, greedy)  # never more than the operator allows
+    assert (capped.cpus, capped.memory_bytes, capped.wall_s) == (2.0, 4096 * MIB, 1800.0)
+    junk = {"resources": {"cpus": True, "memory_mb": "lots", "storage_mb": -1}, "agent_timeout_sec": 0}
+    assert row_limits(base, junk) == base and row_limits(base, {"resources": [1]}) == base
+    settings = RunnerSettings.load({})
+    assert agent_timeout(settings, {"agent_timeout_sec": 5}) == 5
+    assert agent_timeout(settings, {}) == settings.agent_timeout

@@ -231,3 +231,22 @@ def test_a_published_swepro_row_on_a_local_project_validates(
     dataset = write(tmp_path / "pro.jsonl", [row])
     assert main(["validate", str(dataset), "--format", "swepro"]) == 0, capsys.readouterr().out
     assert "ok   local__calc-2" in capsys.readouterr().out
+
+
+def test_a_harbor_task_on_the_local_backend_fails_naming_its_gold(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    task = tmp_path / "hello"
+    files = {
+        "task.toml": 'version = "1.0"\n[agent]\ntimeout_sec = 60\n',
+        "instruction.md": "Write hello.txt.\n",
+        "environment/Dockerfile": "FROM debian:bookworm\nWORKDIR /app\n",
+        "tests/test.sh": "echo 1 > /logs/verifier/reward.txt\n",
+        "solution/solve.sh": "echo hello > /app/hello.txt\n",
+    }
+    for rel, text in files.items():
+        (task / rel).parent.mkdir(parents=True, exist_ok=True)
+        (task / rel).write_text(text)
+    assert main(["validate", str(task), "--results", str(tmp_path / "r.jsonl")]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL hello\n       gold: a Harbor solution/solve.sh runs on a container backend" in out
