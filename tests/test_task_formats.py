@@ -344,3 +344,18 @@ def test_a_converted_row_passes_submits_own_checks(tmp_path: Path) -> None:
     for row in (swebench.read_row(swebench_row()), swepro.read_row(swepro_row())):
         parsed = parse_row(json.dumps(row), 1, RowKeys(), tmp_path)
         assert parsed.metadata["source"] == row["metadata"]["source"]  # nothing lost on the way in
+
+
+def test_rollbus_grade_reads_a_swebench_or_swepro_row_as_submit_does(tmp_path: Path) -> None:
+    from rollbus.services.grader.cli import read_row
+
+    dataset = tmp_path / "d.jsonl"
+    dataset.write_text(json.dumps(swebench_row()) + "\n" + json.dumps(swepro_row()) + "\n")
+    first = read_row(dataset)
+    assert first["metadata"]["source"]["format"] == "swebench"
+    assert first["metadata"]["test_patch"] == TEST_PATCH
+    pro = read_row(dataset, "instance_ansible__ansible-123")
+    assert pro["metadata"]["swepro"]["fail_to_pass"] == ["test/x.py::test_a", "test/x.py::test_b"]
+    dataset.write_text('{"what": 1}\n')
+    with pytest.raises(ValueError, match="d.jsonl:1: unknown row shape"):
+        read_row(dataset)
