@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from rollbus.cli import main
-from rollbus.grading import GradeConfig
+from rollbus.grading import GradeConfig, grade
+from rollbus.grading.backends import BackendUnavailable, grade_function
 from rollbus.rows import Row, RowKeys, read_dataset
 from rollbus.services.grader import validate as v
 from rollbus.services.grader.core import grade_row
@@ -130,12 +131,19 @@ def test_resume_grades_only_new_or_changed_tasks(swe_mini: list[dict[str, Any]],
     assert [(r.skipped, r.ok) for r in reports] == [(True, True), (False, False)]
 
 
-def test_an_unavailable_backend_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_backend_is_chosen_by_name_and_an_absent_one_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     dataset = write(tmp_path / "d.jsonl", [])
-    assert main(["validate", str(dataset), "--backend", "docker"]) == 2
-    assert "backend 'docker' is not available" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="unknown backend 'podman'"):
-        v.load_backend("podman")
+    if importlib.util.find_spec("rollbus.grading.container") is None:  # until the container backend lands
+        for command in (["validate", str(dataset)], ["grade", str(dataset), "-"]):
+            with pytest.raises(SystemExit) as stopped:
+                main([*command, "--backend", "docker"])
+            assert stopped.value.code == 2
+            assert "grading backend 'docker' is not available in this build" in capsys.readouterr().err
+    with pytest.raises(BackendUnavailable, match="unknown grading backend 'podman'"):
+        grade_function("podman")
+    assert grade_function("local") is grade
 
 
 def git(repo: Path, *args: str) -> str:

@@ -90,6 +90,7 @@ class GradeConfig:
     scratch_dir: Path | None = None
     scratch_bytes: int = SCRATCH_BYTES
     readonly_tests: bool = True
+    backend: str = "local"  # the sandbox backend, by name (rollbus.grading.backends); this module is local
 
 
 async def grade(spec: GradingSpec, patch: bytes | str, config: GradeConfig | None = None) -> GradeResult:

@@ -11,6 +11,7 @@ from typing import Any
 
 from rollbus.grading import BadRow, GradeConfig, GradeResult, failed, grade, parse_row
 from rollbus.grading import verdict as v
+from rollbus.grading.backends import BackendUnavailable, grade_function
 from rollbus.task_image import ImageFieldError, parse_digest
 
 
@@ -28,7 +29,11 @@ async def grade_row(
         digest = parse_digest(image_digest, "the diff's image_digest")
     except (BadRow, ImageFieldError) as exc:
         return failed(v.BAD_ROW, str(exc))
-    return await grade(dataclasses.replace(spec, image_digest=digest), patch, config)
+    try:
+        grade_on = grade if config.backend == "local" else grade_function(config.backend)
+    except BackendUnavailable as exc:
+        return failed(v.SANDBOX_FAILED, str(exc))
+    return await grade_on(dataclasses.replace(spec, image_digest=digest), patch, config)
 
 
 async def grade_diff(

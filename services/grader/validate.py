@@ -15,15 +15,16 @@ fails (2: the dataset cannot be read). Tasks run ``--jobs`` at a time. Each fini
 results file (``--results``, default ``DATASET.validate.jsonl``) keyed by its row hash and backend, and a
 later run skips the tasks recorded there (``--fresh`` ignores it): a changed task has a new hash.
 
-``--backend`` picks the grader's sandbox backend by name (:data:`BACKENDS`): ``local`` grades in bwrap over
-host repository images; ``docker`` is the container backend's (its module provides the same ``grade_row``).
+``--backend`` (the grader's own setting, ``ROLLBUS_GRADER_BACKEND``) picks the sandbox backend by name
+(:mod:`rollbus.grading.backends`): ``local`` grades in bwrap over host repository images; ``docker`` is the
+container backend's. A Harbor task's gold is its ``solution/solve.sh``: the patch :data:`SOLUTION` tells a
+container backend to run it instead of applying a patch.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import json
 import sys
 import time
@@ -37,11 +38,6 @@ from pydantic import Field
 from rollbus.settings import Settings
 
 GOLD, EMPTY, PROBE, LOAD = "gold", "empty", "probe", "load"
-# backend name -> "module:function" with grade_row's signature; imported only when chosen
-BACKENDS: dict[str, str] = {
-    "local": "rollbus.services.grader.core:grade_row",
-    "docker": "rollbus.services.grader.container:grade_row",
-}
 GradeRow = Callable[..., Awaitable[Any]]
 
 
@@ -50,9 +46,6 @@ class ValidateSettings(Settings):
     the grader's (``--grade-timeout``, ``ROLLBUS_GRADER_*``)."""
 
     model_config = Settings.scoped("validate")
-    backend: Literal["local", "docker"] = Field(
-        "local", description="the grader's sandbox backend (local: bwrap over host images; docker: images)"
-    )
     jobs: int = Field(2, ge=1, le=256, description="tasks validated at once")
     results: Path | None = Field(None, description="results file (default DATASET.validate.jsonl)")
     fresh: bool = Field(False, description="ignore earlier verdicts in the results file (still appended to)")
@@ -147,18 +140,6 @@ def row_hash(metadata: Mapping[str, Any], row: Any) -> str:
     return digest({"prompt": row.prompt, "label": row.label, "metadata": metadata})
 
 
-def load_backend(name: str) -> GradeRow:
-    """The ``grade_row`` of backend ``name``; a backend whose module is not here is named, not guessed."""
-    target = BACKENDS.get(name)
-    if target is None:
-        raise ValueError(f"unknown backend {name!r} (one of {', '.join(BACKENDS)})")
-    module, _, function = target.partition(":")
-    try:
-        return getattr(importlib.import_module(module), function)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"backend {name!r} is not available in this build ({target}: {exc})") from None
-
-
 def read_results(path: Path) -> dict[tuple[str, str], dict[str, Any]]:
     """Earlier verdicts by (row hash, backend); a torn last line (a killed run) is skipped."""
     done: dict[tuple[str, str], dict[str, Any]] = {}
@@ -229,21 +210,22 @@ def line_of(report: TaskReport) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from rollbus.rows import Row, RowKeys, read_dataset
+    from rollbus.services.grader.core import grade_row
     from rollbus.services.grader.settings import GradingOptions
     from rollbus.task_formats.common import FormatError
 
     settings = ValidateSettings.from_args(args)
-    options = GradingOptions.from_args(args)
+    options = GradingOptions.from_args(args)  # --backend is the grader's (an absent one stops here, named)
+    backend = options.backend
     dataset: Path = args.dataset
     try:
-        grade_row = load_backend(settings.backend)
         items = list(read_dataset(dataset, RowKeys(), settings.format, settings.dataset_revision))
     except (ValueError, OSError) as exc:  # FormatError is a ValueError
         message = exc.strerror if isinstance(exc, OSError) and not isinstance(exc, FormatError) else exc
         print(f"rollbus validate: {message}", file=sys.stderr)
         return 2
     rows = [item for item in items if isinstance(item, Row)]
-    unreadable = [TaskReport(where, "", settings.backend, [Check(LOAD, False, str(error))])
+    unreadable = [TaskReport(where, "", backend, [Check(LOAD, False, str(error))])
                   for where, error in (i for i in items if not isinstance(i, Row))]  # fmt: skip
     results = settings.results or dataset.with_name(dataset.name + ".validate.jsonl")
     done = {} if settings.fresh else read_results(results)
@@ -251,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
     for report in unreadable:
         print(line_of(report), flush=True)
     reports = asyncio.run(
-        validate(rows, base_dir, grade_row, options.grade_config(), settings.backend, settings.jobs, results,
+        validate(rows, base_dir, grade_row, options.grade_config(), backend, settings.jobs, results,
                  done, on_report=lambda r: print(line_of(r), flush=True))
     )  # fmt: skip
     everything = unreadable + reports
@@ -260,5 +242,5 @@ def run(args: argparse.Namespace) -> int:
     skipped = sum(r.skipped for r in reports)
     passed = len(everything) - len(failed)
     print(f"{len(everything)} tasks: {passed} ok, {len(failed)} failed, {len(weak)} weak "
-          f"({skipped} from earlier runs in {results}; backend {settings.backend})")  # fmt: skip
+          f"({skipped} from earlier runs in {results}; backend {backend})")  # fmt: skip
     return 1 if failed else 0
