@@ -258,3 +258,14 @@ def test_a_harbor_task_on_the_local_backend_fails_naming_its_gold(
     assert main(["validate", str(task), "--results", str(tmp_path / "r.jsonl")]) == 1
     out = capsys.readouterr().out
     assert "FAIL hello\n       gold: a Harbor solution/solve.sh runs on a container backend" in out
+
+
+def test_the_bundled_published_swepro_row_validates(
+    swe_mini: list[dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dataset = SWE_MINI / "swepro-published.jsonl"
+    assert main(["validate", str(dataset), "--results", str(tmp_path / "r.jsonl")]) == 0
+    assert "ok   swe-mini__intervals" in capsys.readouterr().out
+    from rollbus.services.stack.demo import rows_in
+
+    assert rows_in(dataset) == 1 and rows_in(SWE_MINI / "tasks.jsonl") == 10
