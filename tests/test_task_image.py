@@ -6,17 +6,19 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from rollbus import codec
 from rollbus.grading import BadRow, GradeConfig, GradeResult, grade, parse_metadata
 from rollbus.grading import verdict as v
+from rollbus.grading.backends import GRADE_BACKENDS
 from rollbus.grading.rows import absolute_paths
 from rollbus.rows import RowError, RowKeys, parse_row
 from rollbus.sandbox import SandboxError, SandboxSpec, create_local
 from rollbus.sandbox.limits import MIB, Limits
-from rollbus.services.grader.core import grade_row, reward_record
+from rollbus.services.grader.core import grade_diff, grade_row, reward_record
 from rollbus.services.sandbox_runner.outcome import AttemptResult, diff_event
 from rollbus.services.sandbox_runner.rollout import agent_timeout, sandbox_spec
 from rollbus.services.sandbox_runner.settings import RunnerSettings
@@ -188,3 +190,28 @@ def test_a_rows_resources_and_agent_timeout_narrow_the_operators_limits() -> Non
     settings = RunnerSettings.load({})
     assert agent_timeout(settings, {"agent_timeout_sec": 5}) == 5
     assert agent_timeout(settings, {}) == settings.agent_timeout
+
+
+SEEN: list[Any] = []
+
+
+async def recording_grade(spec: Any, patch: bytes | str, config: Any) -> GradeResult:
+    """Stands in for a container backend's ``grade`` (the contract a backend module keeps): it is handed the
+    diff's digest to pin, and reports the digest it graded in."""
+    SEEN.append(spec)
+    return GradeResult(1.0, True, True, None, details={"image_digest": spec.image_digest})
+
+
+def test_a_regrade_hands_the_diffs_digest_to_the_backend_by_name(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setitem(GRADE_BACKENDS, "docker", f"{__name__}:recording_grade")
+    metadata = {"image": "python:3.11", "workdir": "/testbed", "eval_cmd": "pytest"}
+    diff = {**diff_event({"rollout_id": "r", "metadata": json.dumps(metadata)},
+                         AttemptResult("a", b"", image_digest=DIGEST)), "patch": b""}  # fmt: skip
+    result = asyncio.run(grade_diff(diff, tmp_path, GradeConfig(backend="docker")))
+    assert SEEN[-1].image_digest == DIGEST and SEEN[-1].container_image == "python:3.11"
+    assert pinned_ref(parse_image(SEEN[-1].container_image), SEEN[-1].image_digest) == f"python@{DIGEST}"
+    assert reward_record(diff, result)["image_digest"] == DIGEST
+    local = asyncio.run(grade_diff(diff, tmp_path, GradeConfig()))  # bwrap cannot run it, and says so
+    assert local.failure_kind == v.SANDBOX_FAILED and reward_record(diff, local)["image_digest"] is None
