@@ -34,6 +34,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "runs gym episodes through the adapter; publishes rewards",
     ),
     "grade": ("rollbus.services.grader.cli", "grade one patch against one row exactly as the grader does"),
+    "validate": (
+        "rollbus.services.grader.validate",
+        "check every task of a dataset: its gold scores 1 and the empty patch 0 (resumable, parallel)",
+    ),
     "regrade": (
         "rollbus.services.grader.regrade",
         "grade every diff in the log again into a fresh rewards topic",

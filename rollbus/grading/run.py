@@ -43,7 +43,7 @@ from rollbus.grading import canaries as canary
 from rollbus.grading import flags as fl
 from rollbus.grading import report, tamper, toolchain, trees, verdict
 from rollbus.grading.patches import PatchRejected, Sanitized, sanitize
-from rollbus.grading.rows import EvalCmd, F2PScript, GradingSpec, Swepro
+from rollbus.grading.rows import EvalCmd, F2PScript, GradingSpec, Harbor, Swepro
 from rollbus.grading.verdict import Evidence, GradeResult, Verdict, failed
 from rollbus.sandbox import BwrapSandbox, Completed, SandboxUnavailable
 from rollbus.sandbox.images import agent_workspace
@@ -94,6 +94,7 @@ class GradeConfig:
     scratch_bytes: int = SCRATCH_BYTES
     readonly_tests: bool = True
     container_image: str | None = None  # docker backend: the grade's commands in containers of this image
+    backend: str = "local"  # the sandbox backend, by name (rollbus.grading.backends); this module is local
 
 
 async def grade(spec: GradingSpec, patch: bytes | str, config: GradeConfig | None = None) -> GradeResult:
@@ -106,11 +107,12 @@ async def grade(spec: GradingSpec, patch: bytes | str, config: GradeConfig | Non
         return failed(exc.kind, str(exc))
     started = time.monotonic()
     CONTAINER_IMAGE.set(config.container_image)
+    timeout_s = min(config.timeout_s, spec.timeout_s or config.timeout_s)  # the row's own, under the cap
     try:
-        async with asyncio.timeout(config.timeout_s):
-            return await _grade(spec, sanitized, config, started + config.timeout_s)
+        async with asyncio.timeout(timeout_s):
+            return await _grade(spec, sanitized, config, started + timeout_s)
     except TimeoutError:
-        return failed(verdict.TIMEOUT, f"grading took longer than {config.timeout_s:g} s")
+        return failed(verdict.TIMEOUT, f"grading took longer than {timeout_s:g} s")
     except (SandboxUnavailable, SandboxError, OSError, tarfile.TarError) as exc:
         return failed(verdict.SANDBOX_FAILED, f"{type(exc).__name__}: {exc}")
 
@@ -118,6 +120,14 @@ async def grade(spec: GradingSpec, patch: bytes | str, config: GradeConfig | Non
 async def _grade(
     spec: GradingSpec, sanitized: Sanitized, config: GradeConfig, deadline: float
 ) -> GradeResult:
+    if spec.container_image is not None:
+        return failed(
+            verdict.SANDBOX_FAILED,
+            f"metadata.image {spec.container_image!r} is a container image: the local (bwrap) grader runs "
+            "host repository directories and tarballs only (grade with a container backend)",
+        )
+    if isinstance(spec.grader, Harbor):
+        return failed(verdict.SANDBOX_FAILED, "a Harbor verifier runs in its task's container image only")
     missing = [str(p) for p in eval_material(spec) if not p.is_file()]
     if missing:
         return failed(verdict.BAD_ROW, f"eval-only files missing: {', '.join(missing)}")
@@ -141,6 +151,8 @@ async def _grade(
         for dest, src in spec.eval_files.items():
             trees.place_file(repo, dest, src.read_bytes())
         trees.overlay(scratch / "restored", repo, restored)
+        if spec.test_patch and (why := await apply_test_patch(spec, base, repo, deadline)):
+            return failed(verdict.GRADING_SETUP_FAILED, f"test_patch: {why}", applied=True, flags=raised)
         removed = trees.remove_bytecode(repo)
         eval_dir = scratch / "eval"
         eval_dir.mkdir()
@@ -258,6 +270,30 @@ async def apply(
         if done.exit_code == 0 and not done.timed_out:
             return name, "".join(logs)
     return None, "".join(logs)
+
+
+async def apply_test_patch(spec: GradingSpec, base: Path, repo: Path, deadline: float) -> str | None:
+    """SWE-bench's order: the files ``test_patch`` touches go back to the base tree's (whatever the agent's
+    patch did to them), then ``git apply`` puts the test patch on. Returns why it failed, or None."""
+    assert spec.test_patch is not None
+    for rel in spec.test_patch_files():
+        if (base / rel).is_file() or (base / rel).is_symlink():
+            trees.overlay(base, repo, [rel])
+        elif (repo / rel).exists() or (repo / rel).is_symlink():
+            trees.place_file(repo, rel, b"")
+            (repo / rel).unlink()
+    sandbox = await grading_sandbox(repo, spec.workdir)
+    try:
+        target = f"{sandbox.home}/test.patch"
+        await sandbox.write_file(target, spec.test_patch.encode("utf-8", "surrogateescape"))
+        env = BASE_ENV | {"HOME": sandbox.home}
+        argv = ["git", "apply", "--whitespace=nowarn", target]
+        done = await sandbox.run(argv, env, timeout=_left(deadline))
+    finally:
+        await sandbox.close()
+    if done.timed_out:
+        raise TimeoutError
+    return None if done.exit_code == 0 else f"git apply exit {done.exit_code}: {done.stderr.strip()[-500:]}"
 
 
 def restore_git(base: Path, repo: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Mapping
@@ -10,17 +11,29 @@ from typing import Any
 
 from rollbus.grading import BadRow, GradeConfig, GradeResult, failed, grade, parse_row
 from rollbus.grading import verdict as v
+from rollbus.grading.backends import BackendUnavailable, grade_function
+from rollbus.task_image import ImageFieldError, parse_digest
 
 
 async def grade_row(
-    row: Mapping[str, Any], patch: bytes | str, base_dir: Path, config: GradeConfig
+    row: Mapping[str, Any],
+    patch: bytes | str,
+    base_dir: Path,
+    config: GradeConfig,
+    image_digest: str | None = None,
 ) -> GradeResult:
-    """Grade ``patch`` against ``row`` (relative paths resolve against ``base_dir``); a bad row is a grade."""
+    """Grade ``patch`` against ``row`` (relative paths resolve against ``base_dir``); a bad row is a grade.
+    ``image_digest``: the container image the agent ran, which a container backend grades in."""
     try:
         spec = parse_row(row, base_dir)
-    except BadRow as exc:
+        digest = parse_digest(image_digest, "the diff's image_digest")
+    except (BadRow, ImageFieldError) as exc:
         return failed(v.BAD_ROW, str(exc))
-    return await grade(spec, patch, config)
+    try:
+        grade_on = grade if config.backend == "local" else grade_function(config.backend)
+    except BackendUnavailable as exc:
+        return failed(v.SANDBOX_FAILED, str(exc))
+    return await grade_on(dataclasses.replace(spec, image_digest=digest), patch, config)
 
 
 async def grade_diff(
@@ -38,7 +51,7 @@ async def grade_diff(
             **{**result.__dict__, "details": {**result.details, "rollout_failure": rollout_failure}}
         )
     row = {"metadata": diff.get("task_metadata") or "{}", "label": diff.get("label")}
-    return await grade_row(row, diff_patch(diff), base_dir, config)
+    return await grade_row(row, diff_patch(diff), base_dir, config, diff.get("image_digest"))
 
 
 def diff_patch(diff: Mapping[str, Any]) -> bytes:
@@ -50,7 +63,7 @@ def diff_patch(diff: Mapping[str, Any]) -> bytes:
 
 
 def reward_record(diff: Mapping[str, Any], result: GradeResult) -> dict[str, Any]:
-    """The ``reward`` event for ``diff`` graded as ``result`` (schema v2)."""
+    """The ``reward`` event for ``diff`` graded as ``result`` (schema v3)."""
     return {
         "rollout_id": diff["rollout_id"],
         "attempt_id": diff.get("attempt_id") or "",
@@ -65,6 +78,7 @@ def reward_record(diff: Mapping[str, Any], result: GradeResult) -> dict[str, Any
         "details": json.dumps(dict(result.details), default=str),
         "step_rewards": [],
         "infos": "[]",
+        "image_digest": result.details.get("image_digest"),  # set by a container backend's grade only
         "at": int(time.time() * 1000),
     }
 

@@ -110,10 +110,11 @@ class AttemptResult:
     failure_kind: str | None = None
     error: str | None = None
     patch_truncated: bool = False
+    image_digest: str | None = None  # the container image the agent ran (sha256:...); None on bwrap
 
 
 def diff_event(task: dict[str, Any], outcome: AttemptResult, now_ms: int | None = None) -> dict[str, Any]:
-    """The v3 ``diffs`` record of ``outcome`` (the task's group, metadata and label copied for the grader)."""
+    """The v4 ``diffs`` record of ``outcome`` (the task's group, metadata and label copied for the grader)."""
     return {
         "rollout_id": task["rollout_id"],
         "attempt_id": outcome.attempt_id,
@@ -128,5 +129,6 @@ def diff_event(task: dict[str, Any], outcome: AttemptResult, now_ms: int | None 
         "group_size": task.get("group_size", 1),
         "task_metadata": task.get("metadata", "{}"),
         "label": task.get("label"),
+        "image_digest": outcome.image_digest,
         "at": int(time.time() * 1000) if now_ms is None else now_ms,
     }

@@ -140,7 +140,10 @@ async def rounds(settings: DemoSettings, stack: Stack, supervisor: Supervisor, p
 
 
 def rows_in(dataset: Path) -> int:
-    return sum(1 for line in dataset.read_text().splitlines() if line.strip())
+    """The tasks ``rollbus submit`` will read from ``dataset`` (any format it reads, Harbor folders too)."""
+    from rollbus.task_formats import load_dataset
+
+    return sum(1 for loaded in load_dataset(dataset) if loaded.text is not None)
 
 
 async def wait_served(stack: Stack, version: int, timeout: float) -> None:
