@@ -19,7 +19,7 @@ from rollbus.settings import SettingsError
 COMMANDS: dict[str, tuple[str, str]] = {
     "broker": ("rollbus.kafka.broker", "run the embedded Apache Kafka broker (start|stop|status|fetch)"),
     "topics": ("rollbus.topics", "create or check the rollbus topics"),
-    "images": ("rollbus.images.cli", "build the container images here (no registry needed)"),
+    "images": ("rollbus.local_images.cli", "build the container images here (no registry needed)"),
     "replay": ("rollbus.replay", "decode and print events from a topic"),
     "tail": ("rollbus.replay", "follow a topic live"),
     "adapter": ("rollbus.services.adapter.main", "Anthropic Messages API over SGLang; publishes turns"),

@@ -109,8 +109,8 @@ def test_composes_kafka_service_starts_on_the_image_built_here_and_passes_its_he
 def test_the_python_base_stands_in_for_the_public_image_and_trusts_the_hosts_extra_cas() -> None:
     """Built from Debian's mirror under the public name, so ``FROM python:3.11-slim-bookworm`` builds here;
     pip installs without PEP 668's refusal, and every CA the host added is trusted inside."""
-    from rollbus.images.build import host_ca_certificates
-    from rollbus.images.python_base import PUBLIC_NAME, ensure_python_base
+    from rollbus.local_images.build import host_ca_certificates
+    from rollbus.local_images.python_base import PUBLIC_NAME, ensure_python_base
     from rollbus.sandbox.docker_engine import client
     from rollbus.sandbox.docker_images import ensure_base_image
 

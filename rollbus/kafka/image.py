@@ -17,8 +17,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rollbus.images.build import content_key, ensure_image
 from rollbus.kafka.runtime import BrokerError, fetch
+from rollbus.local_images.build import content_key, ensure_image
 
 RECIPE = Path(__file__).resolve().parent / "image"
 REPOSITORY = "rollbus/kafka"

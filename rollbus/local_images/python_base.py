@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rollbus.images.build import content_key, ensure_image, has_image, host_ca_certificates
+from rollbus.local_images.build import content_key, ensure_image, has_image, host_ca_certificates
 
 RECIPE = Path(__file__).resolve().parent / "python"
 PUBLIC_NAME = "python:3.11-slim-bookworm"

@@ -28,9 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_all(client: Any, *, rollbus_image: bool = True) -> dict[str, str]:
     """The images' tags by role (``base``, ``python``, ``kafka``, ``rollbus``), each built if missing."""
-    from rollbus.images.build import ImageError, build
-    from rollbus.images.python_base import ensure_python_base
     from rollbus.kafka.image import ensure_kafka_image
+    from rollbus.local_images.build import ImageError, build
+    from rollbus.local_images.python_base import ensure_python_base
     from rollbus.sandbox.docker_images import ensure_base_image
 
     base = ensure_base_image(client)
@@ -46,8 +46,8 @@ def build_all(client: Any, *, rollbus_image: bool = True) -> dict[str, str]:
 
 
 def run(parsed: argparse.Namespace) -> int:
-    from rollbus.images.build import ImageError
     from rollbus.kafka.runtime import BrokerError
+    from rollbus.local_images.build import ImageError
     from rollbus.sandbox.docker_engine import EngineUnavailable, client
 
     try:
