@@ -24,7 +24,8 @@ AGENT_CRASHED = "agent_crashed"  # the CLI exited non-zero (or was killed by a s
 MAX_TURNS = "max_turns"  # the CLI stopped at --max-turns
 PATCH_TOO_LARGE = "patch_too_large"  # the patch exceeded the cap and was cut
 PATCH_FAILED = "patch_failed"  # git gave no patch (it hit the capture's limits, or the repository is broken)
-RUNNER_ERROR = "runner_error"  # a bug or host failure in the runner itself (the error says which)
+RUNNER_ERROR = "runner_error"  # a runner bug or host failure before the agent started (the error says which)
+SANDBOX_BROKEN = "sandbox_broken"  # the sandbox failed once the agent had run in it: it may have broken it
 
 # Sandbox-reported kinds that do not end a rollout badly: the agent's chatter was cut, its work is on disk.
 NOT_FAILURES = ("output_truncated",)

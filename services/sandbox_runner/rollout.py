@@ -191,21 +191,37 @@ async def _attempt(kit: RunnerKit, task: dict[str, Any], attempt_id: str) -> Att
     agent = chosen_agent(metadata, settings, task)
     binary = agent_binary(agent)
     sandbox = await boot(kit, metadata, binary, attempt_id, agent)
+    started = False  # once the agent ran in the sandbox, the sandbox failing may be its doing
     try:
-        token = await kit.sessions.open(rollout_id, attempt_id, agent)
         try:
-            if agent == agents.CODEX:
-                completed = await run_codex(settings, sandbox, task, metadata, token)
-            else:
-                completed = await run_agent(settings, sandbox, task, metadata, token)
-        finally:  # the sandbox is dead here (run returns once its processes are gone): no more requests
-            await kit.sessions.close(rollout_id, attempt_id)
-        captured = await capture_patch(
-            sandbox, settings.patch_max_bytes + 1, settings.excluded(), CAPTURE_TIMEOUT_S
-        )  # one byte over the cap says "more"
-    finally:
-        await sandbox.close()
+            token = await kit.sessions.open(rollout_id, attempt_id, agent)
+            try:
+                started = True
+                if agent == agents.CODEX:
+                    completed = await run_codex(settings, sandbox, task, metadata, token)
+                else:
+                    completed = await run_agent(settings, sandbox, task, metadata, token)
+            finally:  # the sandbox is dead here (run returns once its processes are gone): no more requests
+                await kit.sessions.close(rollout_id, attempt_id)
+            captured = await capture_patch(
+                sandbox, settings.patch_max_bytes + 1, settings.excluded(), CAPTURE_TIMEOUT_S
+            )  # one byte over the cap says "more"
+        finally:
+            await sandbox.close()
+    except AttemptFailed:
+        raise
+    except Exception as exc:
+        if not started:
+            raise
+        raise broken_by_agent(exc) from exc
     return attempt_outcome(attempt_id, completed, captured, settings.patch_max_bytes)
+
+
+def broken_by_agent(exc: Exception) -> AttemptFailed:
+    """What a failure of the sandbox (or of the runner's work in it) is once the agent has run there:
+    ``sandbox_broken``, a policy failure (:mod:`rollbus.failures`), since the agent may have caused it.
+    Only what failed before the agent started may be the infrastructure's (``runner_error``)."""
+    return AttemptFailed(kinds.SANDBOX_BROKEN, f"{type(exc).__name__}: {exc}")
 
 
 def attempt_outcome(
