@@ -1,5 +1,5 @@
-"""The failure taxonomy (``rollbus.failures``): every way a rollout can end has one class, and what it does not
-know is the policy's (fail closed)."""
+"""The failure taxonomy (``rollbus.failures``): every way a rollout can end has one class, and what it does
+not know is the policy's (fail closed)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ def runner_kinds() -> set[str]:
 
 
 def grader_kinds() -> set[str]:
-    names = ("PATCH_TOO_LARGE", "PATCH_TRUNCATED", "MALFORMED_PATCH", "PATCH_FAILED", "FLAGGED", "TESTS_FAILED",
-             "NO_TESTS", "REPORT_MISMATCH", "TAMPERED", "TIMEOUT", "SANDBOX_FAILED", "BAD_ROW",
+    names = ("PATCH_TOO_LARGE", "PATCH_TRUNCATED", "MALFORMED_PATCH", "PATCH_FAILED", "FLAGGED",
+             "TESTS_FAILED", "NO_TESTS", "REPORT_MISMATCH", "TAMPERED", "TIMEOUT", "SANDBOX_FAILED",
+             "BAD_ROW",
              "GRADING_SETUP_FAILED", "PARSER_FAILED")  # fmt: skip
     return {getattr(verdict, name) for name in names}
 
