@@ -113,8 +113,14 @@ class AttemptResult:
     patch_truncated: bool = False
 
 
-def diff_event(task: dict[str, Any], outcome: AttemptResult, now_ms: int | None = None) -> dict[str, Any]:
-    """The v3 ``diffs`` record of ``outcome`` (the task's group, metadata and label copied for the grader)."""
+def diff_event(
+    task: dict[str, Any],
+    outcome: AttemptResult,
+    now_ms: int | None = None,
+    rerun_rollout_id: str | None = None,
+) -> dict[str, Any]:
+    """The v4 ``diffs`` record of ``outcome`` (the task's group, metadata and label copied for the grader;
+    ``rerun_rollout_id``: the re-run submitted for an infrastructure failure)."""
     return {
         "rollout_id": task["rollout_id"],
         "attempt_id": outcome.attempt_id,
@@ -130,4 +136,5 @@ def diff_event(task: dict[str, Any], outcome: AttemptResult, now_ms: int | None 
         "task_metadata": task.get("metadata", "{}"),
         "label": task.get("label"),
         "at": int(time.time() * 1000) if now_ms is None else now_ms,
+        "rerun_rollout_id": rerun_rollout_id,
     }

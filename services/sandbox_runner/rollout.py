@@ -133,6 +133,7 @@ class RunnerKit:
     sdk: Any = None  # e2b: the SDK's AsyncSandbox class (None: the real one; tests pass a fake)
     e2b_options: E2BOptions | None = None  # e2b: None reads them from the settings at first use
     tarballs: Any = None  # e2b: the host-side tarballs, prepared once (remote.Tarballs)
+    creations: int = 0  # sandbox creations started by this runner (--inject-infra-failures counts them)
 
     def __post_init__(self) -> None:
         self.boot_gate = asyncio.Semaphore(self.settings.boot_concurrency)
@@ -309,6 +310,11 @@ async def boot(
 
 
 BOOT_ERRORS = (SandboxError, OSError, ValueError)
+
+
+class InjectedFailure(SandboxError):
+    """A sandbox creation failed on purpose (``--inject-infra-failures``): final, like a missing image, so the
+    attempt ends ``boot_failed`` and the infrastructure path (re-run, never trained) is exercised."""
 S = TypeVar("S", bound=SandboxBase)
 
 
@@ -322,6 +328,13 @@ async def boot_retrying(kit: RunnerKit, start: Callable[[int], Awaitable[S]], li
         for n in range(settings.boot_attempts):
             if n:
                 await asyncio.sleep(settings.boot_backoff * 2 ** (n - 1))
+            kit.creations += 1
+            if kit.creations <= settings.inject_infra_failures:
+                failure = InjectedFailure(
+                    f"injected infrastructure failure {kit.creations} of {settings.inject_infra_failures} "
+                    "(--inject-infra-failures)"
+                )
+                break
             try:
                 sandbox = await start(n)
             except BOOT_ERRORS as exc:
