@@ -68,6 +68,10 @@ class StackSettings(BusSettings):
     rollout_batch_size: int = Field(1, ge=1, description="complete groups per training step")
     steps: int = Field(0, ge=0, description="training steps before the trainer stops (0: never)")
     runner_concurrency: int = Field(2, ge=1, description="rollouts the sandbox runner runs at once")
+    inject_infra_failures: int = Field(
+        0, ge=0, description="testing: the first N sandbox creations of the run fail as infrastructure (the "
+        "sandbox runner's --inject-infra-failures): re-run, never trained, counted in the summary"
+    )
     gym: bool = Field(True, description="also run the gym runner (gym tasks)")
     moe: bool = Field(
         False, description="serve and train the small random Qwen3-MoE with rollout routing replay: the "
@@ -158,7 +162,9 @@ def service_specs(settings: StackSettings, stack: Stack) -> list[ServiceSpec]:
         ServiceSpec.rollbus(
             "sandbox-runner",
             ["--adapter-url", stack.adapter_url, "--concurrency", str(settings.runner_concurrency),
-             "--agent", settings.agent, "--state-dir", str(state), *bus],
+             "--agent", settings.agent, "--state-dir", str(state), *bus,
+             *(["--inject-infra-failures", str(settings.inject_infra_failures)]
+               if settings.inject_infra_failures else [])],
             env={"ROLLBUS_SANDBOX_RUNNER_ADMIN_TOKEN": stack.admin_token}, settle=2.0,
         ),
         ServiceSpec.rollbus("grader", ["--state-dir", str(state), *bus], settle=2.0),
