@@ -286,7 +286,9 @@ def too_few_valid(group: Group, minimum: int, group_size: int) -> str | None:
             f"(minimum {min(minimum, group_size)})")  # fmt: skip
 
 
-def segment_inputs(groups: Sequence[Group], *, normalize_std: bool) -> list[SegmentInput]:
+def segment_inputs(
+    groups: Sequence[Group], *, normalize_std: bool, version: int | None = None
+) -> list[SegmentInput]:
     """Every trainable segment of ``groups`` with its trajectory's advantage and its reducer weight. Only
     valid samples: an infrastructure-failed one enters neither its group's mean and std nor the batch."""
     rollouts = sum(len(g.valid()) for g in groups)
@@ -299,14 +301,20 @@ def segment_inputs(groups: Sequence[Group], *, normalize_std: bool) -> list[Segm
                 segment = segments[index]
                 if sum(mask_of(segment)) == 0:
                     continue
-                inputs.append(_input(segment, advantages[rollout_id], 1.0 / (mask_total * rollouts)))
+                weight = 1.0 / (mask_total * rollouts)
+                inputs.append(_input(segment, advantages[rollout_id], weight, version))
     return inputs
 
 
-def _input(segment: Segment, advantage: float, weight: float) -> SegmentInput:
+def _input(segment: Segment, advantage: float, weight: float, version: int | None = None) -> SegmentInput:
+    """``version``: the policy the step trains from, against which each trained token's staleness is taken
+    (the loss's version-gap mask); None: unknown."""
     prompt = segment["prompt_ids"]
     mask = torch.frombuffer(bytearray(mask_of(segment)), dtype=torch.uint8).bool()
     masked = torch.nonzero(mask)[:, 0]
+    stale = None
+    if version is not None:
+        stale = version - torch.tensor(segment["policy_versions"], dtype=torch.long)[masked]
     return SegmentInput(
         input_ids=torch.tensor([*prompt, *segment["response_ids"]], dtype=torch.long),
         positions=masked + len(prompt),
@@ -314,6 +322,7 @@ def _input(segment: Segment, advantage: float, weight: float) -> SegmentInput:
         advantage=advantage,
         weight=weight,
         routed_experts=routed_experts_of(segment),
+        staleness=stale,
     )
 
 

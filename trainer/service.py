@@ -211,7 +211,7 @@ class Trainer:
         groups = self.buffer.take(settings.rollout_batch_size)
         for group in groups:
             self._finish(group)
-        inputs = segment_inputs(groups, normalize_std=settings.normalize_std)
+        inputs = segment_inputs(groups, normalize_std=settings.normalize_std, version=trained_on)
         shares = split_for_ranks(inputs, learner.world_size)
         self.fault("before_train")
         result = await asyncio.to_thread(learner.step, shares)
@@ -277,6 +277,8 @@ class Trainer:
             "staleness_max": max(stale), "staleness_min": min(stale),
             "loss": result.loss, "grad_norm": result.grad_norm,
             "clip_fraction": result.stats.clipped / tokens, "approx_kl": result.stats.approx_kl / tokens,
+            "version_gap_masked_fraction": result.stats.version_gap_masked / tokens,
+            "icepop_masked_fraction": result.stats.icepop_masked / tokens,
             "entropy": result.stats.entropy / tokens, "is_weight_mean": result.stats.is_weight / tokens,
             **mismatch(result.stats),
         }  # fmt: skip

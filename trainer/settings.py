@@ -58,6 +58,19 @@ class TrainerSettings(ModelSettings, BusSettings):
         None, gt=0, description="truncated importance sampling against the rollout policy, capped at C"
     )
     normalize_std: bool = Field(True, description="divide group advantages by the group's reward std")
+    max_version_gap: int | None = Field(
+        None, ge=0, description="mask (leave out of the loss) tokens sampled more than N policy versions "
+        "before the step's (a partial rollout's oldest turns); unset: none; counted as "
+        "version_gap_masked_fraction"
+    )
+    icepop_low: float | None = Field(
+        None, gt=0, description="IcePop: mask tokens whose pi_trainer / pi_rollout is below this (with "
+        "--icepop-high); counted as icepop_masked_fraction"
+    )
+    icepop_high: float | None = Field(
+        None, gt=0, description="IcePop: mask tokens whose pi_trainer / pi_rollout is above this (with "
+        "--icepop-low)"
+    )
     logits_chunk: int = Field(
         512,
         ge=0,
@@ -123,8 +136,14 @@ class TrainerSettings(ModelSettings, BusSettings):
         return LossConfig(
             policy_loss=self.policy_loss, eps_clip_low=self.eps_clip_low, eps_clip_high=self.eps_clip_high,
             tis_clip=self.tis_clip, logits_chunk=self.logits_chunk,
-            mismatch_unreplayed=self.mismatch_unreplayed,
+            mismatch_unreplayed=self.mismatch_unreplayed, max_version_gap=self.max_version_gap,
+            icepop=self.icepop(),
         )  # fmt: skip
+
+    def icepop(self) -> tuple[float, float] | None:
+        if self.icepop_low is None and self.icepop_high is None:
+            return None
+        return (self.icepop_low or 0.0, self.icepop_high if self.icepop_high is not None else float("inf"))
 
     def optim(self) -> OptimConfig:
         from rollbus.trainer.step import OptimConfig
