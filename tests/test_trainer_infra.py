@@ -136,3 +136,22 @@ def test_a_policy_failure_trains_as_a_zero_in_the_groups_mean() -> None:
     buffer.add(segment("g", "r1", reward=0.0, failure_class="policy", failure_cause="timeout"))
     (group,) = buffer.take(1)
     assert [round(x.advantage, 3) for x in segment_inputs([group], normalize_std=False)] == [0.5, -0.5]
+
+
+def test_turns_of_an_infra_failed_rollout_arriving_after_its_marker_are_late_not_dead_letters() -> None:
+    """An engine error mid-run: the adapter's turns may reach the segmenter after the reward (another topic).
+    They never train, so arriving late changes nothing: counted, not dead-lettered."""
+    from tests.synthetic_rollouts import RolloutWriter
+
+    segmenter = Segmenter({}, {})
+    failed = reward("r9", cause="session_failed")
+    handled = segmenter.handle(Fact("reward", failed, AT), b"")
+    segmenter.settle(handled)
+    writer = RolloutWriter("r9", attempt_id=failed["attempt_id"])
+    writer.turn("main", "main", [1, 2], 3)
+    writer.close()
+    for topic, record in writer.events:
+        kind = {"turns": "turn", "sessions": "session"}[topic]
+        raw = codec.encode(kind, record)
+        late = segmenter.handle(Fact(kind, codec.decode(raw).record, AT), raw)
+        assert late.verdict == "late" and late.dead_letter is None and not late.messages
