@@ -155,3 +155,34 @@ def test_turns_of_an_infra_failed_rollout_arriving_after_its_marker_are_late_not
         raw = codec.encode(kind, record)
         late = segmenter.handle(Fact(kind, codec.decode(raw).record, AT), raw)
         assert late.verdict == "late" and late.dead_letter is None and not late.messages
+
+
+def test_an_over_sampled_group_trains_its_first_valid_samples_and_the_rest_arrive_late() -> None:
+    """Groups of n + k (``--over-sample k``): the first n whole valid samples complete the group, a sample
+    still arriving (one of its two segments in) is not trained, and what comes after is late."""
+    buffer = GroupBuffer(group_size=2, over_sample=2)
+    assert buffer.add(segment("g", "r0", 0, 2, reward=1.0)) is Admission.BUFFERED  # half of r0
+    assert buffer.add(marker("r1")) is Admission.BUFFERED  # failed for good: a place of the k spares
+    assert buffer.add(segment("g", "r2", reward=1.0)) is Admission.BUFFERED
+    assert buffer.add(segment("g", "r3", reward=0.0)) is Admission.GROUP_COMPLETE
+    (group,) = buffer.take(1)
+    assert group.rewards() == {"r2": 1.0, "r3": 0.0}
+    inputs = segment_inputs([group], normalize_std=False)
+    assert [round(x.advantage, 3) for x in inputs] == [0.5, -0.5]
+    assert [x.weight for x in inputs] == pytest.approx([1 / (2 * 2)] * 2)  # 2 rollouts, not the partial r0
+    assert {s["segment_id"] for s in group.segments()} >= {"r0-0"}  # released with the group (offsets)
+    assert buffer.add(segment("g", "r0", 1, 2, reward=1.0)) is Admission.LATE
+
+
+def test_an_over_sampled_group_whose_samples_all_ended_trains_what_is_valid() -> None:
+    buffer = GroupBuffer(group_size=2, over_sample=1)
+    for s in [marker("r0"), segment("g", "r1", reward=1.0)]:
+        assert buffer.add(s) is Admission.BUFFERED
+    assert buffer.add(marker("r2")) is Admission.GROUP_COMPLETE  # all 3 ended, 1 valid
+    (group,) = buffer.take(1)
+    assert too_few_valid(group, minimum=2, group_size=2) is not None
+    full = GroupBuffer(group_size=2, over_sample=1)
+    for i in range(3):
+        assert full.add(segment("h", f"r{i}", k=2)) is Admission.BUFFERED  # each still arriving
+    with pytest.raises(InvalidSegment, match="already has 3 rollouts"):  # n + k, and no re-run was named
+        full.add(segment("h", "r3"))

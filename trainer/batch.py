@@ -145,11 +145,15 @@ class Group:
 
     def rewards(self) -> dict[str, float]:
         """The trajectory reward of every valid sample: an infrastructure-failed one has none."""
-        return {r: float(segs[0]["trajectory_reward"]) for r, segs in self.valid().items()}
+        return {r: float(_first(segs)["trajectory_reward"]) for r, segs in self.valid().items()}
 
     def valid(self) -> dict[str, dict[int, Segment]]:
-        """The samples that may train: all but the infrastructure-failed ones."""
-        return {r: segs for r, segs in self.rollouts.items() if not infrastructure_failed(_first(segs))}
+        """The samples that may train: every one with all its segments, but the infrastructure-failed ones
+        (an over-sampled group completes with some samples still arriving: those never train)."""
+        return {
+            r: segs for r, segs in self.rollouts.items()
+            if _whole(segs) and not infrastructure_failed(_first(segs))
+        }  # fmt: skip
 
     def infrastructure_failed(self) -> list[str]:
         """Rollout ids of the samples the infrastructure failed (re-run or not)."""
@@ -169,11 +173,17 @@ def _first(segments: Mapping[int, Segment]) -> Segment:
     return next(iter(segments.values()))
 
 
+def _whole(segments: Mapping[int, Segment]) -> bool:
+    """Whether all the rollout's segments are here."""
+    return len(segments) == _first(segments)["num_segments"]
+
+
 class GroupBuffer:
     """Segments of groups not yet complete; completed groups queue in completion order."""
 
-    def __init__(self, group_size: int) -> None:
+    def __init__(self, group_size: int, over_sample: int = 0) -> None:
         self.group_size = group_size
+        self.over_sample = over_sample  # groups are submitted with group_size + over_sample samples
         self.pending: dict[str, Group] = {}
         self.complete: list[Group] = []
         # groups trained, dropped or skipped -> the event time (ms) they finished at: later segments are late
@@ -190,8 +200,9 @@ class GroupBuffer:
         group = self.pending.setdefault(group_id, Group(group_id))
         rollout = group.rollouts.get(rollout_id)
         if rollout is None:
-            if group.ended() + (rerun_of(segment) is None) > self.group_size:
-                raise InvalidSegment(f"group {group_id!r} already has {self.group_size} rollouts")
+            samples = self.group_size + self.over_sample
+            if group.ended() + (rerun_of(segment) is None) > samples:
+                raise InvalidSegment(f"group {group_id!r} already has {samples} rollouts")
             rollout = group.rollouts.setdefault(rollout_id, {})
         self._check_fits(rollout, segment)
         rollout[segment["index"]] = segment
@@ -223,9 +234,13 @@ class GroupBuffer:
 
     def _is_complete(self, group: Group) -> bool:
         """Every sample ended for good (valid, or infrastructure-failed with no re-run to come), each with
-        all its segments. A re-run that arrives before its failed sample's marker fills the sample's place."""
-        return group.ended() == self.group_size and all(
-            len(r) == next(iter(r.values()))["num_segments"] for r in group.rollouts.values()
+        all its segments; a re-run that arrives before its failed sample's marker fills the sample's place.
+        Over-sampled (``over_sample`` k: groups of n + k), the group completes as soon as n samples are valid
+        and whole (the first n: the rest arrive late), or once all n + k ended."""
+        if self.over_sample and len(group.valid()) >= self.group_size:
+            return True
+        return group.ended() == self.group_size + self.over_sample and all(
+            _whole(r) for r in group.rollouts.values()
         )
 
     def take(self, n: int) -> list[Group]:

@@ -67,7 +67,7 @@ class Trainer:
         self.segments_topic = topic_name("segments", self.settings.namespace)
         self.policy_topic = topic_name("policy", self.settings.namespace)
         self.steps_topic = topic_name("train-steps", self.settings.namespace)
-        self.buffer = GroupBuffer(self.settings.group_size)
+        self.buffer = GroupBuffer(self.settings.group_size, self.settings.over_sample)
         self.routes = RoutesStore(self.settings.routes_dir())
         self.buffer.finished.update(learner.state.finished_groups)
         self.buffer.clock_ms = max(self.buffer.finished.values(), default=0)

@@ -28,6 +28,10 @@ class TrainerSettings(ModelSettings, BusSettings):
     rollout_batch_size: int = Field(8, gt=0, description="complete groups per optimiser step")
     steps: int = Field(0, ge=0, description="stop at this many steps in total (across restarts); 0: never")
     skip_zero_variance: bool = Field(True, description="skip groups whose rollouts all scored the same")
+    over_sample: int = Field(
+        0, ge=0, description="groups are submitted with --group-size + N samples (rollbus submit "
+        "--n-samples-per-prompt): each trains its first --group-size valid ones, the rest arrive late"
+    )
     min_valid_samples: int = Field(
         2, ge=1, description="drop a group (counted) left with fewer valid samples than this (at most its "
         "size) once its infrastructure failures are out: those never train nor enter its mean"

@@ -65,6 +65,10 @@ class StackSettings(BusSettings):
     engine_port: int = Field(0, ge=0, le=65535, description="engine port (0: a free one)")
     adapter_port: int = Field(0, ge=0, le=65535, description="adapter port (0: a free one)")
     group_size: int = Field(2, ge=1, description="rollouts per group the trainer waits for")
+    over_sample: int = Field(
+        0, ge=0, description="the trainer's --over-sample: groups submitted with group size + N samples "
+        "train their first valid group-size ones (the demo submits them so)"
+    )
     rollout_batch_size: int = Field(1, ge=1, description="complete groups per training step")
     steps: int = Field(0, ge=0, description="training steps before the trainer stops (0: never)")
     runner_concurrency: int = Field(2, ge=1, description="rollouts the sandbox runner runs at once")
@@ -179,7 +183,7 @@ def service_specs(settings: StackSettings, stack: Stack) -> list[ServiceSpec]:
         ServiceSpec.rollbus("segmenter", ["--state-dir", str(state), *bus], settle=3.0),
         ServiceSpec.rollbus(
             "trainer",
-            ["--group-size", str(settings.group_size),
+            ["--group-size", str(settings.group_size), "--over-sample", str(settings.over_sample),
              "--rollout-batch-size", str(settings.rollout_batch_size), "--steps", str(settings.steps),
              "--engine-url", stack.engine_url, "--state-dir", str(state), *bus, *moe["trainer"]],
             env={"ROLLBUS_TRAINER_ENGINE_API_KEY": engine_key}, settle=3.0,
