@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +100,6 @@ async def test_an_agent_that_exhausts_and_breaks_its_sandbox_is_a_trained_zero(m
     runner's capture fails: where a crashed runner would be the infrastructure's, this is ``sandbox_broken``,
     policy, reward 0; its segments train with the group's baseline below it."""
     bomb = "echo '# mine' >> calc.py; i=0; while [ $i -lt 200 ]; do sleep 30 & i=$((i+1)); done; wait"
-    started = time.monotonic()
     outcome = await attempt_with_agent(monkeypatch, bomb, breaks=True)
     assert outcome.failure_kind == "sandbox_broken", outcome
     reward = await rewarded(outcome)
@@ -121,7 +119,6 @@ async def test_an_agent_that_exhausts_and_breaks_its_sandbox_is_a_trained_zero(m
     inputs = segment_inputs([group], normalize_std=False)
     assert len(inputs) == len(segments) + 1  # every one of the attacker's segments trains ...
     assert [x.advantage for x in inputs[: len(segments)]] == [-0.5] * len(segments)  # ... as the group's 0
-    assert time.monotonic() - started < 120
 
 
 @needs_root_bwrap
