@@ -219,9 +219,25 @@ def _diff(state: RolloutState, record: Mapping[str, Any]) -> Step:
     return Step("new")
 
 
+def reward_digest(record: Mapping[str, Any]) -> str:
+    """A reward's identity within its rollout: the verdict, not when or how verbosely it was written.
+
+    Why: a grader that crashed after publishing grades the same diff again; the new record differs in ``at``
+    and in ``details`` (durations, log excerpts) but says the same thing, so it is a duplicate, not a second
+    reward. ``details``' one field that changes training (``loss_scope``) stays in the identity.
+    """
+    try:
+        scope = reward_loss_scope(record)
+    except Conflict:
+        scope = "invalid"
+    kept = {k: v for k, v in record.items() if k not in ("schema_version", "at", "details")}
+    return _digest({**kept, "loss_scope": scope})
+
+
 def _reward(state: RolloutState, record: Mapping[str, Any]) -> Step:
-    digest = _digest(record)
-    if state.reward is not None and state.reward["digest"] == digest:
+    digest = reward_digest(record)
+    legacy = _digest(record)  # what states kept before rewards were identified by their verdict
+    if state.reward is not None and state.reward["digest"] in (digest, legacy):
         return Step("duplicate")
     if not state.open:
         return Step("late", dead_letter=_finished(state, "reward"))
