@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rollbus.failures import INFRASTRUCTURE, failure_class, is_infrastructure, reward_cause
 from rollbus.grading import BadRow, GradeConfig, GradeResult, failed, grade, parse_row
 from rollbus.grading import verdict as v
 from rollbus.grading.backends import BackendUnavailable, grade_function
@@ -43,7 +44,8 @@ async def grade_diff(
     if diff.get("patch_truncated"):
         return failed(v.PATCH_TRUNCATED, "the runner cut the patch at its size cap")
     rollout_failure = diff.get("failure_kind") or (diff.get("error") and "error")
-    if rollout_failure and not grade_failed_rollouts:
+    # an infrastructure failure is never graded: its patch (if any) says nothing of the policy
+    if rollout_failure and (not grade_failed_rollouts or is_infrastructure(rollout_failure)):
         result = failed(
             v.ROLLOUT_FAILED, f"the rollout ended with {rollout_failure}: {diff.get('error') or ''}"
         )
@@ -63,7 +65,11 @@ def diff_patch(diff: Mapping[str, Any]) -> bytes:
 
 
 def reward_record(diff: Mapping[str, Any], result: GradeResult) -> dict[str, Any]:
-    """The ``reward`` event for ``diff`` graded as ``result`` (schema v3)."""
+    """The ``reward`` event for ``diff`` graded as ``result`` (schema v3): with the failure's class and
+    cause (:mod:`rollbus.failures`), and the re-run the runner submitted for an infrastructure failure."""
+    rollout_failure = result.details.get("rollout_failure")
+    cause = reward_cause(result.failure_kind, rollout_failure if isinstance(rollout_failure, str) else None)
+    kind = failure_class(cause)
     return {
         "rollout_id": diff["rollout_id"],
         "attempt_id": diff.get("attempt_id") or "",
@@ -80,6 +86,9 @@ def reward_record(diff: Mapping[str, Any], result: GradeResult) -> dict[str, Any
         "infos": "[]",
         "image_digest": result.details.get("image_digest"),  # set by a container backend's grade only
         "at": int(time.time() * 1000),
+        "failure_class": kind,
+        "failure_cause": cause,
+        "rerun_rollout_id": diff.get("rerun_rollout_id") if kind == INFRASTRUCTURE else None,
     }
 
 

@@ -135,6 +135,7 @@ class RunnerKit:
     sdk: Any = None  # e2b: the SDK's AsyncSandbox class (None: the real one; tests pass a fake)
     e2b_options: E2BOptions | None = None  # e2b: None reads them from the settings at first use
     tarballs: Any = None  # e2b: the host-side tarballs, prepared once (remote.Tarballs)
+    creations: int = 0  # sandbox creations started by this runner (--inject-infra-failures counts them)
 
     def __post_init__(self) -> None:
         self.boot_gate = asyncio.Semaphore(self.settings.boot_concurrency)
@@ -193,22 +194,38 @@ async def _attempt(kit: RunnerKit, task: dict[str, Any], attempt_id: str) -> Att
     agent = chosen_agent(metadata, settings, task)
     binary = agent_binary(agent)
     sandbox = await boot(kit, metadata, binary, attempt_id, agent)
+    started = False  # once the agent ran in the sandbox, the sandbox failing may be its doing
     try:
-        token = await kit.sessions.open(rollout_id, attempt_id, agent)
         try:
-            if agent == agents.CODEX:
-                completed = await run_codex(settings, sandbox, task, metadata, token)
-            else:
-                completed = await run_agent(settings, sandbox, task, metadata, token)
-        finally:  # the sandbox is dead here (run returns once its processes are gone): no more requests
-            await kit.sessions.close(rollout_id, attempt_id)
-        captured = await sandbox.capture_patch(
-            settings.patch_max_bytes + 1, settings.excluded(), CAPTURE_TIMEOUT_S
-        )  # one byte over the cap says "more"
-    finally:
-        await sandbox.close()
+            token = await kit.sessions.open(rollout_id, attempt_id, agent)
+            try:
+                started = True
+                if agent == agents.CODEX:
+                    completed = await run_codex(settings, sandbox, task, metadata, token)
+                else:
+                    completed = await run_agent(settings, sandbox, task, metadata, token)
+            finally:  # the sandbox is dead here (run returns once its processes are gone): no more requests
+                await kit.sessions.close(rollout_id, attempt_id)
+            captured = await sandbox.capture_patch(
+                settings.patch_max_bytes + 1, settings.excluded(), CAPTURE_TIMEOUT_S
+            )  # one byte over the cap says "more"
+        finally:
+            await sandbox.close()
+    except AttemptFailed:
+        raise
+    except Exception as exc:
+        if not started:
+            raise
+        raise broken_by_agent(exc) from exc
     result = attempt_outcome(attempt_id, completed, captured, settings.patch_max_bytes)
     return dataclasses.replace(result, image_digest=sandbox.image_digest)  # the bytes a regrade must use
+
+
+def broken_by_agent(exc: Exception) -> AttemptFailed:
+    """What a failure of the sandbox (or of the runner's work in it) is once the agent has run there:
+    ``sandbox_broken``, a policy failure (:mod:`rollbus.failures`), since the agent may have caused it.
+    Only what failed before the agent started may be the infrastructure's (``runner_error``)."""
+    return AttemptFailed(kinds.SANDBOX_BROKEN, f"{type(exc).__name__}: {exc}")
 
 
 def attempt_outcome(
@@ -307,6 +324,11 @@ async def boot(
 
 
 BOOT_ERRORS = (SandboxError, OSError, ValueError)
+
+
+class InjectedFailure(SandboxError):
+    """A sandbox creation failed on purpose (``--inject-infra-failures``): final, like a missing image, so the
+    attempt ends ``boot_failed`` and the infrastructure path (re-run, never trained) is exercised."""
 S = TypeVar("S", bound=SandboxBase)
 
 
@@ -320,6 +342,13 @@ async def boot_retrying(kit: RunnerKit, start: Callable[[int], Awaitable[S]], li
         for n in range(settings.boot_attempts):
             if n:
                 await asyncio.sleep(settings.boot_backoff * 2 ** (n - 1))
+            kit.creations += 1
+            if kit.creations <= settings.inject_infra_failures:
+                failure = InjectedFailure(
+                    f"injected infrastructure failure {kit.creations} of {settings.inject_infra_failures} "
+                    "(--inject-infra-failures)"
+                )
+                break
             try:
                 sandbox = await start(n)
             except BOOT_ERRORS as exc:

@@ -168,7 +168,7 @@ def prepare(dataset: Path) -> None:
 def submit(settings: DemoSettings, stack: Stack) -> None:
     """``rollbus submit``, exactly as a user would run it."""
     argv = [sys.executable, "-m", "rollbus", "submit", str(settings.tasks),
-            "--n-samples-per-prompt", str(settings.n_samples_per_prompt),
+            "--n-samples-per-prompt", str(settings.n_samples_per_prompt + settings.over_sample),
             "--bootstrap-servers", stack.bootstrap, "--namespace", stack.namespace]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     console.print(Text(f"{'submit':15} {(done.stdout + done.stderr).strip()}"))
