@@ -82,7 +82,8 @@ KINDS: dict[str, Kind] = _kinds(
     Kind("bad_row", INFRASTRUCTURE, _GRADER, "the row's grading material is missing or malformed"),
     Kind("grading_setup_failed", INFRASTRUCTURE, _GRADER, "the grade's setup failed before the patch "
          "applied", True),  # fmt: skip
-    Kind("grader_error", INFRASTRUCTURE, _GRADER, "the grader itself raised while grading", True),
+    Kind("grader_error", POLICY, _GRADER, "the grader itself raised while grading: it was reading the "
+         "patch's tree and code, so a patch may have made it raise (a trained 0)"),  # fmt: skip
     # -- the gym runner
     Kind("bad_env_config", INFRASTRUCTURE, _GYM, "the row's env_config cannot make an environment"),
     Kind("adapter_error", INFRASTRUCTURE, _GYM, "the adapter refused or did not answer a session", True),

@@ -51,7 +51,7 @@ EXPECTED = {
     # before the agent ran, or where it has no reach
     "bad_task": INFRASTRUCTURE, "boot_failed": INFRASTRUCTURE, "install_failed": INFRASTRUCTURE,
     "session_failed": INFRASTRUCTURE, "runner_error": INFRASTRUCTURE, "bad_row": INFRASTRUCTURE,
-    "grading_setup_failed": INFRASTRUCTURE, "grader_error": INFRASTRUCTURE, "bad_env_config": INFRASTRUCTURE,
+    "grading_setup_failed": INFRASTRUCTURE, "grader_error": POLICY, "bad_env_config": INFRASTRUCTURE,
     "adapter_error": INFRASTRUCTURE, "model_error": INFRASTRUCTURE,
     # the agent's own doing, or within its reach
     "timeout": POLICY, "agent_crashed": POLICY, "max_turns": POLICY, "patch_too_large": POLICY,
@@ -88,7 +88,7 @@ def test_an_unknown_kind_is_the_policys(kind: str) -> None:
 def test_only_infrastructure_a_new_attempt_can_mend_is_rerun() -> None:
     rerun = {name for name in failures.KINDS if rerun_helps(name)}
     assert rerun <= {n for n, k in failures.KINDS.items() if k.failure_class == INFRASTRUCTURE}
-    assert {"boot_failed", "session_failed", "runner_error", "grader_error", "model_error"} <= rerun
+    assert {"boot_failed", "session_failed", "runner_error", "model_error"} <= rerun
     assert not rerun & {"bad_task", "bad_row", "bad_env_config"}  # the row's fault: a re-run fails the same
 
 
