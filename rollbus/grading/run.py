@@ -94,7 +94,8 @@ class GradeConfig:
 
 async def grade(spec: GradingSpec, patch: bytes | str, config: GradeConfig | None = None) -> GradeResult:
     """Grade ``patch`` (its bytes; text is taken back to the bytes it was decoded from with
-    ``surrogateescape``) against the row ``spec``; never raises for anything the patch or the row does."""
+    ``surrogateescape``) against the row ``spec``; never raises: anything that goes wrong inside is the
+    verdict ``grader_error`` (reward 0) with its cause."""
     config = config or GradeConfig()
     try:
         sanitized = sanitize(patch, config.max_patch_bytes)
@@ -108,6 +109,8 @@ async def grade(spec: GradingSpec, patch: bytes | str, config: GradeConfig | Non
         return failed(verdict.TIMEOUT, f"grading took longer than {config.timeout_s:g} s")
     except (SandboxUnavailable, SandboxError, OSError, tarfile.TarError) as exc:
         return failed(verdict.SANDBOX_FAILED, f"{type(exc).__name__}: {exc}")
+    except Exception as exc:  # the grader always answers: a crash here is a verdict, never a dead letter
+        return verdict.grader_error(exc)
 
 
 async def _grade(

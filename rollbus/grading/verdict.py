@@ -49,6 +49,7 @@ BAD_ROW = "bad_row"
 GRADING_SETUP_FAILED = "grading_setup_failed"
 PARSER_FAILED = "parser_failed"
 ROLLOUT_FAILED = "rollout_failed"
+GRADER_ERROR = "grader_error"  # the grader itself raised: its fault, not the patch's (the cause in the note)
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,15 @@ class GradeResult:
 def failed(kind: str, note: str = "", *, applied: bool = False, flags: Iterable[str] = ()) -> GradeResult:
     """A grade that ended before the tests could decide anything."""
     return GradeResult(0.0, False, applied, kind, tuple(sorted(flags)), (), {"note": note} if note else {})
+
+
+def grader_error(exc: BaseException) -> GradeResult:
+    """The verdict for an exception inside the grader: reward 0, the cause and where it was raised."""
+    where = exc.__traceback__
+    while where is not None and where.tb_next is not None:
+        where = where.tb_next
+    place = f" at {where.tb_frame.f_code.co_filename}:{where.tb_lineno}" if where is not None else ""
+    return failed(GRADER_ERROR, f"{type(exc).__name__}: {str(exc)[:1000]}{place}")
 
 
 def final(

@@ -20,6 +20,8 @@ async def grade_row(
         spec = parse_row(row, base_dir)
     except BadRow as exc:
         return failed(v.BAD_ROW, str(exc))
+    except Exception as exc:  # the grader always answers
+        return v.grader_error(exc)
     return await grade(spec, patch, config)
 
 
@@ -38,7 +40,11 @@ async def grade_diff(
             **{**result.__dict__, "details": {**result.details, "rollout_failure": rollout_failure}}
         )
     row = {"metadata": diff.get("task_metadata") or "{}", "label": diff.get("label")}
-    return await grade_row(row, diff_patch(diff), base_dir, config)
+    try:
+        patch = diff_patch(diff)
+    except Exception as exc:  # the grader always answers
+        return v.grader_error(exc)
+    return await grade_row(row, patch, base_dir, config)
 
 
 def diff_patch(diff: Mapping[str, Any]) -> bytes:
