@@ -65,6 +65,7 @@ def pytest_runtest_makereport(item, call):
             "when": report.when,
             "outcome": report.outcome,
             "xfail": hasattr(report, "wasxfail"),
+            "path": str(getattr(item, "path", None) or getattr(item, "fspath", "")),
         }
     )
     if _is_canary(item) and item.name in MUST_FAIL and report.outcome == "failed":
@@ -73,8 +74,13 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_collectreport(report):
-    if report.failed:
-        _write({"event": "collect", "nodeid": report.nodeid, "outcome": "failed"})
+    if report.failed or report.skipped:  # a module skipped while collected is a test file that yielded none
+        _write({"event": "collect", "nodeid": report.nodeid, "outcome": report.outcome})
+
+
+def pytest_keyboard_interrupt(excinfo):
+    """``pytest.exit`` and ``KeyboardInterrupt`` both end here: the session did not run to its end."""
+    _write({"event": "interrupt", "what": type(excinfo.value).__name__})
 
 
 @pytest.hookimpl(trylast=True)

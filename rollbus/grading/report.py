@@ -3,8 +3,9 @@
 One test run per pytest session or unittest run in the command (a command may run several). A run that started
 and never wrote ``finish`` did not end on its own: it was killed, or left through ``os._exit`` or a signal
 from inside a test. A test's status is the worst of its phases: a failed call is FAILED, a failed set-up,
-tear-down or collection ERROR, a skip SKIPPED, an expected failure XFAIL, an unexpected pass (non-strict
-xfail) XPASS; PASSED only when the call passed and nothing else failed. Pure.
+tear-down or collection ERROR, a skip (a module skipped while collected too) SKIPPED, an expected failure
+XFAIL, an unexpected pass (non-strict xfail) XPASS; PASSED only when the call passed and nothing else
+failed. Pure.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ class TestRun:
     finished: bool = False
     exitstatus: int | None = None
     tests: dict[str, str] = field(default_factory=dict)  # test name -> status
+    paths: dict[str, str] = field(
+        default_factory=dict
+    )  # test name -> the absolute file it was collected from
+    interrupted: str = ""  # what ended the run early (``Exit``, ``KeyboardInterrupt``); "" when nothing did
 
     def record(self, name: str, status: str) -> None:
         name = name[:MAX_NAME]
@@ -66,13 +71,17 @@ def parse(text: str) -> list[TestRun]:
             if not isinstance(name, str) or outcome not in ("passed", "failed", "skipped", "error"):
                 raise ValueError(f"report line {number}: malformed {event} record")
             if event == "collect":
-                run.record(name, ERROR)
+                run.record(name, SKIPPED if outcome == "skipped" else ERROR)
             else:
+                if isinstance(record.get("path"), str) and record["path"]:
+                    run.paths.setdefault(name[:MAX_NAME], record["path"][:MAX_NAME])
                 when = str(record.get("when", "call"))
                 seen = phases.setdefault((rid, name), {})
                 new = (outcome, bool(record.get("xfail")))
                 if when not in seen or OUTCOME_RANK[outcome] > OUTCOME_RANK[seen[when][0]]:
                     seen[when] = new  # one phase reported twice (a result method calling another): the worse
+        elif event == "interrupt":
+            run.interrupted = str(record.get("what") or "interrupted")[:100]
         else:
             raise ValueError(f"report line {number}: unknown event {event!r}")
     for (rid, name), by_phase in phases.items():
@@ -93,6 +102,15 @@ def status(phases: dict[str, tuple[str, bool]]) -> str:
     if call is None:
         return ERROR  # set up and never called: the run stopped under it
     return XPASS if call[1] else PASSED  # a non-strict xfail that passed: not a pass, not a failure
+
+
+def paths(runs: list[TestRun]) -> dict[str, set[str]]:
+    """Every file each test name was reported from (a name from two files is a name from both)."""
+    out: dict[str, set[str]] = {}
+    for run in runs:
+        for name, path in run.paths.items():
+            out.setdefault(name, set()).add(path)
+    return out
 
 
 def merged(runs: list[TestRun]) -> dict[str, str]:

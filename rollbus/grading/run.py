@@ -57,6 +57,7 @@ EVAL_DIR = "/eval"  # read-only bind of the eval-only scripts inside the grading
 PATCH_NAME = "rollbus.patch"
 PLUGIN_DIR = f"{EVAL_DIR}/plugins"  # the grader's pytest plugin, unittest runner and canaries, read-only
 PLUGIN_SOURCES = {"rollbus_report.py": "pytest_report.py", "rollbus_unittest.py": "unittest_report.py"}
+TEST_FILE = re.compile(r"test_.*\.py|.*_test\.py")  # pytest's default ``python_files``: a named file of tests
 UNITTEST_MODULE = re.compile(r"(?<![\w.-])-m\s+unittest(?![\w.])")
 APPLY_COMMANDS = (
     ("git-apply-3way", ["git", "apply", "--3way", "--whitespace=nowarn"]),
@@ -374,7 +375,7 @@ async def _run_swepro(
     evidence: Evidence | None = await evidence_of(sandbox, ran, env, canaries)
     if not evidence.test_runs and not verdict.runs_pytest(grader.run_script.read_text(errors="replace")):
         evidence = None  # no pytest (a Go or JavaScript row): the parser's reading of the log alone
-    return await parse_swepro(grader, ran, eval_dir, scratch, deadline, evidence), log
+    return await parse_swepro(grader, ran, eval_dir, scratch, deadline, evidence, sandbox.workdir), log
 
 
 async def _run_command(
@@ -409,6 +410,8 @@ async def _run_command(
         runner_expected=watched,
         unittest_output=verdict.runs_unittest(text),
         expected_files=sorted(named | known_files) if named else [],
+        required_files=sorted(f for f in named if TEST_FILE.fullmatch(PurePosixPath(f).name)),
+        workdir=sandbox.workdir,
     )
     return outcome, log
 
@@ -420,6 +423,7 @@ async def parse_swepro(
     scratch: Path,
     deadline: float,
     evidence: Evidence | None = None,
+    workdir: str = "/workspace",
 ) -> Verdict:
     """Run the row's parser over the logs in a sandbox of its own (nothing of the tested code is there)."""
     if ran.timed_out:
@@ -454,7 +458,11 @@ async def parse_swepro(
     except ValueError as exc:
         return Verdict(False, verdict.PARSER_FAILED, (), str(exc))
     return verdict.swepro_outcome(
-        reported, grader.required, evidence=evidence, selected_files=grader.selected_test_files
+        reported,
+        grader.required,
+        evidence=evidence,
+        selected_files=grader.selected_test_files,
+        workdir=workdir,
     )
 
 

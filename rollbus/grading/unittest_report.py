@@ -37,7 +37,10 @@ def canary_module():
 
 class Recording(unittest.TextTestResult):
     def _record(self, test, outcome, xfail=False):
-        write({"event": "test", "nodeid": test.id(), "when": "call", "outcome": outcome, "xfail": xfail})
+        module = sys.modules.get(type(test).__module__)
+        path = getattr(module, "__file__", None) or ""
+        record = {"nodeid": test.id(), "when": "call", "outcome": outcome, "xfail": xfail, "path": path}
+        write({"event": "test", **record})
 
     def addSuccess(self, test):
         self._record(test, "passed")
