@@ -125,13 +125,13 @@ def image_with_future(tmp_path: Path) -> tuple[Path, str]:
 
 async def test_the_grader_sees_the_base_commit_only(tmp_path: Path) -> None:
     """What the agent's sandbox is checked for (tests/test_sandbox_isolation.py), checked in the tests'
-    sandbox: one commit, no tag, stash or reflog, one ref, no pack, a clean status, no future object. The one
-    untracked file the status may show is the grader's own canary module (``ROLLBUS_CANARIES`` names it)."""
+    sandbox: one commit, no tag, stash or reflog, one ref, no pack, a clean status (the grader's canaries are
+    compiled in memory: no file of them), no future object."""
     image, future = image_with_future(tmp_path)
     probe = (
         "git log --all --oneline | wc -l; git tag | wc -l; git stash list | wc -l; git reflog | wc -l;"
         "git for-each-ref | wc -l; find .git -name '*.pack' | wc -l;"
-        'git status --porcelain | grep -vxF "?? ${ROLLBUS_CANARIES##*/}" | wc -l;'
+        "git status --porcelain | wc -l;"
         f"git cat-file -e {future} 2>/dev/null && echo FUTURE;"
         "git cat-file --batch-all-objects --batch-check | grep -c commit;"
         "grep -rl FUTURE_FIX_MARKER . | wc -l"

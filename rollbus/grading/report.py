@@ -42,6 +42,7 @@ def parse(text: str) -> list[TestRun]:
     the grader's own code writes (the file is then not the grader's)."""
     runs: dict[str, TestRun] = {}
     phases: dict[tuple[str, str], dict[str, tuple[str, bool]]] = {}
+    pids: dict[str, object] = {}
     lines = text.splitlines()
     if len(lines) > MAX_LINES:
         raise ValueError(f"the report has more than {MAX_LINES} lines")
@@ -57,10 +58,13 @@ def parse(text: str) -> list[TestRun]:
             if rid in runs:
                 raise ValueError(f"report line {number}: test run {rid} started twice")
             runs[rid] = TestRun(rid)
+            pids[rid] = record.get("pid")
             continue
         run = runs.get(rid)
         if run is None or run.finished:
             raise ValueError(f"report line {number}: {event} outside a running test run")
+        if record.get("pid") != pids[rid]:  # a forked copy of the process that claimed the channel
+            raise ValueError(f"report line {number}: a record of run {rid} from another process")
         if event == "finish":
             code = record.get("exitstatus")
             if not isinstance(code, int):

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import secrets
 import shlex
 import shutil
 import tarfile
@@ -37,10 +36,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from rollbus.grading import canaries as canary
 from rollbus.grading import flags as fl
 from rollbus.grading import report, tamper, toolchain, trees, verdict
+from rollbus.grading.channel import Channel
 from rollbus.grading.patches import PatchRejected, Sanitized, sanitize
 from rollbus.grading.rows import EvalCmd, F2PScript, GradingSpec, Swepro
 from rollbus.grading.verdict import Evidence, GradeResult, Verdict, failed
@@ -56,7 +57,11 @@ except ImportError:  # pragma: no cover - depends on which sandbox package is me
 EVAL_DIR = "/eval"  # read-only bind of the eval-only scripts inside the grading sandbox
 PATCH_NAME = "rollbus.patch"
 PLUGIN_DIR = f"{EVAL_DIR}/plugins"  # the grader's pytest plugin, unittest runner and canaries, read-only
-PLUGIN_SOURCES = {"rollbus_report.py": "pytest_report.py", "rollbus_unittest.py": "unittest_report.py"}
+PLUGIN_SOURCES = {
+    "rollbus_report.py": "pytest_report.py",
+    "rollbus_unittest.py": "unittest_report.py",
+    "rollbus_channel.py": "sandbox_channel.py",
+}
 TEST_FILE = re.compile(r"test_.*\.py|.*_test\.py")  # pytest's default ``python_files``: a named file of tests
 UNITTEST_MODULE = re.compile(r"(?<![\w.-])-m\s+unittest(?![\w.])")
 APPLY_COMMANDS = (
@@ -284,20 +289,24 @@ async def run_grader(
     elif isinstance(grader, F2PScript):
         (eval_dir / "f2p.py").write_text(grader.script)
     canaries = place_plugins(eval_dir)
-    placed = place_canaries(repo, spec.test_files(), canaries)
+    dirs = canary_dirs(repo, spec.test_files())
     protected = trees.protected_dirs(repo, spec.test_files()) if readonly_tests else []
     sandbox = await grading_sandbox(repo, spec.workdir, eval_dir, protected)
-    env = BASE_ENV | {"HOME": sandbox.home} | report_env(sandbox, canaries, placed)
+    channel = Channel(channel_config(sandbox.workdir, canaries, dirs))
+    env = BASE_ENV | {"HOME": sandbox.home} | report_env() | channel.env
     try:
         if isinstance(grader, Swepro):
-            return await _run_swepro(spec, grader, sandbox, env, eval_dir, scratch, deadline, canaries)
-        return await _run_command(spec, sandbox, env, deadline, canaries, known_files)
+            return await _run_swepro(
+                spec, grader, sandbox, env, eval_dir, scratch, deadline, canaries, channel
+            )
+        return await _run_command(spec, sandbox, env, deadline, canaries, channel, known_files)
     finally:
+        channel.close()
         await sandbox.close()
 
 
 def place_plugins(eval_dir: Path) -> canary.Canaries:
-    """The grader's pytest plugin and unittest runner under ``/eval``; this grade's fresh canaries."""
+    """The grader's pytest plugin, unittest runner and channel under ``/eval``; the grade's fresh canaries."""
     plugins = eval_dir / "plugins"
     plugins.mkdir()
     here = Path(__file__).resolve().parent
@@ -306,10 +315,10 @@ def place_plugins(eval_dir: Path) -> canary.Canaries:
     return canary.make()
 
 
-def place_canaries(repo: Path, test_files: set[str], canaries: canary.Canaries) -> list[str]:
-    """The canary module in every directory that holds a row test file (the repository's root when none
-    does): there the same ``conftest.py`` files apply to canaries and tests, so a forger scoped to the tests'
-    directory forges the canaries too. Returns their repository-relative paths."""
+def canary_dirs(repo: Path, test_files: set[str]) -> list[str]:
+    """Every directory that holds a row test file (the repository's root when none does): the canaries are
+    modules of these directories, so the same ``conftest.py`` files apply to canaries and tests and a
+    forger scoped to the tests' directory forges the canaries too. Repository-relative."""
     dirs = set()
     for rel in test_files:
         parent = PurePosixPath(rel).parent
@@ -318,22 +327,24 @@ def place_canaries(repo: Path, test_files: set[str], canaries: canary.Canaries) 
             continue
         if path.is_dir() and not any(p.is_symlink() for p in [path, *path.parents] if p.is_relative_to(repo)):
             dirs.add(str(parent))
-    placed = [str(PurePosixPath(d) / canaries.filename) for d in sorted(dirs or {"."})]
-    for rel in placed:
-        trees.place_file(repo, rel, canaries.source.encode())
-    return placed
+    return sorted(dirs or {"."})
 
 
-def report_env(sandbox: BwrapSandbox, canaries: canary.Canaries, placed: Sequence[str]) -> dict[str, str]:
-    """What loads the grader's plugin into every pytest run (``-p``; the plugin directory on ``PYTHONPATH``:
-    a row's pre-commands that set ``PYTHONPATH`` must keep it) and tells it where to report."""
+def channel_config(workdir: str, canaries: canary.Canaries, dirs: Sequence[str]) -> dict[str, Any]:
+    """What the grader's plugin reads out of its channel: the canaries' source, module name and directories
+    (absolute in the sandbox; no file of them is written), and which canaries must fail."""
+    absolute = [str(PurePosixPath(workdir) / d) if d != "." else workdir for d in dirs]
     return {
-        "PYTHONPATH": PLUGIN_DIR,
-        "PYTEST_ADDOPTS": "-p rollbus_report",
-        "ROLLBUS_REPORT": f"{sandbox.home}/.rollbus-report-{secrets.token_hex(6)}.jsonl",
-        "ROLLBUS_CANARIES": ":".join(f"{sandbox.workdir}/{rel}" for rel in placed),
-        "ROLLBUS_MUST_FAIL": ",".join(canaries.must_fail),
+        "canaries": {"module": canaries.module, "source": canaries.source, "dirs": absolute},
+        "must_fail": list(canaries.must_fail),
     }
+
+
+def report_env() -> dict[str, str]:
+    """What loads the grader's plugin into every pytest run (``-p``; the plugin directory on ``PYTHONPATH``:
+    a row's pre-commands that set ``PYTHONPATH`` must keep it). Nothing secret: where the report goes and
+    what the canaries are travel through the channel (:mod:`rollbus.grading.channel`)."""
+    return {"PYTHONPATH": PLUGIN_DIR, "PYTEST_ADDOPTS": "-p rollbus_report"}
 
 
 def with_unittest_runner(command: str) -> str:
@@ -341,11 +352,9 @@ def with_unittest_runner(command: str) -> str:
     return UNITTEST_MODULE.sub(f"{PLUGIN_DIR}/rollbus_unittest.py", command)
 
 
-async def evidence_of(
-    sandbox: BwrapSandbox, ran: Completed, env: Mapping[str, str], canaries: canary.Canaries
-) -> Evidence:
-    text = await _read_optional(sandbox, env["ROLLBUS_REPORT"])
-    if text is None:
+def evidence_of(ran: Completed, channel: Channel, canaries: canary.Canaries) -> Evidence:
+    text = channel.collect()
+    if not text:
         return Evidence(ran.exit_code, (), canaries)
     try:
         test_runs = tuple(report.parse(text))
@@ -363,16 +372,17 @@ async def _run_swepro(
     scratch: Path,
     deadline: float,
     canaries: canary.Canaries,
+    channel: Channel,
 ) -> tuple[Verdict, str]:
     files = shlex.quote(",".join(grader.selected_test_files))
     command = shell(spec, f"bash {EVAL_DIR}/run_script.sh {files}")
-    ran = await sandbox.run(command, env, timeout=_left(deadline))
+    ran = await sandbox.run(command, env, timeout=_left(deadline), pass_fds=channel.fds)
     log = ran.stdout + ran.stderr
     if ran.timed_out:
         raise TimeoutError
     if limit := sandbox_failure(ran):
         return Verdict(False, limit, (), f"the tests hit a sandbox limit: {limit}"), log
-    evidence: Evidence | None = await evidence_of(sandbox, ran, env, canaries)
+    evidence: Evidence | None = evidence_of(ran, channel, canaries)
     if not evidence.test_runs and not verdict.runs_pytest(grader.run_script.read_text(errors="replace")):
         evidence = None  # no pytest (a Go or JavaScript row): the parser's reading of the log alone
     return await parse_swepro(grader, ran, eval_dir, scratch, deadline, evidence, sandbox.workdir), log
@@ -384,6 +394,7 @@ async def _run_command(
     env: Mapping[str, str],
     deadline: float,
     canaries: canary.Canaries,
+    channel: Channel,
     known_files: set[str] | frozenset[str] = frozenset(),
 ) -> tuple[Verdict, str]:
     """eval_cmd or f2p_script, every pytest run carrying the grader's plugin, ``-m unittest`` run by the
@@ -395,13 +406,13 @@ async def _run_command(
         with_unittest_runner(grader.cmd) if isinstance(grader, EvalCmd) else f"python3 {EVAL_DIR}/f2p.py"
     )
     text = grader.cmd if isinstance(grader, EvalCmd) else grader.script
-    ran = await sandbox.run(shell(spec, command), env, timeout=_left(deadline))
+    ran = await sandbox.run(shell(spec, command), env, timeout=_left(deadline), pass_fds=channel.fds)
     log = ran.stdout + ran.stderr
     if ran.timed_out:
         raise TimeoutError
     if limit := sandbox_failure(ran):
         return Verdict(False, limit, (), f"the tests hit a sandbox limit: {limit}"), log
-    evidence = await evidence_of(sandbox, ran, env, canaries)
+    evidence = evidence_of(ran, channel, canaries)
     named = spec.test_files()
     watched = verdict.runs_pytest(text) or (command != grader.cmd if isinstance(grader, EvalCmd) else False)
     outcome = verdict.command_outcome(
