@@ -39,6 +39,7 @@ class Channel:
             raise ValueError(f"the channel's configuration takes {len(data)} bytes")
         os.write(self._config_w, data)
         self._max = max_bytes
+        self.text = ""  # the report, once collected
         self._chunks: list[bytes] = []
         self._size = 0
         self._reader = threading.Thread(target=self._read, name="grader-channel", daemon=True)
@@ -72,7 +73,8 @@ class Channel:
             self._close(fd)
         self._reader.join(wait_s)
         self.close()
-        return b"".join(self._chunks)[: self._max + 1].decode("utf-8", errors="replace")
+        self.text = b"".join(self._chunks)[: self._max + 1].decode("utf-8", errors="replace")
+        return self.text
 
     def close(self) -> None:
         for fd in (self._config_r, self._config_w, self._report_w):

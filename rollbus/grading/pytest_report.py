@@ -20,6 +20,7 @@ import pytest
 import rollbus_channel as _channel
 
 _config = _channel.claim() or {}
+_framework = []  # pytest, pluggy, unittest's classes as the session started
 _canary_items = {}  # id(item) -> item
 _canaries_seen = [0]
 
@@ -85,10 +86,39 @@ def _canaries(session, items):
     return found
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session):
+    if _config:  # after pytest configured itself (it sets class attributes then), before collection
+        _framework[:] = _channel.framework_classes()
+
+
 def pytest_configure(config):
     if _config:
         _config.setdefault("run", os.urandom(8).hex())
         _write({"event": "start"})
+
+
+def _fixtures_and_items(session, items):
+    """Fixtures come from test files, conftest files and installed plugins only: one whose function lives
+    in any other file (an imported function, class or module given pytest's fixture marker) is reported
+    with that file, as is an item whose ``runtest`` was replaced on the item itself."""
+    try:
+        definitions = session._fixturemanager._arg2fixturedefs
+    except AttributeError:  # another pytest's internals: the items are still checked
+        definitions = {}
+    for name, defs in list(definitions.items()):
+        for fixturedef in defs:
+            func = getattr(fixturedef, "func", None)
+            filename = getattr(getattr(func, "__code__", None), "co_filename", "") or ""
+            base = os.path.basename(filename)
+            if base == "conftest.py" or base.startswith("test_") or base.endswith("_test.py"):
+                continue
+            _channel.report_object("fixture", func, f"fixture {name}")
+    for item in items:
+        if "runtest" in vars(item):
+            _channel.report_object("framework", item.runtest, f"{item.nodeid}: runtest replaced")
+            record = {"nodeid": item.nodeid, "when": "call", "outcome": "error", "xfail": False}
+            _write({"event": "test", **record})
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -96,6 +126,7 @@ def pytest_collection_modifyitems(session, config, items):
     yield
     if not _config or hasattr(config, "workerinput"):
         return
+    _fixtures_and_items(session, items)
     canaries = _canaries(session, items)
     for item in canaries:
         _canary_items[id(item)] = item
@@ -115,6 +146,10 @@ def pytest_runtestloop(session):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
+    if "runtest" in vars(item) and report.when == "call":  # replaced on the item while it ran: not run
+        _channel.report_object("framework", item.runtest, f"{item.nodeid}: runtest replaced")
+        record = {"nodeid": report.nodeid, "when": "call", "outcome": "error", "xfail": False}
+        _write({"event": "test", **record})
     _write(
         {
             "event": "test",
@@ -142,6 +177,7 @@ def pytest_keyboard_interrupt(excinfo):
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
+    _channel.report_framework_changes(_framework)
     _write({"event": "finish", "exitstatus": int(exitstatus), "collected": session.testscollected})
 
 

@@ -51,6 +51,10 @@ def parse(text: str) -> list[TestRun]:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"report line {number} is not JSON: {exc}") from None
+        if isinstance(record, dict) and record.get("event") == "audit":
+            if not all(isinstance(record.get(k), str) for k in ("kind", "actor", "detail")):
+                raise ValueError(f"report line {number}: malformed audit record")
+            continue  # what the code did while it ran: :func:`audit`
         if not isinstance(record, dict) or not isinstance(record.get("run"), str):
             raise ValueError(f"report line {number} is not a record")
         event, rid = record.get("event"), record["run"]
@@ -106,6 +110,31 @@ def status(phases: dict[str, tuple[str, bool]]) -> str:
     if call is None:
         return ERROR  # set up and never called: the run stopped under it
     return XPASS if call[1] else PASSED  # a non-strict xfail that passed: not a pass, not a failure
+
+
+@dataclass(frozen=True)
+class AuditEvent:
+    """One event the grader's audit hook saw: its kind (``process``, ``native``, ``code``, ``frames``,
+    ``framework``, ``open``), the file whose code caused it (absolute, in the sandbox) and what it was."""
+
+    kind: str
+    actor: str
+    detail: str
+
+
+def audit(text: str) -> list[AuditEvent]:
+    """The audit records of a report (malformed lines are :func:`parse`'s to reject)."""
+    out = []
+    for line in text.splitlines()[:MAX_LINES]:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and record.get("event") == "audit":
+            values = [record.get(k) for k in ("kind", "actor", "detail")]
+            if all(isinstance(v, str) for v in values):
+                out.append(AuditEvent(*(v[:MAX_NAME] for v in values)))
+    return out
 
 
 def paths(runs: list[TestRun]) -> dict[str, set[str]]:

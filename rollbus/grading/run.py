@@ -28,6 +28,7 @@ The whole grade has one deadline; the sandbox of whatever runs when it passes is
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import shlex
 import shutil
@@ -40,7 +41,7 @@ from typing import Any
 
 from rollbus.grading import canaries as canary
 from rollbus.grading import flags as fl
-from rollbus.grading import report, tamper, toolchain, trees, verdict
+from rollbus.grading import observed, report, tamper, toolchain, trees, verdict
 from rollbus.grading.channel import Channel
 from rollbus.grading.patches import PatchRejected, Sanitized, sanitize
 from rollbus.grading.rows import EvalCmd, F2PScript, GradingSpec, Swepro
@@ -61,6 +62,7 @@ PLUGIN_SOURCES = {
     "rollbus_report.py": "pytest_report.py",
     "rollbus_unittest.py": "unittest_report.py",
     "rollbus_channel.py": "sandbox_channel.py",
+    "sitecustomize.py": "sandbox_site.py",  # the audit hook, installed when each interpreter starts
 }
 TEST_FILE = re.compile(r"test_.*\.py|.*_test\.py")  # pytest's default ``python_files``: a named file of tests
 UNITTEST_MODULE = re.compile(r"(?<![\w.-])-m\s+unittest(?![\w.])")
@@ -149,7 +151,10 @@ async def _grade(
         eval_dir = scratch / "eval"
         eval_dir.mkdir()
         known = untouched_python_files(pristine, changed)
-        outcome, log = await run_grader(spec, repo, eval_dir, scratch, deadline, config.readonly_tests, known)
+        outcome, log = await run_grader(
+            spec, repo, eval_dir, scratch, deadline, config.readonly_tests, known,
+            observed.untouched_files(pristine, changed),
+        )  # fmt: skip
         details = {
             "instance_id": spec.instance_id,
             "apply_method": method,
@@ -278,10 +283,13 @@ async def run_grader(
     deadline: float,
     readonly_tests: bool = True,
     known_files: set[str] | frozenset[str] = frozenset(),
+    untouched: frozenset[str] | None = None,
 ) -> tuple[Verdict, str]:
     """The row's one grader. The test sandbox mounts the row's test directories read-only: code under test
     that rewrites a test file not yet collected (or re-executes pytest on rewritten ones) fails to write.
-    ``known_files``: files a reported test may also come from (:func:`untouched_python_files`)."""
+    ``known_files``: files a reported test may also come from (:func:`untouched_python_files`);
+    ``untouched``: the base tree's files the patch left as they were (what the audit hook sees them do is the
+    repository's own behaviour; None: every file is taken as untouched)."""
     grader = spec.grader
     if isinstance(grader, Swepro):
         shutil.copyfile(grader.run_script, eval_dir / "run_script.sh")
@@ -293,16 +301,42 @@ async def run_grader(
     protected = trees.protected_dirs(repo, spec.test_files()) if readonly_tests else []
     sandbox = await grading_sandbox(repo, spec.workdir, eval_dir, protected)
     channel = Channel(channel_config(sandbox.workdir, canaries, dirs))
-    env = BASE_ENV | {"HOME": sandbox.home} | report_env() | channel.env
+    env = BASE_ENV | {"HOME": sandbox.home} | report_env(sandbox.workdir) | channel.env
     try:
         if isinstance(grader, Swepro):
-            return await _run_swepro(
+            outcome, log = await _run_swepro(
                 spec, grader, sandbox, env, eval_dir, scratch, deadline, canaries, channel
             )
-        return await _run_command(spec, sandbox, env, deadline, canaries, channel, known_files)
+        else:
+            outcome, log = await _run_command(spec, sandbox, env, deadline, canaries, channel, known_files)
     finally:
         channel.close()
         await sandbox.close()
+    return with_observed(outcome, channel.text, sandbox.workdir, repo, untouched, spec.test_files()), log
+
+
+def with_observed(
+    outcome: Verdict,
+    text: str,
+    workdir: str,
+    repo: Path,
+    untouched: frozenset[str] | None,
+    test_files: set[str],
+) -> Verdict:
+    """``outcome`` with the flags of what the changed code did while it ran (:mod:`.observed`)."""
+    if untouched is None:
+        return outcome
+
+    def own_source(rel: str) -> bool:
+        path = repo / rel
+        return rel.endswith(".py") and not path.is_symlink() and path.is_file()
+
+    raised, seen = observed.runtime_flags(
+        report.audit(text), workdir, untouched.__contains__, own_source, test_files
+    )
+    if not raised:
+        return outcome
+    return dataclasses.replace(outcome, flags=tuple(sorted({*outcome.flags, *raised})), observed=tuple(seen))
 
 
 def place_plugins(eval_dir: Path) -> canary.Canaries:
@@ -340,11 +374,11 @@ def channel_config(workdir: str, canaries: canary.Canaries, dirs: Sequence[str])
     }
 
 
-def report_env() -> dict[str, str]:
+def report_env(workdir: str) -> dict[str, str]:
     """What loads the grader's plugin into every pytest run (``-p``; the plugin directory on ``PYTHONPATH``:
     a row's pre-commands that set ``PYTHONPATH`` must keep it). Nothing secret: where the report goes and
     what the canaries are travel through the channel (:mod:`rollbus.grading.channel`)."""
-    return {"PYTHONPATH": PLUGIN_DIR, "PYTEST_ADDOPTS": "-p rollbus_report"}
+    return {"PYTHONPATH": PLUGIN_DIR, "PYTEST_ADDOPTS": "-p rollbus_report", "ROLLBUS_AUDIT_ROOT": workdir}
 
 
 def with_unittest_runner(command: str) -> str:

@@ -103,9 +103,11 @@ class Program(unittest.TestProgram):
 def main():
     sys.path[0] = os.getcwd()  # as ``python -m`` has it
     write({"event": "start"})
+    framework = _channel.framework_classes()
     program = Program(module=None, argv=["python -m unittest", *sys.argv[1:]], testRunner=Runner, exit=False)
     result = program.result
     status = 0 if result.wasSuccessful() else 1
+    _channel.report_framework_changes(framework)
     write({"event": "finish", "exitstatus": status, "collected": result.testsRun})
     _channel.release()
     sys.exit(status)

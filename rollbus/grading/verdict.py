@@ -69,6 +69,7 @@ class Verdict:
     tests: tuple[TestResult, ...] = ()
     note: str = ""
     flags: tuple[str, ...] = ()
+    observed: tuple[str, ...] = ()  # what the changed code was seen doing while the tests ran
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,8 @@ def final(
     solved = outcome.solved and not zeroed
     kind = outcome.failure_kind if not outcome.solved else (FLAGGED if zeroed else None)
     info = {**details, "tests_passed": outcome.solved, **({"note": outcome.note} if outcome.note else {})}
+    if outcome.observed:
+        info["observed"] = list(outcome.observed)
     return GradeResult(1.0 if solved else 0.0, solved, True, kind, flags, outcome.tests, info)
 
 
