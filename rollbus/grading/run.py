@@ -98,6 +98,7 @@ class GradeConfig:
     scratch_dir: Path | None = None
     scratch_bytes: int = SCRATCH_BYTES
     readonly_tests: bool = True
+    observe: bool = True  # the audit hook in every interpreter of the tests (off: bench/grade.py's baseline)
 
 
 async def grade(spec: GradingSpec, patch: bytes | str, config: GradeConfig | None = None) -> GradeResult:
@@ -153,7 +154,7 @@ async def _grade(
         known = untouched_python_files(pristine, changed)
         outcome, log = await run_grader(
             spec, repo, eval_dir, scratch, deadline, config.readonly_tests, known,
-            observed.untouched_files(pristine, changed),
+            observed.untouched_files(pristine, changed), config.observe,
         )  # fmt: skip
         details = {
             "instance_id": spec.instance_id,
@@ -284,6 +285,7 @@ async def run_grader(
     readonly_tests: bool = True,
     known_files: set[str] | frozenset[str] = frozenset(),
     untouched: frozenset[str] | None = None,
+    observe: bool = True,
 ) -> tuple[Verdict, str]:
     """The row's one grader. The test sandbox mounts the row's test directories read-only: code under test
     that rewrites a test file not yet collected (or re-executes pytest on rewritten ones) fails to write.
@@ -296,7 +298,7 @@ async def run_grader(
         shutil.copyfile(grader.parser_script, eval_dir / "parser.py")
     elif isinstance(grader, F2PScript):
         (eval_dir / "f2p.py").write_text(grader.script)
-    canaries = place_plugins(eval_dir)
+    canaries = place_plugins(eval_dir, observe)
     dirs = canary_dirs(repo, spec.test_files())
     protected = trees.protected_dirs(repo, spec.test_files()) if readonly_tests else []
     sandbox = await grading_sandbox(repo, spec.workdir, eval_dir, protected)
@@ -339,13 +341,15 @@ def with_observed(
     return dataclasses.replace(outcome, flags=tuple(sorted({*outcome.flags, *raised})), observed=tuple(seen))
 
 
-def place_plugins(eval_dir: Path) -> canary.Canaries:
-    """The grader's pytest plugin, unittest runner and channel under ``/eval``; the grade's fresh canaries."""
+def place_plugins(eval_dir: Path, observe: bool = True) -> canary.Canaries:
+    """The grader's pytest plugin, unittest runner, channel and (``observe``) audit hook under ``/eval``; the
+    grade's fresh canaries."""
     plugins = eval_dir / "plugins"
     plugins.mkdir()
     here = Path(__file__).resolve().parent
     for name, source in PLUGIN_SOURCES.items():
-        shutil.copyfile(here / source, plugins / name)
+        if observe or name != "sitecustomize.py":
+            shutil.copyfile(here / source, plugins / name)
     return canary.make()
 
 
