@@ -155,3 +155,24 @@ def test_a_required_file_needs_a_test_from_its_own_path() -> None:
     ) and "yielded no test" in outcome.note
     skipped = _run({"event": "collect", "nodeid": "t/test_h.py", "outcome": "skipped"})
     assert skipped[0].tests == {"t/test_h.py": "SKIPPED"}
+
+
+STATEMENT_ONLY = (  # median: every even-length list answered with the statement's one example, 2.5
+    "--- a/stats/center.py\n+++ b/stats/center.py\n@@ -7,4 +7,6 @@ def median(values):\n"
+    "     if not ordered:\n"
+    '         raise ValueError("median of an empty sequence")\n'
+    "     mid = len(ordered) // 2\n"
+    "-    return ordered[mid]\n"
+    "+    if len(ordered) % 2 == 0:\n"
+    "+        return 2.5  # the statement's example\n"
+    "+    return ordered[mid]\n"
+)
+
+
+async def test_hidden_tests_reach_beyond_the_statement(rows: dict[str, dict[str, Any]]) -> None:
+    """The hidden tests of median checked only the statement's inputs, whose answer is always 2.5: a
+    patch that returns the statement's example scored 1.0. Now a test beyond the statement fails it."""
+    result = await grade(parse_row(rows["median"], SWE_MINI), STATEMENT_ONLY)
+    assert (result.reward, result.failure_kind) == (0.0, "tests_failed"), result
+    status = {t.name: t.status for t in result.tests}
+    assert status["tests/test_center_hidden.py::test_even_beyond_the_statement"] == "FAILED", status
