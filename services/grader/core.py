@@ -30,10 +30,12 @@ async def grade_row(
         digest = parse_digest(image_digest, "the diff's image_digest")
     except (BadRow, ImageFieldError) as exc:
         return failed(v.BAD_ROW, str(exc))
+    except Exception as exc:  # the grader always answers
+        return v.grader_error(exc)
     try:
         grade_on = grade if config.backend == "local" else grade_function(config.backend)
-    except BackendUnavailable as exc:
-        return failed(v.SANDBOX_FAILED, str(exc))
+    except BackendUnavailable as exc:  # the operator's choice, not the patch's doing: infrastructure
+        return failed(v.GRADING_SETUP_FAILED, str(exc))
     return await grade_on(dataclasses.replace(spec, image_digest=digest), patch, config)
 
 
@@ -53,7 +55,11 @@ async def grade_diff(
             **{**result.__dict__, "details": {**result.details, "rollout_failure": rollout_failure}}
         )
     row = {"metadata": diff.get("task_metadata") or "{}", "label": diff.get("label")}
-    return await grade_row(row, diff_patch(diff), base_dir, config, diff.get("image_digest"))
+    try:
+        patch = diff_patch(diff)
+    except Exception as exc:  # the grader always answers
+        return v.grader_error(exc)
+    return await grade_row(row, patch, base_dir, config, diff.get("image_digest"))
 
 
 def diff_patch(diff: Mapping[str, Any]) -> bytes:
