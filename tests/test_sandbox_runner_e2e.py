@@ -124,7 +124,8 @@ async def test_rows_to_diffs_with_named_failures(rig: Rig, tmp_path: Path, data_
     (hang_task,) = await all_events(rig.bootstrap, hang_namespace, "tasks")
 
     runner = RunnerProcess(rig, namespace, tmp_path / "runner", "--concurrency", "6", "--memory-mb", "1024",
-                           "--agent-timeout", str(BUDGET_S), "--boot-backoff", "0.1").start()  # fmt: skip
+                           "--agent-timeout", str(BUDGET_S), "--boot-backoff", "0.1",
+                           "--infra-retries", "0").start()  # re-runs: test_sandbox_runner_rerun  # fmt: skip
     hang_runner = RunnerProcess(rig, hang_namespace, tmp_path / "hang-runner", "--consumer-group", "hang",
                                 "--agent-timeout", str(HANG_BUDGET_S), name="hang").start()  # fmt: skip
     try:
