@@ -385,3 +385,24 @@ def test_an_images_tree_is_exported_to_the_host_as_it_is(
     assert (tree / ".git" / "HEAD").is_file() and (tree / "build" / "out").read_text() == "made\n"
     with pytest.raises(docker_images.ImageBuildError):
         docker_images.export_tree(engine, "rollbus-test/absent:never", "/testbed", tmp_path / "none")
+
+
+ATTRIBUTED = (
+    "import subprocess, sys, urllib.request as u\n"
+    "def post(): return u.urlopen(u.Request(sys.argv[1], data=b'x', headers={'X-Rollbus-Peer': 'agent'}),"
+    " timeout=10).read()\n"
+    "post()  # the agent's own request\n"
+    "subprocess.run([sys.executable, '-c', 'import urllib.request as u, sys; u.urlopen(u.Request(sys.argv[1],"
+    ' data=b"y", headers={"X-Rollbus-Peer": "agent"}), timeout=10).read()\', sys.argv[1]], check=True)'
+)
+
+
+async def test_only_the_agents_own_process_is_stamped_agent(agent: DockerSandbox, adapter: Adapter) -> None:
+    """The proxy knows the command's process from the host's /proc: its own request is the agent's; its
+    child's (a tool), with a forged header, is a tool's."""
+    url = f"http://127.0.0.1:{PORT}/v1/messages"
+    done = await agent.run(["python3", "-c", ATTRIBUTED, url], ENV, timeout=60, agent=True)
+    assert done.exit_code == 0, done.stderr
+    peers = [h.split(b"x-rollbus-peer: ", 1)[1].split(b"\r\n", 1)[0] for h in adapter.heads]
+    assert peers == [b"agent", b"tool"]
+    assert agent.proxy is not None and agent.proxy.agent is None  # the run is over: nothing is the agent
