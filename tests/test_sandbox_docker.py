@@ -323,14 +323,14 @@ def test_an_engine_that_cannot_start_says_why_in_one_line(monkeypatch: pytest.Mo
 
 @pytest.mark.parametrize("task", ["sum-to", "flatten", "intervals"])  # eval command, F2P, swepro
 async def test_the_grader_in_containers_scores_the_fix_one_and_the_empty_patch_zero(
-    engine: Any, task: str
+    engine: Any, swe_mini: dict[str, dict[str, Any]], task: str
 ) -> None:
     """The grader's every command in a fresh, network-less container of the base image (Debian's python3
     and pytest), over the tree the grader prepared on the host."""
     from rollbus.grading import GradeConfig, grade, parse_row
-    from tests.test_grading_swe_mini import SWE_MINI, load_build
+    from tests.test_grading_swe_mini import SWE_MINI
 
-    rows = {row["metadata"]["image"].split("/")[-1]: row for row in load_build().build()}
+    rows = swe_mini
     spec = parse_row(rows[task], SWE_MINI)
     config = GradeConfig(container_image=docker_images.ensure_base_image(engine))
     since = int(time.time()) - 1
@@ -406,3 +406,36 @@ async def test_only_the_agents_own_process_is_stamped_agent(agent: DockerSandbox
     peers = [h.split(b"x-rollbus-peer: ", 1)[1].split(b"\r\n", 1)[0] for h in adapter.heads]
     assert peers == [b"agent", b"tool"]
     assert agent.proxy is not None and agent.proxy.agent is None  # the run is over: nothing is the agent
+
+
+RUNTIME_KINDS = ("tampered", "report_mismatch", "no_tests", "tests_failed")
+
+
+@pytest.fixture(scope="module")
+def swe_mini() -> dict[str, dict[str, Any]]:
+    """swe-mini's rows by task, their images built."""
+    from tests.test_grading_swe_mini import load_build
+
+    return {row["metadata"]["image"].split("/")[-1]: row for row in load_build().build()}
+
+
+def runtime_cheats() -> list[dict[str, Any]]:
+    """The corpus's cheats that the code under test carries out while it runs (where the sandbox the grade
+    runs in matters); those stopped by the patch's own shape or a scan are the same whatever runs them."""
+    from tests.test_grading_swe_mini import CORPUS
+
+    return [cheat for cheat in CORPUS if cheat["failure_kind"] in RUNTIME_KINDS]
+
+
+@pytest.mark.parametrize("cheat", runtime_cheats(), ids=lambda c: c["name"])
+async def test_the_cheat_corpus_scores_zero_in_containers(
+    engine: Any, swe_mini: dict[str, dict[str, Any]], cheat: dict[str, Any]
+) -> None:
+    from rollbus.grading import GradeConfig, grade, parse_row
+    from tests.test_grading_swe_mini import CHEATS, SWE_MINI
+
+    config = GradeConfig(container_image=docker_images.ensure_base_image(engine))
+    patch = (CHEATS / f"{cheat['name']}.patch").read_text()
+    result = await grade(parse_row(swe_mini[cheat["task"]], SWE_MINI), patch, config)
+    assert result.reward == 0.0 and not result.solved, result
+    assert set(cheat["flags"]) <= set(result.flags) and result.failure_kind == cheat["failure_kind"], result
