@@ -439,3 +439,13 @@ async def test_the_cheat_corpus_scores_zero_in_containers(
     result = await grade(parse_row(swe_mini[cheat["task"]], SWE_MINI), patch, config)
     assert result.reward == 0.0 and not result.solved, result
     assert set(cheat["flags"]) <= set(result.flags) and result.failure_kind == cheat["failure_kind"], result
+
+
+async def test_cpu_time_and_output_limits_are_named(engine: Any, history_image: str) -> None:
+    limits = Limits(memory_bytes=128 << 20, pids=64, cpu_time_s=1, output_bytes=4096)
+    async with await make(engine, history_image, limits=limits) as box:
+        spin = await box.run(["python3", "-c", "while True: pass"], ENV, timeout=60)
+        loud = await box.run(["python3", "-c", "print('x' * 100_000)"], ENV, timeout=60)
+    assert spin.failure_kind == "cpu_limit" and spin.wall_time_s < 30, spin
+    assert loud.failure_kind == "output_truncated" and loud.output_dropped > 90_000
+    assert len(loud.stdout) < 4096 + 100
