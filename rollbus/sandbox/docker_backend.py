@@ -1,7 +1,8 @@
 """Docker backend: a task's own container image as the sandbox, for the agent and for the grader.
 
-One sandbox is a set of host directories and, for an agent, one network holder; each command runs in a
-fresh container from the image's digest (the same bytes for the agent, its patch capture and the grader):
+One sandbox is a workspace and HOME on the host, one command container from the image's digest (the same
+bytes for the agent, its patch capture and the grader) in which every command is executed, and, for an
+agent, a network holder:
 
 - **Workspace** (``workdir`` inside) and **HOME**: host directories bind-mounted read-write, each a tmpfs
   of ``disk_bytes`` mounted by the host (as root), so the disk written is bounded while it is written. The
@@ -11,18 +12,21 @@ fresh container from the image's digest (the same bytes for the agent, its patch
   ``HEAD``): no other ref, tag, reflog, stash, or object of a later commit; the image's own repository is
   deleted before any container starts. The trusted baseline the patch is taken against is recorded beside
   it on the host and never mounted where the agent runs.
-- **Every command's container**: ``network_mode=none`` (or, for an agent, the holder's network namespace,
+- **The command container**: ``network_mode=none`` (or, for an agent, the holder's network namespace,
   where the host's :class:`~rollbus.sandbox.adapter_proxy.AdapterProxy` listens on the loopback port the
   agent's base URL names: its only way out, nothing mounted for it), an unprivileged uid, ``cap_drop=ALL``,
   ``no-new-privileges``, the image's root read-only, a size-capped tmpfs ``/tmp``, ``pids_limit``,
-  ``mem_limit`` (swap included), ``nano_cpus``, ``RLIMIT_CPU`` where asked; no Docker socket and no host
-  path but the workspace, HOME and the named read-only binds (the agent CLI, which runs in any image
-  without installing anything: it is a native binary mounted from the cache). The engine's default
-  seccomp profile refuses new namespaces (nested user namespaces included).
-- **Wall clock**: at the deadline the whole container is killed. Limits hit come back named
-  (:data:`~rollbus.sandbox.base.FailureKind`): ``timeout``, ``memory_limit`` (the engine's OOM record),
-  ``pids_limit`` (the kernel's pids counter), ``cpu_limit``, ``disk_full`` (the workspace's or HOME's
-  tmpfs is full, or /tmp said so).
+  ``mem_limit`` (swap included), ``nano_cpus``, ``RLIMIT_CPU`` where asked, the engine's tini as pid 1; no
+  Docker socket and no host path but the workspace, HOME and the named read-only binds (the agent CLI,
+  which runs in any image without installing anything: it is a native binary mounted from the cache). The
+  engine's default seccomp profile refuses new namespaces (nested user namespaces included). Each command
+  is an exec; when it returns, whatever it left running is killed (from the container's pids cgroup), so
+  every process it started is gone, as on bwrap.
+- **Wall clock**: at the deadline the whole container is killed (and started again for the next command:
+  a fresh ``/tmp``, the same workspace and HOME). Limits hit come back named
+  (:data:`~rollbus.sandbox.base.FailureKind`): ``timeout``, ``memory_limit`` and ``pids_limit`` (the
+  container's cgroup counters around the command), ``cpu_limit``, ``disk_full`` (the workspace's, HOME's
+  or ``/tmp``'s free space), ``output_truncated``.
 - **Secrets** (the session token) go in on the command's standard input, read by
   :data:`~rollbus.sandbox.bwrap_layout.SECRET_READER`: never in the container's configuration, so neither
   ``docker inspect`` nor any process's environment but the command's own holds them.
