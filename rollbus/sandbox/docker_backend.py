@@ -176,6 +176,8 @@ class DockerSandbox(SandboxBase):
             "identity": f"uid {self.layout.user}, no capabilities, no new privileges",
             "network": "none" if self.layout.network == "none" else "loopback of its own, the adapter only",
             "nested_userns": "the engine's seccomp profile",
+            "output": "head+tail capture",
+            "wall_clock": "kill of the whole container",
         }
 
     @classmethod
