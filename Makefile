@@ -22,10 +22,17 @@ bootstrap:
 demo: bootstrap
 	@"$$(cat $(VENV_FILE))/bin/python" -m rollbus demo
 
+# A share of the broker tests runs again on testcontainers' KafkaContainer (the Kafka image built here, on the
+# project's own Docker engine), so that path is proven in every run; the embedded broker serves the rest.
+DOCKER_BROKER_SHARE := tests/test_local_images.py tests/test_regrade.py tests/test_sandbox_runner_delivery.py \
+	tests/test_trainer_service.py::test_trains_publishes_and_the_engine_serves_each_version
+
 test: bootstrap
 	@v="$$(cat $(VENV_FILE))"; \
 	"$$v/bin/ruff" check rollbus services trainer tests bench examples && \
-	"$$v/bin/python" -m pytest -p no:cacheprovider -ra --durations=30 $(PYTEST_ARGS)
+	"$$v/bin/python" -m pytest -p no:cacheprovider -ra --durations=30 $(PYTEST_ARGS) && \
+	{ [ -n "$(PYTEST_ARGS)" ] || \
+	  ROLLBUS_TEST_BROKER=docker "$$v/bin/python" -m pytest -p no:cacheprovider -ra $(DOCKER_BROKER_SHARE); }
 
 test-faults: bootstrap
 	@"$$(cat $(VENV_FILE))/bin/python" -m pytest -p no:cacheprovider -ra -m faults tests/integration/test_pipeline_faults.py

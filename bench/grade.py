@@ -4,7 +4,8 @@ Run: ``python bench/grade.py [--quick] [--repeats N]``. The baseline, measured i
 grader without any of the protections does: copy the image, ``git apply``, copy the hidden tests in, run the
 grading command as a plain subprocess. Prints the median seconds of each per task and the ratio, i.e. what
 the sandboxes, the tree measurement and the report cross-checks cost per grade, then one ratio line over all
-tasks (total grader time over total bare time) against the budget: the grader stays within 2x of bare.
+tasks (total grader time over total bare time) against the budget: the grader stays within 2x of bare, and
+what the audit layer costs (the grader with its audit hook over the grader without it, same run).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from timing import median_seconds
 
-from rollbus.grading import grade, parse_row
+from rollbus.grading import GradeConfig, grade, parse_row
 from rollbus.grading.rows import EvalCmd, F2PScript, GradingSpec, Swepro
 
 SWE_MINI = Path(__file__).resolve().parents[1] / "examples" / "swe-mini"
@@ -64,26 +65,34 @@ def main() -> None:
     repeats = 3 if args.quick else args.repeats
     all_rows = rows()
     tasks = ["swe-mini__lru", "swe-mini__slugify", "swe-mini__roman"] if args.quick else sorted(all_rows)
-    print(f"{'task':22} {'grader':10} {'rollbus s':>10} {'bare s':>8} {'ratio':>6}")
-    totals = [0.0, 0.0]
+    head = f"{'rollbus s':>10} {'no-audit s':>10} {'bare s':>8} {'ratio':>6} {'audit':>6}"
+    print(f"{'task':22} {'grader':10} {head}")
+    totals = [0.0, 0.0, 0.0]
+    unobserved = GradeConfig(observe=False)
     for task in tasks:
         row = all_rows[task]
         spec = parse_row(row, SWE_MINI)
         graded = median_seconds(lambda: asyncio.run(grade(spec, row["label"])), repeats)  # noqa: B023
+        unaudited = median_seconds(lambda: asyncio.run(grade(spec, row["label"], unobserved)), repeats)  # noqa: B023
         baseline = median_seconds(lambda: bare(spec, row["label"]), repeats)  # noqa: B023
         kind = type(spec.grader).__name__
-        print(f"{task:22} {kind:10} {graded:10.3f} {baseline:8.3f} {graded / baseline:6.1f}x")
-        totals = [totals[0] + graded, totals[1] + baseline]
+        print(
+            f"{task:22} {kind:10} {graded:10.3f} {unaudited:10.3f} {baseline:8.3f} {graded / baseline:6.1f}x "
+            f"{graded / unaudited:5.2f}x"
+        )
+        totals = [totals[0] + graded, totals[1] + baseline, totals[2] + unaudited]
     print(ratio_line(len(tasks), *totals))
 
 
-def ratio_line(tasks: int, graded: float, baseline: float) -> str:
-    """The bench's one-line answer: the grader's time over bare apply-and-run's, against :data:`BUDGET`."""
+def ratio_line(tasks: int, graded: float, baseline: float, unaudited: float | None = None) -> str:
+    """The bench's one-line answer: the grader's time over bare apply-and-run's, against :data:`BUDGET`, and
+    the audit layer's cost (the grader over the grader without its audit hook)."""
     ratio = graded / baseline
     verdict = "within" if ratio <= BUDGET else "OVER"
+    audit = f"; audit layer {graded / unaudited:.2f}x" if unaudited else ""
     return (
         f"ratio {ratio:.2f}x over {tasks} tasks (grader {graded:.3f} s, bare {baseline:.3f} s): "
-        f"{verdict} the {BUDGET:.0f}x budget"
+        f"{verdict} the {BUDGET:.0f}x budget{audit}"
     )
 
 

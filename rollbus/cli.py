@@ -19,6 +19,7 @@ from rollbus.settings import SettingsError
 COMMANDS: dict[str, tuple[str, str]] = {
     "broker": ("rollbus.kafka.broker", "run the embedded Apache Kafka broker (start|stop|status|fetch)"),
     "topics": ("rollbus.topics", "create or check the rollbus topics"),
+    "images": ("rollbus.local_images.cli", "build the container images here (no registry needed)"),
     "replay": ("rollbus.replay", "decode and print events from a topic"),
     "tail": ("rollbus.replay", "follow a topic live"),
     "adapter": ("rollbus.services.adapter.main", "Anthropic Messages API over SGLang; publishes turns"),
@@ -33,6 +34,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "runs gym episodes through the adapter; publishes rewards",
     ),
     "grade": ("rollbus.services.grader.cli", "grade one patch against one row exactly as the grader does"),
+    "validate": (
+        "rollbus.services.grader.validate",
+        "check every task of a dataset: its gold scores 1 and the empty patch 0 (resumable, parallel)",
+    ),
     "regrade": (
         "rollbus.services.grader.regrade",
         "grade every diff in the log again into a fresh rewards topic",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import platform
 import shutil
 import stat
 import subprocess
@@ -130,7 +131,7 @@ class NpmBinary:
     def _find_native_binary(self, prefix: Path) -> Path:
         """The executable in the platform package npm picked for this os/cpu/libc."""
         scope = prefix / "node_modules" / self.package.split("/")[0]
-        found = [p for p in sorted(scope.glob(self.binary_glob)) if os.access(p, os.X_OK)]
+        found = for_this_libc([p for p in sorted(scope.glob(self.binary_glob)) if os.access(p, os.X_OK)])
         if len(found) != 1:
             paths = [str(p) for p in found]
             raise CliInstallError(f"expected one native binary under {scope}, found {paths}")
@@ -142,3 +143,16 @@ def _binary_version(binary: Path) -> str:
     if done.returncode != 0:
         raise CliInstallError(f"{binary} --version failed ({done.returncode}): {done.stderr.strip()}")
     return done.stdout.strip()
+
+
+def for_this_libc(binaries: list[Path], libc: str | None = None) -> list[Path]:
+    """The binaries whose platform package suits this machine's C library.
+
+    Why: npm before 10.4 ignores a package's ``libc`` field and installs every optional platform package of
+    the os/cpu, so Debian's npm 9 puts both ``*-linux-x64`` and ``*-linux-x64-musl`` beside each other. A
+    musl build is kept only on a musl system, a glibc one only elsewhere; with one candidate, it stands.
+    """
+    if len(binaries) < 2:
+        return binaries
+    musl = (libc if libc is not None else platform.libc_ver()[0]) != "glibc"
+    return [b for b in binaries if any(part.endswith("-musl") for part in b.parts) == musl]

@@ -1,8 +1,10 @@
 """Dataset rows (slime's JSONL: ``{"prompt", "label", "metadata"}``) checked and turned into `tasks` records.
 
-A row must name an image and a workdir, a prompt (the prompt key, else ``metadata.problem_statement``) and at
-most one grader (swepro, ``eval_cmd`` or ``remote_env_info.f2p_script``, checked as the grader reads it; none
-is allowed and scores 0). A bad row is reported with its line number and skipped; the rest are submitted.
+A row must name an image (a host path or a container image reference, :mod:`rollbus.task_image`), a
+workdir (optionally the user the agent runs as), a prompt (the prompt key, else
+``metadata.problem_statement``) and at most one grader (swepro, ``eval_cmd`` or
+``remote_env_info.f2p_script``, checked as the grader reads it; none is allowed and scores 0).
+A bad row is reported with its line number and skipped; the rest are submitted.
 Host paths in the metadata (image, swepro scripts, eval files) are made absolute against the dataset file, so
 tasks run from any directory.
 """
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rollbus.grading.rows import BadRow, absolute_paths, parse_metadata
+from rollbus.task_image import ImageFieldError, parse_image, parse_user, parse_workdir
 
 
 class RowError(ValueError):
@@ -46,10 +49,11 @@ class Row:
 
 
 def graders_of(metadata: dict[str, Any]) -> list[str]:
-    """Which graders the metadata names (swepro, eval_cmd, f2p_script; also under ``remote_env_info``)."""
+    """Which graders the metadata names (swepro, eval_cmd, f2p_script, harbor; also under
+    ``remote_env_info``)."""
     env = metadata.get("remote_env_info") if isinstance(metadata.get("remote_env_info"), dict) else {}
     found = []
-    for key in ("swepro", "eval_cmd", "f2p_script"):
+    for key in ("swepro", "eval_cmd", "f2p_script", "harbor"):
         value = metadata.get(key)
         if (value if value not in (None, "") else env.get(key)) not in (None, "", {}):
             found.append(key)
@@ -75,10 +79,18 @@ def parse_row(text: str, line: int, keys: RowKeys, base: Path) -> Row:
     metadata = absolute_paths(metadata, base)
     env = metadata.get("remote_env_info") if isinstance(metadata.get("remote_env_info"), dict) else {}
     if not (metadata.get("image") or env.get("image")):
-        raise RowError(f"no image in {keys.metadata_key!r} (a repository directory or tarball)")
+        raise RowError(
+            f"no image in {keys.metadata_key!r} (a repository directory or tarball, or a container image)"
+        )
     workdir = metadata.get("workdir") or env.get("workdir")
     if not isinstance(workdir, str) or not workdir.startswith("/"):
         raise RowError(f"no workdir in {keys.metadata_key!r} (the repository's absolute path inside)")
+    try:
+        parse_image(metadata.get("image") or env.get("image"), f"{keys.metadata_key}.image")
+        parse_workdir(workdir, f"{keys.metadata_key}.workdir")
+        parse_user(metadata.get("user") or env.get("user"), f"{keys.metadata_key}.user")
+    except ImageFieldError as exc:
+        raise RowError(str(exc)) from None
     prompt = data.get(keys.input_key)
     if not isinstance(prompt, str) or not prompt.strip():
         prompt = metadata.get("problem_statement")
@@ -111,6 +123,25 @@ def read_rows(path: Path, keys: RowKeys) -> Iterator[Row | tuple[int, RowError]]
                 yield parse_row(text, number, keys, base)
             except RowError as exc:
                 yield number, exc
+
+
+def read_dataset(
+    path: Path, keys: RowKeys, fmt: str | None = None, revision: str | None = None
+) -> Iterator[Row | tuple[str, RowError]]:
+    """Every task of ``path`` in any format users bring (:mod:`rollbus.task_formats`: a JSONL file of rollbus,
+    SWE-bench or SWE-bench Pro rows, a Harbor task folder or a folder of them): its :class:`Row`, or
+    ``(where, error)``. Raises ``FormatError`` when the dataset as a whole cannot be read that way."""
+    from rollbus.task_formats import load_dataset
+
+    base = path.resolve() if path.is_dir() else path.resolve().parent
+    for loaded in load_dataset(path, fmt, revision, (keys.input_key, keys.metadata_key)):
+        if loaded.text is None:
+            yield loaded.where, RowError(loaded.error or "unreadable")
+            continue
+        try:
+            yield parse_row(loaded.text, loaded.line, keys, base)
+        except RowError as exc:
+            yield loaded.where, exc
 
 
 def slug(text: str, limit: int = 48) -> str:

@@ -2,7 +2,9 @@
 
 Which broker (``ROLLBUS_TEST_BROKER`` forces one):
 
-* ``docker``   — testcontainers' ``KafkaContainer`` (KRaft), when a Docker engine answers;
+* ``docker``   — testcontainers' ``KafkaContainer`` (KRaft) from the Kafka image built here, on the
+  project's Docker engine; the default when ``DOCKER_HOST`` or the default socket answers, and what
+  ``make test``'s second run forces for a share of the suite (``ROLLBUS_TEST_BROKER=docker``);
 * ``local``    — the embedded broker (:class:`rollbus.kafka.broker.EmbeddedBroker`) in a temporary state
   directory on a free port, when ``java`` is on PATH;
 * ``external`` — whatever ``ROLLBUS_BOOTSTRAP_SERVERS`` points at.
@@ -95,28 +97,50 @@ def broker_kind() -> str:
 
 
 def docker_broker() -> Iterator[str]:
-    """A KRaft Kafka in a container (not exercised here: this machine has no Docker engine).
+    """A KRaft Kafka in a container: testcontainers' ``KafkaContainer`` on the project's Docker engine
+    (started where none answers), from the Kafka image built here (:mod:`rollbus.kafka.image`: the
+    embedded broker's jars on Debian's JRE), so no registry is needed.
 
-    Reasoned rather than run: testcontainers sets the offsets topic to one replica but leaves the
-    transaction log at Kafka's defaults (3 replicas, min ISR 2), under which a single broker can
-    never start a transactional producer; so both are set to 1 here. Topics are created by the
-    ``topics`` fixture with their own ``max.message.bytes``, so the image's broker-wide defaults
-    do not matter. ``get_bootstrap_server()`` gives host:mapped-port, advertised to the host.
+    The container joins a network of its own (the engine runs without a default bridge) under the alias
+    ``kafka``, which its controller quorum names; the host reaches the mapped port on loopback. Ryuk, the
+    reaper testcontainers would pull from Docker Hub, is off: the ``with`` removes the container and network.
     """
-    with kafka_container() as kafka:
-        yield kafka.get_bootstrap_server()
+    from testcontainers.core.config import testcontainers_config
+    from testcontainers.core.network import Network
+
+    from rollbus.kafka.image import ensure_kafka_image
+    from rollbus.sandbox.docker_engine import client, docker_host
+    from rollbus.sandbox.docker_images import ensure_base_image
+
+    engine = client()
+    image = ensure_kafka_image(engine, ensure_base_image(engine))
+    testcontainers_config.ryuk_disabled = True
+    testcontainers_config.tc_host_override = "127.0.0.1"
+    engine_kw = {"environment": {"DOCKER_HOST": docker_host()}}
+    with Network(docker_client_kw=engine_kw) as network:
+        kafka = kafka_container(image, **engine_kw).with_network(network).with_network_aliases("kafka")
+        with kafka:
+            yield kafka.get_bootstrap_server()
 
 
-def kafka_container(**docker_client_kw: Any) -> Any:
-    """The testcontainers ``KafkaContainer`` the docker path starts (built, not started, by a unit test)."""
+def kafka_container(image: str, **docker_client_kw: Any) -> Any:
+    """The testcontainers ``KafkaContainer`` the docker path starts, in KRaft mode.
+
+    ``kraft_enabled`` is set rather than asked for through ``with_kraft()``, whose check reads the tag as a
+    Confluent Platform version (7.0 or later); ours is Kafka's own (4.1.1), which has KRaft and nothing else.
+    Kafka's defaults for the transaction log (3 replicas, min ISR 2) would never let a single broker start a
+    transactional producer, so both are 1. Topics are created by the ``topics`` fixture with their own
+    ``max.message.bytes``, so broker-wide defaults do not matter.
+    """
     from testcontainers.community.kafka import KafkaContainer
 
-    return (
-        KafkaContainer("confluentinc/cp-kafka:7.6.0", docker_client_kw=docker_client_kw or None)
-        .with_kraft()
+    container = (
+        KafkaContainer(image, docker_client_kw=docker_client_kw or None)
         .with_env("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1")
         .with_env("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1")
     )
+    container.kraft_enabled = True
+    return container
 
 
 def local_broker(state_dir: os.PathLike[str]) -> Iterator[str]:

@@ -30,7 +30,7 @@ def segment(tokens: int = 6) -> dict:
         "loss_mask": mask, "rollout_logprobs": [-(i % 97) / 8 for i in range(tokens)], "reward": 0.5,
         "trajectory_reward": 1.0, "policy_versions": [7 if m else -1 for m in mask], "created_at": AT,
         "attempt_id": "a-1", "chain_id": "main", "infos": json.dumps([{"turn": 0}, {"turn": 1, "ok": True}]),
-        "routed_experts": None,
+        "routed_experts": None, "failure_class": None, "failure_cause": None, "rerun_rollout_id": None,
     }
 
 
@@ -39,7 +39,7 @@ SAMPLES: dict[str, dict] = {
         "rollout_id": "r-1", "group_id": "g-1", "sample_index": 0, "group_size": 4,
         "prompt": "Fix the failing test in tests/test_parse.py", "label": None,
         "metadata": json.dumps({"image": "python:3.11", "workdir": "/repo", "eval_cmd": "pytest -x"}),
-        "submitted_at": AT, "env_config": None, "ctx_config": None, "messages": None,
+        "submitted_at": AT, "env_config": None, "ctx_config": None, "messages": None, "attempt": 0,
     },
     "turn": turn(),
     "session": {
@@ -54,12 +54,16 @@ SAMPLES: dict[str, dict] = {
         "attempt_id": "a-1", "group_id": "g-1", "group_size": 4, "failure_kind": None,
         "patch_truncated": False,
         "task_metadata": json.dumps({"image": "python:3.11", "workdir": "/repo"}), "label": None,
+        "image_digest": "sha256:abababababababababababababababababababababababababababababababab",
+        "rerun_rollout_id": None,
     },
     "reward": {
         "rollout_id": "r-1", "reward": 1.0, "solved": True, "applied_cleanly": True,
         "details": json.dumps({"passed": 3, "failed": 0}), "failure_kind": None, "at": AT,
         "attempt_id": "a-1", "group_id": "g-1", "group_size": 4, "flags": [],
         "tests": [{"name": "tests/test_x.py::test_a", "status": "PASSED"}], "step_rewards": [], "infos": "[]",
+        "image_digest": "sha256:abababababababababababababababababababababababababababababababab",
+        "failure_class": None, "failure_cause": None, "rerun_rollout_id": None,
     },
     "segment": segment(),
     "policy": {"version": 8, "location": "/ckpt/policy-8", "published_at": AT},

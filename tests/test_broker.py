@@ -96,14 +96,11 @@ def test_a_class_archive_is_adopted_only_after_a_clean_exit(
 
 
 def test_docker_path_builds_a_kraft_container_allowing_transactions(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The testcontainers path cannot run here (no Docker engine); this checks what it would start.
-
-    Left unexercised: pulling the image, the container's start-up and its advertised listener.
-    """
+    """What the testcontainers path starts, decided without an engine (make test's second run starts it)."""
     from tests.conftest import broker_kind, kafka_container
 
-    container = kafka_container(version="1.44")  # an explicit API version: the client asks no engine
-    assert container.kraft_enabled
+    container = kafka_container("rollbus/kafka:4.1.1-0123456789ab", version="1.44")  # asks no engine
+    assert container.kraft_enabled and container.image == "rollbus/kafka:4.1.1-0123456789ab"
     assert container.env["KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"] == "1"
     assert container.env["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"] == "1"
     monkeypatch.setenv("ROLLBUS_TEST_BROKER", "docker")

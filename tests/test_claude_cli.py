@@ -104,3 +104,14 @@ def test_the_execute_only_copy_is_made_once_and_remade_when_it_is_not(
     copy.chmod(0o755)
     assert claude_cli.execute_only_binary().stat().st_mode & 0o7777 == 0o111
     assert installed.stat().st_mode & 0o7777 == 0o755  # the installed binary itself is left as it is
+
+
+def test_old_npms_second_platform_package_is_set_aside_by_libc(tmp_path: Path) -> None:
+    """npm 9 (Debian's) installs the glibc and the musl build side by side; the one for this libc is kept."""
+    glibc = tmp_path / "claude-code-linux-x64" / "claude"
+    musl = tmp_path / "claude-code-linux-x64-musl" / "claude"
+    assert npm_binary.for_this_libc([glibc, musl], "glibc") == [glibc]
+    assert npm_binary.for_this_libc([glibc, musl], "") == [musl]  # platform.libc_ver() names no glibc
+    assert npm_binary.for_this_libc([glibc], "") == [glibc]
+    two = [glibc, glibc.with_name("other")]
+    assert npm_binary.for_this_libc(two, "glibc") == two  # still two: the caller's error names them

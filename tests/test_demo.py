@@ -73,14 +73,19 @@ def test_demo_rolls_out_grades_segments_trains_and_serves_the_new_policy(first_d
 
 def test_resume_continues_the_last_run_and_counts_only_what_it_did(first_demo) -> None:
     """What failed: a demo in a state dir that held a run counted that run's rollouts and saw its policy v2
-    at once. Resumed on the same broker and topics, the summary holds this invocation's rollouts alone."""
+    at once. Resumed on the same broker and topics, the summary holds this invocation's rollouts alone.
+    Its first sandbox creation fails on purpose (``--inject-infra-failures 1``): that sample is counted as an
+    infrastructure failure, re-run as a new rollout, and the step still trains its two groups."""
     tmp, _, _, first_run = first_demo
-    state = ["--state-dir", str(tmp / "state"), "--steps", "1"]
+    state = ["--state-dir", str(tmp / "state"), "--steps", "1", "--inject-infra-failures", "1"]
     done, summary, resumed = demo(tmp, "resumed", *state, "--resume")
     assert resumed == first_run and "continuing the last demo run" in done.stdout.splitlines()[0]
     assert f"continuing the run in {first_run}.*" in done.stdout and "trainer checkpoint v2" in done.stdout
-    # its own four rollouts (the topics hold the first invocation's eight too), one step on top of version 2
-    assert (summary["rollouts_submitted"], summary["rollouts_finished"]) == (4, 4), summary
+    # its own four rollouts and one re-run (the topics hold the first invocation's eight too), one step on
+    # top of version 2
+    assert (summary["rollouts_submitted"], summary["rollouts_finished"]) == (5, 5), summary
+    assert (summary["infrastructure_failures"], summary["reruns"]) == (1, 1), summary
+    assert summary["infrastructure_failure_causes"] == {"boot_failed": 1}, summary
     assert (summary["train_steps"], summary["policy_version"]) == (1, 3), summary
 
 

@@ -52,12 +52,14 @@ async def test_tree_cheat_scores_zero(rows: dict[str, dict[str, Any]], name: str
 
 async def test_the_future_cheat_finds_no_later_commit(rows: dict[str, dict[str, Any]]) -> None:
     """The same module code, graded: the fix commit the image holds is nowhere in the tests' repository (the
-    test fails; had the catch-up found the fix, it would pass). The scan names the re-exec of the source."""
+    test fails; had the catch-up found the fix, it would pass). The scan names the re-exec of the source, the
+    audit hook the git it starts."""
     result = await grade(
         parse_row(rows["lru"], SWE_MINI), (TREE_CHEATS / "future_from_git.patch").read_bytes()
     )
     statuses = {t.name.split("::")[-1]: t.status for t in result.tests}
-    assert statuses["test_get_refreshes_recency"] == "FAILED" and result.flags == ("dynamic_code",)
+    assert statuses["test_get_refreshes_recency"] == "FAILED"
+    assert result.flags == ("dynamic_code", "spawns_process")  # the scan's re-exec, the git seen running
 
 
 def future_patch(task: str, tmp_path: Path) -> bytes:
@@ -87,7 +89,7 @@ async def test_no_swepro_task_leaks_its_fix_commit(
     spec = parse_row(rows[task], SWE_MINI)
     assert spec.grader.__class__.__name__ == "Swepro"
     result = await grade(spec, future_patch(task, tmp_path))
-    expected = (0.0, "tests_failed", ("dynamic_code",))
+    expected = (0.0, "tests_failed", ("dynamic_code", "spawns_process"))
     assert (result.reward, result.failure_kind, result.flags) == expected, result
     assert (await grade(spec, rows[task]["label"])).reward == 1.0
 
@@ -125,13 +127,13 @@ def image_with_future(tmp_path: Path) -> tuple[Path, str]:
 
 async def test_the_grader_sees_the_base_commit_only(tmp_path: Path) -> None:
     """What the agent's sandbox is checked for (tests/test_sandbox_isolation.py), checked in the tests'
-    sandbox: one commit, no tag, stash or reflog, one ref, no pack, a clean status, no future object. The one
-    untracked file the status may show is the grader's own canary module (``ROLLBUS_CANARIES`` names it)."""
+    sandbox: one commit, no tag, stash or reflog, one ref, no pack, a clean status (the grader's canaries are
+    compiled in memory: no file of them), no future object."""
     image, future = image_with_future(tmp_path)
     probe = (
         "git log --all --oneline | wc -l; git tag | wc -l; git stash list | wc -l; git reflog | wc -l;"
         "git for-each-ref | wc -l; find .git -name '*.pack' | wc -l;"
-        'git status --porcelain | grep -vxF "?? ${ROLLBUS_CANARIES##*/}" | wc -l;'
+        "git status --porcelain | wc -l;"
         f"git cat-file -e {future} 2>/dev/null && echo FUTURE;"
         "git cat-file --batch-all-objects --batch-check | grep -c commit;"
         "grep -rl FUTURE_FIX_MARKER . | wc -l"

@@ -18,6 +18,8 @@ import pytest
 
 from rollbus.grading import canaries as canary
 from rollbus.grading import report
+from rollbus.grading.channel import Channel
+from rollbus.grading.run import PLUGIN_SOURCES, channel_config
 from rollbus.grading.verdict import (
     Evidence,
     TestResult,
@@ -329,29 +331,35 @@ INTERPRETERS = [sys.executable] + [p for p in ["/usr/bin/python3"] if Path(p).ex
 
 
 def run_plugin(tmp_path: Path, python: str, args: list[str], tests: dict[str, str]) -> tuple[int, list]:
-    """A run of ``tests`` (path -> source) with the grader's plugin (or runner) and canaries in ``tests/``."""
+    """A run of ``tests`` (path -> source) with the grader's plugin (or runner), its channel and canaries (in
+    ``tests/``, in memory)."""
     plugins, repo = tmp_path / "plugins", tmp_path / "repo"
     plugins.mkdir(parents=True)
-    shutil.copyfile(GRADING / "pytest_report.py", plugins / "rollbus_report.py")
-    shutil.copyfile(GRADING / "unittest_report.py", plugins / "rollbus_unittest.py")
+    for name, source in PLUGIN_SOURCES.items():
+        shutil.copyfile(GRADING / source, plugins / name)
     for rel, source in tests.items():
         (repo / rel).parent.mkdir(parents=True, exist_ok=True)
         (repo / rel).write_text(source)
-    (repo / "tests" / CAN.filename).write_text(CAN.source)
+    (repo / "tests").mkdir(exist_ok=True)
+    channel = Channel(channel_config(str(repo), CAN, ["tests"]))
     env = {
         "PATH": os.environ["PATH"],
         "PYTHONPATH": str(plugins),
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTEST_ADDOPTS": "-p rollbus_report",
-        "ROLLBUS_REPORT": str(tmp_path / "report.jsonl"),
-        "ROLLBUS_CANARIES": str(repo / "tests" / CAN.filename),
-        "ROLLBUS_MUST_FAIL": ",".join(CAN.must_fail),
+        **channel.env,
     }
     argv = [python, "-m", "pytest", "-p", "no:cacheprovider", *args]
     if args and args[0] == "unittest":
         argv = [python, str(plugins / "rollbus_unittest.py"), *args[1:]]
-    done = subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True, check=False, timeout=120)
-    text = (tmp_path / "report.jsonl").read_text() if (tmp_path / "report.jsonl").exists() else ""
+    try:
+        done = subprocess.run(
+            argv, cwd=repo, env=env, capture_output=True, text=True, check=False, timeout=120,
+            pass_fds=channel.fds,
+        )  # fmt: skip
+        text = channel.collect()
+    finally:
+        channel.close()
     return done.returncode, report.parse(text)
 
 

@@ -117,6 +117,8 @@ async def test_an_unreachable_adapter_is_retried_then_fails_and_each_env_is_clos
         and "opening a session" in json.loads(record["details"])["error"]
     )
     assert CLOSES.count("down-1") == 2 and record["attempt_id"].startswith("down-1.a2.")
+    # the adapter's fault, after its in-process retries: never trained, kept out of its group's mean
+    assert (record["failure_class"], record["failure_cause"]) == ("infrastructure", "adapter_error")
 
 
 def test_reward_record_drops_a_huge_conversation_and_falls_back_to_reward_for_solved() -> None:
@@ -127,6 +129,7 @@ def test_reward_record_drops_a_huge_conversation_and_falls_back_to_reward_for_so
     details = json.loads(record["details"])
     assert details["messages"] is None and details["messages_omitted"] is True
     assert record["solved"] is True and record["reward"] == 2.0 and record["group_size"] == 2
+    assert record["failure_class"] is None and record["failure_cause"] is None
 
 
 async def test_a_malformed_task_still_gets_a_reward_naming_the_failure() -> None:

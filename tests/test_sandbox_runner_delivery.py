@@ -201,3 +201,34 @@ async def test_a_failed_read_of_diffs_fetches_the_task_again_and_still_skips_it(
         answers._read = read_failing_once  # type: ignore[method-assign]
         await until(lambda: commit_is(kafka_bootstrap, namespace, 2))
     assert failures == [{0}] and gate.started == ["b"]
+
+
+async def test_an_injected_infrastructure_failure_is_rerun_as_a_new_rollout_up_to_the_budget(
+    kafka_bootstrap: str, namespace: str
+) -> None:
+    """The real attempt (``run_task``) with ``--inject-infra-failures 2 --infra-retries 1``: the first
+    creation fails, so the sample is re-run as ``row-g.r1-0`` (attempt 1, same group and sample index),
+    published on ``tasks`` before the diff that names it; the re-run's creation fails too and the budget is
+    spent: its diff names no re-run. Both failures are ``boot_failed`` with the injection in the error."""
+    settings = RunnerSettings.load({
+        "bootstrap_servers": kafka_bootstrap, "namespace": namespace, "consumer_group": GROUP,
+        "poll_ms": 100, "inject_infra_failures": 2, "infra_retries": 1, "boot_attempts": 3,
+    })  # fmt: skip
+    await publish(kafka_bootstrap, namespace, task("row-g-0", group_id="row-g", group_size=2))
+    service, stop = SandboxRunner(settings), asyncio.Event()
+    loop = asyncio.create_task(service.run(stop))
+    try:
+        await until(lambda: diff_count(kafka_bootstrap, namespace, 2))
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, 60)
+    tasks = await all_events(kafka_bootstrap, namespace, "tasks")
+    assert [(t["rollout_id"], t["attempt"], t["sample_index"], t["group_id"]) for t in tasks] == [
+        ("row-g-0", 0, 0, "row-g"), ("row-g.r1-0", 1, 0, "row-g"),
+    ]
+    diffs = {d["rollout_id"]: d for d in await all_events(kafka_bootstrap, namespace, "diffs")}
+    assert {r: (d["failure_kind"], d["rerun_rollout_id"]) for r, d in diffs.items()} == {
+        "row-g-0": ("boot_failed", "row-g.r1-0"), "row-g.r1-0": ("boot_failed", None),
+    }
+    assert all("injected infrastructure failure" in (d["error"] or "") for d in diffs.values())
+    assert service.kit.creations == 2  # not retried within the boot: each injection ends its attempt

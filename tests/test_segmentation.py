@@ -220,6 +220,20 @@ def test_a_second_different_reward_is_dead_lettered_the_first_one_counts() -> No
     assert len(dead) == 1 and "already has a reward" in dead[0]
 
 
+def test_a_reward_graded_again_after_a_grader_crash_is_a_duplicate_before_and_after_emission() -> None:
+    """The grader published, crashed before committing, and graded the same diff again: a new ``at`` and
+    new durations in ``details``, the same verdict. Neither copy is a second reward; a changed verdict is."""
+    writer = simple_rollout("r5b")
+    *events, (_, real) = writer.events
+    regraded = dict(real, at=real["at"] + 60_000, details='{"durations": {"eval": 1.25}}')
+    segmenter, segments, dead = run([*events, ("rewards", real), ("rewards", regraded)])
+    assert dead == [] and segments and segmenter.counts["duplicate"] == 1
+    _, again, dead = run([("rewards", dict(regraded, at=real["at"] + 120_000))], segmenter)  # sealed by now
+    assert again == [] and dead == [] and segmenter.counts["duplicate"] == 2
+    _, _, dead = run([("rewards", dict(regraded, reward=0.0, solved=False))], segmenter)
+    assert len(dead) == 1
+
+
 def test_only_the_rewarded_attempt_trains() -> None:
     first, second = simple_rollout("r6", attempt="x"), simple_rollout("r6", attempt="y", reward=0.25)
     events = [e for e in first.events if e[0] != "rewards"] + second.events

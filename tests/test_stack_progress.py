@@ -26,6 +26,7 @@ def test_a_run_folds_into_its_summary():
     assert summary == {
         "rollouts_submitted": 2, "rollouts_finished": 2, "rollouts_failed": 1, "solved": 1, "segments": 1,
         "train_steps": 1, "policy_version": 1, "tokens_trained": 10, "duplicates_dropped": 1,
+        "infrastructure_failures": 0, "infrastructure_failure_causes": {}, "reruns": 0,
     }  # fmt: skip
     assert progress.running == set()
     assert progress.turn_policy_versions == [0, 0, 1]
@@ -54,3 +55,25 @@ def test_a_continued_run_counts_only_its_own_events_and_steps_from_the_earlier_p
     progress.add("policy", {**SAMPLES["policy"], "version": 3})
     summary = progress.summary(train_steps=progress.policy_updates)
     assert (summary["rollouts_submitted"], summary["train_steps"], summary["policy_version"]) == (1, 1, 3)
+
+
+def test_infrastructure_failures_and_their_reruns_are_counted_by_cause():
+    """Injected boot failures: each is counted with its cause, its re-run by its own name; a policy failure
+    (timeout) is a failure but not the infrastructure's."""
+    infra = {"failure_kind": "rollout_failed", "failure_class": "infrastructure",
+             "failure_cause": "boot_failed"}  # fmt: skip
+    events = [
+        ("task", {**SAMPLES["task"], "rollout_id": "g-0"}),
+        ("task", {**SAMPLES["task"], "rollout_id": "g-1"}),
+        ("reward", {**SAMPLES["reward"], "rollout_id": "g-0", **infra, "rerun_rollout_id": "g.r1-0"}),
+        ("task", {**SAMPLES["task"], "rollout_id": "g.r1-0", "attempt": 1}),
+        ("reward", {**SAMPLES["reward"], "rollout_id": "g-1", "failure_kind": "timeout",
+                    "failure_class": "policy", "failure_cause": "timeout"}),
+        ("reward", {**SAMPLES["reward"], "rollout_id": "g.r1-0"}),
+    ]  # fmt: skip
+    progress = fold(events)
+    summary = progress.summary(train_steps=1)
+    counted = ("infrastructure_failures", "infrastructure_failure_causes", "reruns")
+    assert [summary[name] for name in counted] == [1, {"boot_failed": 1}, 1]
+    assert summary["rollouts_submitted"] == summary["rollouts_finished"] == 3
+    assert "1 by the infrastructure; 1 re-runs" in progress.line()

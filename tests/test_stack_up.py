@@ -59,3 +59,16 @@ def test_a_script_given_alone_serves_every_harness_and_a_codex_script_given_serv
     assert flag(alone, "--script") == str(mine) and "--codex-script" not in alone
     both = engine_argv(tmp_path, script=mine, codex_script=codex)
     assert (flag(both, "--script"), flag(both, "--codex-script")) == (str(mine), str(codex))
+
+
+def service_argv(tmp_path: Path, name: str, **given) -> list[str]:
+    stack = Stack("127.0.0.1:9", "ns", "http://127.0.0.1:1", "http://127.0.0.1:2", "adm", tmp_path, "key")
+    (spec,) = [s for s in service_specs(StackSettings(state_dir=tmp_path, **given), stack) if s.name == name]
+    return spec.argv
+
+
+def test_injected_infrastructure_failures_and_over_sampling_reach_the_runner_and_the_trainer(tmp_path: Path):
+    assert flag(service_argv(tmp_path, "sandbox-runner"), "--inject-infra-failures") is None  # off: not named
+    runner = service_argv(tmp_path, "sandbox-runner", inject_infra_failures=3)
+    assert flag(runner, "--inject-infra-failures") == "3"
+    assert flag(service_argv(tmp_path, "trainer", over_sample=2), "--over-sample") == "2"

@@ -60,7 +60,8 @@ def fake_segment(model, rng, group_id, rollout_id, index, k, reward) -> dict:
     return {
         "segment_id": f"{rollout_id}-{index}", "rollout_id": rollout_id, "group_id": group_id,
         "index": index, "num_segments": k, "prompt_ids": prompt, "response_ids": response, "loss_mask": mask,
-        "rollout_logprobs": logprobs, "trajectory_reward": reward, "policy_versions": [0] * len(response),
+        "rollout_logprobs": logprobs, "trajectory_reward": reward,
+        "policy_versions": [(index + j) % 4 for j in range(len(response))],  # a partial rollout: 0..3
         "attempt_id": "", "reward": reward / k,
     }  # fmt: skip
 
@@ -116,7 +117,14 @@ def naive_loss(model, groups: list[Group], config: LossConfig, normalize_std: bo
                     seq_log_ratio = sum(lp - old for (lp, _), old in zip(tokens, olds, strict=True)) / len(
                         tokens
                     )
-                for (lp, rollout_lp), old in zip(tokens, olds, strict=True):
+                versions = [v for v, m in zip(s["policy_versions"], s["loss_mask"], strict=True) if m]
+                for (lp, rollout_lp), old, version in zip(tokens, olds, versions, strict=True):
+                    if config.max_version_gap is not None and VERSION - version > config.max_version_gap:
+                        continue
+                    if config.icepop is not None and not (
+                        config.icepop[0] <= math.exp(lp.item() - rollout_lp) <= config.icepop[1]
+                    ):
+                        continue
                     ratio = torch.exp(seq_log_ratio if seq_log_ratio is not None else lp - old)
                     if ratio.item() < lo:
                         clipped = torch.tensor(lo, dtype=torch.float64)
@@ -141,7 +149,10 @@ CONFIGS = {
     "gspo": LossConfig(policy_loss="gspo", eps_clip_low=0.05, eps_clip_high=0.08, logits_chunk=4),
     "tis": LossConfig(policy_loss="ppo", tis_clip=1.5, logits_chunk=5),
     "gspo-tis": LossConfig(policy_loss="gspo", tis_clip=2.0, logits_chunk=2),
+    "version-gap": LossConfig(policy_loss="ppo", logits_chunk=3, max_version_gap=1),
+    "version-gap-icepop-tis": LossConfig(tis_clip=1.5, logits_chunk=4, max_version_gap=2, icepop=(0.5, 2.0)),
 }
+VERSION = 3  # the policy the step trains from: tokens of versions 0..3 are 3..0 versions stale
 
 
 def grads(model) -> dict[str, torch.Tensor]:
@@ -157,7 +168,7 @@ def test_loss_and_gradient_match_the_naive_computation(name: str, normalize_std:
     assert any(len(r) > 1 for g in groups for r in g.rollouts.values()), "several segments per rollout"
 
     model.zero_grad()
-    inputs = segment_inputs(groups, normalize_std=normalize_std)
+    inputs = segment_inputs(groups, normalize_std=normalize_std, version=VERSION)
     for s in inputs:
         s.rollout_logprobs = s.rollout_logprobs.double()
     loss, stats = batch_loss(PolicyForward(model), inputs, config)
@@ -173,6 +184,19 @@ def test_loss_and_gradient_match_the_naive_computation(name: str, normalize_std:
     for key in ours:
         torch.testing.assert_close(ours[key], theirs[key], rtol=1e-9, atol=1e-12, msg=key)
     assert stats.tokens == sum(sum(s["loss_mask"]) for g in groups for s in g.segments())
+    segments = [s for g in groups for s in g.segments()]
+    trained = [(v, lp.item() - rl) for s in segments for v, (lp, rl) in zip(
+        [v for v, m in zip(s["policy_versions"], s["loss_mask"], strict=True) if m],
+        naive_token_logprobs(model, s), strict=True)]  # fmt: skip
+    gap = config.max_version_gap
+    expected_gap = sum(VERSION - v > gap for v, _ in trained) if gap is not None else 0
+    band = config.icepop
+    expected_icepop = sum(
+        (gap is None or VERSION - v <= gap) and not band[0] <= math.exp(d) <= band[1] for v, d in trained
+    ) if band is not None else 0  # fmt: skip
+    assert (stats.version_gap_masked, stats.icepop_masked) == (expected_gap, expected_icepop)
+    if gap is not None or band is not None:
+        assert 0 < stats.version_gap_masked + stats.icepop_masked < stats.tokens, "some masked, not all"
     if config.tis_clip is None:
         assert 0 < stats.clipped < stats.tokens, "the batch must exercise clipping, not just the identity"
     else:

@@ -51,6 +51,23 @@ def test_a_rollout_in_flight_and_one_whose_run_failed() -> None:
     model.add(Entry("rewards", 0, 0, AT, "r-0", "reward", failed))
     o = overview(model)
     assert o["rollouts"]["failed"] == 1 and o["failure_kinds"] == {"timeout": 1}
+    assert o["failure_classes"] == {} and o["reruns"] == 0
+
+
+def test_infrastructure_failures_and_reruns_are_counted_apart_from_the_policys() -> None:
+    model = fold(entries([e for e in run_events() if e[0] == "tasks" and e[1]["rollout_id"] == "r-0"]))
+    infra = {"rollout_id": "r-0", "reward": 0.0, "solved": False, "failure_kind": "rollout_failed",
+             "failure_class": "infrastructure", "failure_cause": "boot_failed", "rerun_rollout_id": "r.r1-0"}
+    model.add(Entry("diffs", 0, 0, AT, "r-0", "diff", {"rollout_id": "r-0", "failure_kind": "boot_failed"}))
+    model.add(Entry("rewards", 0, 0, AT, "r-0", "reward", infra))
+    rerun = {**next(e[1] for e in run_events() if e[0] == "tasks"), "rollout_id": "r.r1-0", "attempt": 1}
+    model.add(Entry("tasks", 0, 1, AT, "r.r1-0", "task", rerun))
+    timeout = {"rollout_id": "r.r1-0", "reward": 0.0, "solved": False, "failure_kind": "timeout",
+               "failure_class": "policy", "failure_cause": "timeout"}
+    model.add(Entry("rewards", 0, 1, AT, "r.r1-0", "reward", timeout))
+    o = overview(model)
+    assert o["failure_classes"] == {"infrastructure": 1, "policy": 1} and o["reruns"] == 1
+    assert o["failure_kinds"] == {"boot_failed": 1, "timeout": 1}
 
 
 def test_the_fold_does_not_care_in_which_order_partitions_arrive() -> None:

@@ -1,7 +1,10 @@
 """From segment events to a training batch: validation, group completion, staleness, reducer weights.
 
 Plain data in, plain data out: a segment is its decoded ``segments`` record (a dict). A step trains whole
-groups only: every one of the group's ``group_size`` rollouts, each with all ``num_segments`` of its segments.
+groups only: every one of the group's ``group_size`` samples ended, each with all ``num_segments`` of its
+segments. A sample the infrastructure failed arrives as one marker segment without tokens
+(:mod:`rollbus.failures`): it ends its sample (or, with ``rerun_rollout_id``, leaves its place to the re-run),
+and it never trains nor enters the group's mean or std.
 The policy is the attacker here: a segment's token ids index the embedding, its lengths index each other, and
 its floats enter the loss, so anything malformed is refused with a reason before it is buffered.
 """
@@ -16,6 +19,7 @@ from typing import Any
 
 import torch
 
+from rollbus.failures import INFRASTRUCTURE
 from rollbus.routed_experts import RoutesError, RoutesRef, RoutesStore, cover, load
 from rollbus.trainer.advantages import group_advantages
 from rollbus.trainer.loss import SegmentInput
@@ -77,9 +81,25 @@ def fetch_routes(segment: Segment, store: RoutesStore, moe: MoeShape | None) -> 
     return {**segment, "routed_experts": ids.reshape(len(ids), moe.layers, moe.top_k)}
 
 
+def infrastructure_failed(segment: Segment) -> bool:
+    """A marker of a sample the infrastructure failed (:mod:`rollbus.failures`): never trained, never in
+    its group's mean or std."""
+    return segment.get("failure_class") == INFRASTRUCTURE
+
+
+def rerun_of(segment: Segment) -> str | None:
+    """The rollout that re-runs an infrastructure-failed sample, if one was submitted."""
+    rerun = segment.get("rerun_rollout_id")
+    return rerun if infrastructure_failed(segment) and isinstance(rerun, str) and rerun else None
+
+
 def validate(segment: Segment, vocab_size: int, moe: MoeShape | None = None) -> None:
     """Raise :class:`InvalidSegment` unless ``segment`` is internally consistent and fits the model (``moe``:
     the model's routing shape, against which recorded experts are checked; None for a dense model)."""
+    if infrastructure_failed(segment):
+        if segment["prompt_ids"] or segment["response_ids"] or segment["num_segments"] != 1:
+            raise InvalidSegment(f"segment {segment['segment_id']!r}: an infrastructure marker has tokens")
+        return
     n = len(segment["response_ids"])
     mask = mask_of(segment)
     if len(mask) != n or len(segment["rollout_logprobs"]) != n or len(segment["policy_versions"]) != n:
@@ -124,14 +144,46 @@ class Group:
         return [self.rollouts[r][i] for r in sorted(self.rollouts) for i in sorted(self.rollouts[r])]
 
     def rewards(self) -> dict[str, float]:
-        return {r: float(segs[0]["trajectory_reward"]) for r, segs in self.rollouts.items()}
+        """The trajectory reward of every valid sample: an infrastructure-failed one has none."""
+        return {r: float(_first(segs)["trajectory_reward"]) for r, segs in self.valid().items()}
+
+    def valid(self) -> dict[str, dict[int, Segment]]:
+        """The samples that may train: every one with all its segments, but the infrastructure-failed ones
+        (an over-sampled group completes with some samples still arriving: those never train)."""
+        return {
+            r: segs for r, segs in self.rollouts.items()
+            if _whole(segs) and not infrastructure_failed(_first(segs))
+        }  # fmt: skip
+
+    def infrastructure_failed(self) -> list[str]:
+        """Rollout ids of the samples the infrastructure failed (re-run or not)."""
+        return sorted(r for r, segs in self.rollouts.items() if infrastructure_failed(_first(segs)))
+
+    def reruns(self) -> int:
+        """Infrastructure-failed samples whose re-run takes their place: each admits one more rollout."""
+        return sum(1 for segs in self.rollouts.values() if rerun_of(_first(segs)) is not None)
+
+    def ended(self) -> int:
+        """Samples that ended for good: valid, or infrastructure-failed with no re-run to come."""
+        return len(self.rollouts) - self.reruns()
+
+
+def _first(segments: Mapping[int, Segment]) -> Segment:
+    """Any segment of a rollout: all of them share its reward, attempt and failure class."""
+    return next(iter(segments.values()))
+
+
+def _whole(segments: Mapping[int, Segment]) -> bool:
+    """Whether all the rollout's segments are here."""
+    return len(segments) == _first(segments)["num_segments"]
 
 
 class GroupBuffer:
     """Segments of groups not yet complete; completed groups queue in completion order."""
 
-    def __init__(self, group_size: int) -> None:
+    def __init__(self, group_size: int, over_sample: int = 0) -> None:
         self.group_size = group_size
+        self.over_sample = over_sample  # groups are submitted with group_size + over_sample samples
         self.pending: dict[str, Group] = {}
         self.complete: list[Group] = []
         # groups trained, dropped or skipped -> the event time (ms) they finished at: later segments are late
@@ -148,8 +200,9 @@ class GroupBuffer:
         group = self.pending.setdefault(group_id, Group(group_id))
         rollout = group.rollouts.get(rollout_id)
         if rollout is None:
-            if len(group.rollouts) >= self.group_size:
-                raise InvalidSegment(f"group {group_id!r} already has {self.group_size} rollouts")
+            samples = self.group_size + self.over_sample
+            if group.ended() + (rerun_of(segment) is None) > samples:
+                raise InvalidSegment(f"group {group_id!r} already has {samples} rollouts")
             rollout = group.rollouts.setdefault(rollout_id, {})
         self._check_fits(rollout, segment)
         rollout[segment["index"]] = segment
@@ -173,15 +226,21 @@ class GroupBuffer:
         if not rollout:
             return
         first = next(iter(rollout.values()))
-        for key in ("num_segments", "attempt_id", "trajectory_reward"):
-            if segment[key] != first[key]:
+        for key in ("num_segments", "attempt_id", "trajectory_reward", "failure_class"):
+            if segment.get(key) != first.get(key):
                 raise InvalidSegment(f"segment {segment['segment_id']!r}: {key} differs from its rollout's")
         if segment["index"] in rollout:
             raise InvalidSegment(f"segment {segment['segment_id']!r}: index {segment['index']} already taken")
 
     def _is_complete(self, group: Group) -> bool:
-        return len(group.rollouts) == self.group_size and all(
-            len(r) == next(iter(r.values()))["num_segments"] for r in group.rollouts.values()
+        """Every sample ended for good (valid, or infrastructure-failed with no re-run to come), each with
+        all its segments; a re-run that arrives before its failed sample's marker fills the sample's place.
+        Over-sampled (``over_sample`` k: groups of n + k), the group completes as soon as n samples are valid
+        and whole (the first n: the rest arrive late), or once all n + k ended."""
+        if self.over_sample and len(group.valid()) >= self.group_size:
+            return True
+        return group.ended() == self.group_size + self.over_sample and all(
+            _whole(r) for r in group.rollouts.values()
         )
 
     def take(self, n: int) -> list[Group]:
@@ -232,26 +291,45 @@ class GroupBuffer:
         return [s for g in (*self.pending.values(), *self.complete) for s in g.segments()]
 
 
-def segment_inputs(groups: Sequence[Group], *, normalize_std: bool) -> list[SegmentInput]:
-    """Every trainable segment of ``groups`` with its trajectory's advantage and its reducer weight."""
-    rollouts = sum(len(g.rollouts) for g in groups)
+def too_few_valid(group: Group, minimum: int, group_size: int) -> str | None:
+    """Why a completed group is dropped for the samples the infrastructure failed (fewer valid ones than
+    ``minimum``, at most ``group_size``), else None."""
+    valid, failed = len(group.valid()), len(group.infrastructure_failed())
+    if valid >= min(minimum, group_size):
+        return None
+    return (f"{valid} valid sample(s) of {group_size} after {failed} infrastructure failure(s) "
+            f"(minimum {min(minimum, group_size)})")  # fmt: skip
+
+
+def segment_inputs(
+    groups: Sequence[Group], *, normalize_std: bool, version: int | None = None
+) -> list[SegmentInput]:
+    """Every trainable segment of ``groups`` with its trajectory's advantage and its reducer weight. Only
+    valid samples: an infrastructure-failed one enters neither its group's mean and std nor the batch."""
+    rollouts = sum(len(g.valid()) for g in groups)
     inputs = []
     for group in groups:
         advantages = group_advantages(group.rewards(), normalize_std=normalize_std)
-        for rollout_id, segments in sorted(group.rollouts.items()):
+        for rollout_id, segments in sorted(group.valid().items()):
             mask_total = sum(sum(mask_of(s)) for s in segments.values())
             for index in sorted(segments):
                 segment = segments[index]
                 if sum(mask_of(segment)) == 0:
                     continue
-                inputs.append(_input(segment, advantages[rollout_id], 1.0 / (mask_total * rollouts)))
+                weight = 1.0 / (mask_total * rollouts)
+                inputs.append(_input(segment, advantages[rollout_id], weight, version))
     return inputs
 
 
-def _input(segment: Segment, advantage: float, weight: float) -> SegmentInput:
+def _input(segment: Segment, advantage: float, weight: float, version: int | None = None) -> SegmentInput:
+    """``version``: the policy the step trains from, against which each trained token's staleness is taken
+    (the loss's version-gap mask); None: unknown."""
     prompt = segment["prompt_ids"]
     mask = torch.frombuffer(bytearray(mask_of(segment)), dtype=torch.uint8).bool()
     masked = torch.nonzero(mask)[:, 0]
+    stale = None
+    if version is not None:
+        stale = version - torch.tensor(segment["policy_versions"], dtype=torch.long)[masked]
     return SegmentInput(
         input_ids=torch.tensor([*prompt, *segment["response_ids"]], dtype=torch.long),
         positions=masked + len(prompt),
@@ -259,6 +337,7 @@ def _input(segment: Segment, advantage: float, weight: float) -> SegmentInput:
         advantage=advantage,
         weight=weight,
         routed_experts=routed_experts_of(segment),
+        staleness=stale,
     )
 
 

@@ -9,7 +9,9 @@ Ratios are taken against the rollout log-probabilities (the sampling policy is t
 PPO-style with separate low/high epsilon; ``gspo`` replaces each token's ratio by its segment's sequence
 ratio (the geometric mean over masked tokens); ``tis_clip`` takes the ratio against the trainer's own
 log-probabilities instead and multiplies each token by the truncated importance weight
-min(pi_trainer / pi_rollout, C).
+min(pi_trainer / pi_rollout, C). Two masks keep tokens out of the loss, each counted: ``max_version_gap`` (a
+partial rollout's tokens sampled more than N versions before the step's policy) and ``icepop`` (tokens whose
+ratio pi_trainer / pi_rollout leaves a band, as IcePop does).
 
 The reducer: a segment's summed token loss is divided by the mask total of *all* segments of its rollout, and
 by the number of rollouts in the step, so each trajectory counts once however many segments it was cut into.
@@ -39,6 +41,8 @@ class LossConfig:
     tis_clip: float | None = None  # None: ratios against the rollout policy, no TIS
     logits_chunk: int = 512  # masked positions per LM-head chunk (~2 x 512 x vocab floats); 0: full logits
     mismatch_unreplayed: bool = False  # MoE with replay: one more forward per segment, on its own routing
+    max_version_gap: int | None = None  # mask tokens sampled over N versions before the step's; None: off
+    icepop: tuple[float, float] | None = None  # mask tokens whose pi_trainer / pi_rollout leaves [low, high]
 
 
 @dataclass
@@ -58,6 +62,8 @@ class SegmentInput:
     # None: a dense model, or a rollout that did not record them (the trainer routes on its own)
     routed_experts: torch.Tensor | None = None
     filler: bool = False  # an empty pass keeping a rank in step with the others under FSDP2; trains nothing
+    # versions between the step's policy and the one that sampled each trained token, (M,); None: unknown
+    staleness: torch.Tensor | None = None
 
 
 @dataclass
@@ -83,6 +89,10 @@ class LossStats:
     unreplayed_abs_diff: float = 0.0
     unreplayed_approx_kl: float = 0.0
     unreplayed_ratio_outside: float = 0.0
+    # tokens kept out of the loss by cause: sampled too many versions ago (max_version_gap), ratio outside the
+    # IcePop band (counted only among those the gap kept)
+    version_gap_masked: float = 0.0
+    icepop_masked: float = 0.0
     abs_diff_max: float = 0.0  # maxima, not sums: reduced with max across segments and ranks
     unreplayed_abs_diff_max: float = 0.0
 
@@ -168,8 +178,31 @@ def mismatch_sums(logp: torch.Tensor, rollout_logprobs: torch.Tensor) -> tuple[f
     )
 
 
+@torch.no_grad()
+def kept_tokens(
+    logp: torch.Tensor, rollout_logprobs: torch.Tensor, staleness: torch.Tensor | None, config: LossConfig
+) -> tuple[torch.Tensor, float, float]:
+    """Which trained tokens stay in the loss, and how many each mask took out: the version-gap mask (sampled
+    more than ``max_version_gap`` versions before the step's policy), then IcePop (the ratio pi_trainer /
+    pi_rollout outside ``icepop``'s band). A masked token adds neither loss nor gradient; the reducer's
+    weights are unchanged (a trajectory still counts once)."""
+    keep = torch.ones_like(logp, dtype=torch.bool)
+    gap_masked = icepop_masked = 0.0
+    if config.max_version_gap is not None and staleness is not None:
+        keep &= staleness.to(logp.device) <= config.max_version_gap
+        gap_masked = float((~keep).sum())
+    if config.icepop is not None:
+        low, high = config.icepop
+        ratio = torch.exp(logp.detach() - rollout_logprobs)
+        inside = (ratio >= low) & (ratio <= high)
+        icepop_masked = float((keep & ~inside).sum())
+        keep &= inside
+    return keep, gap_masked, icepop_masked
+
+
 def segment_loss(
-    logp: torch.Tensor, rollout_logprobs: torch.Tensor, advantage: float, weight: float, config: LossConfig
+    logp: torch.Tensor, rollout_logprobs: torch.Tensor, advantage: float, weight: float, config: LossConfig,
+    staleness: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """The segment's weighted summed token loss (a scalar with grad) and its token statistics."""
     rollout_logprobs = rollout_logprobs.to(logp.dtype)
@@ -178,17 +211,23 @@ def segment_loss(
     else:
         old = logp.detach()
         is_weight = torch.exp(old - rollout_logprobs).clamp(max=config.tis_clip)
+    masking = config.max_version_gap is not None or config.icepop is not None
+    keep, gap_masked, icepop_masked = kept_tokens(logp, rollout_logprobs, staleness, config)
     log_ratio = logp - old
     if config.policy_loss == "gspo":
-        log_ratio = log_ratio.mean().expand_as(log_ratio)
+        kept = keep.sum().clamp(min=1) if masking else len(log_ratio)  # the sequence ratio of the kept tokens
+        log_ratio = (log_ratio * keep if masking else log_ratio).sum().div(kept).expand_as(log_ratio)
     ratio = torch.exp(log_ratio)
     unclipped = ratio * advantage
     clipped = ratio.clamp(1 - config.eps_clip_low, 1 + config.eps_clip_high) * advantage
     per_token = -torch.minimum(unclipped, clipped) * is_weight
+    if masking:  # only then: the default loss is bit for bit the one without masks
+        per_token = per_token * keep
     abs_diff, abs_diff_max, approx_kl, ratio_outside = mismatch_sums(logp, rollout_logprobs)
     stats = LossStats(
         tokens=float(len(logp)), clipped=float((clipped < unclipped).sum()), is_weight=float(is_weight.sum()),
         approx_kl=approx_kl, abs_diff=abs_diff, abs_diff_max=abs_diff_max, ratio_outside=ratio_outside,
+        version_gap_masked=gap_masked, icepop_masked=icepop_masked,
     )  # fmt: skip
     return per_token.sum() * weight, stats
 
@@ -241,7 +280,8 @@ def batch_loss(
             logp, entropy = forward(ids, positions, config.logits_chunk)
             agreed, recorded = forward.replay.agreement() if replayed and forward.replay else (0, 0)
             loss, seg_stats = segment_loss(
-                logp, segment.rollout_logprobs.to(device), segment.advantage, segment.weight, config
+                logp, segment.rollout_logprobs.to(device), segment.advantage, segment.weight, config,
+                segment.staleness,
             )
             if segment.filler:
                 loss = loss * 0.0

@@ -46,6 +46,7 @@ from rollbus.trainer.batch import (
     segment_inputs,
     split_for_ranks,
     staleness,
+    too_few_valid,
     validate,
 )
 from rollbus.trainer.feed import SegmentFeed, latest_policy_version, push_weights
@@ -66,7 +67,7 @@ class Trainer:
         self.segments_topic = topic_name("segments", self.settings.namespace)
         self.policy_topic = topic_name("policy", self.settings.namespace)
         self.steps_topic = topic_name("train-steps", self.settings.namespace)
-        self.buffer = GroupBuffer(self.settings.group_size)
+        self.buffer = GroupBuffer(self.settings.group_size, self.settings.over_sample)
         self.routes = RoutesStore(self.settings.routes_dir())
         self.buffer.finished.update(learner.state.finished_groups)
         self.buffer.clock_ms = max(self.buffer.finished.values(), default=0)
@@ -161,8 +162,20 @@ class Trainer:
             self._finish(group)
 
     def _screen(self, group: Group) -> None:
-        """Drop a just-completed group that is too stale, or (if so set) has no reward variance."""
+        """Drop a just-completed group left with too few valid samples, too stale, or (if so set) without
+        reward variance among its valid samples."""
         segments = group.segments()
+        failed = group.infrastructure_failed()
+        self.counters["infrastructure_samples"] += len(failed)
+        if failed:
+            log.info("group %s: %d sample(s) failed by the infrastructure, out of its mean and batch: %s",
+                     group.group_id, len(failed), ", ".join(failed))  # fmt: skip
+        why = too_few_valid(group, self.settings.min_valid_samples, self.settings.group_size)
+        if why is not None:
+            log.warning("group %s dropped: %s", group.group_id, why)
+            self.counters["infrastructure_groups_dropped"] += 1
+            self._finish(group, drop=True)
+            return
         limit = self.settings.max_staleness
         # the version it will be trained on: a completed group is trained by the step it completes for
         oldest = max(staleness(s, self.learner.state.version) for s in segments)
@@ -198,7 +211,7 @@ class Trainer:
         groups = self.buffer.take(settings.rollout_batch_size)
         for group in groups:
             self._finish(group)
-        inputs = segment_inputs(groups, normalize_std=settings.normalize_std)
+        inputs = segment_inputs(groups, normalize_std=settings.normalize_std, version=trained_on)
         shares = split_for_ranks(inputs, learner.world_size)
         self.fault("before_train")
         result = await asyncio.to_thread(learner.step, shares)
@@ -245,7 +258,7 @@ class Trainer:
     def _row(self, groups: list[Group], result: StepResult, trained_on: int) -> dict[str, Any]:
         """The step's log row; staleness against ``trained_on``, the version the batch was trained from
         (the row's ``version`` is the one the step produced: ``trained_on + 1``), so on-policy reads 0."""
-        segments = [s for g in groups for s in g.segments()]
+        segments = [s for g in groups for segs in g.valid().values() for s in segs.values()]
         rewards = [r for g in groups for r in g.rewards().values()]
         stale = [staleness(s, trained_on) for s in segments]
         response_tokens = sum(len(s["response_ids"]) for s in segments)
@@ -257,12 +270,15 @@ class Trainer:
             "groups": len(groups), "group_ids": [g.group_id for g in groups],
             "segment_ids": [s["segment_id"] for s in segments],
             "rollouts": len(rewards), "segments": len(segments),
+            "infrastructure_failed": sum(len(g.infrastructure_failed()) for g in groups),
             "tokens_trained": int(result.stats.tokens), "response_tokens": response_tokens,
             "masked_fraction": masked / max(response_tokens, 1),
             "staleness_mean": sum(stale) / len(stale),
             "staleness_max": max(stale), "staleness_min": min(stale),
             "loss": result.loss, "grad_norm": result.grad_norm,
             "clip_fraction": result.stats.clipped / tokens, "approx_kl": result.stats.approx_kl / tokens,
+            "version_gap_masked_fraction": result.stats.version_gap_masked / tokens,
+            "icepop_masked_fraction": result.stats.icepop_masked / tokens,
             "entropy": result.stats.entropy / tokens, "is_weight_mean": result.stats.is_weight / tokens,
             **mismatch(result.stats),
         }  # fmt: skip

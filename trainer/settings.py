@@ -28,6 +28,14 @@ class TrainerSettings(ModelSettings, BusSettings):
     rollout_batch_size: int = Field(8, gt=0, description="complete groups per optimiser step")
     steps: int = Field(0, ge=0, description="stop at this many steps in total (across restarts); 0: never")
     skip_zero_variance: bool = Field(True, description="skip groups whose rollouts all scored the same")
+    over_sample: int = Field(
+        0, ge=0, description="groups are submitted with --group-size + N samples (rollbus submit "
+        "--n-samples-per-prompt): each trains its first --group-size valid ones, the rest arrive late"
+    )
+    min_valid_samples: int = Field(
+        2, ge=1, description="drop a group (counted) left with fewer valid samples than this (at most its "
+        "size) once its infrastructure failures are out: those never train nor enter its mean"
+    )
     max_staleness: int | None = Field(
         None, ge=0, description="drop groups sampled more than N policy versions ago; unset: keep all"
     )
@@ -54,6 +62,19 @@ class TrainerSettings(ModelSettings, BusSettings):
         None, gt=0, description="truncated importance sampling against the rollout policy, capped at C"
     )
     normalize_std: bool = Field(True, description="divide group advantages by the group's reward std")
+    max_version_gap: int | None = Field(
+        None, ge=0, description="mask (leave out of the loss) tokens sampled more than N policy versions "
+        "before the step's (a partial rollout's oldest turns); unset: none; counted as "
+        "version_gap_masked_fraction"
+    )
+    icepop_low: float | None = Field(
+        None, gt=0, description="IcePop: mask tokens whose pi_trainer / pi_rollout is below this (with "
+        "--icepop-high); counted as icepop_masked_fraction"
+    )
+    icepop_high: float | None = Field(
+        None, gt=0, description="IcePop: mask tokens whose pi_trainer / pi_rollout is above this (with "
+        "--icepop-low)"
+    )
     logits_chunk: int = Field(
         512,
         ge=0,
@@ -119,8 +140,14 @@ class TrainerSettings(ModelSettings, BusSettings):
         return LossConfig(
             policy_loss=self.policy_loss, eps_clip_low=self.eps_clip_low, eps_clip_high=self.eps_clip_high,
             tis_clip=self.tis_clip, logits_chunk=self.logits_chunk,
-            mismatch_unreplayed=self.mismatch_unreplayed,
+            mismatch_unreplayed=self.mismatch_unreplayed, max_version_gap=self.max_version_gap,
+            icepop=self.icepop(),
         )  # fmt: skip
+
+    def icepop(self) -> tuple[float, float] | None:
+        if self.icepop_low is None and self.icepop_high is None:
+            return None
+        return (self.icepop_low or 0.0, self.icepop_high if self.icepop_high is not None else float("inf"))
 
     def optim(self) -> OptimConfig:
         from rollbus.trainer.step import OptimConfig

@@ -36,11 +36,15 @@ ALWAYS_EQUAL = "always_equal"
 DYNAMIC_CODE = "dynamic_code"
 UNEXPECTED_TESTS = "unexpected_tests"
 BINARY_STRIPPED = "binary_stripped"
+UNSCANNABLE = "unscannable"  # a changed Python file the scan could not parse or walk
+SPAWNS_PROCESS = "spawns_process"  # seen while the tests ran: changed code started a process
+NATIVE_ACCESS = "native_access"  # seen while the tests ran: changed code used gc's object graph or ctypes
+READS_TESTS = "reads_tests"  # seen while the tests ran: changed code opened a row test file for reading
 
 ZEROING = frozenset({
     TOUCHES_TESTS, TOUCHES_CONFTEST, TOUCHES_TEST_CONFIG, SITE_HOOKS, TOUCHES_BYTECODE, SHADOWS_STDLIB,
     SHADOWS_TOOLCHAIN, TOUCHES_GIT, EXIT_TRICKS, TEST_FRAMEWORK, CALLER_INTROSPECTION, ALWAYS_EQUAL,
-    DYNAMIC_CODE, UNEXPECTED_TESTS,
+    DYNAMIC_CODE, UNEXPECTED_TESTS, UNSCANNABLE, SPAWNS_PROCESS, NATIVE_ACCESS, READS_TESTS,
 })  # fmt: skip
 """Flags that zero the reward by default; the others (binary hunks stripped) are only reported."""
 

@@ -1,50 +1,138 @@
 """The grader's own pytest plugin: shipped read-only to ``/eval`` and loaded with ``-p`` in the test sandbox.
 
-It runs the grade's canary tests (:mod:`rollbus.grading.canaries`) at the end of the same session and writes
-the report the verdict reads, as JSON lines: every test phase's outcome as the last hook wrapper sees it, and
-how the session ended. Code under test shares the process and can rewrite anything here; the canaries (one
-must fail, one must pass) are what tells a forged session from an honest one. A must-fail canary is recorded
-as it failed and then shown to pytest as passed, so canaries never change pytest's exit status, ``-x`` or
-the summary's verdict. Runs under the sandbox's own Python and pytest (7 and later); imports nothing of
-rollbus.
+It claims the grader's channel (:mod:`rollbus_channel`, pipes opened before the sandbox started) when pytest
+loads it, before any repository code runs; a pytest without the channel (one the code under test started)
+reports nothing. It runs the grade's canary tests (:mod:`rollbus.grading.canaries`), built in memory from
+the channel's configuration (never a file the tested code could list or read), as modules of the row's
+test directories (so the same ``conftest.py`` files apply), after the session's own collection and
+deselection; and it writes the report the verdict reads, as JSON lines: every test phase's outcome as the
+last hook wrapper sees it with the file the test was collected from, modules skipped or failed while
+collected, an ``Exit``/``KeyboardInterrupt``, and how the session ended. A must-fail canary is recorded as
+it failed and then shown to pytest as passed, so canaries never change pytest's exit status, ``-x`` or the
+summary's verdict. Runs under the sandbox's Python and pytest (7 and later); imports nothing of rollbus.
 """
 
-import json
+import ast
 import os
+import types
 
 import pytest
+import rollbus_channel as _channel
 
-REPORT = os.environ.get("ROLLBUS_REPORT", "")
-CANARIES = frozenset(p for p in os.environ.get("ROLLBUS_CANARIES", "").split(os.pathsep) if p)
-MUST_FAIL = frozenset(n for n in os.environ.get("ROLLBUS_MUST_FAIL", "").split(",") if n)
-RUN = os.urandom(8).hex()
+_config = _channel.claim() or {}
+_framework = []  # pytest, pluggy, unittest's classes as the session started
+_canary_items = {}  # id(item) -> item
 _canaries_seen = [0]
 
 
 def _write(record):
-    if REPORT:
-        with open(REPORT, "a", encoding="utf-8") as out:
-            out.write(json.dumps({"run": RUN, **record}) + "\n")
+    _channel.write({"run": _config.get("run", ""), **record})
 
 
 def _is_canary(item):
-    path = getattr(item, "path", None) or getattr(item, "fspath", None)
-    return str(path) in CANARIES
+    return id(item) in _canary_items
+
+
+class _CanaryModule(pytest.Module):
+    """A canary module of the grade, compiled from the channel's source: no file of it exists."""
+
+    def _getobj(self):
+        spec = _config["canaries"]
+        module = types.ModuleType(spec["module"])
+        module.__file__ = str(self.path)
+        exec(_compiled(spec["source"], str(self.path), self.config), module.__dict__)
+        return module
+
+
+def _compiled(source, path, config):
+    """The canaries' code with their ``assert`` rewritten as pytest rewrites a test module's (so what is done
+    to the tests' asserts is done to theirs)."""
+    tree = ast.parse(source, path)
+    try:
+        from _pytest.assertion.rewrite import rewrite_asserts
+
+        rewrite_asserts(tree, source.encode(), path, config)
+    except Exception:  # another pytest's signature: plain asserts still pass and fail as they must
+        tree = ast.parse(source, path)
+    return compile(tree, path, "exec", dont_inherit=True)
+
+
+def _collected(node):
+    for child in node.collect():
+        if isinstance(child, pytest.Item):
+            yield child
+        else:
+            yield from _collected(child)
+
+
+def _canaries(session, items):
+    """The grade's canary items, one module per row test directory, each a child of the collector that
+    holds that directory's tests (or of the session)."""
+    spec = _config.get("canaries")
+    if not spec:
+        return []
+    parents = {}
+    for item in items:
+        for node in item.listchain():
+            path = getattr(node, "path", None)
+            directory = isinstance(node, pytest.Collector) and not isinstance(node, pytest.Module)
+            if path is not None and directory:
+                parents.setdefault(str(path), node)
+    found = []
+    for directory in spec["dirs"]:
+        parent = parents.get(directory, session)
+        path = type(session.path)(directory) / (spec["module"] + ".py")
+        found.extend(_collected(_CanaryModule.from_parent(parent, path=path)))
+    return found
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session):
+    if _config:  # after pytest configured itself (it sets class attributes then), before collection
+        _framework[:] = _channel.framework_classes()
 
 
 def pytest_configure(config):
-    if not hasattr(config, "workerinput"):
-        config.args.extend(sorted(CANARIES))
-    _write({"event": "start", "pid": os.getpid()})
+    if _config:
+        _config.setdefault("run", os.urandom(8).hex())
+        _write({"event": "start"})
+
+
+def _fixtures_and_items(session, items):
+    """Fixtures come from test files, conftest files and installed plugins only: one whose function lives
+    in any other file (an imported function, class or module given pytest's fixture marker) is reported
+    with that file, as is an item whose ``runtest`` was replaced on the item itself."""
+    try:
+        definitions = session._fixturemanager._arg2fixturedefs
+    except AttributeError:  # another pytest's internals: the items are still checked
+        definitions = {}
+    for name, defs in list(definitions.items()):
+        for fixturedef in defs:
+            func = getattr(fixturedef, "func", None)
+            filename = getattr(getattr(func, "__code__", None), "co_filename", "") or ""
+            base = os.path.basename(filename)
+            if base == "conftest.py" or base.startswith("test_") or base.endswith("_test.py"):
+                continue
+            _channel.report_object("fixture", func, f"fixture {name}")
+    for item in items:
+        if "runtest" in vars(item):
+            _channel.report_object("framework", item.runtest, f"{item.nodeid}: runtest replaced")
+            record = {"nodeid": item.nodeid, "when": "call", "outcome": "error", "xfail": False}
+            _write({"event": "test", **record})
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_collection_modifyitems(session, config, items):
-    canaries = [item for item in items if _is_canary(item)]
     yield
-    others = [item for item in items if not _is_canary(item)]  # a -k or -m deselection keeps canaries
-    canaries.sort(key=lambda item: item.name in MUST_FAIL)  # must-pass first: -x stops at a must-fail
-    items[:] = others + canaries
+    if not _config or hasattr(config, "workerinput"):
+        return
+    _fixtures_and_items(session, items)
+    canaries = _canaries(session, items)
+    for item in canaries:
+        _canary_items[id(item)] = item
+    must_fail = set(_config.get("must_fail", ()))
+    canaries.sort(key=lambda item: item.name in must_fail)  # must-pass first: -x stops at a must-fail
+    items[:] = [item for item in items if not _is_canary(item)] + canaries
     _canaries_seen[0] = len(canaries)
 
 
@@ -58,6 +146,10 @@ def pytest_runtestloop(session):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
+    if "runtest" in vars(item) and report.when == "call":  # replaced on the item while it ran: not run
+        _channel.report_object("framework", item.runtest, f"{item.nodeid}: runtest replaced")
+        record = {"nodeid": report.nodeid, "when": "call", "outcome": "error", "xfail": False}
+        _write({"event": "test", **record})
     _write(
         {
             "event": "test",
@@ -65,18 +157,30 @@ def pytest_runtest_makereport(item, call):
             "when": report.when,
             "outcome": report.outcome,
             "xfail": hasattr(report, "wasxfail"),
+            "path": str(getattr(item, "path", None) or getattr(item, "fspath", "")),
         }
     )
-    if _is_canary(item) and item.name in MUST_FAIL and report.outcome == "failed":
+    if _is_canary(item) and item.name in _config.get("must_fail", ()) and report.outcome == "failed":
         report.outcome = "passed"
         report.longrepr = None
 
 
 def pytest_collectreport(report):
-    if report.failed:
-        _write({"event": "collect", "nodeid": report.nodeid, "outcome": "failed"})
+    if report.failed or report.skipped:  # a module skipped while collected is a test file that yielded none
+        _write({"event": "collect", "nodeid": report.nodeid, "outcome": report.outcome})
+
+
+def pytest_keyboard_interrupt(excinfo):
+    """``pytest.exit`` and ``KeyboardInterrupt`` both end here: the session did not run to its end."""
+    _write({"event": "interrupt", "what": type(excinfo.value).__name__})
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
+    _channel.report_framework_changes(_framework)
     _write({"event": "finish", "exitstatus": int(exitstatus), "collected": session.testscollected})
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    _channel.release()

@@ -3,8 +3,9 @@
 One test run per pytest session or unittest run in the command (a command may run several). A run that started
 and never wrote ``finish`` did not end on its own: it was killed, or left through ``os._exit`` or a signal
 from inside a test. A test's status is the worst of its phases: a failed call is FAILED, a failed set-up,
-tear-down or collection ERROR, a skip SKIPPED, an expected failure XFAIL, an unexpected pass (non-strict
-xfail) XPASS; PASSED only when the call passed and nothing else failed. Pure.
+tear-down or collection ERROR, a skip (a module skipped while collected too) SKIPPED, an expected failure
+XFAIL, an unexpected pass (non-strict xfail) XPASS; PASSED only when the call passed and nothing else
+failed. Pure.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ class TestRun:
     finished: bool = False
     exitstatus: int | None = None
     tests: dict[str, str] = field(default_factory=dict)  # test name -> status
+    paths: dict[str, str] = field(
+        default_factory=dict
+    )  # test name -> the absolute file it was collected from
+    interrupted: str = ""  # what ended the run early (``Exit``, ``KeyboardInterrupt``); "" when nothing did
 
     def record(self, name: str, status: str) -> None:
         name = name[:MAX_NAME]
@@ -37,6 +42,7 @@ def parse(text: str) -> list[TestRun]:
     the grader's own code writes (the file is then not the grader's)."""
     runs: dict[str, TestRun] = {}
     phases: dict[tuple[str, str], dict[str, tuple[str, bool]]] = {}
+    pids: dict[str, object] = {}
     lines = text.splitlines()
     if len(lines) > MAX_LINES:
         raise ValueError(f"the report has more than {MAX_LINES} lines")
@@ -45,6 +51,10 @@ def parse(text: str) -> list[TestRun]:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"report line {number} is not JSON: {exc}") from None
+        if isinstance(record, dict) and record.get("event") == "audit":
+            if not all(isinstance(record.get(k), str) for k in ("kind", "actor", "detail")):
+                raise ValueError(f"report line {number}: malformed audit record")
+            continue  # what the code did while it ran: :func:`audit`
         if not isinstance(record, dict) or not isinstance(record.get("run"), str):
             raise ValueError(f"report line {number} is not a record")
         event, rid = record.get("event"), record["run"]
@@ -52,10 +62,13 @@ def parse(text: str) -> list[TestRun]:
             if rid in runs:
                 raise ValueError(f"report line {number}: test run {rid} started twice")
             runs[rid] = TestRun(rid)
+            pids[rid] = record.get("pid")
             continue
         run = runs.get(rid)
         if run is None or run.finished:
             raise ValueError(f"report line {number}: {event} outside a running test run")
+        if record.get("pid") != pids[rid]:  # a forked copy of the process that claimed the channel
+            raise ValueError(f"report line {number}: a record of run {rid} from another process")
         if event == "finish":
             code = record.get("exitstatus")
             if not isinstance(code, int):
@@ -66,13 +79,17 @@ def parse(text: str) -> list[TestRun]:
             if not isinstance(name, str) or outcome not in ("passed", "failed", "skipped", "error"):
                 raise ValueError(f"report line {number}: malformed {event} record")
             if event == "collect":
-                run.record(name, ERROR)
+                run.record(name, SKIPPED if outcome == "skipped" else ERROR)
             else:
+                if isinstance(record.get("path"), str) and record["path"]:
+                    run.paths.setdefault(name[:MAX_NAME], record["path"][:MAX_NAME])
                 when = str(record.get("when", "call"))
                 seen = phases.setdefault((rid, name), {})
                 new = (outcome, bool(record.get("xfail")))
                 if when not in seen or OUTCOME_RANK[outcome] > OUTCOME_RANK[seen[when][0]]:
                     seen[when] = new  # one phase reported twice (a result method calling another): the worse
+        elif event == "interrupt":
+            run.interrupted = str(record.get("what") or "interrupted")[:100]
         else:
             raise ValueError(f"report line {number}: unknown event {event!r}")
     for (rid, name), by_phase in phases.items():
@@ -93,6 +110,40 @@ def status(phases: dict[str, tuple[str, bool]]) -> str:
     if call is None:
         return ERROR  # set up and never called: the run stopped under it
     return XPASS if call[1] else PASSED  # a non-strict xfail that passed: not a pass, not a failure
+
+
+@dataclass(frozen=True)
+class AuditEvent:
+    """One event the grader's audit hook saw: its kind (``process``, ``native``, ``code``, ``frames``,
+    ``framework``, ``open``), the file whose code caused it (absolute, in the sandbox) and what it was."""
+
+    kind: str
+    actor: str
+    detail: str
+
+
+def audit(text: str) -> list[AuditEvent]:
+    """The audit records of a report (malformed lines are :func:`parse`'s to reject)."""
+    out = []
+    for line in text.splitlines()[:MAX_LINES]:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and record.get("event") == "audit":
+            values = [record.get(k) for k in ("kind", "actor", "detail")]
+            if all(isinstance(v, str) for v in values):
+                out.append(AuditEvent(*(v[:MAX_NAME] for v in values)))
+    return out
+
+
+def paths(runs: list[TestRun]) -> dict[str, set[str]]:
+    """Every file each test name was reported from (a name from two files is a name from both)."""
+    out: dict[str, set[str]] = {}
+    for run in runs:
+        for name, path in run.paths.items():
+            out.setdefault(name, set()).add(path)
+    return out
 
 
 def merged(runs: list[TestRun]) -> dict[str, str]:

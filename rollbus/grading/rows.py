@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from rollbus.task_image import ImageFieldError, image_kind, parse_image, parse_user, parse_workdir
+
 
 class BadRow(ValueError):
     """The row's grading fields are missing, contradictory or malformed; the message says which."""
@@ -49,7 +51,18 @@ class F2PScript:
     script: str
 
 
-Grader = Swepro | EvalCmd | F2PScript
+@dataclass(frozen=True)
+class Harbor:
+    """A Harbor task's verifier: ``tests/`` copied in after the agent, ``bash /tests/test.sh``, the reward
+    from ``/logs/verifier/reward.txt`` or ``reward.json`` (:mod:`rollbus.task_formats.harbor`). It needs the
+    task's container image: only a container backend grades it."""
+
+    task_dir: Path
+    settings: Mapping[str, Any]
+
+
+Grader = Swepro | EvalCmd | F2PScript | Harbor
+GRADER_KEYS = ("swepro", "eval_cmd", "f2p_script", "harbor")
 
 
 @dataclass(frozen=True)
@@ -57,20 +70,30 @@ class GradingSpec:
     """Everything the grader needs from a row."""
 
     instance_id: str
-    image: Path
+    image: Path  # a host path image (the bwrap backend); for a container image, its reference as a Path
     workdir: str
     grader: Grader
     eval_files: Mapping[str, Path] = field(default_factory=dict)
     pre_commands: tuple[str, ...] = ()
+    container_image: str | None = None  # the row's container image reference (a container backend's)
+    user: str | None = None  # the OS user the agent runs as (metadata.user), for a container backend
+    image_digest: str | None = None  # the digest the agent's container ran (from the diff): a regrade's pin
+    test_patch: str | None = None  # SWE-bench's: applied over the row's test files after the agent's patch
+    timeout_s: float | None = None  # the row's own deadline (a Harbor verifier's), under the grader's
+
+    def test_patch_files(self) -> tuple[str, ...]:
+        return patch_paths(self.test_patch) if self.test_patch else ()
 
     def test_files(self) -> set[str]:
         """The row's test files: a patch touching any of them is flagged."""
-        files = set(self.eval_files)
+        files = set(self.eval_files) | set(self.test_patch_files())
         grader = self.grader
         if isinstance(grader, Swepro):
             files.update(f.split(" | ")[0] for f in grader.selected_test_files)
             files.update(t.split("::")[0] for t in grader.required)
             files.update(grader.restore_paths)
+        elif isinstance(grader, Harbor):
+            pass  # its tests live outside the repository (/tests)
         else:
             text = grader.cmd if isinstance(grader, EvalCmd) else grader.script
             files.update(m.lstrip("./") for m in re.findall(r"[\w./-]+\.py\b", text))
@@ -99,24 +122,66 @@ def parse_metadata(metadata: Mapping[str, Any], base_dir: Path) -> GradingSpec:
         value = metadata.get(key)
         return env.get(key) if value in (None, "") else value
 
-    image, workdir = get("image"), get("workdir")
-    if not isinstance(image, str) or not image:
+    if get("image") in (None, ""):
         raise BadRow("metadata has no image")
-    if not isinstance(workdir, str) or not workdir.startswith("/"):
-        raise BadRow(f"metadata.workdir must be an absolute path, got {workdir!r}")
-    found = [key for key in ("swepro", "eval_cmd", "f2p_script") if get(key) not in (None, "", {})]
+    try:
+        image = parse_image(get("image"))
+        workdir = parse_workdir(get("workdir"))
+        user = parse_user(get("user"))
+    except ImageFieldError as exc:
+        raise BadRow(str(exc)) from None
+    found = [key for key in GRADER_KEYS if get(key) not in (None, "", {})]
     if not found:
-        raise BadRow("no grader (swepro, eval_cmd or remote_env_info.f2p_script)")
+        raise BadRow("no grader (swepro, eval_cmd, remote_env_info.f2p_script or harbor)")
     if len(found) > 1:
         raise BadRow(f"more than one grader: {', '.join(found)}")
     return GradingSpec(
         instance_id=str(get("instance_id") or ""),
-        image=resolve(base_dir, image),
+        image=resolve(base_dir, image.text) if image.kind == "path" else Path(image.text),
         workdir=workdir,
         grader=parse_grader(found[0], get(found[0]), base_dir),
         eval_files=parse_eval_files(get("eval_files"), base_dir),
         pre_commands=tuple(string_list(get("pre_commands"), "pre_commands")),
+        container_image=image.text if image.kind == "container" else None,
+        user=user,
+        test_patch=parse_test_patch(get("test_patch")),
+        timeout_s=positive(get("grade_timeout_sec"), "grade_timeout_sec"),
     )
+
+
+def positive(value: Any, where: str) -> float | None:
+    """A row's optional positive number of seconds."""
+    if value in (None, ""):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise BadRow(f"{where} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def parse_test_patch(value: Any) -> str | None:
+    """SWE-bench's ``test_patch``: a unified diff whose paths stay inside the repository."""
+    if value in (None, ""):
+        return None
+    if not isinstance(value, str):
+        raise BadRow("test_patch must be a string (a unified diff)")
+    if not patch_paths(value):
+        raise BadRow("test_patch names no file (not a unified diff?)")
+    return value
+
+
+DIFF_PATH = re.compile(r"^(?:diff --git a/(\S+) b/(\S+)|--- a/(\S+)|\+\+\+ b/(\S+))", re.MULTILINE)
+
+
+def patch_paths(patch: str) -> tuple[str, ...]:
+    """Every repository path a unified diff touches (old and new names), checked to stay inside."""
+    found: dict[str, None] = {}
+    for match in DIFF_PATH.finditer(patch):
+        for path in filter(None, match.groups()):
+            pure = PurePosixPath(path)
+            if pure.is_absolute() or ".." in pure.parts:
+                raise BadRow(f"test_patch touches a path outside the repository: {path!r}")
+            found[str(pure)] = None
+    return tuple(found)
 
 
 def parse_grader(kind: str, value: Any, base_dir: Path) -> Grader:
@@ -128,6 +193,10 @@ def parse_grader(kind: str, value: Any, base_dir: Path) -> Grader:
         if not isinstance(value, str):
             raise BadRow("f2p_script must be a string")
         return F2PScript(value)
+    if kind == "harbor":
+        if not isinstance(value, Mapping) or not isinstance(value.get("task_dir"), str):
+            raise BadRow("harbor must be an object naming its task_dir")
+        return Harbor(resolve(base_dir, value["task_dir"]), dict(value))
     if not isinstance(value, Mapping):
         raise BadRow("swepro must be an object")
     return parse_swepro(value, base_dir)
@@ -223,8 +292,9 @@ def absolute_paths(metadata: Mapping[str, Any], base_dir: Path) -> dict[str, Any
     before a row leaves the dataset file's directory): image, swepro scripts, eval_files sources."""
     out = json.loads(json.dumps(metadata))
     for holder in (out, out.get("remote_env_info") or {}):
-        if isinstance(holder.get("image"), str) and holder["image"]:
-            holder["image"] = str(resolve(base_dir, holder["image"]))
+        image = holder.get("image")
+        if isinstance(image, str) and image and image_kind(image) == "path":
+            holder["image"] = str(resolve(base_dir, image))
         swepro = holder.get("swepro")
         if isinstance(swepro, dict):
             for key in SWEPRO_PATH_KEYS:

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import re
-import secrets
 import shlex
 import shutil
 import tarfile
@@ -38,12 +38,14 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from rollbus.grading import canaries as canary
 from rollbus.grading import flags as fl
-from rollbus.grading import report, tamper, toolchain, trees, verdict
+from rollbus.grading import observed, report, tamper, toolchain, trees, verdict
+from rollbus.grading.channel import Channel
 from rollbus.grading.patches import PatchRejected, Sanitized, sanitize
-from rollbus.grading.rows import EvalCmd, F2PScript, GradingSpec, Swepro
+from rollbus.grading.rows import EvalCmd, F2PScript, GradingSpec, Harbor, Swepro
 from rollbus.grading.verdict import Evidence, GradeResult, Verdict, failed
 from rollbus.sandbox import BwrapSandbox, Completed, SandboxUnavailable
 from rollbus.sandbox.images import agent_workspace
@@ -59,7 +61,13 @@ CONTAINER_IMAGE: contextvars.ContextVar[str | None] = contextvars.ContextVar("co
 EVAL_DIR = "/eval"  # read-only bind of the eval-only scripts inside the grading sandbox
 PATCH_NAME = "rollbus.patch"
 PLUGIN_DIR = f"{EVAL_DIR}/plugins"  # the grader's pytest plugin, unittest runner and canaries, read-only
-PLUGIN_SOURCES = {"rollbus_report.py": "pytest_report.py", "rollbus_unittest.py": "unittest_report.py"}
+PLUGIN_SOURCES = {
+    "rollbus_report.py": "pytest_report.py",
+    "rollbus_unittest.py": "unittest_report.py",
+    "rollbus_channel.py": "sandbox_channel.py",
+    "sitecustomize.py": "sandbox_site.py",  # the audit hook, installed when each interpreter starts
+}
+TEST_FILE = re.compile(r"test_.*\.py|.*_test\.py")  # pytest's default ``python_files``: a named file of tests
 UNITTEST_MODULE = re.compile(r"(?<![\w.-])-m\s+unittest(?![\w.])")
 APPLY_COMMANDS = (
     ("git-apply-3way", ["git", "apply", "--3way", "--whitespace=nowarn"]),
@@ -94,11 +102,14 @@ class GradeConfig:
     scratch_bytes: int = SCRATCH_BYTES
     readonly_tests: bool = True
     container_image: str | None = None  # docker backend: the grade's commands in containers of this image
+    backend: str = "local"  # the sandbox backend, by name (rollbus.grading.backends); this module is local
+    observe: bool = True  # the audit hook in every interpreter of the tests (off: bench/grade.py's baseline)
 
 
 async def grade(spec: GradingSpec, patch: bytes | str, config: GradeConfig | None = None) -> GradeResult:
     """Grade ``patch`` (its bytes; text is taken back to the bytes it was decoded from with
-    ``surrogateescape``) against the row ``spec``; never raises for anything the patch or the row does."""
+    ``surrogateescape``) against the row ``spec``; never raises: anything that goes wrong inside is the
+    verdict ``grader_error`` (reward 0) with its cause."""
     config = config or GradeConfig()
     try:
         sanitized = sanitize(patch, config.max_patch_bytes)
@@ -106,18 +117,29 @@ async def grade(spec: GradingSpec, patch: bytes | str, config: GradeConfig | Non
         return failed(exc.kind, str(exc))
     started = time.monotonic()
     CONTAINER_IMAGE.set(config.container_image)
+    timeout_s = min(config.timeout_s, spec.timeout_s or config.timeout_s)  # the row's own, under the cap
     try:
-        async with asyncio.timeout(config.timeout_s):
-            return await _grade(spec, sanitized, config, started + config.timeout_s)
+        async with asyncio.timeout(timeout_s):
+            return await _grade(spec, sanitized, config, started + timeout_s)
     except TimeoutError:
-        return failed(verdict.TIMEOUT, f"grading took longer than {config.timeout_s:g} s")
+        return failed(verdict.TIMEOUT, f"grading took longer than {timeout_s:g} s")
     except (SandboxUnavailable, SandboxError, OSError, tarfile.TarError) as exc:
         return failed(verdict.SANDBOX_FAILED, f"{type(exc).__name__}: {exc}")
+    except Exception as exc:  # the grader always answers: a crash here is a verdict, never a dead letter
+        return verdict.grader_error(exc)
 
 
 async def _grade(
     spec: GradingSpec, sanitized: Sanitized, config: GradeConfig, deadline: float
 ) -> GradeResult:
+    if spec.container_image is not None:
+        return failed(
+            verdict.SANDBOX_FAILED,
+            f"metadata.image {spec.container_image!r} is a container image: the local (bwrap) grader runs "
+            "host repository directories and tarballs only (grade with a container backend)",
+        )
+    if isinstance(spec.grader, Harbor):
+        return failed(verdict.SANDBOX_FAILED, "a Harbor verifier runs in its task's container image only")
     missing = [str(p) for p in eval_material(spec) if not p.is_file()]
     if missing:
         return failed(verdict.BAD_ROW, f"eval-only files missing: {', '.join(missing)}")
@@ -141,11 +163,16 @@ async def _grade(
         for dest, src in spec.eval_files.items():
             trees.place_file(repo, dest, src.read_bytes())
         trees.overlay(scratch / "restored", repo, restored)
+        if spec.test_patch and (why := await apply_test_patch(spec, base, repo, deadline)):
+            return failed(verdict.GRADING_SETUP_FAILED, f"test_patch: {why}", applied=True, flags=raised)
         removed = trees.remove_bytecode(repo)
         eval_dir = scratch / "eval"
         eval_dir.mkdir()
         known = untouched_python_files(pristine, changed)
-        outcome, log = await run_grader(spec, repo, eval_dir, scratch, deadline, config.readonly_tests, known)
+        outcome, log = await run_grader(
+            spec, repo, eval_dir, scratch, deadline, config.readonly_tests, known,
+            observed.untouched_files(pristine, changed), config.observe,
+        )  # fmt: skip
         details = {
             "instance_id": spec.instance_id,
             "apply_method": method,
@@ -260,6 +287,30 @@ async def apply(
     return None, "".join(logs)
 
 
+async def apply_test_patch(spec: GradingSpec, base: Path, repo: Path, deadline: float) -> str | None:
+    """SWE-bench's order: the files ``test_patch`` touches go back to the base tree's (whatever the agent's
+    patch did to them), then ``git apply`` puts the test patch on. Returns why it failed, or None."""
+    assert spec.test_patch is not None
+    for rel in spec.test_patch_files():
+        if (base / rel).is_file() or (base / rel).is_symlink():
+            trees.overlay(base, repo, [rel])
+        elif (repo / rel).exists() or (repo / rel).is_symlink():
+            trees.place_file(repo, rel, b"")
+            (repo / rel).unlink()
+    sandbox = await grading_sandbox(repo, spec.workdir)
+    try:
+        target = f"{sandbox.home}/test.patch"
+        await sandbox.write_file(target, spec.test_patch.encode("utf-8", "surrogateescape"))
+        env = BASE_ENV | {"HOME": sandbox.home}
+        argv = ["git", "apply", "--whitespace=nowarn", target]
+        done = await sandbox.run(argv, env, timeout=_left(deadline))
+    finally:
+        await sandbox.close()
+    if done.timed_out:
+        raise TimeoutError
+    return None if done.exit_code == 0 else f"git apply exit {done.exit_code}: {done.stderr.strip()[-500:]}"
+
+
 def restore_git(base: Path, repo: Path) -> None:
     """Put the base tree's own ``.git`` back: the grader's git commands must read trusted config and refs
     only, and nothing but the base commit."""
@@ -280,43 +331,79 @@ async def run_grader(
     deadline: float,
     readonly_tests: bool = True,
     known_files: set[str] | frozenset[str] = frozenset(),
+    untouched: frozenset[str] | None = None,
+    observe: bool = True,
 ) -> tuple[Verdict, str]:
     """The row's one grader. The test sandbox mounts the row's test directories read-only: code under test
     that rewrites a test file not yet collected (or re-executes pytest on rewritten ones) fails to write.
-    ``known_files``: files a reported test may also come from (:func:`untouched_python_files`)."""
+    ``known_files``: files a reported test may also come from (:func:`untouched_python_files`);
+    ``untouched``: the base tree's files the patch left as they were (what the audit hook sees them do is the
+    repository's own behaviour; None: every file is taken as untouched)."""
     grader = spec.grader
     if isinstance(grader, Swepro):
         shutil.copyfile(grader.run_script, eval_dir / "run_script.sh")
         shutil.copyfile(grader.parser_script, eval_dir / "parser.py")
     elif isinstance(grader, F2PScript):
         (eval_dir / "f2p.py").write_text(grader.script)
-    canaries = place_plugins(eval_dir)
-    placed = place_canaries(repo, spec.test_files(), canaries)
+    canaries = place_plugins(eval_dir, observe)
+    dirs = canary_dirs(repo, spec.test_files())
     protected = trees.protected_dirs(repo, spec.test_files()) if readonly_tests else []
     sandbox = await grading_sandbox(repo, spec.workdir, eval_dir, protected)
-    env = BASE_ENV | {"HOME": sandbox.home} | report_env(sandbox, canaries, placed)
+    channel = Channel(channel_config(sandbox.workdir, canaries, dirs))
+    env = BASE_ENV | {"HOME": sandbox.home} | report_env(sandbox.workdir) | channel.env
     try:
         if isinstance(grader, Swepro):
-            return await _run_swepro(spec, grader, sandbox, env, eval_dir, scratch, deadline, canaries)
-        return await _run_command(spec, sandbox, env, deadline, canaries, known_files)
+            outcome, log = await _run_swepro(
+                spec, grader, sandbox, env, eval_dir, scratch, deadline, canaries, channel
+            )
+        else:
+            outcome, log = await _run_command(spec, sandbox, env, deadline, canaries, channel, known_files)
     finally:
+        channel.close()
         await sandbox.close()
+    return with_observed(outcome, channel.text, sandbox.workdir, repo, untouched, spec.test_files()), log
 
 
-def place_plugins(eval_dir: Path) -> canary.Canaries:
-    """The grader's pytest plugin and unittest runner under ``/eval``; this grade's fresh canaries."""
+def with_observed(
+    outcome: Verdict,
+    text: str,
+    workdir: str,
+    repo: Path,
+    untouched: frozenset[str] | None,
+    test_files: set[str],
+) -> Verdict:
+    """``outcome`` with the flags of what the changed code did while it ran (:mod:`.observed`)."""
+    if untouched is None:
+        return outcome
+
+    def own_source(rel: str) -> bool:
+        path = repo / rel
+        return rel.endswith(".py") and not path.is_symlink() and path.is_file()
+
+    raised, seen = observed.runtime_flags(
+        report.audit(text), workdir, untouched.__contains__, own_source, test_files
+    )
+    if not raised:
+        return outcome
+    return dataclasses.replace(outcome, flags=tuple(sorted({*outcome.flags, *raised})), observed=tuple(seen))
+
+
+def place_plugins(eval_dir: Path, observe: bool = True) -> canary.Canaries:
+    """The grader's pytest plugin, unittest runner, channel and (``observe``) audit hook under ``/eval``; the
+    grade's fresh canaries."""
     plugins = eval_dir / "plugins"
     plugins.mkdir()
     here = Path(__file__).resolve().parent
     for name, source in PLUGIN_SOURCES.items():
-        shutil.copyfile(here / source, plugins / name)
+        if observe or name != "sitecustomize.py":
+            shutil.copyfile(here / source, plugins / name)
     return canary.make()
 
 
-def place_canaries(repo: Path, test_files: set[str], canaries: canary.Canaries) -> list[str]:
-    """The canary module in every directory that holds a row test file (the repository's root when none
-    does): there the same ``conftest.py`` files apply to canaries and tests, so a forger scoped to the tests'
-    directory forges the canaries too. Returns their repository-relative paths."""
+def canary_dirs(repo: Path, test_files: set[str]) -> list[str]:
+    """Every directory that holds a row test file (the repository's root when none does): the canaries are
+    modules of these directories, so the same ``conftest.py`` files apply to canaries and tests and a
+    forger scoped to the tests' directory forges the canaries too. Repository-relative."""
     dirs = set()
     for rel in test_files:
         parent = PurePosixPath(rel).parent
@@ -325,22 +412,24 @@ def place_canaries(repo: Path, test_files: set[str], canaries: canary.Canaries) 
             continue
         if path.is_dir() and not any(p.is_symlink() for p in [path, *path.parents] if p.is_relative_to(repo)):
             dirs.add(str(parent))
-    placed = [str(PurePosixPath(d) / canaries.filename) for d in sorted(dirs or {"."})]
-    for rel in placed:
-        trees.place_file(repo, rel, canaries.source.encode())
-    return placed
+    return sorted(dirs or {"."})
 
 
-def report_env(sandbox: BwrapSandbox, canaries: canary.Canaries, placed: Sequence[str]) -> dict[str, str]:
-    """What loads the grader's plugin into every pytest run (``-p``; the plugin directory on ``PYTHONPATH``:
-    a row's pre-commands that set ``PYTHONPATH`` must keep it) and tells it where to report."""
+def channel_config(workdir: str, canaries: canary.Canaries, dirs: Sequence[str]) -> dict[str, Any]:
+    """What the grader's plugin reads out of its channel: the canaries' source, module name and directories
+    (absolute in the sandbox; no file of them is written), and which canaries must fail."""
+    absolute = [str(PurePosixPath(workdir) / d) if d != "." else workdir for d in dirs]
     return {
-        "PYTHONPATH": PLUGIN_DIR,
-        "PYTEST_ADDOPTS": "-p rollbus_report",
-        "ROLLBUS_REPORT": f"{sandbox.home}/.rollbus-report-{secrets.token_hex(6)}.jsonl",
-        "ROLLBUS_CANARIES": ":".join(f"{sandbox.workdir}/{rel}" for rel in placed),
-        "ROLLBUS_MUST_FAIL": ",".join(canaries.must_fail),
+        "canaries": {"module": canaries.module, "source": canaries.source, "dirs": absolute},
+        "must_fail": list(canaries.must_fail),
     }
+
+
+def report_env(workdir: str) -> dict[str, str]:
+    """What loads the grader's plugin into every pytest run (``-p``; the plugin directory on ``PYTHONPATH``:
+    a row's pre-commands that set ``PYTHONPATH`` must keep it). Nothing secret: where the report goes and
+    what the canaries are travel through the channel (:mod:`rollbus.grading.channel`)."""
+    return {"PYTHONPATH": PLUGIN_DIR, "PYTEST_ADDOPTS": "-p rollbus_report", "ROLLBUS_AUDIT_ROOT": workdir}
 
 
 def with_unittest_runner(command: str) -> str:
@@ -348,11 +437,9 @@ def with_unittest_runner(command: str) -> str:
     return UNITTEST_MODULE.sub(f"{PLUGIN_DIR}/rollbus_unittest.py", command)
 
 
-async def evidence_of(
-    sandbox: BwrapSandbox, ran: Completed, env: Mapping[str, str], canaries: canary.Canaries
-) -> Evidence:
-    text = await _read_optional(sandbox, env["ROLLBUS_REPORT"])
-    if text is None:
+def evidence_of(ran: Completed, channel: Channel, canaries: canary.Canaries) -> Evidence:
+    text = channel.collect()
+    if not text:
         return Evidence(ran.exit_code, (), canaries)
     try:
         test_runs = tuple(report.parse(text))
@@ -370,19 +457,20 @@ async def _run_swepro(
     scratch: Path,
     deadline: float,
     canaries: canary.Canaries,
+    channel: Channel,
 ) -> tuple[Verdict, str]:
     files = shlex.quote(",".join(grader.selected_test_files))
     command = shell(spec, f"bash {EVAL_DIR}/run_script.sh {files}")
-    ran = await sandbox.run(command, env, timeout=_left(deadline))
+    ran = await sandbox.run(command, env, timeout=_left(deadline), pass_fds=channel.fds)
     log = ran.stdout + ran.stderr
     if ran.timed_out:
         raise TimeoutError
     if limit := sandbox_failure(ran):
         return Verdict(False, limit, (), f"the tests hit a sandbox limit: {limit}"), log
-    evidence: Evidence | None = await evidence_of(sandbox, ran, env, canaries)
+    evidence: Evidence | None = evidence_of(ran, channel, canaries)
     if not evidence.test_runs and not verdict.runs_pytest(grader.run_script.read_text(errors="replace")):
         evidence = None  # no pytest (a Go or JavaScript row): the parser's reading of the log alone
-    return await parse_swepro(grader, ran, eval_dir, scratch, deadline, evidence), log
+    return await parse_swepro(grader, ran, eval_dir, scratch, deadline, evidence, sandbox.workdir), log
 
 
 async def _run_command(
@@ -391,6 +479,7 @@ async def _run_command(
     env: Mapping[str, str],
     deadline: float,
     canaries: canary.Canaries,
+    channel: Channel,
     known_files: set[str] | frozenset[str] = frozenset(),
 ) -> tuple[Verdict, str]:
     """eval_cmd or f2p_script, every pytest run carrying the grader's plugin, ``-m unittest`` run by the
@@ -402,13 +491,13 @@ async def _run_command(
         with_unittest_runner(grader.cmd) if isinstance(grader, EvalCmd) else f"python3 {EVAL_DIR}/f2p.py"
     )
     text = grader.cmd if isinstance(grader, EvalCmd) else grader.script
-    ran = await sandbox.run(shell(spec, command), env, timeout=_left(deadline))
+    ran = await sandbox.run(shell(spec, command), env, timeout=_left(deadline), pass_fds=channel.fds)
     log = ran.stdout + ran.stderr
     if ran.timed_out:
         raise TimeoutError
     if limit := sandbox_failure(ran):
         return Verdict(False, limit, (), f"the tests hit a sandbox limit: {limit}"), log
-    evidence = await evidence_of(sandbox, ran, env, canaries)
+    evidence = evidence_of(ran, channel, canaries)
     named = spec.test_files()
     watched = verdict.runs_pytest(text) or (command != grader.cmd if isinstance(grader, EvalCmd) else False)
     outcome = verdict.command_outcome(
@@ -417,6 +506,8 @@ async def _run_command(
         runner_expected=watched,
         unittest_output=verdict.runs_unittest(text),
         expected_files=sorted(named | known_files) if named else [],
+        required_files=sorted(f for f in named if TEST_FILE.fullmatch(PurePosixPath(f).name)),
+        workdir=sandbox.workdir,
     )
     return outcome, log
 
@@ -428,6 +519,7 @@ async def parse_swepro(
     scratch: Path,
     deadline: float,
     evidence: Evidence | None = None,
+    workdir: str = "/workspace",
 ) -> Verdict:
     """Run the row's parser over the logs in a sandbox of its own (nothing of the tested code is there)."""
     if ran.timed_out:
@@ -462,7 +554,11 @@ async def parse_swepro(
     except ValueError as exc:
         return Verdict(False, verdict.PARSER_FAILED, (), str(exc))
     return verdict.swepro_outcome(
-        reported, grader.required, evidence=evidence, selected_files=grader.selected_test_files
+        reported,
+        grader.required,
+        evidence=evidence,
+        selected_files=grader.selected_test_files,
+        workdir=workdir,
     )
 
 

@@ -70,6 +70,7 @@ IMPORT_NAMES = frozenset({"__import__", "importlib.import_module", "importlib.__
 SELF_MODULE = "__name__"  # ``sys.modules[__name__]``: a module reaching itself
 MAX_NESTED_EXEC = 3
 PY_SUFFIXES = (".py", ".pyw")
+UNREADABLE: Finding = (fl.UNSCANNABLE, "the scan could not read this file")
 
 
 def scan(changed: Mapping[str, str], repo: Path, base: Path | None) -> set[str]:
@@ -93,12 +94,16 @@ def new_findings(before: str | bytes, after: str | bytes) -> list[Finding]:
 
 
 def findings(source: str | bytes, depth: int = 0) -> list[Finding]:
-    """Every finding in one module's source; a file that does not parse has none (it cannot run either)."""
+    """Every finding in one module's source. A file the scan cannot parse or walk (a syntax error, an
+    expression past the parser's limits, an attribute chain deeper than the walk's recursion) is itself a
+    finding, :data:`UNREADABLE`: the interpreter under test may read what the scan could not (a raised
+    recursion limit, another version), so "no findings" would be a verdict on code nobody read. A literal
+    handed to ``exec`` that does not parse is not chased (``depth`` > 0): it raises where it runs."""
     try:
         tree = ast.parse(source)
+        return list(_Scanner(tree, depth).run())
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return []
-    return list(_Scanner(tree, depth).run())
+        return [UNREADABLE] if depth == 0 else []
 
 
 class _Scanner:

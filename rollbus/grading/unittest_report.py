@@ -2,42 +2,56 @@
 runs as ``python3 /eval/plugins/rollbus_unittest.py ARGS``.
 
 The same run as ``-m unittest`` (same arguments, the working directory first on ``sys.path``), plus the
-grade's canary tests at the end of the suite, with a result class that writes the report the verdict reads
-(the pytest plugin's JSON lines): each test's outcome as it reaches this result, and how the run ended. Its
-own modules are imported before the working directory is on ``sys.path``, so a ``unittest/`` in the repository
-does not replace the runner. A must-fail canary is recorded as it failed and then counted as a success, so
-canaries never change the run's exit status. Runs under the sandbox's Python; imports nothing of rollbus.
+grade's canary tests at the end of the suite (compiled in memory from the grader's channel,
+:mod:`rollbus_channel`, claimed before any repository code runs), with a result class that writes the report
+the verdict reads into that channel (the pytest plugin's JSON lines): each test's outcome as it reaches this
+result with its module's file, and how the run ended. Its own modules are imported before the working
+directory is on ``sys.path``, so a ``unittest/`` in the repository does not replace the runner. A must-fail
+canary is recorded as it failed and then counted as a success, so canaries never change the run's exit
+status. Runs under the sandbox's Python; imports nothing of rollbus.
 """
 
-import importlib.util
-import json
 import os
 import sys
+import types
 import unittest
 
-REPORT = os.environ.get("ROLLBUS_REPORT", "")
-CANARIES = os.environ.get("ROLLBUS_CANARIES", "").split(os.pathsep)[0]
-MUST_FAIL = frozenset(n for n in os.environ.get("ROLLBUS_MUST_FAIL", "").split(",") if n)
+import rollbus_channel as _channel
+
+CONFIG = _channel.claim() or {}
 RUN = os.urandom(8).hex()
 
 
 def write(record):
-    if REPORT:
-        with open(REPORT, "a", encoding="utf-8") as out:
-            out.write(json.dumps({"run": RUN, **record}) + "\n")
+    _channel.write({"run": RUN, **record})
 
 
 def is_must_fail(test):
-    return test.id().rsplit(".", 1)[-1] in MUST_FAIL and test.id().startswith(canary_module() + ".")
+    spec = CONFIG.get("canaries") or {}
+    module = spec.get("module")
+    name = test.id().rsplit(".", 1)[-1]
+    return bool(module) and name in CONFIG.get("must_fail", ()) and test.id().startswith(module + ".")
 
 
 def canary_module():
-    return os.path.splitext(os.path.basename(CANARIES))[0]
+    """The grade's canaries, compiled from the channel's source as a module of the first row test
+    directory (no file of it exists), or None."""
+    spec = CONFIG.get("canaries")
+    if not spec or not spec.get("dirs"):
+        return None
+    path = os.path.join(spec["dirs"][0], spec["module"] + ".py")
+    module = types.ModuleType(spec["module"])
+    module.__file__ = path
+    exec(compile(spec["source"], path, "exec"), module.__dict__)
+    return module
 
 
 class Recording(unittest.TextTestResult):
     def _record(self, test, outcome, xfail=False):
-        write({"event": "test", "nodeid": test.id(), "when": "call", "outcome": outcome, "xfail": xfail})
+        module = sys.modules.get(type(test).__module__)
+        path = getattr(module, "__file__", None) or ""
+        record = {"nodeid": test.id(), "when": "call", "outcome": outcome, "xfail": xfail, "path": path}
+        write({"event": "test", **record})
 
     def addSuccess(self, test):
         self._record(test, "passed")
@@ -80,21 +94,22 @@ class Runner(unittest.TextTestRunner):
 class Program(unittest.TestProgram):
     def createTests(self, *args, **kwargs):
         super().createTests(*args, **kwargs)
-        if CANARIES:
-            spec = importlib.util.spec_from_file_location(canary_module(), CANARIES)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
+        module = canary_module()
+        if module is not None:
             canaries = unittest.defaultTestLoader.loadTestsFromModule(module)
             self.test = unittest.TestSuite([self.test, canaries])
 
 
 def main():
     sys.path[0] = os.getcwd()  # as ``python -m`` has it
-    write({"event": "start", "pid": os.getpid()})
+    write({"event": "start"})
+    framework = _channel.framework_classes()
     program = Program(module=None, argv=["python -m unittest", *sys.argv[1:]], testRunner=Runner, exit=False)
     result = program.result
     status = 0 if result.wasSuccessful() else 1
+    _channel.report_framework_changes(framework)
     write({"event": "finish", "exitstatus": status, "collected": result.testsRun})
+    _channel.release()
     sys.exit(status)
 
 

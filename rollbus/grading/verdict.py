@@ -49,6 +49,7 @@ BAD_ROW = "bad_row"
 GRADING_SETUP_FAILED = "grading_setup_failed"
 PARSER_FAILED = "parser_failed"
 ROLLOUT_FAILED = "rollout_failed"
+GRADER_ERROR = "grader_error"  # the grader itself raised: its fault, not the patch's (the cause in the note)
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class Verdict:
     tests: tuple[TestResult, ...] = ()
     note: str = ""
     flags: tuple[str, ...] = ()
+    observed: tuple[str, ...] = ()  # what the changed code was seen doing while the tests ran
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,15 @@ def failed(kind: str, note: str = "", *, applied: bool = False, flags: Iterable[
     return GradeResult(0.0, False, applied, kind, tuple(sorted(flags)), (), {"note": note} if note else {})
 
 
+def grader_error(exc: BaseException) -> GradeResult:
+    """The verdict for an exception inside the grader: reward 0, the cause and where it was raised."""
+    where = exc.__traceback__
+    while where is not None and where.tb_next is not None:
+        where = where.tb_next
+    place = f" at {where.tb_frame.f_code.co_filename}:{where.tb_lineno}" if where is not None else ""
+    return failed(GRADER_ERROR, f"{type(exc).__name__}: {str(exc)[:1000]}{place}")
+
+
 def final(
     outcome: Verdict, flags: Iterable[str], zeroing: Iterable[str], details: Mapping[str, Any]
 ) -> GradeResult:
@@ -108,6 +119,8 @@ def final(
     solved = outcome.solved and not zeroed
     kind = outcome.failure_kind if not outcome.solved else (FLAGGED if zeroed else None)
     info = {**details, "tests_passed": outcome.solved, **({"note": outcome.note} if outcome.note else {})}
+    if outcome.observed:
+        info["observed"] = list(outcome.observed)
     return GradeResult(1.0 if solved else 0.0, solved, True, kind, flags, outcome.tests, info)
 
 
@@ -140,10 +153,12 @@ def swepro_outcome(
     *,
     evidence: Evidence | None = None,
     selected_files: Sequence[str] = (),
+    workdir: str = "/workspace",
 ) -> Verdict:
-    """Solved iff every required test is PASSED: in the grader's report and in the parser's reading of the
-    log, wherever each names it (named by neither: MISSING). With ``evidence``, tampering is judged first,
-    and the log may not claim a pass that the grader's report contradicts."""
+    """Solved iff every required test is PASSED. With ``evidence`` (a row whose tests pytest runs), tampering
+    is judged first, and each required test needs the grader's report: collected from its own file, run,
+    passed (and not contradicted by the log); a test the report never names is MISSING, whatever the log
+    says. Without it (a Go or JavaScript row), the parser's reading of the log decides."""
     required = list(dict.fromkeys(required))
     ours: dict[str, str] = {}
     flags: tuple[str, ...] = ()
@@ -156,7 +171,7 @@ def swepro_outcome(
             return Verdict(False, TAMPERED, _results(reported, required, {}, evidence.canaries), note)
         flags = unexpected(ours, [f.split(" | ")[0] for f in selected_files])
     by_name = {t.name: t.status for t in reported}
-    tests = _results(reported, required, ours, evidence.canaries if evidence else None)
+    tests = _results(reported, required, ours, evidence.canaries if evidence else None, evidence is not None)
     if not reported and not ours:
         return Verdict(False, NO_TESTS, tests, "the parser reported no tests", flags)
     if not required:
@@ -169,14 +184,30 @@ def swepro_outcome(
     bad = [n for n in required if status.get(n) != PASSED]
     if bad:
         return Verdict(False, TESTS_FAILED, tests, f"{len(bad)} required tests not passed: {bad[:5]}", flags)
+    if evidence is not None:
+        if what := evidence.interrupted():
+            note = f"a test run was interrupted ({what}: pytest.exit or KeyboardInterrupt): not solved"
+            return Verdict(False, TESTS_FAILED, tests, note, flags)
+        if elsewhere := collected_elsewhere(evidence, required, workdir):
+            note = f"required tests collected from files other than their own: {elsewhere[:5]}"
+            return Verdict(False, TESTS_FAILED, tests, note, flags)
     return Verdict(True, None, tests, "", flags)
 
 
 def _results(
-    reported: list[TestResult], required: list[str], ours: Mapping[str, str], canaries: canary.Canaries | None
+    reported: list[TestResult],
+    required: list[str],
+    ours: Mapping[str, str],
+    canaries: canary.Canaries | None,
+    report_required: bool = False,
 ) -> tuple[TestResult, ...]:
+    """Each required test's status (the worse of the grader's report and the log; with ``report_required``,
+    MISSING where the grader's report does not name it), then the parser's other tests."""
     by_name = {t.name: t.status for t in reported}
-    tests = [TestResult(n, _worse(ours.get(n), by_name.get(n))) for n in required]
+    tests = [
+        TestResult(n, MISSING if report_required and n not in ours else _worse(ours.get(n), by_name.get(n)))
+        for n in required
+    ]
     tests += [t for t in reported if t.name not in set(required)]
     if canaries is not None:
         tests = [t for t in tests if not canary.is_canary(t.name, canaries)]
@@ -205,6 +236,13 @@ class Evidence:
         """Every reported test but the canaries, by name."""
         return self.without_canaries(report.merged(list(self.test_runs)))
 
+    def interrupted(self) -> str:
+        """What ended a run before its end (``Exit``, ``KeyboardInterrupt``), or ""."""
+        return next((r.interrupted for r in self.test_runs if r.interrupted), "")
+
+    def files_of(self, name: str) -> set[str]:
+        return report.paths(list(self.test_runs)).get(name, set())
+
     def without_canaries(self, tests: Mapping[str, str]) -> dict[str, str]:
         if self.canaries is None:
             return dict(tests)
@@ -226,7 +264,7 @@ def tampering(evidence: Evidence) -> str | None:
         return "a test run never finished: it was killed, or left through os._exit or a signal inside a test"
     for run in evidence.test_runs:
         own = evidence.without_canaries(run.tests)
-        if run.exitstatus == 0 and any(v in (FAILED, ERROR) for v in own.values()):
+        if run.exitstatus == 0 and not run.interrupted and any(v in (FAILED, ERROR) for v in own.values()):
             return "a test run ended with status 0 while its report holds failures"
     if evidence.canaries is None or not evidence.test_runs:
         return None
@@ -240,6 +278,40 @@ def tampering(evidence: Evidence) -> str | None:
     if problem == canary.DID_NOT_RUN and stopped:
         return None  # a real failure stopped the run (-x) before the canaries
     return problem
+
+
+def without_evidence(
+    evidence: Evidence, tests: Mapping[str, str], required_files: Iterable[str], workdir: str
+) -> str | None:
+    """Why the grader's own record does not show every required test file passing, or None: each file
+    (repository-relative) must have yielded at least one test collected from it at its absolute path in the
+    sandbox (``workdir``/file), and that test passed. A file that vanished (skipped while collected, never
+    collected, a test of that name reported from another file) has no positive evidence."""
+    by_file: dict[str, list[str]] = {}
+    for name in tests:
+        for path in evidence.files_of(name):
+            by_file.setdefault(path, []).append(name)
+    for rel in sorted(set(required_files)):
+        where = str(PurePosixPath(workdir) / rel)
+        names = by_file.get(where, [])
+        if not names:
+            return f"{rel} yielded no test the grader saw collected from {where}"
+        if any(tests[n] != PASSED for n in names):
+            return f"a test of {rel} did not pass"
+    return None
+
+
+def collected_elsewhere(evidence: Evidence, names: Iterable[str], workdir: str) -> list[str]:
+    """Required pytest node ids the grader saw collected from somewhere other than their own file in the
+    sandbox's repository (a stand-in of the same relative path and test name, elsewhere)."""
+    out = []
+    for name in names:
+        rel = name.split("::", 1)[0]
+        expected = str(PurePosixPath(workdir) / rel)
+        files = evidence.files_of(name)
+        if "::" in name and files and files != {expected}:
+            out.append(name)
+    return out
 
 
 def unexpected(tests: Mapping[str, str], expected_files: Iterable[str]) -> tuple[str, ...]:
@@ -272,8 +344,12 @@ def command_outcome(
     runner_expected: bool,
     unittest_output: bool,
     expected_files: Sequence[str] = (),
+    required_files: Sequence[str] = (),
+    workdir: str = "/workspace",
 ) -> Verdict:
-    """eval_cmd / f2p_script: the evidence holds, exit 0, every run ended with status 0, every test PASSED.
+    """eval_cmd / f2p_script: the evidence holds, exit 0, every run ended with status 0 and ran to its end (no
+    ``pytest.exit``, no ``KeyboardInterrupt``), every test PASSED, and every ``required_files`` (the row's
+    named test files) yielded a passed test collected from its own path (:func:`without_evidence`).
 
     ``runner_expected``: the command runs pytest or unittest, so a run must have reported. Without any
     report, exit 0 is all there is, and a unittest run's own ``Ran N tests`` / ``OK`` line must agree
@@ -292,6 +368,9 @@ def command_outcome(
             return Verdict(False, TESTS_FAILED, (), f"exit status {code}")
         return _unittest_output(output) if unittest_output else Verdict(True, None, ())
     flags = unexpected(tests, expected_files)
+    if what := evidence.interrupted():
+        note = f"a test run was interrupted ({what}: pytest.exit or KeyboardInterrupt): not solved"
+        return Verdict(False, TESTS_FAILED, results, note, flags)
     if code != 0:
         return Verdict(False, TESTS_FAILED, results, f"exit status {code}", flags)
     ended = [s.exitstatus for s in evidence.test_runs if s.exitstatus != 0]
@@ -305,6 +384,8 @@ def command_outcome(
     if bad:
         note = f"{len(bad)} tests not passed (skipped, xfailed and errored are not passes): {bad[:5]}"
         return Verdict(False, TESTS_FAILED, results, note, flags)
+    if why := without_evidence(evidence, tests, required_files, workdir):
+        return Verdict(False, TESTS_FAILED, results, why, flags)
     return Verdict(True, None, results, "", flags)
 
 

@@ -108,6 +108,7 @@ class SandboxBase:
 
     sandbox_id: str = ""
     enforced: Mapping[str, str] = {}
+    image_digest: str | None = None  # a container backend's image digest (sha256:...); None elsewhere
 
     async def run(
         self, cmd: Sequence[str], env: Mapping[str, str], cwd: str | None = None, timeout: float = 600.0

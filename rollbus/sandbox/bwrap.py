@@ -167,14 +167,16 @@ class BwrapSandbox(SandboxBase):
         *,
         agent: bool = False,
         secret_env: Mapping[str, str] | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> Completed:
-        """``agent``: ``cmd`` is the agent; while it runs the adapter proxy knows its process, so what it
+        """``pass_fds``: host descriptors the command inherits as they are numbered (the grader's channel).
+        ``agent``: ``cmd`` is the agent; while it runs the adapter proxy knows its process, so what it
         sends is stamped ``agent`` and what anything it starts sends is stamped ``tool``. ``secret_env``:
         variables (the session token) the command gets through a pipe rather than from bwrap, whose pid 1
         inside keeps its own environment and command line readable to the agent's tools."""
         return await self._run(
             self.layout, self._system, self._binds, self._netns, cmd, env, cwd, timeout, agent=agent,
-            secret_env=secret_env,
+            secret_env=secret_env, pass_fds=pass_fds,
         )  # fmt: skip
 
     async def run_tool(
@@ -223,6 +225,7 @@ class BwrapSandbox(SandboxBase):
         *,
         agent: bool = False,
         secret_env: Mapping[str, str] | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> Completed:
         secret_r = None
         if secret_env:
@@ -257,7 +260,7 @@ class BwrapSandbox(SandboxBase):
                 cwd=None,
                 timeout=timeout,
                 kill=lambda _proc: kill_namespace(info),
-                pass_fds=(info_w,) if filter_in is None else (info_w, filter_in),
+                pass_fds=(info_w, *pass_fds) if filter_in is None else (info_w, filter_in, *pass_fds),
                 stdin=secret_r,
                 output_limit=self.limits.output_bytes,
                 preexec_fn=launcher,

@@ -129,3 +129,15 @@ def _last_line(log: Path) -> str:
     except OSError:
         return "(no log)"
     return lines[-1][-300:] if lines else "(empty log)"
+
+
+def docker_host() -> str:
+    """The ``DOCKER_HOST`` value for the engine :func:`client` talks to (for tools that read the variable,
+    such as testcontainers and the Compose CLI). Starts the project's own engine where none answers."""
+    if os.environ.get("DOCKER_HOST"):
+        return os.environ["DOCKER_HOST"]
+    default = Path("/var/run/docker.sock")
+    if _answers_at(default):
+        return f"unix://{default}"
+    client().close()
+    return f"unix://{own_socket()}"

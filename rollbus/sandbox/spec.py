@@ -55,6 +55,8 @@ class SandboxSpec:
     ro_binds: Mapping[str, str] = field(default_factory=dict)  # host path -> inside path (the CLI binary)
     metadata: Mapping[str, Any] = field(default_factory=dict)
     sandbox_id: str | None = None
+    container_image: str | None = None  # a container image reference (a container backend's; not bwrap's)
+    user: str | None = None  # the OS user the agent runs as, where the backend can honour it (containers)
 
     @property
     def network(self) -> Network:
@@ -78,6 +80,12 @@ async def create_local(spec: SandboxSpec, *, scratch_root: Path = SCRATCH_ROOT) 
     on its loopback port (:mod:`rollbus.sandbox.netns`); otherwise a forwarder inside reaches the proxy's
     unix socket.
     """
+    if spec.container_image is not None:
+        raise SandboxError(
+            f"image {spec.container_image!r} is a container image: the local (bwrap) backend runs host "
+            "repository directories and tarballs only (choose a container backend)",
+            "image_error",
+        )
     sandbox_id = spec.sandbox_id or secrets.token_hex(8)
     data = scratch_root / f"{sandbox_id}.data"
     data.mkdir(parents=True, mode=0o700)
@@ -170,9 +178,10 @@ async def create_docker(spec: SandboxSpec, **options: Any) -> SandboxBase:
     ``scratch_root``)."""
     from rollbus.sandbox.docker_backend import DockerSandbox
 
-    user = spec.metadata.get("user")
+    user = spec.user or spec.metadata.get("user")
     return await DockerSandbox.create(
-        str(spec.image), workdir=spec.workdir, limits=spec.limits, ro_binds=spec.ro_binds,
+        spec.container_image or str(spec.image), workdir=spec.workdir, limits=spec.limits,
+        ro_binds=spec.ro_binds,
         network=spec.network, adapter_url=spec.adapter_url,
         forward_port=spec.forward_port if spec.network == "adapter" else None,
         user=str(user) if user else None, sandbox_id=spec.sandbox_id, **options,

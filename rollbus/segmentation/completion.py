@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rollbus.routed_experts import RoutesRef, cover
+from rollbus.segmentation.merge import infrastructure_failed
 from rollbus.segmentation.state import TRAINABLE, RolloutState
 from rollbus.trajectory import ChainTokens, FrozenChain, LossScope, Segment, fan_out, trains
 from rollbus.turn_log import (
@@ -39,6 +40,8 @@ def complete(state: RolloutState) -> bool:
     """``state.open and not missing(state)``, asked on every event: a chain still short of turns is seen
     from its count alone, so a reward that arrives before a long chain's turns (another topic, read in any
     order) does not make each later turn walk every turn index."""
+    if state.open and infrastructure_failed(state):
+        return True  # nothing of it trains: its marker need not wait for its sessions or turns
     if not state.open or state.reward is None or state.reward["attempt_id"] not in state.closed:
         return False
     for chain in state.attempts.get(state.reward["attempt_id"], {}).values():
@@ -106,6 +109,8 @@ def cut(
     """
     reward = state.reward
     assert reward is not None, "cut() needs a rewarded rollout"
+    if infrastructure_failed(state):
+        return [infrastructure_marker(state)]
     loss_scope = reward.get("loss_scope") or loss_scope
     attempt = reward["attempt_id"]
     order = freeze_order(state)
@@ -174,7 +179,29 @@ def segment_record(
         "chain_id": segment.chain_id or "",
         "infos": _infos(state) if segment.kind == "final" else "[]",
         "routed_experts": routes,
+        **failure_fields(state),
     }
+
+
+def failure_fields(state: RolloutState) -> dict[str, Any]:
+    """The reward's failure class, cause and re-run, carried onto every segment of the rollout."""
+    reward = state.reward or {}
+    return {key: reward.get(key) for key in ("failure_class", "failure_cause", "rerun_rollout_id")}
+
+
+def infrastructure_marker(state: RolloutState) -> dict[str, Any]:
+    """The one segment of a rollout the infrastructure failed: no tokens, so nothing to train; it tells the
+    trainer the sample ended (or that ``rerun_rollout_id`` takes its place) and stays out of the group's
+    mean and std."""
+    reward = state.reward or {}
+    attempt = reward.get("attempt_id", "")
+    return {
+        "segment_id": segment_id(state.rollout_id, attempt, 0), "rollout_id": state.rollout_id,
+        "group_id": group_of(state, attempt), "index": 0, "num_segments": 1, "kind": "final",
+        "prompt_ids": [], "response_ids": [], "loss_mask": b"", "rollout_logprobs": [], "reward": 0.0,
+        "trajectory_reward": 0.0, "policy_versions": [], "created_at": int(reward.get("at", 0)),
+        "attempt_id": attempt, "chain_id": "", "infos": "[]", "routed_experts": None, **failure_fields(state),
+    }  # fmt: skip
 
 
 def _infos(state: RolloutState) -> str:

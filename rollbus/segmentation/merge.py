@@ -10,6 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, get_args
 
+from rollbus.failures import INFRASTRUCTURE
 from rollbus.segmentation.state import AMBIGUOUS, TRAINABLE, ChainFacts, Conflict, Fact, RolloutState, Step
 from rollbus.trajectory import LossScope
 from rollbus.turn_log import (
@@ -67,6 +68,12 @@ def apply(state: RolloutState, fact: Fact) -> Step:
     return step
 
 
+def infrastructure_failed(state: RolloutState) -> bool:
+    """Whether the rollout's reward says the infrastructure failed it (:mod:`rollbus.failures`): it is cut
+    at once into one marker segment, and nothing of its turns ever trains."""
+    return (state.reward or {}).get("failure_class") == INFRASTRUCTURE
+
+
 def kill(state: RolloutState, reason: str) -> None:
     state.status, state.reason = "dead", reason
 
@@ -104,7 +111,10 @@ def seal(state: RolloutState) -> None:
     _remember(state, *prints)
     state.attempts, state.sessions = {}, {}
     if state.reward is not None:
-        state.reward = {"digest": state.reward["digest"], "attempt_id": state.reward["attempt_id"]}
+        state.reward = {
+            "digest": state.reward["digest"], "attempt_id": state.reward["attempt_id"],
+            **({"failure_class": INFRASTRUCTURE} if infrastructure_failed(state) else {}),
+        }  # fmt: skip
 
 
 def _finished(state: RolloutState, what: str) -> str:
@@ -158,6 +168,7 @@ def _late_turn(state: RolloutState, record: Mapping[str, Any], key: TurnKey, dig
     chain of the rewarded attempt), else only counted (another attempt's or a side turn that lagged)."""
     attempt, chain_id, index = key
     rewarded = state.reward is not None and state.reward["attempt_id"] == attempt
+    rewarded = rewarded and not infrastructure_failed(state)  # its turns never train: a late one is harmless
     if rewarded and record["chain_kind"] in TRAINABLE or state.status == "dead":
         return Step("late", dead_letter=_finished(state, f"turn {describe(key)}"))
     _remember(state, fingerprint("turn", attempt, chain_id, index, digest))  # a redelivery: duplicate
@@ -208,9 +219,25 @@ def _diff(state: RolloutState, record: Mapping[str, Any]) -> Step:
     return Step("new")
 
 
+def reward_digest(record: Mapping[str, Any]) -> str:
+    """A reward's identity within its rollout: the verdict, not when or how verbosely it was written.
+
+    Why: a grader that crashed after publishing grades the same diff again; the new record differs in ``at``
+    and in ``details`` (durations, log excerpts) but says the same thing, so it is a duplicate, not a second
+    reward. ``details``' one field that changes training (``loss_scope``) stays in the identity.
+    """
+    try:
+        scope = reward_loss_scope(record)
+    except Conflict:
+        scope = "invalid"
+    kept = {k: v for k, v in record.items() if k not in ("schema_version", "at", "details")}
+    return _digest({**kept, "loss_scope": scope})
+
+
 def _reward(state: RolloutState, record: Mapping[str, Any]) -> Step:
-    digest = _digest(record)
-    if state.reward is not None and state.reward["digest"] == digest:
+    digest = reward_digest(record)
+    legacy = _digest(record)  # what states kept before rewards were identified by their verdict
+    if state.reward is not None and state.reward["digest"] in (digest, legacy):
         return Step("duplicate")
     if not state.open:
         return Step("late", dead_letter=_finished(state, "reward"))
@@ -223,5 +250,7 @@ def _reward(state: RolloutState, record: Mapping[str, Any]) -> Step:
         "digest": digest, "attempt_id": record.get("attempt_id", ""), "reward": float(record["reward"]),
         "group_id": record.get("group_id", ""), "group_size": record.get("group_size", 1), "at": record["at"],
         "loss_scope": scope, "infos": record.get("infos") or "[]",
+        "failure_class": record.get("failure_class"), "failure_cause": record.get("failure_cause"),
+        "rerun_rollout_id": record.get("rerun_rollout_id"),
     }  # fmt: skip
     return Step("new")

@@ -3,7 +3,8 @@
 How users debug a 0: it prints reward, solved, applied_cleanly, failure kind, flags and per-test results (with
 ``--json``, one JSON object with those keys on stdout). It reads the same ``--grade-timeout`` ... flags and
 ``ROLLBUS_GRADER_*`` variables as the service. Relative paths in the row resolve against the row file's
-directory. The row is the file's first one, or the one ``--instance-id`` names (a whole dataset works).
+directory. The row is the file's first one, or the one ``--instance-id`` names (a whole dataset works;
+SWE-bench and SWE-bench Pro rows are read as ``rollbus submit`` reads them).
 Exit status: 0 when solved, 1 when not, 2 for unusable input (no such file or row, not JSON).
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 
 from rollbus.services.grader.core import grade_row
 from rollbus.services.grader.settings import GradingOptions
+from rollbus.task_formats import FormatError, convert_row, detect_row
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +58,10 @@ def read_row(path: Path, instance_id: str | None = None) -> dict[str, Any]:
             raise ValueError(f"{path}:{number}: not JSON ({exc})") from None
         if not isinstance(row, dict):
             raise ValueError(f"{path}:{number}: a row is a JSON object")
+        try:  # a SWE-bench or SWE-bench Pro row is graded as the rollbus row submit makes of it
+            row = convert_row(row, detect_row(row))
+        except FormatError as exc:
+            raise ValueError(f"{path}:{number}: {exc}") from None
         metadata = row.get("metadata")
         if isinstance(metadata, str):
             with contextlib.suppress(json.JSONDecodeError):

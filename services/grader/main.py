@@ -5,9 +5,9 @@ shared among them). A diff is committed only after its reward is on the bus (at-
 mid-grade leaves the diff to the next member, which publishes the same grade again; rewards carry rollout and
 attempt ids, so readers keep one). Only a rollout's first diff is rewarded (:mod:`.first_diffs`): a later
 one, from a runner that ran a task already answered, is committed with no reward. Undecodable diffs, diffs
-without a rollout id and diffs that crash the grader itself go to ``dead-letters`` with the error, and
-consumption goes on; everything a patch or a row can do wrong is a reward of 0 with a failure kind, never a
-dead letter.
+without a rollout id go to ``dead-letters`` with the error, and consumption goes on; everything a patch or a
+row can do wrong is a reward of 0 with a failure kind, and an exception inside the grade itself is the
+verdict ``grader_error`` (reward 0, its cause in the note), never a dead letter.
 """
 
 from __future__ import annotations

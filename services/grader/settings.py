@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal, Self
+
+from pydantic import model_validator
 
 from rollbus.grading import GradeConfig
+from rollbus.grading.backends import grade_function
 from rollbus.sandbox.scratch import SCRATCH_BYTES
 from rollbus.settings import BusSettings, Field, Settings
 
@@ -41,6 +45,18 @@ class GradingOptions(Settings):
         "what tests write); a write past it fails as it is written and the grade fails as disk_full",
     )
 
+    backend: Literal["local", "docker"] = Field(
+        "local",
+        description="sandbox backend of the grade (local: bwrap over host repository images; docker: the "
+        "row's container image, pinned to the diff's image digest)",
+    )
+
+    @model_validator(mode="after")
+    def _backend_here(self) -> Self:
+        if self.backend != "local":
+            grade_function(self.backend)  # a backend not in this build stops the command at once, named
+        return self
+
     def grade_config(self) -> GradeConfig:
         return GradeConfig(
             timeout_s=self.grade_timeout,
@@ -50,6 +66,7 @@ class GradingOptions(Settings):
             scratch_dir=self.scratch_dir,
             scratch_bytes=self.scratch_bytes,
             readonly_tests=self.readonly_tests,
+            backend=self.backend,
         )
 
 

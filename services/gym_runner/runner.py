@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rollbus.failures import failure_class
 from rollbus.gym import (
     BAD_ENV_CONFIG,
     REQUEST_FIELDS,
@@ -222,4 +223,7 @@ def reward_record(task: dict[str, Any], outcome: EpisodeResult, loss_scope: str)
         "tests": [],
         "step_rewards": [float(r) for r in episode.step_rewards],
         "infos": json.dumps(episode.infos, default=str),
+        "failure_class": failure_class(outcome.failure_kind),  # rollbus.failures
+        "failure_cause": outcome.failure_kind,
+        "rerun_rollout_id": None,  # retried in-process (``--attempts``)
     }

@@ -24,7 +24,8 @@ AGENT_CRASHED = "agent_crashed"  # the CLI exited non-zero (or was killed by a s
 MAX_TURNS = "max_turns"  # the CLI stopped at --max-turns
 PATCH_TOO_LARGE = "patch_too_large"  # the patch exceeded the cap and was cut
 PATCH_FAILED = "patch_failed"  # git gave no patch (it hit the capture's limits, or the repository is broken)
-RUNNER_ERROR = "runner_error"  # a bug or host failure in the runner itself (the error says which)
+RUNNER_ERROR = "runner_error"  # a runner bug or host failure before the agent started (the error says which)
+SANDBOX_BROKEN = "sandbox_broken"  # the sandbox failed once the agent had run in it: it may have broken it
 
 # Sandbox-reported kinds that do not end a rollout badly: the agent's chatter was cut, its work is on disk.
 NOT_FAILURES = ("output_truncated",)
@@ -110,10 +111,17 @@ class AttemptResult:
     failure_kind: str | None = None
     error: str | None = None
     patch_truncated: bool = False
+    image_digest: str | None = None  # the container image the agent ran (sha256:...); None on bwrap
 
 
-def diff_event(task: dict[str, Any], outcome: AttemptResult, now_ms: int | None = None) -> dict[str, Any]:
-    """The v3 ``diffs`` record of ``outcome`` (the task's group, metadata and label copied for the grader)."""
+def diff_event(
+    task: dict[str, Any],
+    outcome: AttemptResult,
+    now_ms: int | None = None,
+    rerun_rollout_id: str | None = None,
+) -> dict[str, Any]:
+    """The v4 ``diffs`` record of ``outcome`` (the task's group, metadata and label copied for the grader;
+    ``rerun_rollout_id``: the re-run submitted for an infrastructure failure)."""
     return {
         "rollout_id": task["rollout_id"],
         "attempt_id": outcome.attempt_id,
@@ -128,5 +136,7 @@ def diff_event(task: dict[str, Any], outcome: AttemptResult, now_ms: int | None 
         "group_size": task.get("group_size", 1),
         "task_metadata": task.get("metadata", "{}"),
         "label": task.get("label"),
+        "image_digest": outcome.image_digest,
         "at": int(time.time() * 1000) if now_ms is None else now_ms,
+        "rerun_rollout_id": rerun_rollout_id,
     }

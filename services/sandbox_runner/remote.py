@@ -51,6 +51,7 @@ from rollbus.services.sandbox_runner.rollout import (
     AttemptFailed,
     RunnerKit,
     boot_retrying,
+    broken_by_agent,
     parse_metadata,
     run_agent,
 )
@@ -175,20 +176,29 @@ async def attempt(kit: RunnerKit, task: dict[str, Any], attempt_id: str) -> Atte
     metadata = parse_metadata(task)
     spec = remote_spec(settings, metadata, attempt_id)
     sandbox = await boot(kit, spec)
+    started = False  # as locally: once the agent ran, a failure of its VM may be its doing
     try:
-        base = await base_commit(sandbox, settings)
-        binary = await install(kit, sandbox)
-        token = await kit.sessions.open(rollout_id, attempt_id)
         try:
-            completed = await run_agent(
-                settings, sandbox, task, metadata, token,
-                binary=binary, base_url=settings.e2b_base_url(), path=agent_path(settings),
-            )  # fmt: skip
+            base = await base_commit(sandbox, settings)
+            binary = await install(kit, sandbox)
+            token = await kit.sessions.open(rollout_id, attempt_id)
+            try:
+                started = True
+                completed = await run_agent(
+                    settings, sandbox, task, metadata, token,
+                    binary=binary, base_url=settings.e2b_base_url(), path=agent_path(settings),
+                )  # fmt: skip
+            finally:
+                await kit.sessions.close(rollout_id, attempt_id)
+            raw, capture_error = await remote_patch(sandbox, settings, base)
         finally:
-            await kit.sessions.close(rollout_id, attempt_id)
-        raw, capture_error = await remote_patch(sandbox, settings, base)
-    finally:
-        await sandbox.close()
+            await sandbox.close()
+    except AttemptFailed:
+        raise
+    except Exception as exc:
+        if not started:
+            raise
+        raise broken_by_agent(exc) from exc
     patch, truncated = cap_patch(drop_paths(raw, settings.excluded()), settings.patch_max_bytes)
     failure = classify(completed) or (kinds.PATCH_FAILED if capture_error else None)
     failure = failure or (kinds.PATCH_TOO_LARGE if truncated else None)

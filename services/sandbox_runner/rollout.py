@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -48,6 +49,7 @@ from rollbus.services.sandbox_runner import agents
 from rollbus.services.sandbox_runner import outcome as kinds
 from rollbus.services.sandbox_runner.outcome import AttemptResult, agent_turns, cap_patch, classify
 from rollbus.services.sandbox_runner.settings import RunnerSettings
+from rollbus.task_image import ImageFieldError, parse_image, parse_user, row_limits
 
 log = logging.getLogger("rollbus.sandbox_runner")
 SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}  # no __pycache__ from the agent's test runs in its patch
@@ -133,6 +135,7 @@ class RunnerKit:
     sdk: Any = None  # e2b: the SDK's AsyncSandbox class (None: the real one; tests pass a fake)
     e2b_options: E2BOptions | None = None  # e2b: None reads them from the settings at first use
     tarballs: Any = None  # e2b: the host-side tarballs, prepared once (remote.Tarballs)
+    creations: int = 0  # sandbox creations started by this runner (--inject-infra-failures counts them)
 
     def __post_init__(self) -> None:
         self.boot_gate = asyncio.Semaphore(self.settings.boot_concurrency)
@@ -191,21 +194,38 @@ async def _attempt(kit: RunnerKit, task: dict[str, Any], attempt_id: str) -> Att
     agent = chosen_agent(metadata, settings, task)
     binary = agent_binary(agent)
     sandbox = await boot(kit, metadata, binary, attempt_id, agent)
+    started = False  # once the agent ran in the sandbox, the sandbox failing may be its doing
     try:
-        token = await kit.sessions.open(rollout_id, attempt_id, agent)
         try:
-            if agent == agents.CODEX:
-                completed = await run_codex(settings, sandbox, task, metadata, token)
-            else:
-                completed = await run_agent(settings, sandbox, task, metadata, token)
-        finally:  # the sandbox is dead here (run returns once its processes are gone): no more requests
-            await kit.sessions.close(rollout_id, attempt_id)
-        captured = await sandbox.capture_patch(
-            settings.patch_max_bytes + 1, settings.excluded(), CAPTURE_TIMEOUT_S
-        )  # one byte over the cap says "more"
-    finally:
-        await sandbox.close()
-    return attempt_outcome(attempt_id, completed, captured, settings.patch_max_bytes)
+            token = await kit.sessions.open(rollout_id, attempt_id, agent)
+            try:
+                started = True
+                if agent == agents.CODEX:
+                    completed = await run_codex(settings, sandbox, task, metadata, token)
+                else:
+                    completed = await run_agent(settings, sandbox, task, metadata, token)
+            finally:  # the sandbox is dead here (run returns once its processes are gone): no more requests
+                await kit.sessions.close(rollout_id, attempt_id)
+            captured = await sandbox.capture_patch(
+                settings.patch_max_bytes + 1, settings.excluded(), CAPTURE_TIMEOUT_S
+            )  # one byte over the cap says "more"
+        finally:
+            await sandbox.close()
+    except AttemptFailed:
+        raise
+    except Exception as exc:
+        if not started:
+            raise
+        raise broken_by_agent(exc) from exc
+    result = attempt_outcome(attempt_id, completed, captured, settings.patch_max_bytes)
+    return dataclasses.replace(result, image_digest=sandbox.image_digest)  # the bytes a regrade must use
+
+
+def broken_by_agent(exc: Exception) -> AttemptFailed:
+    """What a failure of the sandbox (or of the runner's work in it) is once the agent has run there:
+    ``sandbox_broken``, a policy failure (:mod:`rollbus.failures`), since the agent may have caused it.
+    Only what failed before the agent started may be the infrastructure's (``runner_error``)."""
+    return AttemptFailed(kinds.SANDBOX_BROKEN, f"{type(exc).__name__}: {exc}")
 
 
 def attempt_outcome(
@@ -223,6 +243,11 @@ def attempt_outcome(
     return AttemptResult(
         attempt_id, patch, completed.exit_code, completed.wall_time_s, turns, failure, error, truncated
     )
+
+
+def agent_timeout(settings: RunnerSettings, metadata: dict[str, Any]) -> float:
+    """``--agent-timeout``, or the row's ``agent_timeout_sec`` when it asks for less (a Harbor task's)."""
+    return row_limits(settings.limits(), metadata).wall_s
 
 
 def chosen_agent(metadata: dict[str, Any], settings: RunnerSettings, task: dict[str, Any]) -> str:
@@ -259,14 +284,18 @@ def sandbox_spec(
 ) -> SandboxSpec:
     """The agent's sandbox: the image's base commit, the adapter as its only way out, the CLI read-only."""
     env = metadata.get("remote_env_info") if isinstance(metadata.get("remote_env_info"), dict) else {}
-    image = metadata.get("image") or env.get("image")
-    if not isinstance(image, str) or not image:
-        raise AttemptFailed(kinds.BAD_TASK, "the task's metadata names no image")
+    try:
+        image = parse_image(metadata.get("image") or env.get("image"))
+        user = parse_user(metadata.get("user") or env.get("user"))
+    except ImageFieldError as exc:
+        raise AttemptFailed(kinds.BAD_TASK, str(exc)) from exc
     # docker: a container image the engine has, by name; bwrap: a host directory or tarball
-    found = Path(image) if settings.backend == "docker" else resolve_image(image)
+    container = image.text if image.kind == "container" or settings.backend == "docker" else None
     return SandboxSpec(
-        image=found, role="agent", workdir=str(metadata.get("workdir") or WORKSPACE),
-        limits=settings.limits(), adapter_url=settings.adapter_url, base_url=settings.agent_base_url(),
+        image=Path(image.text) if container else resolve_image(image.text), container_image=container,
+        user=user, role="agent", workdir=str(metadata.get("workdir") or WORKSPACE),
+        limits=row_limits(settings.limits(), metadata), adapter_url=settings.adapter_url,
+        base_url=settings.agent_base_url(),
         toolchain=settings.toolchain, metadata=metadata, sandbox_id=sandbox_id,
         ro_binds=agents.mounts(agent, binary, settings.model, settings.context_length),
     )  # fmt: skip
@@ -295,6 +324,11 @@ async def boot(
 
 
 BOOT_ERRORS = (SandboxError, OSError, ValueError)
+
+
+class InjectedFailure(SandboxError):
+    """A sandbox creation failed on purpose (``--inject-infra-failures``): final, like a missing image, so the
+    attempt ends ``boot_failed`` and the infrastructure path (re-run, never trained) is exercised."""
 S = TypeVar("S", bound=SandboxBase)
 
 
@@ -308,6 +342,13 @@ async def boot_retrying(kit: RunnerKit, start: Callable[[int], Awaitable[S]], li
         for n in range(settings.boot_attempts):
             if n:
                 await asyncio.sleep(settings.boot_backoff * 2 ** (n - 1))
+            kit.creations += 1
+            if kit.creations <= settings.inject_infra_failures:
+                failure = InjectedFailure(
+                    f"injected infrastructure failure {kit.creations} of {settings.inject_infra_failures} "
+                    "(--inject-infra-failures)"
+                )
+                break
             try:
                 sandbox = await start(n)
             except BOOT_ERRORS as exc:
@@ -345,15 +386,16 @@ async def run_agent(
         base_url or settings.agent_base_url(), token, model=settings.model, home=sandbox.home,
         max_output_tokens=settings.max_output_tokens, extra=SANDBOX_ENV, **({"path": path} if path else {}),
     )  # fmt: skip
+    timeout = agent_timeout(settings, metadata)
     if not local(sandbox):
-        return await sandbox.run(cmd, env, cwd=sandbox.workdir, timeout=settings.agent_timeout)
+        return await sandbox.run(cmd, env, cwd=sandbox.workdir, timeout=timeout)
     # its proxy knows the CLI's process; in a container the token reaches the CLI through a pipe, never the
     # container's configuration (`docker inspect`). (Under bwrap the CLI hands it to its tools either way.)
     secret = {}
     if not isinstance(sandbox, BwrapSandbox):
         secret = {"ANTHROPIC_AUTH_TOKEN": env.pop("ANTHROPIC_AUTH_TOKEN")}
     return await sandbox.run(
-        cmd, env, cwd=sandbox.workdir, timeout=settings.agent_timeout, agent=True, secret_env=secret or None
+        cmd, env, cwd=sandbox.workdir, timeout=timeout, agent=True, secret_env=secret or None
     )
 
 
@@ -371,15 +413,17 @@ async def run_codex(
     """The Codex CLI, headless, with the attempt's token, under the wall-clock budget (local sandboxes)."""
     cmd = agents.codex_command(
         task_prompt(task, metadata, settings.prompt_template), base_url=settings.agent_base_url(),
-        model=settings.model, workdir=sandbox.workdir, timeout=settings.agent_timeout, tool_env=SANDBOX_ENV,
+        model=settings.model, workdir=sandbox.workdir, timeout=agent_timeout(settings, metadata),
+        tool_env=SANDBOX_ENV,
         context_length=settings.context_length,
     )  # fmt: skip
     env = codex_cli.build_env(token, home=sandbox.home, extra=SANDBOX_ENV)
     if not local(sandbox):
-        return await sandbox.run(cmd, env, cwd=sandbox.workdir, timeout=settings.agent_timeout)
+        return await sandbox.run(cmd, env, cwd=sandbox.workdir, timeout=agent_timeout(settings, metadata))
     # its proxy knows the CLI's process; the token reaches the CLI through a pipe, never bwrap's environment
     # (the sandbox's pid 1 is readable by the tools; Codex's own process and its tools' environment are not)
     secret = {codex_cli.TOKEN_ENV: env.pop(codex_cli.TOKEN_ENV)}
     return await sandbox.run(
-        cmd, env, cwd=sandbox.workdir, timeout=settings.agent_timeout, agent=True, secret_env=secret
+        cmd, env, cwd=sandbox.workdir, timeout=agent_timeout(settings, metadata), agent=True,
+        secret_env=secret,
     )

@@ -20,6 +20,7 @@ from typing import Any
 from rollbus.bus import Event, Publisher
 from rollbus.kafka.in_flight import InFlightConsumer
 from rollbus.services.sandbox_runner.outcome import AttemptResult, diff_event
+from rollbus.services.sandbox_runner.rerun import rerun_task
 from rollbus.services.sandbox_runner.rollout import AdapterSessions, RunnerKit, run_task
 from rollbus.services.sandbox_runner.settings import RunnerSettings
 from rollbus.topics import topic_name
@@ -35,10 +36,14 @@ def is_gym_task(record: dict[str, Any]) -> bool:
 
 
 async def publish_outcome(
-    publisher: Publisher, topic: str, task: dict[str, Any], outcome: AttemptResult
+    publisher: Publisher, topic: str, task: dict[str, Any], outcome: AttemptResult, rerun: str | None = None
 ) -> None:
-    """Publish the attempt's diff, retrying while the broker is away (the task stays uncommitted)."""
-    event = diff_event(task, outcome)
+    """Publish the attempt's diff (naming ``rerun``, the re-run submitted for it), retrying while the broker
+    is away (the task stays uncommitted)."""
+    await publish_retrying(publisher, topic, diff_event(task, outcome, rerun_rollout_id=rerun), "diff")
+
+
+async def publish_retrying(publisher: Publisher, topic: str, event: dict[str, Any], what: str) -> None:
     for attempt in range(PUBLISH_TRIES):
         try:
             await publisher.publish(topic, event)
@@ -46,7 +51,7 @@ async def publish_outcome(
         except Exception:
             if attempt == PUBLISH_TRIES - 1:
                 raise
-            log.warning("publishing the diff of %s failed; retrying", task["rollout_id"], exc_info=True)
+            log.warning("publishing the %s of %s failed; retrying", what, event["rollout_id"], exc_info=True)
             await asyncio.sleep(2**attempt)
 
 
@@ -85,6 +90,12 @@ class SandboxRunner:
 
     async def _rollout(self, task: dict[str, Any]) -> None:
         outcome = await self._run(self.kit, task)
-        await publish_outcome(self.publisher, self.diffs_topic, task, outcome)
+        rerun = rerun_task(task, outcome.failure_kind, self.settings.infra_retries)
+        if rerun is not None:  # before the diff: a failed sample on the bus always has its re-run there
+            await publish_retrying(self.publisher, self.tasks_topic, rerun, "re-run")
+            log.warning("rollout %s failed by the infrastructure (%s): re-run %d as %s", task["rollout_id"],
+                        outcome.failure_kind, rerun["attempt"], rerun["rollout_id"])  # fmt: skip
+        rerun_id = rerun["rollout_id"] if rerun is not None else None
+        await publish_outcome(self.publisher, self.diffs_topic, task, outcome, rerun_id)
         log.info("rollout %s attempt %s ended: %s", task["rollout_id"], outcome.attempt_id,
                  outcome.failure_kind or "finished")  # fmt: skip

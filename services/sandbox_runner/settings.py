@@ -76,6 +76,14 @@ class RunnerSettings(BusSettings):
     boot_concurrency: int = Field(4, ge=1, description="sandboxes booting at once")
     boot_attempts: int = Field(3, ge=1, description="tries to boot a sandbox before the attempt fails")
     boot_backoff: float = Field(0.5, ge=0, description="seconds before the first boot retry (doubles)")
+    infra_retries: int = Field(
+        2, ge=0, description="re-runs of a sample the infrastructure failed (rollbus.failures): each a new "
+        "rollout of the same group and sample index, the next attempt number; 0: none"
+    )
+    inject_infra_failures: int = Field(
+        0, ge=0, description="testing: the first N sandbox creations of this runner fail as infrastructure "
+        "(boot_failed, not retried within the boot)"
+    )
     agent_timeout: float = Field(1800.0, gt=0, description="wall-clock budget of one agent run, seconds")
     agent: Literal["claude_code", "codex"] = Field(
         "claude_code", description="agent harness of rows without metadata.agent (claude_code | codex)"

@@ -1,7 +1,9 @@
-"""``rollbus submit DATASET.jsonl``: one `tasks` event per sample of every good row, a group per row.
+"""``rollbus submit DATASET``: one `tasks` event per sample of every good row, a group per row.
 
-Bad rows are reported on stderr as ``DATASET:LINE: why`` and skipped; every good row is still submitted.
-Exit status: 0 all rows submitted, 1 some rows skipped, 2 nothing readable.
+``DATASET`` is a JSONL file of rollbus rows, SWE-bench / SWE-Gym rows or SWE-bench Pro rows (detected per
+row, or ``--format``), a Harbor task folder, or a folder of them (:mod:`rollbus.task_formats`). Bad rows are
+reported on stderr as ``DATASET:LINE: why`` (a Harbor task: its folder) and skipped; every good row is still
+submitted. Exit status: 0 all rows submitted, 1 some rows skipped, 2 nothing readable.
 """
 
 from __future__ import annotations
@@ -10,14 +12,18 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
+from typing import Literal
 
 from aiokafka.errors import KafkaError
 from pydantic import Field
 
 from rollbus.bus import Publisher
-from rollbus.rows import Row, RowError, RowKeys, read_rows, tasks_for
+from rollbus.rows import Row, RowError, RowKeys, read_dataset, tasks_for
 from rollbus.settings import BusSettings
+from rollbus.task_formats.common import FormatError
 from rollbus.topics import topic_name
+
+TaskFormat = Literal["rollbus", "swebench", "swepro", "harbor"]
 
 
 class SubmitSettings(BusSettings):
@@ -28,10 +34,16 @@ class SubmitSettings(BusSettings):
     input_key: str = Field("prompt", min_length=1, description="row key of the prompt")
     label_key: str = Field("label", min_length=1, description="row key of the label")
     metadata_key: str = Field("metadata", min_length=1, description="row key of the metadata object")
+    format: TaskFormat | None = Field(None, description="the dataset's format (default: detected per row)")
+    dataset_revision: str | None = Field(
+        None, description="the dataset's revision (commit or version), kept on every task's metadata.source"
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dataset", type=Path, help="JSONL file, one row per line")
+    parser.add_argument(
+        "dataset", type=Path, help="JSONL (rollbus, SWE-bench or SWE-bench Pro rows) or Harbor task folder(s)"
+    )
     SubmitSettings.add_arguments(parser)
 
 
@@ -39,12 +51,15 @@ def run(args: argparse.Namespace) -> int:
     settings = SubmitSettings.from_args(args)
     keys = RowKeys(settings.input_key, settings.label_key, settings.metadata_key)
     try:
-        rows, bad = split_rows(args.dataset, keys)
+        rows, bad = split_rows(args.dataset, keys, settings.format, settings.dataset_revision)
     except OSError as exc:
         print(f"rollbus submit: cannot read {args.dataset}: {exc.strerror}", file=sys.stderr)
         return 2
-    for line, error in bad:
-        print(f"{args.dataset}:{line}: {error}; skipped", file=sys.stderr)
+    except FormatError as exc:
+        print(f"rollbus submit: {exc}", file=sys.stderr)
+        return 2
+    for where, error in bad:
+        print(f"{where}: {error}; skipped", file=sys.stderr)
     tasks = [task for row in rows for task in tasks_for(row, settings.n_samples_per_prompt)]
     if tasks:
         try:
@@ -57,10 +72,12 @@ def run(args: argparse.Namespace) -> int:
     return 0 if not bad else (1 if rows else 2)
 
 
-def split_rows(path: Path, keys: RowKeys) -> tuple[list[Row], list[tuple[int, RowError]]]:
+def split_rows(
+    path: Path, keys: RowKeys, fmt: str | None = None, revision: str | None = None
+) -> tuple[list[Row], list[tuple[str, RowError]]]:
     rows: list[Row] = []
-    bad: list[tuple[int, RowError]] = []
-    for item in read_rows(path, keys):
+    bad: list[tuple[str, RowError]] = []
+    for item in read_dataset(path, keys, fmt, revision):
         (rows if isinstance(item, Row) else bad).append(item)  # type: ignore[arg-type]
     return rows, bad
 

@@ -140,7 +140,10 @@ async def rounds(settings: DemoSettings, stack: Stack, supervisor: Supervisor, p
 
 
 def rows_in(dataset: Path) -> int:
-    return sum(1 for line in dataset.read_text().splitlines() if line.strip())
+    """The tasks ``rollbus submit`` will read from ``dataset`` (any format it reads, Harbor folders too)."""
+    from rollbus.task_formats import load_dataset
+
+    return sum(1 for loaded in load_dataset(dataset) if loaded.text is not None)
 
 
 async def wait_served(stack: Stack, version: int, timeout: float) -> None:
@@ -165,7 +168,7 @@ def prepare(dataset: Path) -> None:
 def submit(settings: DemoSettings, stack: Stack) -> None:
     """``rollbus submit``, exactly as a user would run it."""
     argv = [sys.executable, "-m", "rollbus", "submit", str(settings.tasks),
-            "--n-samples-per-prompt", str(settings.n_samples_per_prompt),
+            "--n-samples-per-prompt", str(settings.n_samples_per_prompt + settings.over_sample),
             "--bootstrap-servers", stack.bootstrap, "--namespace", stack.namespace]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     console.print(Text(f"{'submit':15} {(done.stdout + done.stderr).strip()}"))

@@ -9,11 +9,13 @@ count from).
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from rollbus.codec import CodecError, decode
+from rollbus.failures import INFRASTRUCTURE
 from rollbus.kafka import clients
 from rollbus.topics import topic_name
 
@@ -35,6 +37,7 @@ class Progress:
     turns: int = 0
     turn_policy_versions: list[int] = field(default_factory=list)  # version of each turn, in bus order
     undecodable: int = 0
+    reruns: set[str] = field(default_factory=set)  # rollouts submitted as re-runs of infrastructure failures
 
     def add(self, event_type: str, record: dict[str, Any]) -> None:
         fold: Callable[[dict[str, Any]], None] | None = getattr(self, f"_on_{event_type}", None)
@@ -49,6 +52,8 @@ class Progress:
 
     def _on_task(self, record: dict[str, Any]) -> None:
         self.submitted.add(record["rollout_id"])
+        if int(record.get("attempt") or 0) > 0:
+            self.reruns.add(record["rollout_id"])
 
     def _on_turn(self, record: dict[str, Any]) -> None:
         self.turns += 1
@@ -85,11 +90,17 @@ class Progress:
         """Rollouts whose run failed (boot, crash, limit, timeout ...), not those that did not solve."""
         return sum(1 for d in self.diffs.values() if d.get("failure_kind"))
 
+    def infrastructure_causes(self) -> dict[str, int]:
+        """Rollouts the infrastructure failed (``rollbus.failures``), by cause: they never train."""
+        failed = [r for r in self.rewards.values() if r.get("failure_class") == INFRASTRUCTURE]
+        causes = Counter(str(r.get("failure_cause")) for r in failed)
+        return dict(sorted(causes.items()))
+
     @property
     def solved(self) -> int:
         return sum(1 for r in self.rewards.values() if r["solved"])
 
-    def summary(self, *, train_steps: int, tokens_trained: int | None = None) -> dict[str, int]:
+    def summary(self, *, train_steps: int, tokens_trained: int | None = None) -> dict[str, Any]:
         return {
             "rollouts_submitted": len(self.submitted),
             "rollouts_finished": self.finished,
@@ -100,13 +111,18 @@ class Progress:
             "policy_version": self.policy_version,
             "tokens_trained": self.tokens_in_segments if tokens_trained is None else tokens_trained,
             "duplicates_dropped": self.duplicates_dropped,
+            "infrastructure_failures": sum(self.infrastructure_causes().values()),
+            "infrastructure_failure_causes": self.infrastructure_causes(),
+            "reruns": len(self.reruns),
         }
 
     def line(self) -> str:
         served = max(self.turn_policy_versions, default=0)
         return (
             f"rollouts {len(self.submitted)} submitted, {len(self.running)} running, "
-            f"{self.finished} finished ({self.solved} solved, {self.failed} failed) | "
+            f"{self.finished} finished ({self.solved} solved, {self.failed} failed, "
+            f"{sum(self.infrastructure_causes().values())} by the infrastructure; "
+            f"{len(self.reruns)} re-runs) | "
             f"segments {len(self.segment_ids)} | "
             f"policy v{self.policy_version} ({self.policy_updates} updates), turns served by v{served}"
         )

@@ -65,9 +65,17 @@ class StackSettings(BusSettings):
     engine_port: int = Field(0, ge=0, le=65535, description="engine port (0: a free one)")
     adapter_port: int = Field(0, ge=0, le=65535, description="adapter port (0: a free one)")
     group_size: int = Field(2, ge=1, description="rollouts per group the trainer waits for")
+    over_sample: int = Field(
+        0, ge=0, description="the trainer's --over-sample: groups submitted with group size + N samples "
+        "train their first valid group-size ones (the demo submits them so)"
+    )
     rollout_batch_size: int = Field(1, ge=1, description="complete groups per training step")
     steps: int = Field(0, ge=0, description="training steps before the trainer stops (0: never)")
     runner_concurrency: int = Field(2, ge=1, description="rollouts the sandbox runner runs at once")
+    inject_infra_failures: int = Field(
+        0, ge=0, description="testing: the first N sandbox creations of the run fail as infrastructure (the "
+        "sandbox runner's --inject-infra-failures): re-run, never trained, counted in the summary"
+    )
     gym: bool = Field(True, description="also run the gym runner (gym tasks)")
     moe: bool = Field(
         False, description="serve and train the small random Qwen3-MoE with rollout routing replay: the "
@@ -158,7 +166,9 @@ def service_specs(settings: StackSettings, stack: Stack) -> list[ServiceSpec]:
         ServiceSpec.rollbus(
             "sandbox-runner",
             ["--adapter-url", stack.adapter_url, "--concurrency", str(settings.runner_concurrency),
-             "--agent", settings.agent, "--state-dir", str(state), *bus],
+             "--agent", settings.agent, "--state-dir", str(state), *bus,
+             *(["--inject-infra-failures", str(settings.inject_infra_failures)]
+               if settings.inject_infra_failures else [])],
             env={"ROLLBUS_SANDBOX_RUNNER_ADMIN_TOKEN": stack.admin_token}, settle=2.0,
         ),
         ServiceSpec.rollbus("grader", ["--state-dir", str(state), *bus], settle=2.0),
@@ -173,7 +183,7 @@ def service_specs(settings: StackSettings, stack: Stack) -> list[ServiceSpec]:
         ServiceSpec.rollbus("segmenter", ["--state-dir", str(state), *bus], settle=3.0),
         ServiceSpec.rollbus(
             "trainer",
-            ["--group-size", str(settings.group_size),
+            ["--group-size", str(settings.group_size), "--over-sample", str(settings.over_sample),
              "--rollout-batch-size", str(settings.rollout_batch_size), "--steps", str(settings.steps),
              "--engine-url", stack.engine_url, "--state-dir", str(state), *bus, *moe["trainer"]],
             env={"ROLLBUS_TRAINER_ENGINE_API_KEY": engine_key}, settle=3.0,

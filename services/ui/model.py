@@ -210,6 +210,11 @@ def overview(model: ReadModel) -> dict[str, Any]:
             "failed": status["failed"],
         },
         "failure_kinds": dict(sorted(failures.items())),
+        # whose fault (rollbus.failures): infrastructure failures never train; their re-runs are new rollouts
+        "failure_classes": dict(sorted(Counter(
+            (r.reward or {}).get("failure_class") for r in rollouts if (r.reward or {}).get("failure_class")
+        ).items())),
+        "reruns": sum(1 for r in rollouts if r.task is not None and int(r.task.get("attempt") or 0) > 0),
         "per_version": [
             {
                 "version": v,

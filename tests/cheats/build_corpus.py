@@ -110,7 +110,7 @@ CHEATS: dict[str, tuple[str, dict[str, Any], list[str], str | None]] = {
             }
         },
         ["touches_test_config"],
-        None,
+        "tests_failed",  # the hidden file yields no test: no positive evidence, whatever the flag says
     ),
     "pytest_ini_no_tests": (
         "flatten",

@@ -1,0 +1,255 @@
+"""The grader's channel inside the test sandbox, shipped read-only to ``/eval/plugins`` (``rollbus_channel``).
+
+What the grader tells its plugin (the canaries' source and names, which must fail) and what the plugin tells
+the grader (the report) travel through pipes the grader opened before the sandbox started, never through the
+environment or a file: ``ROLLBUS_CHANNEL`` holds only a descriptor number. The first process that claims the
+channel (the grader's pytest plugin or unittest runner, loaded before any repository code) reads the
+configuration out of its pipe, makes every channel descriptor close-on-exec in itself, and from then on
+only it can write records: a process it starts (a child pytest, ``os.system``) inherits no descriptor and
+reads an empty pipe, so it reports nothing; a forked copy writes its own pid, which the grader rejects. When
+the run ends the configuration goes back into its pipe for the command's next run. Nothing here names a
+path, a run id or a canary: ``/proc/self/environ`` and ``/proc/self/fd`` (``pipe:[...]``) say nothing.
+
+Runs under the sandbox's Python; imports nothing of rollbus.
+"""
+
+import json
+import os
+
+_state = {}
+
+
+def claim():
+    """The configuration (a dict), or None when this process has no channel (a child of the tested code, a
+    run while another holds it, a process started outside the grader)."""
+    if "config" in _state:
+        return _state["config"]
+    _state["config"] = None
+    try:
+        fd = int(os.environ.pop("ROLLBUS_CHANNEL", ""))
+    except ValueError:
+        return None
+    try:
+        os.set_blocking(fd, False)
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            data += chunk
+    except (BlockingIOError, OSError):
+        return None
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    try:
+        config = json.loads(data)
+        for key in ("report_fd", "refill_fd"):
+            os.set_inheritable(config[key], False)
+    except (ValueError, KeyError, TypeError, OSError):
+        return None
+    _state["config"], _state["raw"] = config, data
+    flush_audit()
+    return config
+
+
+def write(record):
+    """One record into the grader's report, stamped with this process's pid."""
+    config = _state.get("config")
+    if not config:
+        return
+    line = (json.dumps({**record, "pid": os.getpid()}) + "\n").encode()
+    try:
+        while line:
+            line = line[os.write(config["report_fd"], line) :]
+    except OSError:
+        pass
+
+
+def release():
+    """Give the configuration back for the command's next run; this process reports no more."""
+    config, raw = _state.get("config"), _state.get("raw")
+    _state["config"] = None
+    if not config:
+        return
+    try:
+        os.write(config["refill_fd"], raw)
+    except OSError:
+        pass
+    for key in ("refill_fd", "report_fd"):
+        try:
+            os.close(config[key])
+        except OSError:
+            pass
+
+
+# -- what the code does while it runs: PEP 578 audit hooks ---------------------------------------------------
+
+PROCESS = frozenset({
+    "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
+    "pty.spawn",
+})  # fmt: skip
+CODE = frozenset({"exec", "compile"})
+FRAMES = frozenset({"sys._getframe", "sys._current_frames", "sys._getframemodulename"})
+FRAME_ATTRIBUTES = frozenset({"f_back", "f_code", "f_locals", "f_globals", "tb_frame", "gi_frame", "cr_frame",
+                              "ag_frame"})  # fmt: skip
+NATIVE = ("gc.get_objects", "gc.get_referrers", "gc.get_referents", "ctypes.")
+FRAMEWORKS = ("_pytest", "pytest", "unittest", "pluggy")
+STACK_READERS = ("inspect.py", "traceback.py", "linecache.py")  # stdlib helpers that read frames for a caller
+_audit = {"pending": [], "seen": set(), "busy": False}
+
+
+def _stdlib():
+    here = os.path.dirname(os.__file__)
+    return here + os.sep
+
+
+def install_audit(root):
+    """An append-only audit hook (it cannot be removed), installed by ``sitecustomize`` at interpreter start
+    from the grader's read-only files, before any repository code: it records, into the channel, each
+    watched event whose actor (see :func:`_actor`) is a file under ``root`` (the repository)."""
+    import sys
+
+    stdlib, root = _stdlib(), root.rstrip("/") + "/"
+    installed = tuple(p.rstrip("/") + "/" for p in sys.path if p.startswith("/") and not p.startswith(root))
+    state = _audit
+
+    def in_stdlib(name):
+        return name.startswith(stdlib) and "-packages" not in name
+
+    def actor(frame, skip):
+        """The file that caused an event: the first frame outside the standard library when ``skip`` (a
+        stdlib call made for its caller: ``subprocess.run``, ``runpy``), stopping at a stdlib module's own
+        import (its ``<module>`` frame: the library set itself up); frames of code made from strings and
+        frozen importlib are passed through."""
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if name.startswith("<"):
+                frame = frame.f_back
+                continue
+            if in_stdlib(name):
+                if not skip(name) or frame.f_code.co_name == "<module>":
+                    return None
+                frame = frame.f_back
+                continue
+            return name
+        return None
+
+    def every(name):
+        return True
+
+    def stack_reader(name):
+        return name.endswith(STACK_READERS)
+
+    def loader(name):
+        return name.endswith(("runpy.py", "pkgutil.py")) or "/importlib/" in name
+
+    def never(name):
+        return False
+
+    def hook(event, args):
+        if state["busy"]:
+            return
+        if event in PROCESS or event.startswith(NATIVE):
+            kind, skip, detail = "process" if event in PROCESS else "native", every, event
+        elif event in CODE:
+            code = args[0] if event == "exec" else None
+            filename = code.co_filename if code is not None else args[1] if len(args) > 1 else None
+            if isinstance(filename, bytes):
+                filename = filename.decode(errors="replace")
+            if isinstance(filename, str) and filename.startswith((*installed, "<frozen ")):
+                return  # an installed library's own source (the standard library, site-packages, frozen)
+            kind, skip, detail = "code", loader, str(filename)
+        elif event in FRAMES:
+            kind, skip, detail = "frames", stack_reader, event
+        elif event == "object.__getattr__" and len(args) > 1 and args[1] in FRAME_ATTRIBUTES:
+            kind, skip, detail = "frames", never, f"{type(args[0]).__name__}.{args[1]}"
+        elif event in ("object.__setattr__", "object.__delattr__") and isinstance(args[0], type):
+            module = str(getattr(args[0], "__module__", "") or "")
+            if not module.startswith(FRAMEWORKS):
+                return
+            kind, skip, detail = "framework", every, f"{module}.{args[0].__name__}.{args[1]}"
+        elif event == "open" and isinstance(args[0], str) and (len(args) < 2 or "r" in str(args[1] or "r")):
+            path = os.path.abspath(args[0])
+            if not path.startswith(root) or not path.endswith(".py"):
+                return
+            kind, skip, detail = "open", every, path
+        else:
+            return
+        state["busy"] = True
+        try:
+            who = actor(sys._getframe(1), skip)
+            if who is None or not who.startswith(root):
+                return
+            key = (kind, who, detail)
+            if key in state["seen"] or len(state["seen"]) > 5000:
+                return
+            state["seen"].add(key)
+            record = {"event": "audit", "kind": kind, "actor": who, "detail": detail[:500]}
+            if _state.get("config"):
+                write(record)
+            else:
+                state["pending"].append(record)
+        except Exception:
+            pass
+        finally:
+            state["busy"] = False
+
+    sys.addaudithook(hook)
+
+
+def flush_audit():
+    """Events recorded before the channel was claimed go into it now."""
+    pending, _audit["pending"] = _audit["pending"], []
+    for record in pending:
+        write(record)
+
+
+def framework_classes():
+    """Every class of the loaded test-framework modules with a copy of its namespace: attributes set on them
+    are not audited by CPython (only a few special ones are), so the plugin compares before and after."""
+    import sys
+
+    state = []
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith(FRAMEWORKS):
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, type) and getattr(value, "__module__", "") == name:
+                state.append((value, dict(vars(value))))
+    return state
+
+
+def report_framework_changes(state):
+    """An audit record (unattributed: any code of the process may have done it) for each attribute of a
+    framework class set, replaced or deleted since :func:`framework_classes`."""
+    for cls, before in state:
+        now = vars(cls)
+        for key in sorted(set(before) | set(now), key=str):
+            if key in ("__dict__", "__weakref__", "_abc_impl", "_pytest_diamond_inheritance_warning_shown"):
+                continue
+            if before.get(key, _missing) is not now.get(key, _missing):
+                detail = f"{cls.__module__}.{cls.__qualname__}.{key}"
+                write({"event": "audit", "kind": "framework", "actor": "", "detail": detail[:500]})
+
+
+def report_object(kind, obj, detail):
+    """An audit record for ``obj`` (a function or class the grader's plugin found in use), attributed to the
+    file its code comes from."""
+    import sys
+
+    candidates = [obj, getattr(obj, "__func__", None)]
+    if isinstance(obj, type):  # a class: whatever code its calls run, and its module
+        candidates += [vars(obj).get(name) for name in ("__init__", "__new__", "__call__")]
+    actors = {getattr(getattr(c, "__code__", None), "co_filename", None) for c in candidates}
+    module = sys.modules.get(getattr(obj, "__module__", None) or "")
+    actors.add(getattr(obj, "__file__", None) or getattr(module, "__file__", None))
+    for actor in sorted(
+        a for a in actors if isinstance(a, str) and a.startswith("/") and "-packages/" not in a
+    ):
+        write({"event": "audit", "kind": kind, "actor": actor, "detail": str(detail)[:500]})
+
+
+_missing = object()

@@ -1,0 +1,99 @@
+"""Building one image from a recipe folder: a content key, one builder per machine, errors in one message."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from rollbus.config import cache_dir
+
+
+class ImageError(RuntimeError):
+    """An image could not be built; the message says which and why (the build log's tail)."""
+
+
+def content_key(*parts: bytes | str | Path) -> str:
+    """A short hash of ``parts``: bytes and strings as they are, a file by its name and bytes, a folder by
+    every file in it (relative names and bytes, in order)."""
+    digest = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, Path):
+            files = sorted(p for p in part.rglob("*") if p.is_file()) if part.is_dir() else [part]
+            for path in files:
+                name = path.relative_to(part) if part.is_dir() else Path(path.name)
+                digest.update(str(name).encode() + b"\0" + path.read_bytes() + b"\0")
+        else:
+            digest.update((part.encode() if isinstance(part, str) else part) + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def has_image(client: Any, name: str) -> bool:
+    import docker
+
+    try:
+        client.images.get(name)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+def ensure_image(
+    client: Any,
+    tag: str,
+    recipe: Path,
+    *,
+    buildargs: dict[str, str] | None = None,
+    add: Callable[[Path], None] | None = None,
+    dockerfile: str = "Dockerfile",
+) -> str:
+    """``tag`` on ``client``'s engine, built from ``recipe`` first if missing (one builder at a time per
+    machine). ``add(context)`` puts more files into the build context (a copy of the recipe) first."""
+    if has_image(client, tag):
+        return tag
+    lock_path = cache_dir() / "docker-images.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not has_image(client, tag):
+            with tempfile.TemporaryDirectory(prefix="rollbus-image-", dir=cache_dir()) as tmp:
+                context = Path(tmp) / "context"
+                shutil.copytree(recipe, context)
+                if add is not None:
+                    add(context)
+                build(client, context, tag, buildargs or {}, dockerfile)
+    return tag
+
+
+def build(
+    client: Any, context: Path, tag: str, buildargs: dict[str, str], dockerfile: str = "Dockerfile"
+) -> None:
+    """``docker build`` with the host's network (registries are reached from the build, never from a
+    sandbox), never pulling: every base is local or was built here."""
+    import docker
+
+    try:
+        client.images.build(
+            path=str(context), dockerfile=dockerfile, tag=tag, buildargs=buildargs, network_mode="host",
+            rm=True, forcerm=True, pull=False,
+        )  # fmt: skip
+    except docker.errors.BuildError as exc:
+        raise ImageError(f"{tag} did not build: {exc.msg}\n{log_tail(exc.build_log)}") from exc
+    except docker.errors.APIError as exc:
+        raise ImageError(f"{tag} did not build: {exc.explanation or exc}") from exc
+
+
+def log_tail(lines: Iterable[dict[str, Any]], chars: int = 1500) -> str:
+    text = "".join(str(line.get("stream") or line.get("error") or "") for line in lines)
+    return text[-chars:]
+
+
+def host_ca_certificates() -> list[Path]:
+    """The CA certificates this host added to Debian's store (``/usr/local/share/ca-certificates``): a
+    TLS-inspecting proxy in front of the registries is trusted there, so images built here trust it too."""
+    folder = Path("/usr/local/share/ca-certificates")
+    return sorted(p for p in folder.rglob("*.crt") if p.is_file()) if folder.is_dir() else []

@@ -1,0 +1,46 @@
+"""Re-running a sample the infrastructure failed: a new rollout of the same group and sample index, the next
+attempt number, up to ``--infra-retries``.
+
+Why a new rollout and not another attempt of the same one: everything downstream answers a rollout once (the
+runner commits a task whose diff is on the bus, the grader rewards a rollout's first diff, the segmenter its
+first reward), which is what makes a redelivery harmless. The re-run's id is derived from the first rollout's
+(``<id>.r<N>``, before the ``-<sample index>`` suffix the engine's scripts key on), so publishing it twice (a
+runner killed between publishing it and its diff runs the task again) submits the same rollout twice, and
+that is answered once. The re-run is published before the failed attempt's diff, whose ``rerun_rollout_id``
+names it: a failed sample whose diff is on the bus always has its re-run on ``tasks``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from rollbus.failures import rerun_helps
+
+_RERUN = re.compile(r"\.r\d+$")
+
+
+def rerun_rollout_id(rollout_id: str, sample_index: int, attempt: int) -> str:
+    """The id of re-run ``attempt`` (1, 2, ...) of the sample whose first rollout (or an earlier re-run) is
+    ``rollout_id``: deterministic, the same from any re-run of it."""
+    suffix = f"-{sample_index}"
+    stem, tail = (rollout_id[: -len(suffix)], suffix) if rollout_id.endswith(suffix) else (rollout_id, "")
+    return f"{_RERUN.sub('', stem)}.r{attempt}{tail}"
+
+
+def rerun_task(
+    task: dict[str, Any], failure_kind: str | None, retries: int, now_ms: int | None = None
+) -> dict[str, Any] | None:
+    """The ``tasks`` record that re-runs ``task`` after ``failure_kind``, or None: the failure is not one a
+    new attempt can mend (a policy failure, a bad row), or the sample has had ``retries`` re-runs already."""
+    attempt = int(task.get("attempt") or 0)
+    if not rerun_helps(failure_kind) or attempt >= retries:
+        return None
+    record = {k: v for k, v in task.items() if k != "schema_version"}
+    return {
+        **record,
+        "rollout_id": rerun_rollout_id(task["rollout_id"], int(task.get("sample_index") or 0), attempt + 1),
+        "attempt": attempt + 1,
+        "submitted_at": int(time.time() * 1000) if now_ms is None else now_ms,
+    }
