@@ -13,7 +13,6 @@ import io
 import json
 import os
 import socket
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -321,28 +320,6 @@ def test_an_engine_that_cannot_start_says_why_in_one_line(monkeypatch: pytest.Mo
     assert not Path("/tmp/" + "x" * 120).exists()  # nothing made
 
 
-@pytest.mark.parametrize("task", ["sum-to", "flatten", "intervals"])  # eval command, F2P, swepro
-async def test_the_grader_in_containers_scores_the_fix_one_and_the_empty_patch_zero(
-    engine: Any, swe_mini: dict[str, dict[str, Any]], task: str
-) -> None:
-    """The grader's every command in a fresh, network-less container of the base image (Debian's python3
-    and pytest), over the tree the grader prepared on the host."""
-    from rollbus.grading import GradeConfig, grade, parse_row
-    from tests.test_grading_swe_mini import SWE_MINI
-
-    rows = swe_mini
-    spec = parse_row(rows[task], SWE_MINI)
-    config = GradeConfig(container_image=docker_images.ensure_base_image(engine))
-    since = int(time.time()) - 1
-    fixed = await grade(spec, rows[task]["label"], config)
-    assert (fixed.reward, fixed.failure_kind, fixed.flags) == (1.0, None, ()), fixed
-    empty = await grade(spec, "", config)
-    assert (empty.reward, empty.failure_kind) == (0.0, "tests_failed"), empty
-    filters = {"type": "container", "event": "start", "label": "rollbus.sandbox"}
-    started = engine.api.events(since=since, until=int(time.time()) + 1, filters=filters, decode=True)
-    assert len(list(started)) >= 3  # the fix: apply, then its tests; the empty patch: its tests
-
-
 KILLED_RUNNER = """
 import asyncio, os, sys
 from pathlib import Path
@@ -408,37 +385,10 @@ async def test_only_the_agents_own_process_is_stamped_agent(agent: DockerSandbox
     assert agent.proxy is not None and agent.proxy.agent is None  # the run is over: nothing is the agent
 
 
-RUNTIME_KINDS = ("tampered", "report_mismatch", "no_tests", "tests_failed")
-
-
-@pytest.fixture(scope="module")
-def swe_mini() -> dict[str, dict[str, Any]]:
-    """swe-mini's rows by task, their images built."""
-    from tests.test_grading_swe_mini import load_build
-
-    return {row["metadata"]["image"].split("/")[-1]: row for row in load_build().build()}
-
-
-def runtime_cheats() -> list[dict[str, Any]]:
-    """The corpus's cheats that the code under test carries out while it runs (where the sandbox the grade
-    runs in matters); those stopped by the patch's own shape or a scan are the same whatever runs them."""
-    from tests.test_grading_swe_mini import CORPUS
-
-    return [cheat for cheat in CORPUS if cheat["failure_kind"] in RUNTIME_KINDS]
-
-
-@pytest.mark.parametrize("cheat", runtime_cheats(), ids=lambda c: c["name"])
-async def test_the_cheat_corpus_scores_zero_in_containers(
-    engine: Any, swe_mini: dict[str, dict[str, Any]], cheat: dict[str, Any]
-) -> None:
-    from rollbus.grading import GradeConfig, grade, parse_row
-    from tests.test_grading_swe_mini import CHEATS, SWE_MINI
-
-    config = GradeConfig(container_image=docker_images.ensure_base_image(engine))
-    patch = (CHEATS / f"{cheat['name']}.patch").read_text()
-    result = await grade(parse_row(swe_mini[cheat["task"]], SWE_MINI), patch, config)
-    assert result.reward == 0.0 and not result.solved, result
-    assert set(cheat["flags"]) <= set(result.flags) and result.failure_kind == cheat["failure_kind"], result
+async def test_descriptors_are_refused_by_name(agent: DockerSandbox) -> None:
+    """The grader's channel (descriptors bwrap's commands inherit) cannot cross the Engine API: refused."""
+    with pytest.raises(SandboxError, match="pass_fds"):
+        await agent.run(["true"], ENV, pass_fds=(0,))
 
 
 async def test_cpu_time_and_output_limits_are_named(engine: Any, history_image: str) -> None:

@@ -267,9 +267,14 @@ class DockerSandbox(SandboxBase):
         *,
         agent: bool = False,
         secret_env: Mapping[str, str] | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> Completed:
         """``cmd`` in the sandbox's container; ``secret_env`` through its standard input (never its config);
-        ``agent``: what its process sends the adapter is stamped ``agent`` (anything it starts: ``tool``)."""
+        ``agent``: what its process sends the adapter is stamped ``agent`` (anything it starts: ``tool``).
+        ``pass_fds`` (bwrap's inherited descriptors, the grader's channel) cannot cross the Engine API: any
+        is refused by name rather than dropped."""
+        if pass_fds:
+            raise SandboxError("the docker backend cannot pass host descriptors into a container (pass_fds)")
         stdin = b""
         if secret_env:
             stdin, cmd = secret_lines(secret_env), with_secrets(cmd)
