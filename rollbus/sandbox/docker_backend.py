@@ -83,6 +83,7 @@ DEFAULT_USER = f"{AGENT_UID}:{AGENT_UID}"
 DISK_FULL_MARGIN = 64 << 10
 OWNER = "owner"  # in a sandbox's host dir: its maker's pid and start time
 LEFTOVER_KILL_S = 5.0  # past this, what a finished command left is killed with the whole container
+START_TRIES = 3  # a container start the engine failed (a server error) is tried again
 
 
 @dataclass(frozen=True)
@@ -233,11 +234,15 @@ class DockerSandbox(SandboxBase):
                     raise result
             box._owner = filled[0]  # type: ignore[assignment]
             return box
-        except BaseException:
+        except BaseException as exc:
             if box is not None:
                 await box.close()
             else:
                 await asyncio.to_thread(_remove_data, data, [data / "ws", data / "home"])
+            import docker
+
+            if isinstance(exc, docker.errors.DockerException):  # a boot failure: the runner tries again
+                raise SandboxError(f"docker: {exc}") from exc
             raise
 
     async def _boot(self, adapter_url: str | None, port: int | None) -> None:
@@ -333,7 +338,7 @@ class DockerSandbox(SandboxBase):
                     working_dir=self.layout.workdir, host_config=config, labels=labels(self.sandbox_id),
                     entrypoint=[],
                 )["Id"]  # fmt: skip
-            api.start(self._work_id)
+            start(api, self._work_id)
             self._work = work_container(
                 self._work_id, int(api.inspect_container(self._work_id)["State"]["Pid"])
             )
@@ -710,6 +715,21 @@ def _numeric_owner(user: str) -> tuple[int, int]:
     return int(uid), int(gid or uid)
 
 
+def start(api: Any, cid: str) -> None:
+    """Start ``cid``. The engine's transient failures under load (a server error such as runc's "cannot
+    start a stopped process") are tried again, ``START_TRIES`` times in all."""
+    import docker
+
+    for attempt in range(START_TRIES):
+        try:
+            api.start(cid)
+            return
+        except docker.errors.APIError as exc:
+            if attempt == START_TRIES - 1 or not exc.is_server_error():
+                raise
+            time.sleep(0.2 * (attempt + 1))
+
+
 def _start_holder(client: Any, image: str, sandbox_id: str) -> tuple[str, int]:
     """A sleeping container with no network of its own but loopback; its id and its process's host pid."""
     import docker
@@ -723,7 +743,7 @@ def _start_holder(client: Any, image: str, sandbox_id: str) -> tuple[str, int]:
         entrypoint=[],
     )["Id"]  # fmt: skip
     try:
-        client.api.start(cid)
+        start(client.api, cid)
         pid = int(client.api.inspect_container(cid)["State"]["Pid"])
         if pid <= 0:
             raise SandboxError("the network holder did not start")
