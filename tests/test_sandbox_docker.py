@@ -13,7 +13,6 @@ import io
 import json
 import os
 import socket
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -321,28 +320,6 @@ def test_an_engine_that_cannot_start_says_why_in_one_line(monkeypatch: pytest.Mo
     assert not Path("/tmp/" + "x" * 120).exists()  # nothing made
 
 
-@pytest.mark.parametrize("task", ["sum-to", "flatten", "intervals"])  # eval command, F2P, swepro
-async def test_the_grader_in_containers_scores_the_fix_one_and_the_empty_patch_zero(
-    engine: Any, task: str
-) -> None:
-    """The grader's every command in a fresh, network-less container of the base image (Debian's python3
-    and pytest), over the tree the grader prepared on the host."""
-    from rollbus.grading import GradeConfig, grade, parse_row
-    from tests.test_grading_swe_mini import SWE_MINI, load_build
-
-    rows = {row["metadata"]["image"].split("/")[-1]: row for row in load_build().build()}
-    spec = parse_row(rows[task], SWE_MINI)
-    config = GradeConfig(container_image=docker_images.ensure_base_image(engine))
-    since = int(time.time()) - 1
-    fixed = await grade(spec, rows[task]["label"], config)
-    assert (fixed.reward, fixed.failure_kind, fixed.flags) == (1.0, None, ()), fixed
-    empty = await grade(spec, "", config)
-    assert (empty.reward, empty.failure_kind) == (0.0, "tests_failed"), empty
-    filters = {"type": "container", "event": "start", "label": "rollbus.sandbox"}
-    started = engine.api.events(since=since, until=int(time.time()) + 1, filters=filters, decode=True)
-    assert len(list(started)) >= 3  # the fix: apply, then its tests; the empty patch: its tests
-
-
 KILLED_RUNNER = """
 import asyncio, os, sys
 from pathlib import Path
@@ -385,3 +362,40 @@ def test_an_images_tree_is_exported_to_the_host_as_it_is(
     assert (tree / ".git" / "HEAD").is_file() and (tree / "build" / "out").read_text() == "made\n"
     with pytest.raises(docker_images.ImageBuildError):
         docker_images.export_tree(engine, "rollbus-test/absent:never", "/testbed", tmp_path / "none")
+
+
+ATTRIBUTED = (
+    "import subprocess, sys, urllib.request as u\n"
+    "def post(): return u.urlopen(u.Request(sys.argv[1], data=b'x', headers={'X-Rollbus-Peer': 'agent'}),"
+    " timeout=10).read()\n"
+    "post()  # the agent's own request\n"
+    "subprocess.run([sys.executable, '-c', 'import urllib.request as u, sys; u.urlopen(u.Request(sys.argv[1],"
+    ' data=b"y", headers={"X-Rollbus-Peer": "agent"}), timeout=10).read()\', sys.argv[1]], check=True)'
+)
+
+
+async def test_only_the_agents_own_process_is_stamped_agent(agent: DockerSandbox, adapter: Adapter) -> None:
+    """The proxy knows the command's process from the host's /proc: its own request is the agent's; its
+    child's (a tool), with a forged header, is a tool's."""
+    url = f"http://127.0.0.1:{PORT}/v1/messages"
+    done = await agent.run(["python3", "-c", ATTRIBUTED, url], ENV, timeout=60, agent=True)
+    assert done.exit_code == 0, done.stderr
+    peers = [h.split(b"x-rollbus-peer: ", 1)[1].split(b"\r\n", 1)[0] for h in adapter.heads]
+    assert peers == [b"agent", b"tool"]
+    assert agent.proxy is not None and agent.proxy.agent is None  # the run is over: nothing is the agent
+
+
+async def test_descriptors_are_refused_by_name(agent: DockerSandbox) -> None:
+    """The grader's channel (descriptors bwrap's commands inherit) cannot cross the Engine API: refused."""
+    with pytest.raises(SandboxError, match="pass_fds"):
+        await agent.run(["true"], ENV, pass_fds=(0,))
+
+
+async def test_cpu_time_and_output_limits_are_named(engine: Any, history_image: str) -> None:
+    limits = Limits(memory_bytes=128 << 20, pids=64, cpu_time_s=1, output_bytes=4096)
+    async with await make(engine, history_image, limits=limits) as box:
+        spin = await box.run(["python3", "-c", "while True: pass"], ENV, timeout=60)
+        loud = await box.run(["python3", "-c", "print('x' * 100_000)"], ENV, timeout=60)
+    assert spin.failure_kind == "cpu_limit" and spin.wall_time_s < 30, spin
+    assert loud.failure_kind == "output_truncated" and loud.output_dropped > 90_000
+    assert len(loud.stdout) < 4096 + 100

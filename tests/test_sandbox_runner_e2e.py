@@ -356,3 +356,57 @@ async def test_swe_mini_scripts_that_fail_on_purpose_score_zero(
     assert b"deleted file mode" in deleted["patch"]
     assert {i: r["reward"] for i, (_, r) in graded.items()} == {i: 0.0 for i in FAILING}
     assert graded["swe-mini__binsearch"][1]["flags"], "deleting the tests is flagged, not just failed"
+
+
+# --- the container backend: the same runner with --backend docker, the CLI mounted into an image ----------
+
+CALC_IMAGE = "rollbus-test/calc:1"
+CALC_DOCKERFILE = """FROM {base}
+COPY repo /workspace
+RUN cd /workspace && git init -q && git add -A && git -c user.name=a -c user.email=a@b commit -qm base
+"""
+
+
+@pytest.fixture(scope="module")
+def calc_image() -> str:
+    """``examples/buggy_repo`` at /workspace of an image built from the base image (Python, git, no CLI)."""
+    import io
+    import tarfile
+
+    from rollbus.sandbox import docker_engine, docker_images
+
+    client = docker_engine.client()
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        dockerfile = CALC_DOCKERFILE.format(base=docker_images.ensure_base_image(client)).encode()
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(dockerfile)
+        tar.addfile(info, io.BytesIO(dockerfile))
+        tar.add(EXAMPLES / "buggy_repo", arcname="repo")
+    context.seek(0)
+    client.images.build(fileobj=context, custom_context=True, tag=CALC_IMAGE, rm=True, network_mode="none")
+    return CALC_IMAGE
+
+
+def container_task(image: str, instance: str, data_dir: Path) -> dict:
+    (task,) = tasks_for(parse_row(json.dumps(calc_row(instance)), 1, RowKeys(), data_dir), 1)
+    task["metadata"] = json.dumps({**json.loads(task["metadata"]), "image": image})  # a container image
+    return task
+
+
+@pytest.mark.docker
+async def test_with_backend_docker_the_real_cli_fixes_the_task_in_a_container_of_its_image(
+    rig: Rig, calc_image: str, data_dir: Path, tmp_path: Path
+) -> None:
+    """The real Claude Code CLI (the cached binary, mounted read-only) in a container of the task's image,
+    the real adapter, the patch taken inside; an agent that never edits returns an empty patch; nothing of
+    either sandbox is left on the host."""
+    rig.use_script(rig.log_dir / "scripts")
+    options = {"adapter_url": rig.url, "admin_token": rig.admin_token, "backend": "docker"}
+    settings = RunnerSettings.load({**options, "sandbox_root": tmp_path / "sandboxes"})
+    fixed = await run_one(settings, container_task(calc_image, "calc-fix", data_dir))
+    assert fixed["failure_kind"] is None, fixed["error"]
+    assert FIXED_LINE.encode() in fixed["patch"] and b"test_calc.py" not in fixed["patch"]
+    idle = await run_one(settings, container_task(calc_image, "calc-noedit", data_dir))
+    assert idle["failure_kind"] is None and idle["patch"] == b"", idle["error"]
+    assert not list((tmp_path / "sandboxes").glob("*.docker"))

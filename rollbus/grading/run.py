@@ -28,7 +28,6 @@ The whole grade has one deadline; the sandbox of whatever runs when it passes is
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import dataclasses
 import re
 import shlex
@@ -56,8 +55,6 @@ try:  # the hardened sandbox contract (branch `sandbox`) names start-up failures
 except ImportError:  # pragma: no cover - depends on which sandbox package is merged
     SandboxError = SandboxUnavailable  # type: ignore[misc,assignment]
 
-# the grade's container image (GradeConfig.container_image), set for the grade's task: None runs bwrap
-CONTAINER_IMAGE: contextvars.ContextVar[str | None] = contextvars.ContextVar("container_image", default=None)
 EVAL_DIR = "/eval"  # read-only bind of the eval-only scripts inside the grading sandbox
 PATCH_NAME = "rollbus.patch"
 PLUGIN_DIR = f"{EVAL_DIR}/plugins"  # the grader's pytest plugin, unittest runner and canaries, read-only
@@ -101,7 +98,6 @@ class GradeConfig:
     scratch_dir: Path | None = None
     scratch_bytes: int = SCRATCH_BYTES
     readonly_tests: bool = True
-    container_image: str | None = None  # docker backend: the grade's commands in containers of this image
     backend: str = "local"  # the sandbox backend, by name (rollbus.grading.backends); this module is local
     observe: bool = True  # the audit hook in every interpreter of the tests (off: bench/grade.py's baseline)
 
@@ -116,7 +112,6 @@ async def grade(spec: GradingSpec, patch: bytes | str, config: GradeConfig | Non
     except PatchRejected as exc:
         return failed(exc.kind, str(exc))
     started = time.monotonic()
-    CONTAINER_IMAGE.set(config.container_image)
     timeout_s = min(config.timeout_s, spec.timeout_s or config.timeout_s)  # the row's own, under the cap
     try:
         async with asyncio.timeout(timeout_s):
@@ -249,12 +244,6 @@ async def grading_sandbox(
     and the ``protected`` repository paths mounted read-only over themselves."""
     binds: dict[Path, str] = {eval_dir: EVAL_DIR} if eval_dir is not None else {}
     binds |= {repo / rel: f"{workdir}/{rel}" for rel in protected}
-    if (image := CONTAINER_IMAGE.get()) is not None:  # the docker backend: a fresh container of the image
-        from rollbus.sandbox.docker_backend import DockerSandbox
-
-        return await DockerSandbox.create(  # type: ignore[return-value]
-            image, workdir=workdir, ro_binds={str(h): i for h, i in binds.items()}, workspace=repo
-        )
     return await BwrapSandbox.create(repo, network="none", ro_binds=binds, inside_workdir=workdir)
 
 

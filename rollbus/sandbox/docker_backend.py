@@ -1,7 +1,8 @@
 """Docker backend: a task's own container image as the sandbox, for the agent and for the grader.
 
-One sandbox is a set of host directories and, for an agent, one network holder; each command runs in a
-fresh container from the image's digest (the same bytes for the agent, its patch capture and the grader):
+One sandbox is a workspace and HOME on the host, one command container from the image's digest (the same
+bytes for the agent, its patch capture and the grader) in which every command is executed, and, for an
+agent, a network holder:
 
 - **Workspace** (``workdir`` inside) and **HOME**: host directories bind-mounted read-write, each a tmpfs
   of ``disk_bytes`` mounted by the host (as root), so the disk written is bounded while it is written. The
@@ -11,18 +12,21 @@ fresh container from the image's digest (the same bytes for the agent, its patch
   ``HEAD``): no other ref, tag, reflog, stash, or object of a later commit; the image's own repository is
   deleted before any container starts. The trusted baseline the patch is taken against is recorded beside
   it on the host and never mounted where the agent runs.
-- **Every command's container**: ``network_mode=none`` (or, for an agent, the holder's network namespace,
+- **The command container**: ``network_mode=none`` (or, for an agent, the holder's network namespace,
   where the host's :class:`~rollbus.sandbox.adapter_proxy.AdapterProxy` listens on the loopback port the
   agent's base URL names: its only way out, nothing mounted for it), an unprivileged uid, ``cap_drop=ALL``,
   ``no-new-privileges``, the image's root read-only, a size-capped tmpfs ``/tmp``, ``pids_limit``,
-  ``mem_limit`` (swap included), ``nano_cpus``, ``RLIMIT_CPU`` where asked; no Docker socket and no host
-  path but the workspace, HOME and the named read-only binds (the agent CLI, which runs in any image
-  without installing anything: it is a native binary mounted from the cache). The engine's default
-  seccomp profile refuses new namespaces (nested user namespaces included).
-- **Wall clock**: at the deadline the whole container is killed. Limits hit come back named
-  (:data:`~rollbus.sandbox.base.FailureKind`): ``timeout``, ``memory_limit`` (the engine's OOM record),
-  ``pids_limit`` (the kernel's pids counter), ``cpu_limit``, ``disk_full`` (the workspace's or HOME's
-  tmpfs is full, or /tmp said so).
+  ``mem_limit`` (swap included), ``nano_cpus``, ``RLIMIT_CPU`` where asked, the engine's tini as pid 1; no
+  Docker socket and no host path but the workspace, HOME and the named read-only binds (the agent CLI,
+  which runs in any image without installing anything: it is a native binary mounted from the cache). The
+  engine's default seccomp profile refuses new namespaces (nested user namespaces included). Each command
+  is an exec; when it returns, whatever it left running is killed (from the container's pids cgroup), so
+  every process it started is gone, as on bwrap.
+- **Wall clock**: at the deadline the whole container is killed (and started again for the next command:
+  a fresh ``/tmp``, the same workspace and HOME). Limits hit come back named
+  (:data:`~rollbus.sandbox.base.FailureKind`): ``timeout``, ``memory_limit`` and ``pids_limit`` (the
+  container's cgroup counters around the command), ``cpu_limit``, ``disk_full`` (the workspace's, HOME's
+  or ``/tmp``'s free space), ``output_truncated``.
 - **Secrets** (the session token) go in on the command's standard input, read by
   :data:`~rollbus.sandbox.bwrap_layout.SECRET_READER`: never in the container's configuration, so neither
   ``docker inspect`` nor any process's environment but the command's own holds them.
@@ -79,6 +83,7 @@ DEFAULT_USER = f"{AGENT_UID}:{AGENT_UID}"
 DISK_FULL_MARGIN = 64 << 10
 OWNER = "owner"  # in a sandbox's host dir: its maker's pid and start time
 LEFTOVER_KILL_S = 5.0  # past this, what a finished command left is killed with the whole container
+START_TRIES = 3  # a container start the engine failed (a server error) is tried again
 
 
 @dataclass(frozen=True)
@@ -172,6 +177,8 @@ class DockerSandbox(SandboxBase):
             "identity": f"uid {self.layout.user}, no capabilities, no new privileges",
             "network": "none" if self.layout.network == "none" else "loopback of its own, the adapter only",
             "nested_userns": "the engine's seccomp profile",
+            "output": "head+tail capture",
+            "wall_clock": "kill of the whole container",
         }
 
     @classmethod
@@ -227,11 +234,15 @@ class DockerSandbox(SandboxBase):
                     raise result
             box._owner = filled[0]  # type: ignore[assignment]
             return box
-        except BaseException:
+        except BaseException as exc:
             if box is not None:
                 await box.close()
             else:
                 await asyncio.to_thread(_remove_data, data, [data / "ws", data / "home"])
+            import docker
+
+            if isinstance(exc, docker.errors.DockerException):  # a boot failure: the runner tries again
+                raise SandboxError(f"docker: {exc}") from exc
             raise
 
     async def _boot(self, adapter_url: str | None, port: int | None) -> None:
@@ -261,9 +272,14 @@ class DockerSandbox(SandboxBase):
         *,
         agent: bool = False,
         secret_env: Mapping[str, str] | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> Completed:
         """``cmd`` in the sandbox's container; ``secret_env`` through its standard input (never its config);
-        ``agent``: what its process sends the adapter is stamped ``agent`` (anything it starts: ``tool``)."""
+        ``agent``: what its process sends the adapter is stamped ``agent`` (anything it starts: ``tool``).
+        ``pass_fds`` (bwrap's inherited descriptors, the grader's channel) cannot cross the Engine API: any
+        is refused by name rather than dropped."""
+        if pass_fds:
+            raise SandboxError("the docker backend cannot pass host descriptors into a container (pass_fds)")
         stdin = b""
         if secret_env:
             stdin, cmd = secret_lines(secret_env), with_secrets(cmd)
@@ -322,7 +338,7 @@ class DockerSandbox(SandboxBase):
                     working_dir=self.layout.workdir, host_config=config, labels=labels(self.sandbox_id),
                     entrypoint=[],
                 )["Id"]  # fmt: skip
-            api.start(self._work_id)
+            start(api, self._work_id)
             self._work = work_container(
                 self._work_id, int(api.inspect_container(self._work_id)["State"]["Pid"])
             )
@@ -699,6 +715,21 @@ def _numeric_owner(user: str) -> tuple[int, int]:
     return int(uid), int(gid or uid)
 
 
+def start(api: Any, cid: str) -> None:
+    """Start ``cid``. The engine's transient failures under load (a server error such as runc's "cannot
+    start a stopped process") are tried again, ``START_TRIES`` times in all."""
+    import docker
+
+    for attempt in range(START_TRIES):
+        try:
+            api.start(cid)
+            return
+        except docker.errors.APIError as exc:
+            if attempt == START_TRIES - 1 or not exc.is_server_error():
+                raise
+            time.sleep(0.2 * (attempt + 1))
+
+
 def _start_holder(client: Any, image: str, sandbox_id: str) -> tuple[str, int]:
     """A sleeping container with no network of its own but loopback; its id and its process's host pid."""
     import docker
@@ -712,7 +743,7 @@ def _start_holder(client: Any, image: str, sandbox_id: str) -> tuple[str, int]:
         entrypoint=[],
     )["Id"]  # fmt: skip
     try:
-        client.api.start(cid)
+        start(client.api, cid)
         pid = int(client.api.inspect_container(cid)["State"]["Pid"])
         if pid <= 0:
             raise SandboxError("the network holder did not start")

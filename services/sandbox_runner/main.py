@@ -65,6 +65,10 @@ def run(args: argparse.Namespace) -> int:
 
 def docker_unusable() -> str | None:
     """Why no container could be made from here (no engine answers and none can start), or None."""
+    try:
+        import docker  # noqa: F401 - only needed for this backend
+    except ImportError:
+        return "the docker SDK is not installed (pip install docker; the dev group has it)"
     from rollbus.sandbox import docker_engine
 
     try:
