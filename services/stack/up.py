@@ -2,7 +2,8 @@
 
 Broker (the embedded Apache Kafka of the state dir, unless a bootstrap address is given: then that cluster,
 and no broker is started), engine, adapter, sandbox runner, grader, gym runner, segmenter and trainer, each
-started as a user would (``python -m rollbus <service>``) and ready before the next starts; a crashed service
+started as a user would (``python -m rollbus <service>``), all at once (the trainer once the engine, which it
+pushes its first weights to, is ready); a crashed service
 is restarted with backoff, and a dead embedded broker is started again on its data and port (the services
 that died with it restart once it answers); Ctrl-C (or SIGTERM) stops everything, also during start-up,
 leaving no process behind. Started again on the same state dir and namespace it continues that run, and
@@ -177,7 +178,7 @@ def service_specs(settings: StackSettings, stack: Stack) -> list[ServiceSpec]:
              "--rollout-batch-size", str(settings.rollout_batch_size), "--steps", str(settings.steps),
              "--engine-url", stack.engine_url, "--state-dir", str(state), *bus, *moe["trainer"]],
             env={"ROLLBUS_TRAINER_ENGINE_API_KEY": engine_key}, settle=3.0,
-            restart="on-failure" if settings.steps else "always",
+            restart="on-failure" if settings.steps else "always", after=("engine",),  # it pushes v0 there
         ),
     ]  # fmt: skip
     return specs
