@@ -255,10 +255,13 @@ def load_tokenizer(name_or_path: str | os.PathLike = DEFAULT_TOKENIZER) -> PreTr
 
 @functools.lru_cache(maxsize=8)
 def _load(key: str) -> PreTrainedTokenizerFast:
+    if key == DEFAULT_TOKENIZER:  # its config names this class: AutoTokenizer would import torch (seconds)
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(tokenizer_dir(DEFAULT_TOKENIZER))
     from transformers import AutoTokenizer
 
-    directory = tokenizer_dir(DEFAULT_TOKENIZER) if key == DEFAULT_TOKENIZER else Path(key)
-    return AutoTokenizer.from_pretrained(directory)
+    return AutoTokenizer.from_pretrained(Path(key))
 
 
 # ---------------------------------------------------------------- ids the rest of the system needs
