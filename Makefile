@@ -4,7 +4,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 VENV_FILE := .rollbus/venv-path
 
-.PHONY: help bootstrap demo test test-faults lint bench broker-start broker-stop clean
+.PHONY: help bootstrap bootstrap-test demo test test-faults lint bench broker-start broker-stop clean
 
 help:
 	@echo "make demo   - the closed loop on embedded defaults: roll out, grade, segment, train, serve the new policy"
@@ -15,9 +15,14 @@ help:
 	@echo "make broker-start / broker-stop - the embedded Kafka broker of .rollbus (any free port if 9092 is taken)"
 	@echo "make clean  - remove .rollbus (broker data, the clone's venv layer)"
 
+# bootstrap: what the demo runs on; bootstrap-test: that and the test suite's own packages
 bootstrap:
 	@mkdir -p .rollbus
 	@set -o pipefail; scripts/bootstrap.sh | tail -n 1 > $(VENV_FILE)
+
+bootstrap-test:
+	@mkdir -p .rollbus
+	@set -o pipefail; scripts/bootstrap.sh --test | tail -n 1 > $(VENV_FILE)
 
 demo: bootstrap
 	@"$$(cat $(VENV_FILE))/bin/python" -m rollbus demo
@@ -27,14 +32,14 @@ demo: bootstrap
 DOCKER_BROKER_SHARE := tests/test_local_images.py tests/test_regrade.py tests/test_sandbox_runner_delivery.py \
 	tests/test_trainer_service.py::test_trains_publishes_and_the_engine_serves_each_version
 
-test: bootstrap
+test: bootstrap-test
 	@v="$$(cat $(VENV_FILE))"; \
 	"$$v/bin/ruff" check rollbus services trainer tests bench examples && \
 	"$$v/bin/python" -m pytest -p no:cacheprovider -ra --durations=30 $(PYTEST_ARGS) && \
 	{ [ -n "$(PYTEST_ARGS)" ] || \
 	  ROLLBUS_TEST_BROKER=docker "$$v/bin/python" -m pytest -p no:cacheprovider -ra $(DOCKER_BROKER_SHARE); }
 
-test-faults: bootstrap
+test-faults: bootstrap-test
 	@"$$(cat $(VENV_FILE))/bin/python" -m pytest -p no:cacheprovider -ra -m faults tests/integration/test_pipeline_faults.py
 
 lint: bootstrap

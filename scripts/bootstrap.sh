@@ -2,25 +2,36 @@
 # Bootstraps a fresh machine: Debian packages, a Python venv, the Kafka jars, the Claude Code and Codex CLIs.
 # Each artefact is cached outside the clone under $ROLLBUS_CACHE, keyed by the file that pins it,
 # and rebuilt when absent. Prints the clone's venv path (see scripts/clone_venv.sh) on its last line.
+# `bootstrap.sh` installs what `make demo` runs on; `bootstrap.sh --test` (make test) adds what only the
+# test suite uses (the test-only Debian packages below).
 set -euo pipefail
+for_tests=false
+case "${1:-}" in
+  --test) for_tests=true ;;
+  "") ;;
+  *) echo "usage: scripts/bootstrap.sh [--test]" >&2; exit 2 ;;
+esac
 here=$(cd "$(dirname "$0")/.." && pwd)
 cache=${ROLLBUS_CACHE:-$HOME/.cache/rollbus}
 mkdir -p "$cache"
 log() { echo "bootstrap: $*" >&2; }
 
-# --- Debian packages: Java + Maven (Kafka), npm (Claude Code), bubblewrap and Docker (sandboxes), docker-compose ---
+# --- Debian packages: Java + Maven (Kafka), npm (Claude Code), bubblewrap (sandboxes) ---
 need_apt=()
 command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need_apt+=(maven)
 command -v npm >/dev/null || need_apt+=(nodejs npm)
 command -v bwrap >/dev/null || need_apt+=(bubblewrap)
-command -v docker-compose >/dev/null || need_apt+=(docker-compose)
 # the container sandbox backend: Debian's Docker engine (rollbus/sandbox/docker_engine.py starts it under the cache
 # where none answers) and mmdebstrap, which builds the base image from Debian's mirror (no registry needed)
 command -v dockerd >/dev/null || [ -x /usr/sbin/dockerd ] || need_apt+=(docker.io)
 command -v mmdebstrap >/dev/null || need_apt+=(mmdebstrap)
 command -v git >/dev/null || need_apt+=(git)
-command -v chromium >/dev/null || need_apt+=(chromium)  # the UI test's headless browser (Playwright drives it)
+# --- test-only Debian packages (--test): what the demo never runs ---
+if $for_tests; then
+  command -v docker-compose >/dev/null || need_apt+=(docker-compose)  # compose/ (test_compose)
+  command -v chromium >/dev/null || need_apt+=(chromium)  # the UI test's headless browser (Playwright drives it)
+fi
 # what every sandbox offers (the default toolchain is the host's read-only /usr): Debian's python3 with pytest,
 # patch for the grader's last apply strategy, socat for the agent sandbox's one forwarded port
 command -v socat >/dev/null || need_apt+=(socat)

@@ -44,7 +44,7 @@ def _compose(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     """docker-compose with ``env`` as its whole environment: a developer's compose/.env or shell stays out."""
     exe = shutil.which("docker-compose")
     if exe is None:
-        pytest.fail("docker-compose is not installed: scripts/bootstrap.sh installs Debian's docker-compose")
+        pytest.fail("no docker-compose: scripts/bootstrap.sh --test (make test) installs Debian's")
     command = [exe, "-p", "rollbus", "-f", str(COMPOSE), "--env-file", _no_env_file(), *args]
     return subprocess.run(
         command, capture_output=True, text=True, check=False, env={"PATH": "/usr/bin:/bin", **(env or {})}

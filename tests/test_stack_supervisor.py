@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import sys
+import time
 
 import psutil
 import pytest
@@ -36,13 +37,13 @@ def alive(pid: int) -> bool:
         return False
 
 
-async def test_starts_in_order_and_stops_children_and_grandchildren(tmp_path):
+async def test_starts_after_what_it_needs_and_stops_children_and_grandchildren(tmp_path):
     port = free_port()
     pid_file = tmp_path / "grandchild.pid"
     specs = [
         ServiceSpec("web", [PY, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
                     health_url=f"http://127.0.0.1:{port}/"),
-        ServiceSpec("family", [PY, "-c", FAMILY, str(pid_file)], settle=0.5),
+        ServiceSpec("family", [PY, "-c", FAMILY, str(pid_file)], settle=0.5, after=("web",)),
     ]  # fmt: skip
     events = []
     async with Supervisor(specs, tmp_path / "logs", on_event=lambda n, w: events.append((n, w))) as stack:
@@ -56,6 +57,17 @@ async def test_starts_in_order_and_stops_children_and_grandchildren(tmp_path):
         assert alive(grandchild)
     assert events[:2] == [("web", "ready"), ("family", "ready")]
     assert not any(alive(pid) for pid in [*pids, grandchild])
+
+
+async def test_children_start_together_unless_they_come_after_another(tmp_path):
+    ready_at: dict[str, float] = {}
+    after_a = ServiceSpec("c", [PY, "-c", "import time; time.sleep(600)"], settle=0.1, after=("a",))
+    specs = [sleeper("a", settle=1.0), sleeper("b", settle=1.0), after_a]
+    on_event = lambda name, what: ready_at.setdefault(name, time.monotonic())  # noqa: E731
+    async with Supervisor(specs, tmp_path, on_event=on_event) as stack:
+        assert stack["b"].started_at < ready_at["a"], "b waited for a, which it does not come after"
+        assert stack["c"].started_at >= ready_at["a"], "c started before a, which it comes after, was ready"
+        assert all(child.running for child in stack.children)
 
 
 async def test_a_crashed_child_is_restarted_with_backoff(tmp_path):

@@ -11,6 +11,7 @@ log-probabilities perturbed so both clip edges are hit), and loss and every para
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -19,7 +20,7 @@ import torch
 
 from rollbus.policy_model import ModelSpec, random_qwen3
 from rollbus.trainer.batch import Group, segment_inputs
-from rollbus.trainer.loss import LossConfig, PolicyForward, batch_loss
+from rollbus.trainer.loss import LossConfig, PolicyForward, batch_loss, shared_prefixes
 
 VOCAB = 61
 SPEC = ModelSpec(hidden_size=16, layers=2, heads=2, kv_heads=1, head_dim=8, intermediate_size=32,
@@ -209,3 +210,108 @@ def test_loss_and_gradient_match_the_naive_computation(name: str, normalize_std:
     assert stats.approx_kl == pytest.approx(sum(math.exp(d) - 1 - d for d in diffs), rel=1e-9)
     outside = sum(not 0.5 <= math.exp(d) <= 2.0 for d in diffs)
     assert stats.ratio_outside == outside and 0 < outside < len(diffs), "the noise must put some outside"
+
+
+# ------------------------------------------------------------------ a prefix shared by a group's segments
+
+
+def shared_prompt_groups(model: torch.nn.Module) -> list[Group]:
+    """fixed_groups' shape, but every segment of a group starts with the group's long prompt (a harness's
+    system prompt and the task), as a group's rollouts do, then a short prompt tail of its own."""
+    rng = random.Random(11)
+    groups = fixed_groups(model)
+    for group in groups:
+        shared = [rng.randrange(1, VOCAB) for _ in range(20)]
+        for segments in group.rollouts.values():
+            for segment in segments.values():
+                segment["prompt_ids"] = shared + segment["prompt_ids"]
+                ids = torch.tensor([segment["prompt_ids"] + segment["response_ids"]])
+                with torch.no_grad():
+                    own = torch.log_softmax(model(input_ids=ids).logits[0], -1)
+                start = len(segment["prompt_ids"])
+                segment["rollout_logprobs"] = [  # avro floats are 32-bit
+                    float(torch.tensor(min(float(own[start + j - 1, t]) + rng.gauss(0.0, 0.4), 0.0)))
+                    for j, t in enumerate(segment["response_ids"])
+                ]
+    return groups
+
+
+def embedded_tokens(model: torch.nn.Module) -> list[int]:
+    """Tokens the decoder embeds, call by call (a hook on the embedding)."""
+    seen: list[int] = []
+    model.get_input_embeddings().register_forward_hook(lambda m, args, out: seen.append(args[0].numel()))
+    return seen
+
+
+@pytest.mark.parametrize("name", ["ppo-clip", "ppo-full-logits"])  # the two ways token_logprobs runs
+def test_a_shared_prefix_runs_once_and_the_gradient_is_the_naive_one(name: str) -> None:
+    config = dataclasses.replace(CONFIGS[name], shared_prefix_min=8)
+    model = tiny_model()
+    groups = shared_prompt_groups(model)
+    inputs = segment_inputs(groups, normalize_std=True)
+    for s in inputs:
+        s.rollout_logprobs = s.rollout_logprobs.double()
+    seen = embedded_tokens(model)
+    model.zero_grad()
+    loss, stats = batch_loss(PolicyForward(model), inputs, config)
+    ours = grads(model)
+    whole = sum(len(s.input_ids) for s in inputs)
+    assert sum(seen) <= whole - 20 * (len(inputs) - len(groups)), "each group's prompt must run once"
+
+    model.zero_grad()
+    naive = naive_loss(model, groups, config, normalize_std=True)
+    naive.backward()
+    theirs = grads(model)
+    # Qwen3's RMSNorms compute in float32, so the prefix's shorter matmuls (other float64 roundings) can
+    # round a norm differently: agreement to float32's precision, not float64's
+    assert loss == pytest.approx(float(naive.detach()), rel=1e-7, abs=1e-12)
+    assert ours.keys() == theirs.keys() and ours
+    for key in ours:
+        torch.testing.assert_close(ours[key], theirs[key], rtol=1e-6, atol=1e-8, msg=key)
+    assert stats.tokens == sum(sum(s["loss_mask"]) for g in groups for s in g.segments())
+
+
+def test_shared_prefix_min_0_runs_every_segment_whole() -> None:
+    model = tiny_model()
+    inputs = segment_inputs(shared_prompt_groups(model), normalize_std=True)
+    seen = embedded_tokens(model)
+    batch_loss(PolicyForward(model), inputs, LossConfig(shared_prefix_min=0), backward=False)
+    assert seen == [len(s.input_ids) for s in inputs]
+
+
+def ids(*tokens: int) -> torch.Tensor:
+    return torch.tensor(tokens)
+
+
+def test_shared_prefixes_bundles_neighbours_while_it_saves_attention() -> None:
+    # two groups of two: each pair shares 8 tokens, all four only the first 2 (the demo's shape)
+    a, b = [1, 2, 3, 3, 3, 3, 3, 3], [1, 2, 4, 4, 4, 4, 4, 4]
+    inputs = [ids(*a, 9, 9), ids(*b, 7, 7), ids(*a, 8, 8), ids(*b, 6, 6)]
+    assert shared_prefixes(inputs, [9] * 4, minimum=2) == [(8, [0, 2]), (8, [1, 3])]
+    # the prefix ends before the hidden state the head reads at the first trained position
+    assert shared_prefixes(inputs, [9, 9, 5, 9], minimum=2) == [(4, [0, 2]), (8, [1, 3])]
+    # too short a prefix, or nothing shared: each runs whole
+    assert shared_prefixes(inputs, [9] * 4, minimum=9) == [(0, [0]), (0, [1]), (0, [2]), (0, [3])]
+    assert shared_prefixes([ids(1, 2), ids(2, 1)], [1, 1], minimum=1) == [(0, [0]), (0, [1])]
+    # identical inputs: one bundle, the prefix stopping before the first trained position
+    assert shared_prefixes([ids(5, 5, 5, 5)] * 3, [3, 3, 3], minimum=1) == [(2, [0, 1, 2])]
+
+
+def test_shared_prefixes_cover_every_segment_once_within_their_bounds() -> None:
+    rng = random.Random(5)
+    for _ in range(300):
+        stems = [[rng.randrange(3) for _ in range(rng.randint(0, 6))] for _ in range(3)]
+        inputs = [ids(*rng.choice(stems), *[rng.randrange(3) for _ in range(rng.randint(1, 5))])
+                  for _ in range(rng.randint(1, 6))]  # fmt: skip
+        firsts = [rng.randint(1, len(t)) for t in inputs]
+        minimum = rng.randint(1, 4)
+        bundles = shared_prefixes(inputs, firsts, minimum)
+        assert sorted(i for _, members in bundles for i in members) == list(range(len(inputs)))
+        for length, members in bundles:
+            if len(members) == 1:
+                assert length == 0
+                continue
+            assert length >= minimum
+            for i in members:
+                assert length <= firsts[i] - 1
+                assert inputs[i][:length].tolist() == inputs[members[0]][:length].tolist()

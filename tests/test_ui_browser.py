@@ -1,4 +1,4 @@
-"""``rollbus ui`` end to end in a real headless browser: Debian's chromium (scripts/bootstrap.sh installs it)
+"""``rollbus ui`` end to end in a real headless browser: Debian's chromium (bootstrap.sh --test installs it)
 driven by Playwright, over a broker holding the events the pipeline writes. Screenshots go to pytest's tmp dir
 (the path is printed)."""
 
@@ -43,7 +43,7 @@ async def test_overview_to_rollout_to_topics_in_a_real_browser(ui, tmp_path: Pat
     shots = tmp_path / "screenshots"
     shots.mkdir()
     print(f"screenshots in {shots}")
-    assert Path(CHROMIUM).exists(), "no chromium: scripts/bootstrap.sh installs it (apt-get install chromium)"
+    assert Path(CHROMIUM).exists(), "no chromium: scripts/bootstrap.sh --test (make test) installs it"
     segments = [r for t, r in events if t == "segments" and r["rollout_id"] == "r-0"]
     async with async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])

@@ -13,6 +13,14 @@ min(pi_trainer / pi_rollout, C). Two masks keep tokens out of the loss, each cou
 partial rollout's tokens sampled more than N versions before the step's policy) and ``icepop`` (tokens whose
 ratio pi_trainer / pi_rollout leaves a band, as IcePop does).
 
+Segments that start alike (a group's rollouts share the harness's system prompt and the task, often most of
+their tokens) run that shared prefix through the decoder once: its keys and values become the cache each
+segment's remainder attends to, and their gradients, summed over the segments, flow back through the prefix
+in one backward. Attention over a long prompt is most of a step's cost, so a group of n rollouts costs about
+one prompt instead of n. The loss and gradients are those of the separate computation (the prefix's keys and
+values are the same numbers either way); one process only, without routing replay or activation
+checkpointing (each would need the prefix split through its own state).
+
 The reducer: a segment's summed token loss is divided by the mask total of *all* segments of its rollout, and
 by the number of rollouts in the step, so each trajectory counts once however many segments it was cut into.
 """
@@ -20,12 +28,13 @@ by the number of rollouts in the step, so each trajectory counts once however ma
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch.utils.checkpoint import checkpoint
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 if TYPE_CHECKING:
     from rollbus.trainer.routing_replay import RoutingReplay
@@ -43,6 +52,7 @@ class LossConfig:
     mismatch_unreplayed: bool = False  # MoE with replay: one more forward per segment, on its own routing
     max_version_gap: int | None = None  # mask tokens sampled over N versions before the step's; None: off
     icepop: tuple[float, float] | None = None  # mask tokens whose pi_trainer / pi_rollout leaves [low, high]
+    shared_prefix_min: int = 256  # segments sharing at least this many leading tokens run them once; 0: never
 
 
 @dataclass
@@ -147,20 +157,93 @@ def _chunk_logprobs(
 
 
 def token_logprobs(
-    model: PreTrainedModel, input_ids: torch.Tensor, positions: torch.Tensor, chunk: int
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    chunk: int,
+    prefix: SharedPrefix | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probability (with grad) and entropy (without) of ``input_ids[positions]`` under ``model``."""
+    """Log-probability (with grad) and entropy (without) of ``input_ids[positions]`` under ``model``; with
+    ``prefix`` (which ``input_ids`` starts with) only the tokens after it run, attending to its cache."""
     targets = input_ids[positions]
+    start = prefix.length if prefix is not None else 0
+    rest = {"input_ids": input_ids[None, start:]}
+    if prefix is not None:
+        rest.update(past_key_values=prefix.cache(model.config), use_cache=True)
     if chunk <= 0:
-        logits = model(input_ids=input_ids[None]).logits[0, positions - 1]
+        logits = model(**rest).logits[0, positions - 1 - start]
         return _pick(torch.log_softmax(_upcast(logits), -1), targets)
-    hidden = decoder_of(model)(input_ids=input_ids[None]).last_hidden_state[0, positions - 1]
+    hidden = decoder_of(model)(**rest).last_hidden_state[0, positions - 1 - start]
     head = model.get_output_embeddings()
     parts = [
         checkpoint(_chunk_logprobs, head, hidden[s : s + chunk], targets[s : s + chunk], use_reentrant=False)
         for s in range(0, len(positions), chunk)
     ]
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+class SharedPrefix:
+    """The decoder's keys and values over a prefix several segments share, run once.
+
+    Each segment attends to copies of detached leaves of them, so its backward stops at the leaves and adds
+    its share to their gradients; :meth:`backward` then takes the summed gradients through the prefix's own
+    graph once.
+    """
+
+    def __init__(self, model: PreTrainedModel, input_ids: torch.Tensor) -> None:
+        self.length = len(input_ids)
+        kv = decoder_of(model)(input_ids=input_ids[None], use_cache=True).past_key_values
+        self.outputs = [t for layer in kv.layers for t in (layer.keys, layer.values)]
+        self.leaves = [t.detach().requires_grad_(t.requires_grad) for t in self.outputs]
+
+    def cache(self, config: object) -> DynamicCache:
+        cache = DynamicCache(config=config)
+        for layer in range(len(self.leaves) // 2):
+            cache.update(self.leaves[2 * layer], self.leaves[2 * layer + 1], layer)
+        return cache
+
+    def backward(self) -> None:
+        pairs = [(out, leaf.grad) for out, leaf in zip(self.outputs, self.leaves, strict=True)
+                 if leaf.grad is not None]  # fmt: skip
+        if pairs:
+            torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
+
+
+def shared_prefixes(
+    inputs: Sequence[torch.Tensor], firsts: Sequence[int], minimum: int
+) -> list[tuple[int, list[int]]]:
+    """Bundles of segments that run a shared prefix once: ``(prefix length, member indices)``, each index in
+    one bundle.
+
+    ``inputs[i]`` is segment i's tokens, ``firsts[i]`` its first trained position (the head reads the hidden
+    state before it, so a prefix ends at or before ``firsts[i] - 1``). Segments are taken in token order, so
+    those sharing most are neighbours; a neighbour joins the open bundle while that saves at least as much
+    attention (n members x prefix length squared, minus the one run) as the bundle saved without it, and the
+    prefix stays at least ``minimum`` tokens. A bundle of one has length 0: it runs whole.
+    """
+    order = sorted(range(len(inputs)), key=lambda i: inputs[i].tolist())
+    bundles: list[tuple[int, list[int]]] = []
+    length, members = 0, []
+    for i in order:
+        cap = firsts[i] - 1
+        if members:
+            joined = min(length, cap, _common(inputs[members[0]], inputs[i]))
+            before = (len(members) - 1) * length**2 if len(members) > 1 else 0
+            if joined >= max(minimum, 1) and len(members) * joined**2 >= before:
+                length, members = joined, [*members, i]
+                continue
+            bundles.append((length if len(members) > 1 else 0, members))
+        length, members = cap, [i]
+    if members:
+        bundles.append((length if len(members) > 1 else 0, members))
+    return sorted(((n, sorted(m)) for n, m in bundles), key=lambda bundle: bundle[1][0])
+
+
+def _common(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    differ = torch.nonzero(a[:n] != b[:n])
+    return int(differ[0, 0]) if len(differ) else n
 
 
 @torch.no_grad()
@@ -248,9 +331,17 @@ class PolicyForward(torch.nn.Module):
         self.replay = replay
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, chunk: int
+        self, input_ids: torch.Tensor, positions: torch.Tensor, chunk: int, prefix: SharedPrefix | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return token_logprobs(self.policy, input_ids, positions, chunk)
+        return token_logprobs(self.policy, input_ids, positions, chunk, prefix)
+
+    def shares_prefixes(self, config: LossConfig) -> bool:
+        """Whether segments may run a shared prefix once: one process, no replay, no recomputed layers."""
+        import torch.distributed as dist
+
+        sharded = dist.is_available() and dist.is_initialized()
+        recomputed = getattr(self.policy, "is_activation_checkpointing", False)
+        return config.shared_prefix_min > 0 and not sharded and self.replay is None and not recomputed
 
     def routes(self, segment: SegmentInput) -> contextlib.AbstractContextManager[bool]:
         """While open (forward *and* backward, which recomputes checkpointed layers), the segment's recorded
@@ -264,39 +355,65 @@ def batch_loss(
     forward: PolicyForward, segments: list[SegmentInput], config: LossConfig, *, backward: bool = True
 ) -> tuple[float, LossStats]:
     """Loss over ``segments`` (already weighted by the reducer); gradients accumulate segment by segment
-    when ``backward``, so only one segment's activations are alive at a time. A ``filler`` segment runs the
-    same forward and backward (every FSDP2 rank must take the same collectives) and counts for nothing."""
+    when ``backward``, so only one segment's activations are alive at a time (and a shared prefix's: see the
+    module docstring). A ``filler`` segment runs the same forward and backward (every FSDP2 rank must take the
+    same collectives) and counts for nothing."""
     total, stats = 0.0, LossStats()
     device = next(forward.parameters()).device
-    for segment in segments:
-        ids, positions = segment.input_ids.to(device), segment.positions.to(device)
-        own = None
-        if config.mismatch_unreplayed and forward.replay is not None:
-            # before the trained forward, whose backward reshards what this one gathered (FSDP2's root stays
-            # unsharded after a forward); every rank, fillers too, so all take the same collectives
-            with torch.no_grad():
-                own, _ = forward(ids, positions, config.logits_chunk)
-        with forward.routes(segment) as replayed:
-            logp, entropy = forward(ids, positions, config.logits_chunk)
-            agreed, recorded = forward.replay.agreement() if replayed and forward.replay else (0, 0)
-            loss, seg_stats = segment_loss(
-                logp, segment.rollout_logprobs.to(device), segment.advantage, segment.weight, config,
-                segment.staleness,
-            )
-            if segment.filler:
-                loss = loss * 0.0
-            if backward:
-                loss.backward()
-        if segment.filler:
-            continue
-        if own is not None and replayed:
-            sums = mismatch_sums(own, segment.rollout_logprobs.to(device))
-            seg_stats.unreplayed_tokens = seg_stats.tokens
-            seg_stats.unreplayed_abs_diff, seg_stats.unreplayed_abs_diff_max = sums[0], sums[1]
-            seg_stats.unreplayed_approx_kl, seg_stats.unreplayed_ratio_outside = sums[2], sums[3]
-        seg_stats.entropy = float(entropy.sum())
-        seg_stats.replayed = seg_stats.tokens if replayed else 0.0
-        seg_stats.routes_agreed, seg_stats.route_positions = float(agreed), float(recorded)
-        total += float(loss.detach())
-        stats.add(seg_stats)
+    if forward.shares_prefixes(config):
+        firsts = [int(s.positions.min()) if len(s.positions) else len(s.input_ids) for s in segments]
+        bundles = shared_prefixes([s.input_ids for s in segments], firsts, config.shared_prefix_min)
+    else:
+        bundles = [(0, [i]) for i in range(len(segments))]
+    for length, members in bundles:
+        ids = segments[members[0]].input_ids[:length].to(device)
+        prefix = SharedPrefix(forward.policy, ids) if length else None
+        for i in members:
+            part = _segment_loss(forward, segments[i], config, device, prefix, backward=backward)
+            if part is not None:
+                total += part[0]
+                stats.add(part[1])
+        if prefix is not None and backward:
+            prefix.backward()
     return total, stats
+
+
+def _segment_loss(
+    forward: PolicyForward,
+    segment: SegmentInput,
+    config: LossConfig,
+    device: torch.device,
+    prefix: SharedPrefix | None,
+    *,
+    backward: bool,
+) -> tuple[float, LossStats] | None:
+    """One segment's weighted loss (its backward taken if ``backward``) and statistics; None for a filler."""
+    ids, positions = segment.input_ids.to(device), segment.positions.to(device)
+    own = None
+    if config.mismatch_unreplayed and forward.replay is not None:
+        # before the trained forward, whose backward reshards what this one gathered (FSDP2's root stays
+        # unsharded after a forward); every rank, fillers too, so all take the same collectives
+        with torch.no_grad():
+            own, _ = forward(ids, positions, config.logits_chunk)
+    with forward.routes(segment) as replayed:
+        logp, entropy = forward(ids, positions, config.logits_chunk, prefix)
+        agreed, recorded = forward.replay.agreement() if replayed and forward.replay else (0, 0)
+        loss, seg_stats = segment_loss(
+            logp, segment.rollout_logprobs.to(device), segment.advantage, segment.weight, config,
+            segment.staleness,
+        )
+        if segment.filler:
+            loss = loss * 0.0
+        if backward:
+            loss.backward()
+    if segment.filler:
+        return None
+    if own is not None and replayed:
+        sums = mismatch_sums(own, segment.rollout_logprobs.to(device))
+        seg_stats.unreplayed_tokens = seg_stats.tokens
+        seg_stats.unreplayed_abs_diff, seg_stats.unreplayed_abs_diff_max = sums[0], sums[1]
+        seg_stats.unreplayed_approx_kl, seg_stats.unreplayed_ratio_outside = sums[2], sums[3]
+    seg_stats.entropy = float(entropy.sum())
+    seg_stats.replayed = seg_stats.tokens if replayed else 0.0
+    seg_stats.routes_agreed, seg_stats.route_positions = float(agreed), float(recorded)
+    return float(loss.detach()), seg_stats

@@ -58,7 +58,7 @@ def step_fact(row: dict[str, Any]) -> dict[str, Any] | None:
 
 
 class MetricsLog:
-    """Appends to ``metrics.jsonl`` and redraws ``metrics.png`` in ``directory`` after every step."""
+    """Appends to ``metrics.jsonl`` in ``directory``; :meth:`plot` redraws ``metrics.png`` from it."""
 
     def __init__(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
@@ -76,7 +76,6 @@ class MetricsLog:
         with self.jsonl.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(console_line(row), flush=True)
-        self.plot()
 
     def rows(self) -> list[dict[str, Any]]:
         if not self.jsonl.exists():
@@ -84,14 +83,13 @@ class MetricsLog:
         return [json.loads(line) for line in self.jsonl.read_text().splitlines() if line.strip()]
 
     def plot(self) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        """Redraw the PNG (a ``Figure`` of its own, not pyplot's global state: this runs in a thread)."""
+        from matplotlib.figure import Figure
 
         rows = self.rows()
         steps = [r["step"] for r in rows]
-        fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+        fig = Figure(figsize=(7, 5))
+        top, bottom = fig.subplots(2, 1, sharex=True)
         top.plot(steps, [r["reward_mean"] for r in rows], marker="o")
         top.set_ylabel("reward mean")
         bottom.plot(steps, [r["loss"] for r in rows], marker="o", color="tab:red")
@@ -100,7 +98,6 @@ class MetricsLog:
         fig.tight_layout()
         tmp = self.png.with_suffix(".png.tmp")
         fig.savefig(tmp, format="png")
-        plt.close(fig)
         os.replace(tmp, self.png)
 
 

@@ -10,6 +10,9 @@ The order of one step is the whole durability argument:
    staleness), then version N to ``policy``, and ask the engine to load it;
 5. commit, per partition, the first offset that still has an untrained segment behind it.
 
+The PNG of the metrics is redrawn after that, in a thread of its own: it is a view of ``metrics.jsonl``, not
+part of a step, and matplotlib costs seconds the engine would otherwise wait for its weights.
+
 A kill before 3 loses the step's in-memory work only: the offsets were not committed, the segments come back.
 A kill between 3 and 5 leaves a checkpoint whose finished groups make the redelivered segments *late*, so they
 are dropped, not trained twice; the restart republishes the fact and N (from the checkpoint) if N is not on
@@ -79,6 +82,7 @@ class Trainer:
         if learner.state.metrics and (not logged or logged[-1]["step"] < learner.state.step):
             self.metrics.write(learner.state.metrics)  # the crash came between checkpoint and log
         self._waiting_since = time.monotonic()
+        self._plotting: asyncio.Task[None] | None = None  # the PNG being redrawn after the last step
         self._pruned_at: float | None = None  # monotonic time of the last walk of the routed experts store
 
     async def run(self, stop: asyncio.Event | None = None) -> int:
@@ -97,6 +101,8 @@ class Trainer:
                     await self._consume(feed, stop)
         finally:
             stop_followers()
+            if self._plotting is not None:
+                await asyncio.gather(self._plotting, return_exceptions=True)
         return 0
 
     def _done(self) -> bool:
@@ -241,8 +247,23 @@ class Trainer:
         if not await feed.commit(self.commit_offsets()):
             self.counters["commit_failures"] += 1
         self.fault("after_commit")
+        self._replot()
         await self._prune_routes()
         self._waiting_since = time.monotonic()
+
+    def _replot(self) -> None:
+        """Redraw the PNG after the one being drawn (if any), off the step's path."""
+        previous = self._plotting
+
+        async def plot() -> None:
+            if previous is not None:
+                await asyncio.gather(previous, return_exceptions=True)
+            try:
+                await asyncio.to_thread(self.metrics.plot)
+            except Exception:  # noqa: BLE001 - a picture that could not be drawn stops no training
+                log.exception("could not redraw %s", self.metrics.png)
+
+        self._plotting = asyncio.create_task(plot())
 
     async def _prune_routes(self) -> None:
         """Routed experts are kept beside the log, not in it: delete those past their retention, at most

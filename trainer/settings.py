@@ -80,6 +80,10 @@ class TrainerSettings(ModelSettings, BusSettings):
         ge=0,
         description="trained positions per LM-head chunk (peak ~2 x chunk x vocab floats); 0: full",
     )
+    shared_prefix_min: int = Field(
+        256, ge=0, description="segments of a step starting with at least this many equal tokens (a group's "
+        "shared prompt) run them once; 0: every segment runs whole"
+    )
     # -- the optimiser
     lr: float = Field(1e-5, gt=0, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
@@ -141,7 +145,7 @@ class TrainerSettings(ModelSettings, BusSettings):
             policy_loss=self.policy_loss, eps_clip_low=self.eps_clip_low, eps_clip_high=self.eps_clip_high,
             tis_clip=self.tis_clip, logits_chunk=self.logits_chunk,
             mismatch_unreplayed=self.mismatch_unreplayed, max_version_gap=self.max_version_gap,
-            icepop=self.icepop(),
+            icepop=self.icepop(), shared_prefix_min=self.shared_prefix_min,
         )  # fmt: skip
 
     def icepop(self) -> tuple[float, float] | None:

@@ -27,64 +27,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import Field, model_validator
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from rollbus.services.stack.progress import Progress, watch
-from rollbus.services.stack.runs import NoEarlierRun, last_demo, new_demo_namespace, record_demo
+from rollbus.services.stack.runs import NoEarlierRun, record_demo
+from rollbus.services.stack.settings import DemoSettings
 from rollbus.services.stack.supervisor import Supervisor
-from rollbus.services.stack.up import EXAMPLES, Stack, StackSettings, running_stack
-from rollbus.settings import SettingsError, shared
+from rollbus.services.stack.up import Stack, running_stack
+from rollbus.settings import SettingsError
 
 console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
-
-
-class DemoSettings(StackSettings):
-    """Settings of ``rollbus demo`` (flags --x-y, variables ROLLBUS_DEMO_X_Y)."""
-
-    model_config = StackSettings.scoped("demo")
-    tasks: Path = Field(
-        EXAMPLES / "swe-mini" / "demo.jsonl",
-        description="dataset submitted (slime's rows; metadata.agent picks a row's harness: swe-mini's "
-        "demo-mixed.jsonl runs both)",
-    )
-    n_samples_per_prompt: int = Field(2, ge=1, description="rollouts per task (one group)")
-    steps: int = Field(
-        2, ge=0, description="training steps, one per round of the dataset (0: one round, no training wait)"
-    )
-    json_summary: Path | None = Field(None, description="also write the summary as JSON here")
-    timeout: float = Field(1800.0, gt=0, description="seconds the whole demo may take")
-    idle_timeout: float = Field(
-        300.0, gt=0, description="seconds without any new event, once every rollout ended, before giving up"
-    )
-    gym: bool = Field(False, description="also run the gym runner")
-    namespace: str = Field(
-        "",
-        validation_alias=shared("namespace"),
-        description="the run's topic namespace: an earlier run's continues that run; unset: a new run of its "
-        "own (demo-<time>-<hex>)",
-        pattern=r"^[A-Za-z0-9._-]*$",
-    )
-    resume: bool = Field(
-        False, description="continue the last demo run of the state dir (its topics and trainer checkpoints)"
-    )
-
-    @model_validator(mode="after")
-    def _one_run(self) -> DemoSettings:
-        if self.resume and "namespace" in self.model_fields_set:
-            raise ValueError("--resume continues the last demo run and --namespace names one: give one")
-        return self
-
-    def run_namespace(self) -> tuple[str, str]:
-        """The namespace this demo runs in, and how it was chosen (for its first line)."""
-        state = self.state_dir / "up"
-        if self.resume:
-            return last_demo(state), "continuing the last demo run"
-        if "namespace" in self.model_fields_set:
-            return self.namespace, "the namespace given"
-        return new_demo_namespace(), "a new run"
 
 
 async def demo(settings: DemoSettings) -> dict[str, Any]:
@@ -313,6 +267,7 @@ def replay_hint(rollout_id: str, bootstrap: str, embedded_state: Path | None, na
 
 
 add_arguments = DemoSettings.add_arguments
+__all__ = ["DemoSettings"]  # its home is settings.py (light, for --help)
 
 
 async def cancellable(settings: DemoSettings) -> dict[str, Any]:

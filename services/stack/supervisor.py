@@ -1,9 +1,13 @@
-"""Supervise a stack of rollbus services as child processes: start in order, restart on crash, stop cleanly.
+"""Supervise a stack of rollbus services as child processes: start together, restart on crash, stop cleanly.
+
+Every child starts at once, except one that names others in ``after``: it starts once they are ready. Start-up
+is mostly imports (torch, transformers) and model loads, so the stack is up in about its slowest child's
+time, not the sum of all.
 
 Each child runs in a session of its own, so stopping one stops everything it started (the adapter's engine
 calls, the runner's sandboxes). A child that exits while the stack is up is restarted after a backoff that
 doubles up to a cap and resets once the child has stayed up for a while. Stopping (Ctrl-C, SIGTERM, or an
-error during start-up) stops the children in reverse order: SIGTERM to the whole process group, then SIGKILL
+error during start-up) stops the children all at once: SIGTERM to each whole process group, then SIGKILL
 after a grace period, so nothing is left behind whatever moment the stop came.
 
 The broker the services talk to may be watched too (``broker=``): it is not a child (it outlives a stack
@@ -56,6 +60,7 @@ class ServiceSpec:
     settle: float = 1.0
     env: dict[str, str] = field(default_factory=dict)
     restart: Literal["always", "on-failure"] = "always"  # on-failure: a clean exit (0) means done
+    after: tuple[str, ...] = ()  # services that must be ready before this one starts
 
     @classmethod
     def rollbus(cls, name: str, args: Sequence[str], **kwargs: object) -> ServiceSpec:
@@ -136,7 +141,7 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 class Supervisor:
-    """Runs ``specs`` in order until :meth:`stop`; restarts crashed children with capped backoff."""
+    """Runs ``specs`` until :meth:`stop`; restarts crashed children with capped backoff."""
 
     def __init__(
         self,
@@ -167,13 +172,28 @@ class Supervisor:
         return next(child for child in self.children if child.spec.name == name)
 
     async def start(self) -> None:
-        """Start every child in order, each ready before the next; on any failure stop what started."""
+        """Start every child (each once those it comes ``after`` are ready) and wait until all are ready; on
+        any failure, or a cancel, stop what started."""
+        ready = {child.spec.name: asyncio.Event() for child in self.children}
+
+        async def start_one(child: Child) -> None:
+            for name in child.spec.after:
+                await ready[name].wait()
+            child.launch()
+            await self._wait_ready(child)
+            self.on_event(child.spec.name, "ready")
+            ready[child.spec.name].set()
+
+        tasks = [asyncio.create_task(start_one(child)) for child in self.children]
         try:
-            for child in self.children:
-                child.launch()
-                await self._wait_ready(child)
-                self.on_event(child.spec.name, "ready")
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                if task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
         except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await self.stop()
             raise
 
@@ -262,13 +282,13 @@ class Supervisor:
             pass
 
     async def stop(self) -> None:
-        """Stop every child, last started first; safe to call more than once and at any moment."""
+        """Stop every child, all at once (each stops in its own grace period, not after the others); safe to
+        call more than once and at any moment."""
         self._stopping.set()
         if self._broker_starting is not None:  # let a restart in flight finish: its owner stops the broker
             await asyncio.gather(self._broker_starting, return_exceptions=True)
-        for child in reversed(self.children):
-            if child.proc is not None:
-                await asyncio.to_thread(stop_group, child.proc, self.stop_grace)
+        running = [child.proc for child in self.children if child.proc is not None]
+        await asyncio.gather(*(asyncio.to_thread(stop_group, proc, self.stop_grace) for proc in running))
 
     async def __aenter__(self) -> Supervisor:
         await self.start()

@@ -1,0 +1,173 @@
+"""rollbus's own CPU per rollout: adapter, sandbox runner, grader, segmenter (each with its bus clients),
+from process CPU counters over a scripted run, beside the agent CLI's own CPU in the same run.
+
+Run: ``python bench/rollout_cost.py [--rollouts 4] [--turns 50]``; ``--quick``: 2 rollouts of 10 turns.
+Starts the stack of ``rollbus up`` (embedded broker, scripted engine, adapter, sandbox runner, grader,
+segmenter, trainer; no gym runner) in a temporary state dir, with a script that makes every rollout of
+swe-mini's first row ``--turns`` turns of real Claude Code tool calls (Read, then a final answer), submits
+``--rollouts`` samples of it and waits until each is graded and segmented. Measured between the submit and
+the last segment, from each service's process CPU counters (user + system of its own process, threads
+included, not its children): what rollbus costs. The agent CLI (Claude Code's node process and what it
+starts, in the runner's sandboxes) is measured from its processes' counters, sampled every 0.1 s, and the
+engine (the model's forward passes) and trainer (a group without reward variance trains nothing) are shown
+apart, not counted. Prints the split per service and per 50 turns, the total per 50-turn rollout (the
+issue's aim: at most 0.2 CPU-s) and its ratio to the agent CLI's own CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rollbus.services.stack.demo import prepare  # noqa: E402
+from rollbus.services.stack.progress import Progress, watch  # noqa: E402
+from rollbus.services.stack.settings import EXAMPLES, StackSettings  # noqa: E402
+from rollbus.services.stack.up import running_stack  # noqa: E402
+
+ROLLBUS = ("adapter", "sandbox-runner", "grader", "segmenter")  # what a rollout costs rollbus
+APART = ("engine", "trainer")  # the model's forward passes; the learner
+DATASET = EXAMPLES / "swe-mini" / "demo.jsonl"
+
+
+def script(turns: int) -> dict:
+    """``turns`` turns of Claude Code tool calls: Read a file of the task's repository, then an answer."""
+    read = (
+        "Read the code once more.\n</think>\n\n<tool_call>\n<function=Read>\n<parameter=file_path>\n"
+        "/workspace/tests/test_search.py\n</parameter>\n</function>\n</tool_call>"
+    )
+    return {"turns": [read] * (turns - 1) + ["Done reading.\n</think>\n\nNothing to change."]}
+
+
+def own_cpu(pid: int) -> float:
+    """User + system seconds of the process itself (its threads, not its children)."""
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.NoSuchProcess:
+        return 0.0
+    return times.user + times.system
+
+
+class AgentMeter:
+    """The agent CLI's CPU: every process whose command line names the CLI, and their descendants, under the
+    runner; each process's last seen counters, sampled (a process's final fraction of a sample is lost)."""
+
+    def __init__(self, runner_pid: int) -> None:
+        self.runner_pid = runner_pid
+        self.seen: dict[tuple[int, float], float] = {}  # (pid, create time) -> user + system
+
+    def sample(self) -> None:
+        try:
+            tree = psutil.Process(self.runner_pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        agents = set()
+        for proc in tree:
+            try:
+                if "claude" in " ".join(proc.cmdline()).lower():
+                    agents.add(proc.pid)
+                    agents.update(p.pid for p in proc.children(recursive=True))
+            except psutil.Error:
+                continue
+        for proc in tree:
+            if proc.pid not in agents:
+                continue
+            try:
+                times, born = proc.cpu_times(), proc.create_time()
+            except psutil.Error:
+                continue
+            self.seen[(proc.pid, born)] = times.user + times.system
+
+    def total(self) -> float:
+        return sum(self.seen.values())
+
+
+async def run(rollouts: int, turns: int) -> dict:
+    """The measured run; SIGTERM or SIGINT cancels it, so the stack is stopped on the way out."""
+    task = asyncio.current_task()
+    assert task is not None
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, task.cancel)
+    with tempfile.TemporaryDirectory(prefix="rollout-cost-") as tmp:
+        scripts = Path(tmp) / "scripts"
+        scripts.mkdir()
+        row = json.loads(DATASET.read_text().splitlines()[0])
+        task_name = row["metadata"]["instance_id"]
+        (scripts / f"{task_name}.json").write_text(json.dumps(script(turns)))
+        image = row["metadata"]["image"]  # relative to the dataset it came from
+        row["metadata"]["image"] = str((DATASET.parent / image).resolve())
+        dataset = Path(tmp) / "one-row.jsonl"
+        dataset.write_text(json.dumps(row) + "\n")
+        await asyncio.to_thread(prepare, DATASET)
+        settings = StackSettings(
+            state_dir=Path(tmp) / "state", script=scripts, gym=False, group_size=rollouts,
+            runner_concurrency=2, namespace="cost",
+        )  # fmt: skip
+        async with running_stack(settings, lambda name, what: None) as (stack, supervisor):
+            pids = {child.spec.name: child.proc.pid for child in supervisor.children if child.proc}
+            progress, stop = Progress(), asyncio.Event()
+            watcher = asyncio.create_task(watch(stack.bootstrap, stack.namespace, progress, stop))
+            before = {name: own_cpu(pid) for name, pid in pids.items()}
+            agent = AgentMeter(pids["sandbox-runner"])
+            started = time.monotonic()
+            bus = ["--bootstrap-servers", stack.bootstrap, "--namespace", stack.namespace]
+            argv = [sys.executable, "-m", "rollbus", "submit", str(dataset), "--n-samples-per-prompt",
+                    str(rollouts), *bus]  # fmt: skip
+            subprocess.run(argv, check=True, capture_output=True)
+            while len(progress.rewards) < rollouts or len(progress.segment_ids) < rollouts:
+                failed = [r for r in progress.rewards.values() if r.get("failure_kind") == "rollout_failed"]
+                if failed or time.monotonic() - started > 60 * turns * rollouts:
+                    raise SystemExit(f"rollout_cost: the run went wrong: {progress.line()}")
+                agent.sample()
+                await asyncio.sleep(0.1)
+            wall = time.monotonic() - started
+            after = {name: own_cpu(pid) for name, pid in pids.items()}
+            stop.set()
+            await asyncio.gather(watcher, return_exceptions=True)
+            restarts = {child.spec.name: child.restarts for child in supervisor.children if child.restarts}
+    return {
+        "cpu": {name: after[name] - before[name] for name in pids},
+        "agent": agent.total(), "wall": wall, "turns_served": progress.turns, "restarts": restarts,
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rollouts", type=int, default=4, help="samples of the row (one group)")
+    parser.add_argument("--turns", type=int, default=50, help="turns per rollout")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 2 rollouts of 10 turns")
+    args = parser.parse_args()
+    if args.quick:
+        args.rollouts, args.turns = 2, 10
+    result = asyncio.run(run(args.rollouts, args.turns))
+    cpu, n = result["cpu"], args.rollouts
+    per_50 = 50 / args.turns  # the figures are per 50-turn rollout, scaled from the turns run
+    served, wall = result["turns_served"], result["wall"]
+    print(f"{n} rollouts of {args.turns} turns ({served} turns served) in {wall:.0f}s")
+    print("CPU seconds per 50-turn rollout:")
+    for name in ROLLBUS:
+        print(f"  {name:15} {cpu[name] / n * per_50:7.3f}")
+    ours = sum(cpu[name] for name in ROLLBUS) / n * per_50
+    agent = result["agent"] / n * per_50
+    print(f"  {'rollbus total':15} {ours:7.3f}  (aim: <= 0.2)")
+    print(f"  {'agent CLI':15} {agent:7.3f}  (Claude Code's processes, sampled)")
+    for name, what in zip(APART, ("model forward passes", "learner"), strict=True):
+        print(f"  {name:15} {cpu[name] / n * per_50:7.3f}  (not counted: {what})")
+    if result["restarts"]:
+        print(f"  restarts during the run: {result['restarts']}")
+    print(f"ratio rollbus / agent CLI CPU = {ours / agent:.3f}" if agent else "ratio: no agent CPU seen")
+
+
+if __name__ == "__main__":
+    main()
