@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rollbus.config import cache_dir
+from rollbus.local_images.build import has_image
 
 BUILD_TIMEOUT_S = 900.0
 
@@ -55,27 +56,17 @@ BASE = BaseImage()
 
 def ensure_base_image(client: Any, base: BaseImage = BASE) -> str:
     """The base image's tag, building it first if this engine lacks it (one builder at a time per machine)."""
-    if not _has(client, base.tag):
+    if not has_image(client, base.tag):
         lock_path = cache_dir() / "docker-images.lock"
         lock_path.parent.mkdir(parents=True, exist_ok=True)
         with open(lock_path, "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if not _has(client, base.tag):
+            if not has_image(client, base.tag):
                 _build(client, base)
-    if base.public_name and not _has(client, base.public_name):
+    if base.public_name and not has_image(client, base.public_name):
         repository, _, tag = base.public_name.partition(":")
         client.images.get(base.tag).tag(repository, tag or "latest")
     return base.tag
-
-
-def _has(client: Any, name: str) -> bool:
-    import docker
-
-    try:
-        client.images.get(name)
-    except docker.errors.ImageNotFound:
-        return False
-    return True
 
 
 def _build(client: Any, base: BaseImage) -> None:
@@ -95,7 +86,7 @@ def _build(client: Any, base: BaseImage) -> None:
         repository, _, tag = base.tag.partition(":")
         changes = ["ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", 'CMD ["bash"]']
         client.api.import_image_from_file(rootfs, repository=repository, tag=tag, changes=changes)
-    if not _has(client, base.tag):
+    if not has_image(client, base.tag):
         raise ImageBuildError(f"the engine did not keep the imported image {base.tag}")
 
 
