@@ -387,5 +387,5 @@ async def test_create_sandbox_routes_a_spec_to_e2b(tmp_path: Path) -> None:
     )
     assert box.sandbox_id == "sbx-s"
     await box.close()
-    with pytest.raises(ValueError, match="unknown sandbox backend"):
-        await create_sandbox(spec, "docker")
+    with pytest.raises(ValueError, match="unknown sandbox backend 'podman'"):
+        await create_sandbox(spec, "podman")  # docker is a backend now; a name nobody serves is refused
