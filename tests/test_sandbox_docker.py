@@ -320,6 +320,25 @@ def test_an_engine_that_cannot_start_says_why_in_one_line(monkeypatch: pytest.Mo
     assert not Path("/tmp/" + "x" * 120).exists()  # nothing made
 
 
+def test_a_socket_left_by_a_dead_engine_is_nobody_answering_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a machine's processes were ended (CI's does so between a session and its run) the engine's
+    socket file stays behind; the client must see no engine there (and start one), not raise the SDK's
+    error from asking a dead socket for its API version."""
+    cache = tmp_path / "c"
+    (cache / "docker").mkdir(parents=True)
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(cache / "docker" / "docker.sock"))
+    stale.close()  # the file stays; nobody listens
+    monkeypatch.setenv("ROLLBUS_CACHE", str(cache))
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    if Path("/var/run/docker.sock").is_socket():
+        pytest.fail("this machine's default socket would answer for the engine; run where none does")
+    with pytest.raises(docker_engine.EngineUnavailable, match="no Docker engine answers"):
+        docker_engine.client(start=False)
+
+
 KILLED_RUNNER = """
 import asyncio, os, sys
 from pathlib import Path

@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ def client(start: bool = True) -> Any:
     import docker
 
     if os.environ.get("DOCKER_HOST"):
-        if not _answers(docker.from_env(timeout=PING_TIMEOUT_S)):
+        if not _answers(lambda: docker.from_env(timeout=PING_TIMEOUT_S)):
             raise EngineUnavailable(f"DOCKER_HOST={os.environ['DOCKER_HOST']} does not answer")
         return docker.from_env(timeout=API_TIMEOUT_S)
     for sock in (Path("/var/run/docker.sock"), own_socket()):
@@ -110,14 +111,21 @@ def _answers_at(sock: Path) -> bool:
 
     if not sock.is_socket():
         return False
-    return _answers(docker.DockerClient(base_url=f"unix://{sock}", timeout=PING_TIMEOUT_S))
+    return _answers(lambda: docker.DockerClient(base_url=f"unix://{sock}", timeout=PING_TIMEOUT_S))
 
 
-def _answers(candidate: Any) -> bool:
-    """Whether ``candidate``'s engine answers a ping (the client is closed either way)."""
+def _answers(connect: Callable[[], Any]) -> bool:
+    """Whether the engine ``connect()`` reaches answers a ping (the client is closed either way).
+
+    Why a factory: the SDK's client asks the engine for its API version while it is being made, so a socket
+    left behind by a dead engine raises there already, before any ping."""
+    try:
+        candidate = connect()
+    except Exception:  # the SDK raises requests' and its own errors alike for "nobody there"
+        return False
     try:
         return bool(candidate.ping())
-    except Exception:  # the SDK raises requests' and its own errors alike for "nobody there"
+    except Exception:
         return False
     finally:
         candidate.close()
