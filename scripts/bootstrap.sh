@@ -22,13 +22,14 @@ command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need_apt+=(maven)
 command -v npm >/dev/null || need_apt+=(nodejs npm)
 command -v bwrap >/dev/null || need_apt+=(bubblewrap)
-# the container sandbox backend: Debian's Docker engine (rollbus/sandbox/docker_engine.py starts it under the cache
-# where none answers) and mmdebstrap, which builds the base image from Debian's mirror (no registry needed)
-command -v dockerd >/dev/null || [ -x /usr/sbin/dockerd ] || need_apt+=(docker.io)
-command -v mmdebstrap >/dev/null || need_apt+=(mmdebstrap)
 command -v git >/dev/null || need_apt+=(git)
 # --- test-only Debian packages (--test): what the demo never runs ---
 if $for_tests; then
+  # the container sandbox backend and the images built here (rollbus images build): Debian's Docker engine
+  # (rollbus/sandbox/docker_engine.py starts it under the cache where none answers) and mmdebstrap, which builds
+  # the base image from Debian's mirror (no registry needed)
+  command -v dockerd >/dev/null || [ -x /usr/sbin/dockerd ] || need_apt+=(docker.io)
+  command -v mmdebstrap >/dev/null || need_apt+=(mmdebstrap)
   command -v docker-compose >/dev/null || need_apt+=(docker-compose)  # compose/ (test_compose)
   command -v chromium >/dev/null || need_apt+=(chromium)  # the UI test's headless browser (Playwright drives it)
 fi

@@ -72,7 +72,7 @@ def start_engine() -> None:
         raise EngineUnavailable(f"the engine's socket path {sock} is longer than {SOCKET_PATH_MAX} bytes")
     dockerd = shutil.which("dockerd") or ("/usr/sbin/dockerd" if Path("/usr/sbin/dockerd").exists() else None)
     if dockerd is None:
-        raise EngineUnavailable("no dockerd here: run scripts/bootstrap.sh (it installs Debian's docker.io)")
+        raise EngineUnavailable("no dockerd here: run scripts/bootstrap.sh --test (Debian's docker.io)")
     if os.geteuid() != 0:
         raise EngineUnavailable("no Docker engine answers, and starting one needs root")
     home.mkdir(parents=True, exist_ok=True)

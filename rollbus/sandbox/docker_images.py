@@ -72,7 +72,7 @@ def ensure_base_image(client: Any, base: BaseImage = BASE) -> str:
 def _build(client: Any, base: BaseImage) -> None:
     mmdebstrap = shutil.which("mmdebstrap")
     if mmdebstrap is None:
-        raise ImageBuildError("no mmdebstrap here: run scripts/bootstrap.sh (it installs it)")
+        raise ImageBuildError("no mmdebstrap here: run scripts/bootstrap.sh --test (it installs it)")
     with tempfile.TemporaryDirectory(prefix="rollbus-base-", dir=cache_dir()) as tmp:
         rootfs = f"{tmp}/rootfs.tar"
         argv = [mmdebstrap, f"--variant={base.variant}", f"--include={','.join(base.packages)}", base.suite,
