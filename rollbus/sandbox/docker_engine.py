@@ -54,13 +54,18 @@ def client(start: bool = True) -> Any:
         if not _answers(lambda: docker.from_env(timeout=PING_TIMEOUT_S)):
             raise EngineUnavailable(f"DOCKER_HOST={os.environ['DOCKER_HOST']} does not answer")
         return docker.from_env(timeout=API_TIMEOUT_S)
+    return docker.DockerClient(base_url=f"unix://{_answering_socket(start)}", timeout=API_TIMEOUT_S)
+
+
+def _answering_socket(start: bool) -> Path:
+    """The default socket if its engine answers, else the project's own, started first if ``start``."""
     for sock in (Path("/var/run/docker.sock"), own_socket()):
         if _answers_at(sock):
-            return docker.DockerClient(base_url=f"unix://{sock}", timeout=API_TIMEOUT_S)
+            return sock
     if not start:
         raise EngineUnavailable("no Docker engine answers (and starting one was not asked for)")
     start_engine()
-    return docker.DockerClient(base_url=f"unix://{own_socket()}", timeout=API_TIMEOUT_S)
+    return own_socket()
 
 
 def start_engine() -> None:
@@ -144,8 +149,4 @@ def docker_host() -> str:
     such as testcontainers and the Compose CLI). Starts the project's own engine where none answers."""
     if os.environ.get("DOCKER_HOST"):
         return os.environ["DOCKER_HOST"]
-    default = Path("/var/run/docker.sock")
-    if _answers_at(default):
-        return f"unix://{default}"
-    client().close()
-    return f"unix://{own_socket()}"
+    return f"unix://{_answering_socket(start=True)}"
