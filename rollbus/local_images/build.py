@@ -53,6 +53,21 @@ def ensure_image(
 ) -> str:
     """``tag`` on ``client``'s engine, built from ``recipe`` first if missing (one builder at a time per
     machine). ``add(context)`` puts more files into the build context (a copy of the recipe) first."""
+
+    def make() -> None:
+        with tempfile.TemporaryDirectory(prefix="rollbus-image-", dir=cache_dir()) as tmp:
+            context = Path(tmp) / "context"
+            shutil.copytree(recipe, context)
+            if add is not None:
+                add(context)
+            build(client, context, tag, buildargs or {}, dockerfile)
+
+    return ensure_made(client, tag, make)
+
+
+def ensure_made(client: Any, tag: str, make: Callable[[], None]) -> str:
+    """``tag`` on ``client``'s engine, ``make()`` run first if the engine lacks it: one maker at a time per
+    machine (a lock file), and the tag looked for again under the lock, so a second caller builds nothing."""
     if has_image(client, tag):
         return tag
     lock_path = cache_dir() / "docker-images.lock"
@@ -60,13 +75,15 @@ def ensure_image(
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not has_image(client, tag):
-            with tempfile.TemporaryDirectory(prefix="rollbus-image-", dir=cache_dir()) as tmp:
-                context = Path(tmp) / "context"
-                shutil.copytree(recipe, context)
-                if add is not None:
-                    add(context)
-                build(client, context, tag, buildargs or {}, dockerfile)
+            make()
     return tag
+
+
+def alias(client: Any, tag: str, public_name: str) -> None:
+    """Tag ``tag`` also as ``public_name`` where nothing holds that name yet (a registry's image is kept)."""
+    if not has_image(client, public_name):
+        repository, _, name_tag = public_name.partition(":")
+        client.images.get(tag).tag(repository, name_tag or "latest")
 
 
 def build(

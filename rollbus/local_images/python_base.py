@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rollbus.local_images.build import content_key, ensure_image, has_image, host_ca_certificates
+from rollbus.local_images.build import alias, content_key, ensure_image, host_ca_certificates
 
 RECIPE = Path(__file__).resolve().parent / "python"
 PUBLIC_NAME = "python:3.11-slim-bookworm"
@@ -28,7 +28,5 @@ def ensure_python_base(client: Any, base_tag: str) -> str:
             shutil.copy(cert, context / "ca" / f"host-{i}-{cert.name}")
 
     ensure_image(client, tag, RECIPE, buildargs={"BASE": base_tag}, add=add)
-    if not has_image(client, PUBLIC_NAME):
-        repository, _, name_tag = PUBLIC_NAME.partition(":")
-        client.images.get(tag).tag(repository, name_tag)
+    alias(client, tag, PUBLIC_NAME)
     return tag

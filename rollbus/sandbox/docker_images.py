@@ -10,7 +10,6 @@ found by its tag afterwards: a second call builds nothing.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import shutil
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rollbus.config import cache_dir
-from rollbus.local_images.build import has_image
+from rollbus.local_images.build import alias, ensure_made, has_image
 
 BUILD_TIMEOUT_S = 900.0
 
@@ -56,16 +55,9 @@ BASE = BaseImage()
 
 def ensure_base_image(client: Any, base: BaseImage = BASE) -> str:
     """The base image's tag, building it first if this engine lacks it (one builder at a time per machine)."""
-    if not has_image(client, base.tag):
-        lock_path = cache_dir() / "docker-images.lock"
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(lock_path, "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not has_image(client, base.tag):
-                _build(client, base)
-    if base.public_name and not has_image(client, base.public_name):
-        repository, _, tag = base.public_name.partition(":")
-        client.images.get(base.tag).tag(repository, tag or "latest")
+    ensure_made(client, base.tag, lambda: _build(client, base))
+    if base.public_name:
+        alias(client, base.tag, base.public_name)
     return base.tag
 
 
