@@ -20,17 +20,12 @@ from rollbus.grading import grade, parse_row
 from rollbus.grading.observed import runtime_flags
 from rollbus.grading.report import AuditEvent
 from tests.test_grading_channel import LAUNDER
-from tests.test_grading_swe_mini import SWE_MINI, load_build
+from tests.test_grading_swe_mini import SWE_MINI, append_to, load_build
 
 
 @pytest.fixture(scope="module")
 def rows() -> dict[str, dict[str, Any]]:
     return {row["metadata"]["image"].split("/")[-1]: row for row in load_build().build()}
-
-
-def append_to(path: str, context: str, lines: list[str]) -> str:
-    body = "".join(f"+{line}\n" for line in lines)
-    return f"--- a/{path}\n+++ b/{path}\n@@ -1 +1,{1 + len(lines)} @@\n {context}\n{body}"
 
 
 def new_file(path: str, lines: list[str]) -> str:

@@ -17,17 +17,12 @@ from typing import Any
 import pytest
 
 from rollbus.grading import grade, parse_row, report, verdict
-from tests.test_grading_swe_mini import SWE_MINI, load_build
+from tests.test_grading_swe_mini import SWE_MINI, append_to, load_build
 
 
 @pytest.fixture(scope="module")
 def rows() -> dict[str, dict[str, Any]]:
     return {row["metadata"]["image"].split("/")[-1]: row for row in load_build().build()}
-
-
-def append_to(path: str, context: str, lines: list[str]) -> str:
-    body = "".join(f"+{line}\n" for line in lines)
-    return f"--- a/{path}\n+++ b/{path}\n@@ -1 +1,{1 + len(lines)} @@\n {context}\n{body}"
 
 
 def skip_first_import(skip: str) -> list[str]:

@@ -31,6 +31,12 @@ def load_build() -> Any:
     return module
 
 
+def append_to(path: str, context: str, lines: list[str]) -> str:
+    """A patch adding ``lines`` after ``context``, the only line of ``path`` (an ``__init__.py``'s import)."""
+    body = "".join(f"+{line}\n" for line in lines)
+    return f"--- a/{path}\n+++ b/{path}\n@@ -1 +1,{1 + len(lines)} @@\n {context}\n{body}"
+
+
 @pytest.fixture(scope="module")
 def rows() -> dict[str, dict[str, Any]]:
     """The dataset's rows by task name, their images built (tasks.jsonl checked against the task files)."""
