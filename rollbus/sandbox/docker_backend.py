@@ -168,6 +168,11 @@ class DockerSandbox(SandboxBase):
         """The image's digest (id): the grader and a regrade run these bytes."""
         return self.layout.image
 
+    @property  # type: ignore[override]
+    def image_digest(self) -> str:
+        """What the diff records (:attr:`image`): the grader's container runs these bytes."""
+        return self.layout.image
+
     def _report(self) -> dict[str, str]:
         limits, capped = self.limits, bool(self._mounted)
         return {
