@@ -39,7 +39,9 @@ from tests.runner_support import (
     RUNNER_SCRIPTS,
     RunnerProcess,
     all_events,
+    build_calc_image,
     calc_row,
+    container_task,
     group_lag,
     scripts_dir,
     submit,
@@ -360,38 +362,10 @@ async def test_swe_mini_scripts_that_fail_on_purpose_score_zero(
 
 # --- the container backend: the same runner with --backend docker, the CLI mounted into an image ----------
 
-CALC_IMAGE = "rollbus-test/calc:1"
-CALC_DOCKERFILE = """FROM {base}
-COPY repo /workspace
-RUN cd /workspace && git init -q && git add -A && git -c user.name=a -c user.email=a@b commit -qm base
-"""
-
 
 @pytest.fixture(scope="module")
 def calc_image() -> str:
-    """``examples/buggy_repo`` at /workspace of an image built from the base image (Python, git, no CLI)."""
-    import io
-    import tarfile
-
-    from rollbus.sandbox import docker_engine, docker_images
-
-    client = docker_engine.client()
-    context = io.BytesIO()
-    with tarfile.open(fileobj=context, mode="w") as tar:
-        dockerfile = CALC_DOCKERFILE.format(base=docker_images.ensure_base_image(client)).encode()
-        info = tarfile.TarInfo("Dockerfile")
-        info.size = len(dockerfile)
-        tar.addfile(info, io.BytesIO(dockerfile))
-        tar.add(EXAMPLES / "buggy_repo", arcname="repo")
-    context.seek(0)
-    client.images.build(fileobj=context, custom_context=True, tag=CALC_IMAGE, rm=True, network_mode="none")
-    return CALC_IMAGE
-
-
-def container_task(image: str, instance: str, data_dir: Path) -> dict:
-    (task,) = tasks_for(parse_row(json.dumps(calc_row(instance)), 1, RowKeys(), data_dir), 1)
-    task["metadata"] = json.dumps({**json.loads(task["metadata"]), "image": image})  # a container image
-    return task
+    return build_calc_image()
 
 
 @pytest.mark.docker
