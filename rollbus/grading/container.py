@@ -41,7 +41,7 @@ LAUNCH = (  # the launcher where the image has a python3; the bare command (repo
     "sh", "-c", 'command -v python3 >/dev/null 2>&1 && exec python3 -I -S "$0" "$@"; shift; exec "$@"',
     f"{run.PLUGIN_DIR}/rollbus_launch.py", f"{CHANNEL_DIR}/{SOCKET_NAME}",
 )  # fmt: skip
-LIMITS = Limits(disk_bytes=None)  # the tree lives on the grade's capped scratch, not the sandbox's tmpfs
+LIMITS = Limits()  # bwrap's grading defaults; the tree is on the grade's capped scratch, HOME a capped tmpfs
 
 
 async def grade(spec: GradingSpec, patch: bytes | str, config: run.GradeConfig | None = None) -> GradeResult:
