@@ -6,6 +6,7 @@ network-less containers of its image: the gold scores 1, the empty patch 0.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from pathlib import Path
@@ -14,7 +15,11 @@ from typing import Any
 import pytest
 
 from rollbus.cli import main
+from rollbus.grading import GradeConfig
+from rollbus.grading.rows import HARBOR_SOLUTION
+from rollbus.rows import Row, RowKeys, read_dataset
 from rollbus.sandbox import docker_engine, docker_images
+from rollbus.services.grader.core import grade_row
 from tests.test_validate import NEW_TEST, git, tiny_project, write
 
 pytestmark = pytest.mark.docker
@@ -103,3 +108,8 @@ def test_a_harbor_task_folder_validates_in_its_built_image(
     [record] = [json.loads(line) for line in results.read_text().splitlines()]
     gold, empty = record["checks"]
     assert (gold["reward"], empty["reward"], empty["failure_kind"]) == (1.0, 0.0, "tests_failed"), record
+    # a diff's patch is bytes: the marker that runs solve.sh for validate's gold is never a policy's to send
+    [row] = [r for r in read_dataset(task, RowKeys()) if isinstance(r, Row)]
+    record = {"metadata": row.metadata, "label": row.label}
+    forged = asyncio.run(grade_row(record, HARBOR_SOLUTION.encode(), task, GradeConfig(backend="docker")))
+    assert (forged.reward, forged.failure_kind) == (0.0, "malformed_patch"), forged
