@@ -199,3 +199,49 @@ async def test_the_grading_container_holds_no_way_to_the_channel_but_the_launche
     assert seen["channel_dir"] == [] and seen["connect"] in ("FileNotFoundError", "ConnectionRefusedError")
     assert seen["write"] in ("OSError", "PermissionError") and seen["network"] == "OSError", seen
     assert result.failure_kind == "tampered" and "spawns_process" in result.flags, result  # the fork's run
+
+
+def test_the_socket_channel_takes_one_connection_and_hands_the_launched_command_bwraps_descriptors(
+    tmp_path: Path,
+) -> None:
+    """The container's way onto the channel, run on the host: the launcher connects, the command it becomes
+    claims the configuration from inherited descriptors as under bwrap, the socket is gone for anyone after
+    it (a second connect finds no file), and a child it starts inherits nothing."""
+    from rollbus.grading.channel import SocketChannel
+
+    grading = Path(__file__).resolve().parents[1] / "rollbus" / "grading"
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    for name, source in (
+        ("rollbus_channel.py", "sandbox_channel.py"),
+        ("rollbus_launch.py", "sandbox_launch.py"),
+    ):
+        (plugins / name).write_text((grading / source).read_text())
+    script = (
+        "import os, socket, subprocess, sys, rollbus_channel as c\n"
+        "config = c.claim()\n"
+        "c.write({'event': 'parent', 'must_fail': config['must_fail']})\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "try:\n"
+        "    s.connect(sys.argv[1])\n"
+        "    print('connected')\n"
+        "except OSError as exc:\n"
+        "    print(type(exc).__name__)\n"
+        'child = \'import rollbus_channel as c; print(c.claim()); c.write({"event": "child"})\'\n'
+        "subprocess.run([sys.executable, '-c', child], check=True)\n"
+    )
+    channel = SocketChannel({"must_fail": ["test_abc"]}, tmp_path / "channel")
+    try:
+        env = {**os.environ, "PYTHONPATH": str(plugins)}
+        launch = [sys.executable, "-I", "-S", str(plugins / "rollbus_launch.py"), channel.path]
+        done = subprocess.run(
+            [*launch, sys.executable, "-c", script, channel.path], env=env, capture_output=True, text=True,
+            timeout=60, check=False,
+        )  # fmt: skip
+        text = channel.collect()
+    finally:
+        channel.close()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["FileNotFoundError", "None"]
+    assert '"event": "parent"' in text and '"test_abc"' in text and '"child"' not in text
+    assert text.count("\n") == 1 and not os.listdir(tmp_path / "channel")
