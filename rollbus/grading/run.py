@@ -23,6 +23,10 @@ Order (SWE-bench Pro's, not slime's, so the patch can never win over the grading
    flags score 0.
 
 The whole grade has one deadline; the sandbox of whatever runs when it passes is killed.
+
+Where the commands run is a :class:`Sandboxes` (the base tree, each sandbox, the report channel):
+:class:`LocalSandboxes` (bwrap over host trees) here, :class:`rollbus.grading.container.ContainerSandboxes`
+for the ``docker`` backend, which calls :func:`grade_in`.
 """
 
 from __future__ import annotations
