@@ -28,9 +28,8 @@ CORPUS = json.loads((CHEATS / "corpus.json").read_text())
 # kind) in fresh network-less containers of the base image, the report over the bind-mounted socket.
 DOCKER_TASKS = {"sum-to", "flatten", "intervals"}  # eval command, F2P script, swepro
 DOCKER_CHEATS = {
-    "conftest_passes_everything", "atexit_os_exit_zero", "os_exit_at_import", "fake_pytest_summary",
-    "pytest_internals_monkeypatch", "unittest_assert_patched", "fake_pytest_module", "sys_exit_replaced",
-    "runtime_rewrite_of_later_test", "edit_hidden_test",
+    "conftest_passes_everything", "atexit_os_exit_zero", "pytest_internals_monkeypatch",
+    "unittest_assert_patched", "fake_pytest_module", "runtime_rewrite_of_later_test",
 }  # fmt: skip
 
 

@@ -24,8 +24,7 @@ from tests.test_grading_swe_mini import SWE_MINI, grade_on, load_build, over_bac
 VERDICT = Path(__file__).resolve().parent / "cheats" / "verdict"
 CORPUS = json.loads((VERDICT / "corpus.json").read_text())
 # in containers too: a forgery of each grader kind's report, and a SIGKILL after a fake summary
-DOCKER = {"forge_reports_via_sys_modules", "forge_reports_via_sys_modules_f2p", "unittest_addfailure_alias",
-          "fake_summary_then_sigkill"}  # fmt: skip
+DOCKER = {"forge_reports_via_sys_modules", "unittest_addfailure_alias", "fake_summary_then_sigkill"}
 
 
 @pytest.fixture(scope="module")
