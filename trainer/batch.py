@@ -21,6 +21,7 @@ import torch
 
 from rollbus.failures import INFRASTRUCTURE
 from rollbus.routed_experts import RoutesError, RoutesRef, RoutesStore, cover, load
+from rollbus.top_logprobs import PAD_ID, BadTopLogprobs, unpack
 from rollbus.trainer.advantages import group_advantages
 from rollbus.trainer.loss import SegmentInput
 from rollbus.trainer.routing_replay import InvalidRoutes, MoeShape, check_routes
@@ -48,6 +49,21 @@ def routed_experts_of(segment: Segment) -> torch.Tensor | None:
     """The segment's recorded MoE routing, ``[positions, layers, top_k]`` integers, if it carries any."""
     routes = segment.get("routed_experts")
     return None if routes is None else torch.as_tensor(routes)
+
+
+def top_logprobs_of(segment: Segment) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Each response token's top-k alternatives under the sampling policy, ``(ids [n, k] int64, logprobs
+    [n, k] float32)``, best first; id -1 (logprob 0) where there is none (context tokens, a turn sampled
+    without them); None when the segment carries none (the adapter's ``--top-logprobs`` was 0). Raises
+    :class:`InvalidSegment` when the value does not fit the segment's response."""
+    value = segment.get("top_logprobs")
+    if value is None:
+        return None
+    try:
+        ids, logprobs = unpack(bytes(value), len(segment["response_ids"]))
+    except BadTopLogprobs as bad:
+        raise InvalidSegment(f"segment {segment['segment_id']!r}: top logprobs: {bad}") from None
+    return torch.from_numpy(ids.astype("int64")), torch.from_numpy(logprobs.copy())
 
 
 def fetch_routes(segment: Segment, store: RoutesStore, moe: MoeShape | None) -> Segment:
@@ -118,6 +134,13 @@ def validate(segment: Segment, vocab_size: int, moe: MoeShape | None = None) -> 
         raise InvalidSegment(f"segment {segment['segment_id']!r}: rollout logprob not finite or above 0")
     if not math.isfinite(segment["trajectory_reward"]):
         raise InvalidSegment(f"segment {segment['segment_id']!r}: trajectory_reward is not finite")
+    top = top_logprobs_of(segment)
+    if top is not None and top[0].numel():
+        if int(top[0].min()) < PAD_ID or int(top[0].max()) >= vocab_size:
+            name = segment["segment_id"]
+            raise InvalidSegment(f"segment {name!r}: a top-k token id outside the vocabulary")
+        if not bool(torch.isfinite(top[1]).all()) or float(top[1].max()) > LOGPROB_SLACK:
+            raise InvalidSegment(f"segment {segment['segment_id']!r}: a top-k logprob not finite or above 0")
     if moe is not None:
         try:
             routes = routed_experts_of(segment)
