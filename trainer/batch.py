@@ -12,6 +12,7 @@ its floats enter the loss, so anything malformed is refused with a reason before
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -34,6 +35,7 @@ class Admission(Enum):
     BUFFERED = "buffered"
     DUPLICATE = "duplicate"  # a segment id already buffered
     LATE = "late"  # its group was already trained, dropped or skipped
+    TWIN = "twin"  # a second valid rollout of a sample that has one (see sample_lineage)
     GROUP_COMPLETE = "group_complete"
 
 
@@ -109,6 +111,16 @@ def rerun_of(segment: Segment) -> str | None:
     return rerun if infrastructure_failed(segment) and isinstance(rerun, str) and rerun else None
 
 
+_RERUN = re.compile(r"\.r\d+(?=(-\d+)?$)")
+
+
+def sample_lineage(rollout_id: str) -> str:
+    """The sample a rollout is a run of: its id without the re-run mark the runner puts in a re-run's id
+    (``<id>.r<N>``, before the ``-<sample index>`` suffix; services/sandbox_runner/rerun.py), so a sample's
+    first rollout and each of its re-runs share it."""
+    return _RERUN.sub("", rollout_id)
+
+
 def validate(segment: Segment, vocab_size: int, moe: MoeShape | None = None) -> None:
     """Raise :class:`InvalidSegment` unless ``segment`` is internally consistent and fits the model (``moe``:
     the model's routing shape, against which recorded experts are checked; None for a dense model)."""
@@ -178,6 +190,13 @@ class Group:
             if _whole(segs) and not infrastructure_failed(_first(segs))
         }  # fmt: skip
 
+    def valid_run_of(self, lineage: str) -> str | None:
+        """The rollout of sample ``lineage`` that is not infrastructure-failed, if one is buffered."""
+        for rollout_id, segments in self.rollouts.items():
+            if sample_lineage(rollout_id) == lineage and not infrastructure_failed(_first(segments)):
+                return rollout_id
+        return None
+
     def infrastructure_failed(self) -> list[str]:
         """Rollout ids of the samples the infrastructure failed (re-run or not)."""
         return sorted(r for r, segs in self.rollouts.items() if infrastructure_failed(_first(segs)))
@@ -222,6 +241,12 @@ class GroupBuffer:
             return Admission.DUPLICATE
         group = self.pending.setdefault(group_id, Group(group_id))
         rollout = group.rollouts.get(rollout_id)
+        if rollout is None and not infrastructure_failed(segment):
+            # a runner killed between publishing a re-run and the failed attempt's diff runs the task
+            # again: should both succeed, the sample has two valid rollouts. The first to arrive keeps
+            # the sample's place; the other never enters the group (nor its mean).
+            if group.valid_run_of(sample_lineage(rollout_id)) is not None:
+                return Admission.TWIN
         if rollout is None:
             samples = self.group_size + self.over_sample
             if group.ended() + (rerun_of(segment) is None) > samples:

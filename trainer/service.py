@@ -155,6 +155,8 @@ class Trainer:
             self.counters["duplicates_dropped"] += 1
         elif admission is Admission.LATE:
             self.counters["late_segments_dropped"] += 1
+        elif admission is Admission.TWIN:
+            self.counters["twin_segments_dropped"] += 1
         else:
             self.where[segment["segment_id"]] = (tp, message.offset)
             if admission is Admission.GROUP_COMPLETE:
