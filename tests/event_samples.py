@@ -41,7 +41,7 @@ SAMPLES: dict[str, dict] = {
         "prompt": "Fix the failing test in tests/test_parse.py", "label": None,
         "metadata": json.dumps({"image": "python:3.11", "workdir": "/repo", "eval_cmd": "pytest -x"}),
         "submitted_at": AT, "env_config": None, "ctx_config": None, "messages": None, "attempt": 0,
-        "refill_of": None,
+        "refill_of": None, "refill_reason": None,
     },
     "turn": turn(),
     "session": {

@@ -33,8 +33,9 @@ def rows(base: Path = Path("/data")) -> list:
 
 def test_a_lost_group_is_replaced_by_the_next_row_under_an_id_derived_from_it() -> None:
     refills = Refills(rows(), samples=3)
-    what, tasks = refills.plan("g-lost", now_ms=5)
+    what, tasks = refills.plan("g-lost", now_ms=5, reason="zero_variance")
     assert what == "submit" and tasks is not None
+    assert {t["refill_reason"] for t in tasks} == {"zero_variance"}
     assert [t["rollout_id"] for t in tasks] == [f"bug0-{refill_token('g-lost')}-{i}" for i in range(3)]
     assert {(t["group_id"], t["group_size"], t["refill_of"], t["prompt"]) for t in tasks} == {
         (f"bug0-{refill_token('g-lost')}", 3, "g-lost", "fix bug 0")
@@ -124,7 +125,9 @@ async def test_a_skipped_group_is_refilled_once_and_the_step_trains_its_full_bat
 
         await wait_until_async(submitted, timeout=120, what="the refill on tasks")
         tasks = await refills_on(kafka_bootstrap, namespace)
-        assert [(t["refill_of"], t["sample_index"]) for t in tasks] == [("z", 0), ("z", 1)]
+        assert [(t["refill_of"], t["refill_reason"], t["sample_index"]) for t in tasks] == [
+            ("z", "zero_variance", 0), ("z", "zero_variance", 1)
+        ]
         replacement = tasks[0]["group_id"]
         assert replacement == f"bug0-{refill_token('z')}"
         await publish(kafka_bootstrap, namespace, group(replacement, [0.0, 1.0], [1, 1]))

@@ -63,17 +63,20 @@ class Refills:
             group_id, depth = self.replaces[group_id], depth + 1
         return depth
 
-    def plan(self, lost_group_id: str, now_ms: int) -> tuple[str, list[dict[str, Any]] | None]:
+    def plan(
+        self, lost_group_id: str, now_ms: int, reason: str | None = None
+    ) -> tuple[str, list[dict[str, Any]] | None]:
         """What to do for a lost group: ``("submit", tasks)``, ``("already", None)`` when its replacement
         is on the bus, or ``("too_deep", None)`` past ``max_depth``. Planning is not submitting: call
-        :meth:`note` with the tasks once they are published."""
+        :meth:`note` with the tasks once they are published. ``reason``: why the group was lost (recorded
+        on the tasks as ``refill_reason``)."""
         if lost_group_id in self.replaced:
             return "already", None
         if self.depth(lost_group_id) >= self.max_depth:
             return "too_deep", None
         row = self.rows[len(self.replaces) % len(self.rows)]
         tasks = tasks_for(row, self.samples, now_ms, group=refill_token(lost_group_id))
-        return "submit", [{**task, "refill_of": lost_group_id} for task in tasks]
+        return "submit", [{**task, "refill_of": lost_group_id, "refill_reason": reason} for task in tasks]
 
 
 class RefillError(ValueError):

@@ -76,7 +76,7 @@ class Trainer:
         self.tasks_topic = topic_name("tasks", self.settings.namespace)
         samples = self.settings.group_size + self.settings.over_sample
         self.refills = load_refills(self.settings.refill_dataset, samples, self.settings.refill_max_depth)
-        self.lost: list[str] = []  # groups finished untrained whose refill is still to be decided
+        self.lost: list[tuple[str, str]] = []  # (group, why) finished untrained, refill still to decide
         self.refiller: Publisher | None = None
         self.buffer = GroupBuffer(self.settings.group_size, self.settings.over_sample)
         self.routes = RoutesStore(self.settings.routes_dir())
@@ -168,7 +168,7 @@ class Trainer:
             return  # already trained or waiting to be: the poison was an extra, not a missing piece
         group = self.buffer.abandon(group_id)
         self.counters["poisoned_groups_dropped"] += 1
-        self.lost.append(group_id)
+        self.lost.append((group_id, "poisoned"))
         if group is not None:
             self._finish(group)
 
@@ -179,7 +179,7 @@ class Trainer:
         for group in self.buffer.expire(now_ms, int(self.settings.group_timeout * 1000)):
             self.counters["incomplete_groups_dropped"] += 1
             self.counters["incomplete_segments_dropped"] += len(group.segments())
-            self.lost.append(group.group_id)
+            self.lost.append((group.group_id, "incomplete"))
             self._finish(group)
 
     def _screen(self, group: Group) -> None:
@@ -195,7 +195,7 @@ class Trainer:
         if why is not None:
             log.warning("group %s dropped: %s", group.group_id, why)
             self.counters["infrastructure_groups_dropped"] += 1
-            self._finish(group, drop=True)
+            self._finish(group, drop="infrastructure")
             return
         limit = self.settings.max_staleness
         # the version it will be trained on: a completed group is trained by the step it completes for
@@ -203,17 +203,18 @@ class Trainer:
         if limit is not None and oldest > limit:
             self.counters["stale_groups_dropped"] += 1
             self.counters["stale_segments_dropped"] += len(segments)
-            self._finish(group, drop=True)
+            self._finish(group, drop="stale")
         elif not has_reward_variance(group.rewards()):
             self.counters["zero_variance_groups"] += 1
             if self.settings.skip_zero_variance:
                 self.counters["zero_variance_groups_skipped"] += 1
-                self._finish(group, drop=True)
+                self._finish(group, drop="zero_variance")
 
-    def _finish(self, group: Group, *, drop: bool = False) -> None:
-        if drop:  # a completed group that will not train: lost, to be replaced
+    def _finish(self, group: Group, *, drop: str | None = None) -> None:
+        """``drop``: why a completed group will not train (it is lost, to be replaced); None: it trains."""
+        if drop is not None:
             self.buffer.drop_complete(group)
-            self.lost.append(group.group_id)
+            self.lost.append((group.group_id, drop))
         for segment in group.segments():
             self.where.pop(segment["segment_id"], None)
 
@@ -244,16 +245,16 @@ class Trainer:
     async def _refill(self) -> None:
         """Replace each lost group by a new group of the dataset's next row (at most one per lost group)."""
         while self.lost:
-            group_id = self.lost[0]
+            group_id, why = self.lost[0]
             if self.refills is not None and self.refiller is not None:
-                what, tasks = self.refills.plan(group_id, int(time.time() * 1000))
+                what, tasks = self.refills.plan(group_id, int(time.time() * 1000), why)
                 if tasks is not None:
                     self.fault("before_refill")
                     async with self.refiller.transaction():
                         await self.refiller.publish_many(self.tasks_topic, tasks)
                     for task in tasks:
                         self.refills.note(task)
-                    log.info("group %s replaced by %s", group_id, tasks[0]["group_id"])
+                    log.info("group %s (%s) replaced by %s", group_id, why, tasks[0]["group_id"])
                     self.fault("after_refill")
                 # a replacement already on the bus was submitted after the last checkpoint (the group is
                 # lost again on replay): its count is not in the restored counters either
