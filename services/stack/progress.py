@@ -38,7 +38,7 @@ class Progress:
     turn_policy_versions: list[int] = field(default_factory=list)  # version of each turn, in bus order
     undecodable: int = 0
     reruns: set[str] = field(default_factory=set)  # rollouts submitted as re-runs of infrastructure failures
-    refills: dict[str, str] = field(default_factory=dict)  # group the trainer submitted -> why it replaces one
+    refills: dict[str, str] = field(default_factory=dict)  # trainer-submitted group -> why it replaces one
 
     def add(self, event_type: str, record: dict[str, Any]) -> None:
         fold: Callable[[dict[str, Any]], None] | None = getattr(self, f"_on_{event_type}", None)
