@@ -18,6 +18,7 @@ from rollbus.trainer.learner import Learner
 from rollbus.trainer.metrics import MetricsLog
 from rollbus.trainer.refill import RefillError, Refills, load_refills, refill_token
 from rollbus.trainer.service import Trainer
+from tests.test_trainer_infra import marker
 from tests.test_trainer_service import Killed, group, one_partition_namespace, publish, read_topic, settings
 
 ROWS = [{"prompt": f"fix bug {i}", "metadata": {"image": "repo", "workdir": "/w", "instance_id": f"bug{i}"}}
@@ -94,18 +95,30 @@ async def refills_on(bootstrap: str, namespace: str) -> list[dict]:
             if e.record.get("refill_of")]  # fmt: skip
 
 
+def lost_group(why: str) -> list[dict]:
+    """Group "z", which will not train: both samples scored the same, or one sample is left after an
+    infrastructure failure (the segmenter's marker, at the same segment time)."""
+    if why == "zero_variance":
+        return group("z", [1.0, 1.0], [1, 1])
+    return group("z", [1.0], [1]) + [{**marker("z-r1", "z"), "created_at": 0}]
+
+
 @pytest.mark.kafka
-@pytest.mark.parametrize("phase", [None, "before_refill", "after_refill"])
-async def test_a_skipped_group_is_refilled_once_and_the_step_trains_its_full_batch(
-    kafka_bootstrap: str, tmp_path: Path, phase: str | None
+@pytest.mark.parametrize(
+    ("why", "phase"),
+    [("zero_variance", None), ("zero_variance", "before_refill"), ("zero_variance", "after_refill"),
+     ("infrastructure", None)],
+)  # fmt: skip
+async def test_a_lost_group_is_refilled_once_and_the_step_trains_its_full_batch(
+    kafka_bootstrap: str, tmp_path: Path, why: str, phase: str | None
 ) -> None:
-    """Batch of 2 groups: "z" has no reward variance (skipped), "a" trains; the trainer submits one group for
-    "z", whose rollouts (published here as the pipeline would) fill the step. Killed at ``phase`` and
-    restarted, the trainer still submits that group exactly once."""
+    """Batch of 2 groups: "z" will not train (no reward variance, or lost to infrastructure), "a" trains;
+    the trainer submits one group for "z", whose rollouts (published here as the pipeline would) fill the
+    step. Killed at ``phase`` and restarted, the trainer still submits that group exactly once."""
     dataset = tmp_path / "rows.jsonl"
     dataset.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
     namespace = await one_partition_namespace(kafka_bootstrap)
-    await publish(kafka_bootstrap, namespace, group("z", [1.0, 1.0], [1, 1]) + group("a", [1.0, 0.0], [1, 2]))
+    await publish(kafka_bootstrap, namespace, lost_group(why) + group("a", [1.0, 0.0], [1, 2]))
     config = settings(kafka_bootstrap, namespace, tmp_path / "ckpt", steps=1, rollout_batch_size=2,
                       refill_dataset=dataset)  # fmt: skip
     if phase is not None:
@@ -126,7 +139,7 @@ async def test_a_skipped_group_is_refilled_once_and_the_step_trains_its_full_bat
         await wait_until_async(submitted, timeout=120, what="the refill on tasks")
         tasks = await refills_on(kafka_bootstrap, namespace)
         assert [(t["refill_of"], t["refill_reason"], t["sample_index"]) for t in tasks] == [
-            ("z", "zero_variance", 0), ("z", "zero_variance", 1)
+            ("z", why, 0), ("z", why, 1)
         ]
         replacement = tasks[0]["group_id"]
         assert replacement == f"bug0-{refill_token('z')}"
@@ -135,6 +148,8 @@ async def test_a_skipped_group_is_refilled_once_and_the_step_trains_its_full_bat
     finally:
         running.cancel()
     (row,) = MetricsLog(tmp_path / "ckpt").rows()
-    assert row["group_ids"] == ["a", replacement] and row["zero_variance_groups_skipped"] == 1
+    assert row["group_ids"] == ["a", replacement]
+    dropped = "zero_variance_groups_skipped" if why == "zero_variance" else "infrastructure_groups_dropped"
+    assert row[dropped] == 1
     assert row["refills_submitted"] == 1
     assert len(await refills_on(kafka_bootstrap, namespace)) == 2  # one group, never submitted twice
