@@ -139,7 +139,8 @@ async def test_a_lost_group_is_refilled_once_and_the_step_trains_its_full_batch(
         await wait_until_async(submitted, timeout=120, what="the refill on tasks")
         tasks = await refills_on(kafka_bootstrap, namespace)
         assert [(t["refill_of"], t["refill_reason"], t["sample_index"]) for t in tasks] == [
-            ("z", why, 0), ("z", why, 1)
+            ("z", why, 0),
+            ("z", why, 1),
         ]
         replacement = tasks[0]["group_id"]
         assert replacement == f"bug0-{refill_token('z')}"
