@@ -213,6 +213,7 @@ def test_a_sample_run_twice_by_a_killed_runner_trains_once_the_first_to_arrive(f
     kept, twin = (original, rerun) if first == "original" else (rerun, original)
     buffer = GroupBuffer(group_size=2)
     assert buffer.add(segment("bug-g7", kept, reward=1.0)) is Admission.BUFFERED
+    assert buffer.dropped(segment("bug-g7", twin, reward=1.0))  # its routed experts are not even fetched
     assert buffer.add(segment("bug-g7", twin, reward=1.0)) is Admission.TWIN
     assert buffer.add(segment("bug-g7", "bug-g7-0", reward=0.0)) is Admission.GROUP_COMPLETE
     (group,) = buffer.take(1)

@@ -239,14 +239,10 @@ class GroupBuffer:
             return Admission.LATE
         if segment["segment_id"] in self._ids:
             return Admission.DUPLICATE
+        if self._is_twin(segment):
+            return Admission.TWIN
         group = self.pending.setdefault(group_id, Group(group_id))
         rollout = group.rollouts.get(rollout_id)
-        if rollout is None and not infrastructure_failed(segment):
-            # a runner killed between publishing a re-run and the failed attempt's diff runs the task
-            # again: should both succeed, the sample has two valid rollouts. The first to arrive keeps
-            # the sample's place; the other never enters the group (nor its mean).
-            if group.valid_run_of(sample_lineage(rollout_id)) is not None:
-                return Admission.TWIN
         if rollout is None:
             samples = self.group_size + self.over_sample
             if group.ended() + (rerun_of(segment) is None) > samples:
@@ -265,10 +261,20 @@ class GroupBuffer:
         return Admission.BUFFERED
 
     def dropped(self, segment: Segment) -> bool:
-        """Whether :meth:`add` will drop ``segment`` unread (late or a duplicate): nothing to fetch for it."""
+        """Whether :meth:`add` will drop ``segment`` unread (late, duplicate, twin): nothing to fetch."""
         group_id = segment["group_id"]
         late = group_id in self.finished or any(g.group_id == group_id for g in self.complete)
-        return late or segment["segment_id"] in self._ids
+        return late or segment["segment_id"] in self._ids or self._is_twin(segment)
+
+    def _is_twin(self, segment: Segment) -> bool:
+        """A runner killed between publishing a re-run and the failed attempt's diff runs the task again:
+        should both succeed, the sample has two valid rollouts. The first to arrive keeps the sample's
+        place; a segment of the other is a twin, which never enters the group (nor its mean)."""
+        group = self.pending.get(segment["group_id"])
+        rollout_id = segment["rollout_id"]
+        if group is None or rollout_id in group.rollouts or infrastructure_failed(segment):
+            return False
+        return group.valid_run_of(sample_lineage(rollout_id)) is not None
 
     def _check_fits(self, rollout: dict[int, Segment], segment: Segment) -> None:
         if not rollout:
