@@ -148,9 +148,12 @@ def slug(text: str, limit: int = 48) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text)[:limit].strip("_") or "task"
 
 
-def tasks_for(row: Row, samples: int, now_ms: int | None = None) -> list[dict[str, Any]]:
-    """``samples`` `tasks` records for ``row``, one group. Rollout ids start with the instance id."""
-    group = uuid.uuid4().hex[:10]
+def tasks_for(
+    row: Row, samples: int, now_ms: int | None = None, group: str | None = None
+) -> list[dict[str, Any]]:
+    """``samples`` `tasks` records for ``row``, one group. Rollout ids start with the instance id; ``group``
+    names the group after it (default: random), for a submitter that must submit the same group again."""
+    group = group or uuid.uuid4().hex[:10]
     at = int(time.time() * 1000) if now_ms is None else now_ms
     metadata = json.dumps(row.metadata)
     return [

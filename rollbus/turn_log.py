@@ -84,6 +84,9 @@ def _header_hash(record: Mapping[str, Any], digest_size: int) -> Any:
     if routes is not None:  # absent (every turn before v3) hashes as before: kept digests stay valid
         h.update(b"routed_experts\x00" + routes["digest"].encode() + routes["dtype"].encode() + b"\x00")
         h.update(struct.pack(">qqq", routes["start"], routes["rows"], routes["width"]))
+    top = record.get("output_top_logprobs")
+    if top is not None:  # absent (k = 0, every turn before v4) hashes as before
+        h.update(b"output_top_logprobs\x00" + struct.pack(">q", len(top)) + bytes(top))
     return h
 
 

@@ -15,7 +15,7 @@ def turn(**overrides) -> dict:
         "output_ids": [9707, 0, 151645], "output_logprobs": [-0.25, -1.5, 0.0], "finish_reason": "stop",
         "policy_version": 3, "request_id": "req-7",
         "timings": {"started_at": AT, "finished_at": AT + 250, "generation_ms": 240}, "attempt_id": "a-1",
-        "routed_experts": None,
+        "routed_experts": None, "output_top_logprobs": None,
     }
     return {**record, **overrides}
 
@@ -31,6 +31,7 @@ def segment(tokens: int = 6) -> dict:
         "trajectory_reward": 1.0, "policy_versions": [7 if m else -1 for m in mask], "created_at": AT,
         "attempt_id": "a-1", "chain_id": "main", "infos": json.dumps([{"turn": 0}, {"turn": 1, "ok": True}]),
         "routed_experts": None, "failure_class": None, "failure_cause": None, "rerun_rollout_id": None,
+        "top_logprobs": None,
     }
 
 
@@ -40,6 +41,7 @@ SAMPLES: dict[str, dict] = {
         "prompt": "Fix the failing test in tests/test_parse.py", "label": None,
         "metadata": json.dumps({"image": "python:3.11", "workdir": "/repo", "eval_cmd": "pytest -x"}),
         "submitted_at": AT, "env_config": None, "ctx_config": None, "messages": None, "attempt": 0,
+        "refill_of": None, "refill_reason": None,
     },
     "turn": turn(),
     "session": {

@@ -26,7 +26,8 @@ def test_a_run_folds_into_its_summary():
     assert summary == {
         "rollouts_submitted": 2, "rollouts_finished": 2, "rollouts_failed": 1, "solved": 1, "segments": 1,
         "train_steps": 1, "policy_version": 1, "tokens_trained": 10, "duplicates_dropped": 1,
-        "infrastructure_failures": 0, "infrastructure_failure_causes": {}, "reruns": 0,
+        "infrastructure_failures": 0, "infrastructure_failure_causes": {}, "reruns": 0, "refills": 0,
+        "refill_reasons": {},
     }  # fmt: skip
     assert progress.running == set()
     assert progress.turn_policy_versions == [0, 0, 1]
@@ -76,4 +77,21 @@ def test_infrastructure_failures_and_their_reruns_are_counted_by_cause():
     counted = ("infrastructure_failures", "infrastructure_failure_causes", "reruns")
     assert [summary[name] for name in counted] == [1, {"boot_failed": 1}, 1]
     assert summary["rollouts_submitted"] == summary["rollouts_finished"] == 3
-    assert "1 by the infrastructure; 1 re-runs" in progress.line()
+    assert "1 by the infrastructure; 1 re-runs, 0 groups refilled" in progress.line()
+
+
+def test_the_trainers_refills_are_counted_by_group_and_reason():
+    """A refill group's samples count once as a group, by why the group it replaces did not train; a re-run
+    of a refill's sample is a re-run, not another refill."""
+    refill = {"group_id": "bug0-rf1", "refill_of": "z", "refill_reason": "zero_variance"}
+    events = [
+        ("task", {**SAMPLES["task"], **refill, "rollout_id": "bug0-rf1-0"}),
+        ("task", {**SAMPLES["task"], **refill, "rollout_id": "bug0-rf1-1"}),
+        ("task", {**SAMPLES["task"], **refill, "rollout_id": "bug0-rf1.r1-1", "attempt": 1}),
+        ("task", {**SAMPLES["task"], "group_id": "bug1-rf2", "rollout_id": "bug1-rf2-0", "refill_of": "y",
+                  "refill_reason": "infrastructure"}),
+    ]  # fmt: skip
+    summary = fold(events).summary(train_steps=0)
+    assert (summary["refills"], summary["refill_reasons"], summary["reruns"]) == (
+        2, {"infrastructure": 1, "zero_variance": 1}, 1
+    )

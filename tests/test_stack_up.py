@@ -72,3 +72,6 @@ def test_injected_infrastructure_failures_and_over_sampling_reach_the_runner_and
     runner = service_argv(tmp_path, "sandbox-runner", inject_infra_failures=3)
     assert flag(runner, "--inject-infra-failures") == "3"
     assert flag(service_argv(tmp_path, "trainer", over_sample=2), "--over-sample") == "2"
+    assert flag(service_argv(tmp_path, "trainer"), "--refill-dataset") is None  # off: not named
+    rows = tmp_path / "rows.jsonl"
+    assert flag(service_argv(tmp_path, "trainer", refill_dataset=rows), "--refill-dataset") == str(rows)

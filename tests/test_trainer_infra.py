@@ -12,6 +12,7 @@ from rollbus.trainer.batch import (
     Admission,
     GroupBuffer,
     InvalidSegment,
+    sample_lineage,
     segment_inputs,
     too_few_valid,
     validate,
@@ -186,3 +187,44 @@ def test_an_over_sampled_group_whose_samples_all_ended_trains_what_is_valid() ->
         assert full.add(segment("h", f"r{i}", k=2)) is Admission.BUFFERED  # each still arriving
     with pytest.raises(InvalidSegment, match="already has 3 rollouts"):  # n + k, and no re-run was named
         full.add(segment("h", "r3"))
+
+
+# --------------------------------------------------------------------------- the runner's crash window
+
+
+def twin_ids() -> tuple[str, str]:
+    """The first rollout of sample 1 and its re-run, named as the runner names them."""
+    from rollbus.services.sandbox_runner.rerun import rerun_task
+
+    task = {"rollout_id": "bug-g7-1", "group_id": "bug-g7", "sample_index": 1, "attempt": 0}
+    rerun = rerun_task(task, "boot_failed", retries=2, now_ms=0)
+    assert rerun is not None
+    return task["rollout_id"], rerun["rollout_id"]
+
+
+@pytest.mark.parametrize("first", ["original", "rerun"])
+def test_a_sample_run_twice_by_a_killed_runner_trains_once_the_first_to_arrive(first: str) -> None:
+    """The window: a runner killed after publishing the re-run of a failed attempt and before its diff runs
+    the task again; both the new attempt and the re-run succeed, so sample 1 has two valid rollouts and no
+    marker. The first to arrive keeps the sample's place, the other is a twin: it never enters the group,
+    its mean or its batch, and the group still waits for (and trains) its other sample."""
+    original, rerun = twin_ids()
+    assert sample_lineage(original) == sample_lineage(rerun) == "bug-g7-1" != sample_lineage("bug-g7-0")
+    kept, twin = (original, rerun) if first == "original" else (rerun, original)
+    buffer = GroupBuffer(group_size=2)
+    assert buffer.add(segment("bug-g7", kept, reward=1.0)) is Admission.BUFFERED
+    assert buffer.dropped(segment("bug-g7", twin, reward=1.0))  # its routed experts are not even fetched
+    assert buffer.add(segment("bug-g7", twin, reward=1.0)) is Admission.TWIN
+    assert buffer.add(segment("bug-g7", "bug-g7-0", reward=0.0)) is Admission.GROUP_COMPLETE
+    (group,) = buffer.take(1)
+    assert group.rewards() == {kept: 1.0, "bug-g7-0": 0.0}
+    assert [round(x.advantage, 3) for x in segment_inputs([group], normalize_std=False)] == [-0.5, 0.5]
+    assert buffer.add(segment("bug-g7", twin, reward=1.0)) is Admission.LATE
+
+
+def test_a_rerun_after_its_samples_infrastructure_marker_is_not_a_twin() -> None:
+    original, rerun = twin_ids()
+    buffer = GroupBuffer(group_size=2)
+    buffer.add(marker(original, "bug-g7", rerun=rerun))
+    assert buffer.add(segment("bug-g7", rerun, reward=1.0)) is Admission.BUFFERED
+    assert buffer.add(segment("bug-g7", "bug-g7-0", reward=0.0)) is Admission.GROUP_COMPLETE

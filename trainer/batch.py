@@ -12,6 +12,7 @@ its floats enter the loss, so anything malformed is refused with a reason before
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -21,6 +22,7 @@ import torch
 
 from rollbus.failures import INFRASTRUCTURE
 from rollbus.routed_experts import RoutesError, RoutesRef, RoutesStore, cover, load
+from rollbus.top_logprobs import PAD_ID, BadTopLogprobs, unpack
 from rollbus.trainer.advantages import group_advantages
 from rollbus.trainer.loss import SegmentInput
 from rollbus.trainer.routing_replay import InvalidRoutes, MoeShape, check_routes
@@ -33,6 +35,7 @@ class Admission(Enum):
     BUFFERED = "buffered"
     DUPLICATE = "duplicate"  # a segment id already buffered
     LATE = "late"  # its group was already trained, dropped or skipped
+    TWIN = "twin"  # a second valid rollout of a sample that has one (see sample_lineage)
     GROUP_COMPLETE = "group_complete"
 
 
@@ -48,6 +51,21 @@ def routed_experts_of(segment: Segment) -> torch.Tensor | None:
     """The segment's recorded MoE routing, ``[positions, layers, top_k]`` integers, if it carries any."""
     routes = segment.get("routed_experts")
     return None if routes is None else torch.as_tensor(routes)
+
+
+def top_logprobs_of(segment: Segment) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Each response token's top-k alternatives under the sampling policy, ``(ids [n, k] int64, logprobs
+    [n, k] float32)``, best first; id -1 (logprob 0) where there is none (context tokens, a turn sampled
+    without them); None when the segment carries none (the adapter's ``--top-logprobs`` was 0). Raises
+    :class:`InvalidSegment` when the value does not fit the segment's response."""
+    value = segment.get("top_logprobs")
+    if value is None:
+        return None
+    try:
+        ids, logprobs = unpack(bytes(value), len(segment["response_ids"]))
+    except BadTopLogprobs as bad:
+        raise InvalidSegment(f"segment {segment['segment_id']!r}: top logprobs: {bad}") from None
+    return torch.from_numpy(ids.astype("int64")), torch.from_numpy(logprobs.copy())
 
 
 def fetch_routes(segment: Segment, store: RoutesStore, moe: MoeShape | None) -> Segment:
@@ -93,6 +111,16 @@ def rerun_of(segment: Segment) -> str | None:
     return rerun if infrastructure_failed(segment) and isinstance(rerun, str) and rerun else None
 
 
+_RERUN = re.compile(r"\.r\d+(?=(-\d+)?$)")
+
+
+def sample_lineage(rollout_id: str) -> str:
+    """The sample a rollout is a run of: its id without the re-run mark the runner puts in a re-run's id
+    (``<id>.r<N>``, before the ``-<sample index>`` suffix; services/sandbox_runner/rerun.py), so a sample's
+    first rollout and each of its re-runs share it."""
+    return _RERUN.sub("", rollout_id)
+
+
 def validate(segment: Segment, vocab_size: int, moe: MoeShape | None = None) -> None:
     """Raise :class:`InvalidSegment` unless ``segment`` is internally consistent and fits the model (``moe``:
     the model's routing shape, against which recorded experts are checked; None for a dense model)."""
@@ -118,6 +146,13 @@ def validate(segment: Segment, vocab_size: int, moe: MoeShape | None = None) -> 
         raise InvalidSegment(f"segment {segment['segment_id']!r}: rollout logprob not finite or above 0")
     if not math.isfinite(segment["trajectory_reward"]):
         raise InvalidSegment(f"segment {segment['segment_id']!r}: trajectory_reward is not finite")
+    top = top_logprobs_of(segment)
+    if top is not None and top[0].numel():
+        if int(top[0].min()) < PAD_ID or int(top[0].max()) >= vocab_size:
+            name = segment["segment_id"]
+            raise InvalidSegment(f"segment {name!r}: a top-k token id outside the vocabulary")
+        if not bool(torch.isfinite(top[1]).all()) or float(top[1].max()) > LOGPROB_SLACK:
+            raise InvalidSegment(f"segment {segment['segment_id']!r}: a top-k logprob not finite or above 0")
     if moe is not None:
         try:
             routes = routed_experts_of(segment)
@@ -154,6 +189,13 @@ class Group:
             r: segs for r, segs in self.rollouts.items()
             if _whole(segs) and not infrastructure_failed(_first(segs))
         }  # fmt: skip
+
+    def valid_run_of(self, lineage: str) -> str | None:
+        """The rollout of sample ``lineage`` that is not infrastructure-failed, if one is buffered."""
+        for rollout_id, segments in self.rollouts.items():
+            if sample_lineage(rollout_id) == lineage and not infrastructure_failed(_first(segments)):
+                return rollout_id
+        return None
 
     def infrastructure_failed(self) -> list[str]:
         """Rollout ids of the samples the infrastructure failed (re-run or not)."""
@@ -197,6 +239,8 @@ class GroupBuffer:
             return Admission.LATE
         if segment["segment_id"] in self._ids:
             return Admission.DUPLICATE
+        if self._is_twin(segment):
+            return Admission.TWIN
         group = self.pending.setdefault(group_id, Group(group_id))
         rollout = group.rollouts.get(rollout_id)
         if rollout is None:
@@ -217,10 +261,20 @@ class GroupBuffer:
         return Admission.BUFFERED
 
     def dropped(self, segment: Segment) -> bool:
-        """Whether :meth:`add` will drop ``segment`` unread (late or a duplicate): nothing to fetch for it."""
+        """Whether :meth:`add` will drop ``segment`` unread (late, duplicate, twin): nothing to fetch."""
         group_id = segment["group_id"]
         late = group_id in self.finished or any(g.group_id == group_id for g in self.complete)
-        return late or segment["segment_id"] in self._ids
+        return late or segment["segment_id"] in self._ids or self._is_twin(segment)
+
+    def _is_twin(self, segment: Segment) -> bool:
+        """A runner killed between publishing a re-run and the failed attempt's diff runs the task again:
+        should both succeed, the sample has two valid rollouts. The first to arrive keeps the sample's
+        place; a segment of the other is a twin, which never enters the group (nor its mean)."""
+        group = self.pending.get(segment["group_id"])
+        rollout_id = segment["rollout_id"]
+        if group is None or rollout_id in group.rollouts or infrastructure_failed(segment):
+            return False
+        return group.valid_run_of(sample_lineage(rollout_id)) is not None
 
     def _check_fits(self, rollout: dict[int, Segment], segment: Segment) -> None:
         if not rollout:

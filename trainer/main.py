@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from rollbus.topics import TopicsError, check_topics
+from rollbus.trainer.refill import RefillError, load_refills
 from rollbus.trainer.settings import TrainerSettings
 
 if TYPE_CHECKING:
@@ -30,6 +31,11 @@ def run(args: argparse.Namespace) -> int:
     try:  # refuse missing/mismatched topics before the minutes torch and the model take to load
         asyncio.run(check_topics(settings.bootstrap_servers, settings.namespace))
     except TopicsError as exc:
+        print(f"rollbus trainer: {exc}", file=sys.stderr)
+        return 1
+    try:  # a refill dataset that cannot be read is refused before the model loads too
+        load_refills(settings.refill_dataset, 1, settings.refill_max_depth)
+    except RefillError as exc:
         print(f"rollbus trainer: {exc}", file=sys.stderr)
         return 1
     # torch and transformers load here, not at import: `rollbus trainer --help` stays fast

@@ -24,6 +24,7 @@ newest on ``policy``), so it never goes back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -34,9 +35,10 @@ from aiokafka import ConsumerRecord, TopicPartition
 
 from rollbus.bus import Publisher, dead_letter, decode_message
 from rollbus.codec import CodecError
+from rollbus.kafka.read import read_partitions
 from rollbus.kafka.watermark import low_watermark
 from rollbus.routed_experts import RoutesStore
-from rollbus.topics import MAX_EVENT_BYTES, dead_letters_for, topic_name
+from rollbus.topics import MAX_EVENT_BYTES, dead_letters_for, describe, topic_name
 from rollbus.trainer import checkpoint
 from rollbus.trainer.advantages import has_reward_variance
 from rollbus.trainer.batch import (
@@ -55,6 +57,7 @@ from rollbus.trainer.batch import (
 from rollbus.trainer.feed import SegmentFeed, latest_policy_version, push_weights
 from rollbus.trainer.learner import Learner, stop_followers
 from rollbus.trainer.metrics import MetricsLog, info_count, info_rows, mismatch, step_fact
+from rollbus.trainer.refill import load_refills
 from rollbus.trainer.step import StepResult
 
 log = logging.getLogger("rollbus.trainer")
@@ -70,6 +73,11 @@ class Trainer:
         self.segments_topic = topic_name("segments", self.settings.namespace)
         self.policy_topic = topic_name("policy", self.settings.namespace)
         self.steps_topic = topic_name("train-steps", self.settings.namespace)
+        self.tasks_topic = topic_name("tasks", self.settings.namespace)
+        samples = self.settings.group_size + self.settings.over_sample
+        self.refills = load_refills(self.settings.refill_dataset, samples, self.settings.refill_max_depth)
+        self.lost: list[tuple[str, str]] = []  # (group, why) finished untrained, refill still to decide
+        self.refiller: Publisher | None = None
         self.buffer = GroupBuffer(self.settings.group_size, self.settings.over_sample)
         self.routes = RoutesStore(self.settings.routes_dir())
         self.buffer.finished.update(learner.state.finished_groups)
@@ -89,9 +97,11 @@ class Trainer:
         stop = stop or asyncio.Event()
         settings = self.settings
         try:
-            async with Publisher(settings.bootstrap_servers, client_id="trainer") as publisher:
-                self.publisher = publisher
+            async with Publisher(settings.bootstrap_servers, client_id="trainer") as publisher, \
+                    self._refill_publisher() as refiller:  # fmt: skip
+                self.publisher, self.refiller = publisher, refiller
                 await self._recover_version()
+                await self._recover_refills()
                 feed = SegmentFeed(
                     settings.bootstrap_servers, self.segments_topic, settings.consumer_group,
                     max_poll_interval_ms=int(settings.max_poll_interval * 1000),
@@ -112,6 +122,7 @@ class Trainer:
         while not stop.is_set() and not self._done():
             for message in await feed.fetch(timeout_ms=500):
                 await self._admit(message)
+                await self._refill()  # before any checkpoint that remembers a lost group as finished
                 if len(self.buffer.complete) >= self.settings.rollout_batch_size:
                     await self._step(feed)
                     if self._done():
@@ -144,6 +155,8 @@ class Trainer:
             self.counters["duplicates_dropped"] += 1
         elif admission is Admission.LATE:
             self.counters["late_segments_dropped"] += 1
+        elif admission is Admission.TWIN:
+            self.counters["twin_segments_dropped"] += 1
         else:
             self.where[segment["segment_id"]] = (tp, message.offset)
             if admission is Admission.GROUP_COMPLETE:
@@ -155,6 +168,7 @@ class Trainer:
             return  # already trained or waiting to be: the poison was an extra, not a missing piece
         group = self.buffer.abandon(group_id)
         self.counters["poisoned_groups_dropped"] += 1
+        self.lost.append((group_id, "poisoned"))
         if group is not None:
             self._finish(group)
 
@@ -165,6 +179,7 @@ class Trainer:
         for group in self.buffer.expire(now_ms, int(self.settings.group_timeout * 1000)):
             self.counters["incomplete_groups_dropped"] += 1
             self.counters["incomplete_segments_dropped"] += len(group.segments())
+            self.lost.append((group.group_id, "incomplete"))
             self._finish(group)
 
     def _screen(self, group: Group) -> None:
@@ -180,7 +195,7 @@ class Trainer:
         if why is not None:
             log.warning("group %s dropped: %s", group.group_id, why)
             self.counters["infrastructure_groups_dropped"] += 1
-            self._finish(group, drop=True)
+            self._finish(group, drop="infrastructure")
             return
         limit = self.settings.max_staleness
         # the version it will be trained on: a completed group is trained by the step it completes for
@@ -188,18 +203,63 @@ class Trainer:
         if limit is not None and oldest > limit:
             self.counters["stale_groups_dropped"] += 1
             self.counters["stale_segments_dropped"] += len(segments)
-            self._finish(group, drop=True)
+            self._finish(group, drop="stale")
         elif not has_reward_variance(group.rewards()):
             self.counters["zero_variance_groups"] += 1
             if self.settings.skip_zero_variance:
                 self.counters["zero_variance_groups_skipped"] += 1
-                self._finish(group, drop=True)
+                self._finish(group, drop="zero_variance")
 
-    def _finish(self, group: Group, *, drop: bool = False) -> None:
-        if drop:
+    def _finish(self, group: Group, *, drop: str | None = None) -> None:
+        """``drop``: why a completed group will not train (it is lost, to be replaced); None: it trains."""
+        if drop is not None:
             self.buffer.drop_complete(group)
+            self.lost.append((group.group_id, drop))
         for segment in group.segments():
             self.where.pop(segment["segment_id"], None)
+
+    # ---------------------------------------------------------------- refills (trainer/refill.py)
+
+    def _refill_publisher(self) -> contextlib.AbstractAsyncContextManager[Publisher | None]:
+        """A transactional publisher for refills (a refill's samples commit together), or none. Its start
+        fences a killed predecessor's open transaction, so the ledger read after it is complete."""
+        if self.refills is None:
+            return contextlib.nullcontext()
+        name = f"rollbus-trainer-refill.{self.settings.namespace or 'default'}.{self.settings.consumer_group}"
+        return Publisher(self.settings.bootstrap_servers, client_id="trainer-refill", transactional_id=name)
+
+    async def _recover_refills(self) -> None:
+        """Read the ledger of refills back from ``tasks``: what was replaced is not replaced again."""
+        if self.refills is None:
+            return
+        bootstrap = self.settings.bootstrap_servers
+        count = (await describe(bootstrap, [self.tasks_topic]))[self.tasks_topic]
+        partitions = [TopicPartition(self.tasks_topic, p) for p in range(count)]
+        async for message in read_partitions(bootstrap, partitions, client_id="trainer-refill"):
+            try:
+                self.refills.note(decode_message(message, MAX_EVENT_BYTES).record)
+            except CodecError:
+                continue  # not ours to judge: the runner dead-letters it
+        log.info("refill: %d group(s) already replaced on %s", len(self.refills.replaced), self.tasks_topic)
+
+    async def _refill(self) -> None:
+        """Replace each lost group by a new group of the dataset's next row (at most one per lost group)."""
+        while self.lost:
+            group_id, why = self.lost[0]
+            if self.refills is not None and self.refiller is not None:
+                what, tasks = self.refills.plan(group_id, int(time.time() * 1000), why)
+                if tasks is not None:
+                    self.fault("before_refill")
+                    async with self.refiller.transaction():
+                        await self.refiller.publish_many(self.tasks_topic, tasks)
+                    for task in tasks:
+                        self.refills.note(task)
+                    log.info("group %s (%s) replaced by %s", group_id, why, tasks[0]["group_id"])
+                    self.fault("after_refill")
+                # a replacement already on the bus was submitted after the last checkpoint (the group is
+                # lost again on replay): its count is not in the restored counters either
+                self.counters["refills_too_deep" if what == "too_deep" else "refills_submitted"] += 1
+            self.lost.pop(0)
 
     def commit_offsets(self) -> dict[TopicPartition, int]:
         """Per partition: the first offset with a buffered (untrained) segment, else all that was read."""

@@ -36,6 +36,15 @@ class TrainerSettings(ModelSettings, BusSettings):
         2, ge=1, description="drop a group (counted) left with fewer valid samples than this (at most its "
         "size) once its infrastructure failures are out: those never train nor enter its mean"
     )
+    refill_dataset: Path | None = Field(
+        None, description="replace every group that will not train (no reward variance, lost to "
+        "infrastructure, stale, poisoned, abandoned) by a new group of this dataset's next row, submitted to "
+        "tasks (rollbus submit's formats); unset: no refill"
+    )
+    refill_max_depth: int = Field(
+        3, ge=1, description="a replacement's replacement is one generation deeper: past this many a lost "
+        "group is not replaced (counted as refills_too_deep)"
+    )
     max_staleness: int | None = Field(
         None, ge=0, description="drop groups sampled more than N policy versions ago; unset: keep all"
     )

@@ -10,6 +10,7 @@ from typing import Any
 from rollbus.routed_experts import RoutesRef, cover
 from rollbus.segmentation.merge import infrastructure_failed
 from rollbus.segmentation.state import TRAINABLE, RolloutState
+from rollbus.top_logprobs import chain_top_logprobs
 from rollbus.trajectory import ChainTokens, FrozenChain, LossScope, Segment, fan_out, trains
 from rollbus.turn_log import (
     TurnKey,
@@ -120,7 +121,7 @@ def cut(
         for i in range(state.attempts[attempt][chain_id].turn_count or 0)
     ]
     by_key = dict(zip(keys, bodies(keys), strict=True))
-    chains, routes = [], {}
+    chains, routes, tops = [], {}, {}
     for chain_id, kind in order:
         count = state.attempts[attempt][chain_id].turn_count or 0
         records = [by_key[(attempt, chain_id, i)] for i in range(count)]
@@ -131,9 +132,13 @@ def cut(
             tokens = chain_arrays(records)
             sequences = [tokens] if trains(tokens) else []
             routes[chain_id] = chain_routes(records, len(tokens.prompt_ids) + len(tokens.response_ids))
+            tops[chain_id] = chain_top_logprobs(records, len(tokens.response_ids))
         chains.append(_Stitched(kind, chain_id, sequences))
     segments = fan_out(chains, state.rollout_id, reward["reward"], loss_scope=loss_scope)
-    return [segment_record(s, state, attempt, routes.get(s.chain_id or "")) for s in segments]
+    return [
+        segment_record(s, state, attempt, routes.get(s.chain_id or ""), tops.get(s.chain_id or ""))
+        for s in segments
+    ]
 
 
 def chain_routes(records: Sequence[Mapping[str, Any]], tokens: int) -> list[dict[str, Any]] | None:
@@ -155,11 +160,13 @@ def group_of(state: RolloutState, attempt: str) -> str:
 
 
 def segment_record(
-    segment: Segment, state: RolloutState, attempt: str, routes: list[dict[str, Any]] | None = None
+    segment: Segment, state: RolloutState, attempt: str, routes: list[dict[str, Any]] | None = None,
+    top_logprobs: bytes | None = None,
 ) -> dict[str, Any]:
     """The Avro ``segment`` record; ``created_at`` is the reward's time, so a replay is byte-identical. The
     reward's gym ``infos`` ride on the ``final`` segment only, so the trainer logs them once per rollout.
-    ``routes``: its chain's routed-expert references (:func:`chain_routes`)."""
+    ``routes``: its chain's routed-expert references (:func:`chain_routes`); ``top_logprobs``: its chain's
+    top-k alternatives per response token (:func:`~rollbus.top_logprobs.chain_top_logprobs`)."""
     return {
         "segment_id": segment_id(state.rollout_id, attempt, segment.index),
         "rollout_id": state.rollout_id,
@@ -179,6 +186,7 @@ def segment_record(
         "chain_id": segment.chain_id or "",
         "infos": _infos(state) if segment.kind == "final" else "[]",
         "routed_experts": routes,
+        "top_logprobs": top_logprobs,
         **failure_fields(state),
     }
 
@@ -200,7 +208,8 @@ def infrastructure_marker(state: RolloutState) -> dict[str, Any]:
         "group_id": group_of(state, attempt), "index": 0, "num_segments": 1, "kind": "final",
         "prompt_ids": [], "response_ids": [], "loss_mask": b"", "rollout_logprobs": [], "reward": 0.0,
         "trajectory_reward": 0.0, "policy_versions": [], "created_at": int(reward.get("at", 0)),
-        "attempt_id": attempt, "chain_id": "", "infos": "[]", "routed_experts": None, **failure_fields(state),
+        "attempt_id": attempt, "chain_id": "", "infos": "[]", "routed_experts": None, "top_logprobs": None,
+        **failure_fields(state),
     }  # fmt: skip
 
 

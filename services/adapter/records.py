@@ -11,7 +11,7 @@ from rollbus.turn_log import prompt_reference
 
 def turn_record(
     agent: Agent, turn: Any, previous: Any | None, request_id: str, timings: dict[str, int],
-    routes: dict[str, Any] | None = None,
+    routes: dict[str, Any] | None = None, top_logprobs: bytes | None = None,
 ) -> dict[str, Any]:
     ref, prompt_ids = prompt_reference(turn.prompt_ids, previous)
     return {
@@ -30,6 +30,7 @@ def turn_record(
         "timings": timings,
         "attempt_id": agent.attempt_id,
         "routed_experts": routes,
+        "output_top_logprobs": top_logprobs,
     }
 
 

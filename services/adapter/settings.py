@@ -44,6 +44,10 @@ class AdapterSettings(BusSettings):
         None, description="where recorded routed experts are stored (the trainer reads them there); unset: "
         "<state-dir>/routed-experts"
     )
+    top_logprobs: int = Field(
+        0, ge=0, le=1024, description="ask /generate for each sampled token's top-k alternatives (SGLang's "
+        "top_logprobs_num) and record them on the turn (output_top_logprobs); 0: none, the turn as before"
+    )
     history_mode: Literal["canonical", "rerender"] = Field(
         "canonical", description="canonical: append-only token history; rerender: render every prompt whole"
     )

@@ -13,6 +13,8 @@ from typing import Any
 
 import httpx
 
+from rollbus.top_logprobs import BadTopLogprobs, from_sglang
+
 
 class EngineError(Exception):
     """The engine failed or answered something that is not a generation."""
@@ -36,6 +38,7 @@ class Generation:
     weight_version: str | None
     generation_ms: int
     routed_experts: str | None = None  # SGLang's base64 of int32 [rows, layers x top_k], when asked for
+    top_logprobs: bytes | None = None  # each output token's top-k (rollbus.top_logprobs), when asked for
 
 
 @dataclass(frozen=True)
@@ -72,10 +75,11 @@ class SGLangClient:
 
     async def generate(
         self, input_ids: list[int], sampling_params: dict[str, Any], rid: str, headers: TurnHeaders,
-        routes_from: int | None = None,
+        routes_from: int | None = None, top_logprobs: int = 0,
     ) -> Generation:
         """``routes_from``: ask for the routed experts of positions ``routes_from`` .. seqlen - 2 (SGLang's
-        ``routed_experts_start_len``; the server needs ``--enable-return-routed-experts``); None: not."""
+        ``routed_experts_start_len``; the server needs ``--enable-return-routed-experts``); None: not.
+        ``top_logprobs``: ask for each output token's top-k alternatives (``top_logprobs_num``); 0: not."""
         body: dict[str, Any] = {
             "input_ids": input_ids,
             "sampling_params": sampling_params,
@@ -85,6 +89,8 @@ class SGLangClient:
         }
         if routes_from is not None:
             body.update(return_routed_experts=True, routed_experts_start_len=routes_from)
+        if top_logprobs:
+            body["top_logprobs_num"] = top_logprobs
         started = time.monotonic()
         try:
             response = await self.http.post(
@@ -101,7 +107,7 @@ class SGLangClient:
             error = EngineRejected if 400 <= response.status_code < 500 else EngineError
             raise error(f"engine answered {response.status_code}: {response.text[:500]}")
         elapsed_ms = int((time.monotonic() - started) * 1000)
-        return parse_generation(response.json(), rid, elapsed_ms)
+        return parse_generation(response.json(), rid, elapsed_ms, top_logprobs)
 
     async def abort(self, rid: str) -> None:
         """Best effort: the engine may already have finished or be unreachable."""
@@ -116,8 +122,9 @@ class SGLangClient:
             pass
 
 
-def parse_generation(data: Any, rid: str, elapsed_ms: int) -> Generation:
-    """Check the engine's answer holds ids and one logprob per id; a mismatch is an engine bug."""
+def parse_generation(data: Any, rid: str, elapsed_ms: int, top_logprobs: int = 0) -> Generation:
+    """Check the engine's answer holds ids and one logprob per id (and, when ``top_logprobs`` k was asked
+    for, k alternatives per id); a mismatch is an engine bug."""
     try:
         meta = data["meta_info"]
         pairs = meta["output_token_logprobs"]
@@ -137,6 +144,12 @@ def parse_generation(data: Any, rid: str, elapsed_ms: int) -> Generation:
         )
     version = meta.get("weight_version")
     routes = meta.get("routed_experts")
+    top = None
+    if top_logprobs:
+        try:
+            top = from_sglang(meta.get("output_top_logprobs"), top_logprobs, len(output_ids))
+        except BadTopLogprobs as exc:
+            raise EngineError(f"engine output_top_logprobs do not fit its output: {exc}") from exc
     return Generation(
         rid=rid,
         text=text,
@@ -148,4 +161,5 @@ def parse_generation(data: Any, rid: str, elapsed_ms: int) -> Generation:
         weight_version=None if version is None else str(version),
         generation_ms=int(meta.get("e2e_latency", elapsed_ms / 1000) * 1000),
         routed_experts=routes if isinstance(routes, str) else None,
+        top_logprobs=top,
     )

@@ -173,7 +173,10 @@ async def generate(
     rid = f"rb-{uuid.uuid4().hex}"
     headers = TurnHeaders(agent.rollout_id, prepared.plan.chain_id, agent.kind, turn.harness)
     call = asyncio.create_task(
-        kit.engine.generate(list(prepared.plan.prompt_ids), params, rid, headers, prepared.routes_from)
+        kit.engine.generate(
+            list(prepared.plan.prompt_ids), params, rid, headers, prepared.routes_from,
+            kit.settings.top_logprobs,
+        )  # fmt: skip
     )
     kit.metrics.in_flight.inc()
     try:
@@ -225,7 +228,9 @@ async def finish(
     previous = previous_turn(agent, plan)
     routes = await store_routes(kit, prepared, generation)
     outbound = [("sessions", event) for event in chain_changes(agent, plan)]
-    outbound.append(("turns", records.turn_record(agent, sampled, previous, generation.rid, timings, routes)))
+    outbound.append(("turns", records.turn_record(
+        agent, sampled, previous, generation.rid, timings, routes, generation.top_logprobs
+    )))
     if agent.kind == SIDE:  # a side call is one turn: its chain ends with it
         side_end = records.session_record(agent, plan.chain_id, "frozen", turn_count=1, reason="side")
         outbound.append(("sessions", side_end))

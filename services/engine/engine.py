@@ -29,7 +29,7 @@ from rollbus.services.engine.protocol import (
     text_ids,
 )
 from rollbus.services.engine.routes import RouteRecorder
-from rollbus.services.engine.sampling import logprob_temperature, sample_token, token_logprobs
+from rollbus.services.engine.sampling import logprob_temperature, sample_token, token_logprobs, top_logprobs
 from rollbus.tokenizer import SpecialIds
 
 TokenCallback = Callable[[Generation], None]
@@ -60,6 +60,7 @@ class _Decode:
     cached: int = 0
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[float, int]]] = field(default_factory=list)  # with top_logprobs_num
 
     def snapshot(self, finish: dict | None, routes: np.ndarray | None = None) -> Generation:
         return Generation(
@@ -70,12 +71,23 @@ class _Decode:
             cached_tokens=self.cached,
             weight_version=self.weight_version,
             routed_experts=routes,
+            output_top_logprobs=list(self.top) if self.request.top_logprobs_num else None,
         )
 
-    def emit(self, token_id: int, logprob: float) -> dict | None:
-        """Record one output token; the finish reason if it ends the output."""
+    def alternatives(self, logits: torch.Tensor) -> list[list[tuple[float, int]]] | None:
+        """Each logits row's top-k; None unless the request asked for them."""
+        k = self.request.top_logprobs_num
+        if not k:
+            return None
+        values, ids = top_logprobs(logits, self.temperature, k)
+        return [list(zip(v, i, strict=True)) for v, i in zip(values, ids, strict=True)]
+
+    def emit(self, token_id: int, logprob: float, top: list[tuple[float, int]] | None = None) -> dict | None:
+        """Record one output token (and its top-k alternatives); the finish reason if it ends the output."""
         self.output_ids.append(token_id)
         self.logprobs.append(logprob)
+        if top is not None:
+            self.top.append(top)
         if self.on_token is not None:
             self.on_token(self.snapshot(None))
         if token_id in self.stop_ids:
@@ -269,7 +281,8 @@ class Engine:
         while True:
             token = sample_token(logits, params.sampling, generator)
             logprob = float(token_logprobs(logits, torch.tensor(token), decode.temperature))
-            finish = decode.emit(token, logprob)
+            top = decode.alternatives(logits)
+            finish = decode.emit(token, logprob, top[0] if top is not None else None)
             if finish is not None:
                 return finish
             if self._is_aborted(decode.request.rid):
@@ -297,8 +310,9 @@ class Engine:
             chunk = forced[position : position + len(scores)]
             chunk_ids = torch.tensor(chunk, dtype=torch.long)
             logprobs = token_logprobs(scores[: len(chunk)], chunk_ids, decode.temperature).tolist()
-            for token, logprob in zip(chunk, logprobs, strict=True):
-                finish = decode.emit(token, logprob)
+            tops = decode.alternatives(scores[: len(chunk)]) or [None] * len(chunk)
+            for token, logprob, top in zip(chunk, logprobs, tops, strict=True):
+                finish = decode.emit(token, logprob, top)
                 if finish is not None:
                     return finish
             position += len(chunk)

@@ -22,7 +22,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from rollbus.services.engine.sampling import SAMPLING_EPS, TOP_K_ALL, Sampling
 
@@ -55,6 +63,7 @@ class GenerateRequest:
     stream: bool = False
     return_routed_experts: bool = False
     routed_experts_start_len: int = 0  # rows of positions [start, seqlen - 1), as SGLang's
+    top_logprobs_num: int = 0  # each output token's top-k alternatives, with return_logprob
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,7 @@ class Generation:
     cached_tokens: int
     weight_version: str
     routed_experts: np.ndarray | None = None  # [rows, layers x top_k] int32, when asked for and recorded
+    output_top_logprobs: list[list[tuple[float, int]]] | None = None  # per output token, when asked for
 
 
 _STRICT = ConfigDict(strict=True, extra="ignore", frozen=True)
@@ -175,6 +185,7 @@ class GenerateBody(BaseModel):
     text: Any = None
     return_routed_experts: bool = False
     routed_experts_start_len: int = 0
+    top_logprobs_num: int = Field(0, ge=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -270,6 +281,7 @@ def parse_generate(body: Any, vocab_size: int, context_length: int) -> GenerateR
         stream=request.stream,
         return_routed_experts=request.return_routed_experts,
         routed_experts_start_len=start,
+        top_logprobs_num=request.top_logprobs_num,
     )
 
 
@@ -337,6 +349,11 @@ def response_body(
             for logprob, token_id in zip(generation.output_logprobs, generation.output_ids, strict=True)
         ]
         meta_info["output_token_logprobs_length"] = len(generation.output_ids)
+        if request.top_logprobs_num and generation.output_top_logprobs is not None:
+            meta_info["output_top_logprobs"] = [
+                [[logprob, token_id, None] for logprob, token_id in row]
+                for row in generation.output_top_logprobs
+            ]
     meta_info["reasoning_tokens"] = 0
     meta_info["completion_tokens"] = len(generation.output_ids)
     meta_info["cached_tokens"] = generation.cached_tokens

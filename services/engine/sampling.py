@@ -42,6 +42,16 @@ def logprob_temperature(sampling: Sampling, *, original: bool) -> float:
     return sampling.temperature
 
 
+def top_logprobs(
+    logits: torch.Tensor, temperature: float, k: int
+) -> tuple[list[list[float]], list[list[int]]]:
+    """Each row's ``k`` best log-probabilities and their token ids at ``temperature`` (the one the sampled
+    token's logprob is reported at, so the sampled token's entry matches it when it is among them)."""
+    logprobs = torch.log_softmax(logits.float().reshape(-1, logits.shape[-1]) / temperature, dim=-1)
+    values, ids = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
+    return values.tolist(), ids.tolist()
+
+
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float) -> torch.Tensor:
     """Log-probabilities of ``token_ids`` under ``logits`` (rows align) at ``temperature``."""
     logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)

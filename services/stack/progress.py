@@ -38,6 +38,7 @@ class Progress:
     turn_policy_versions: list[int] = field(default_factory=list)  # version of each turn, in bus order
     undecodable: int = 0
     reruns: set[str] = field(default_factory=set)  # rollouts submitted as re-runs of infrastructure failures
+    refills: dict[str, str] = field(default_factory=dict)  # trainer-submitted group -> why it replaces one
 
     def add(self, event_type: str, record: dict[str, Any]) -> None:
         fold: Callable[[dict[str, Any]], None] | None = getattr(self, f"_on_{event_type}", None)
@@ -54,6 +55,8 @@ class Progress:
         self.submitted.add(record["rollout_id"])
         if int(record.get("attempt") or 0) > 0:
             self.reruns.add(record["rollout_id"])
+        elif record.get("refill_of"):
+            self.refills[record["group_id"]] = str(record.get("refill_reason"))
 
     def _on_turn(self, record: dict[str, Any]) -> None:
         self.turns += 1
@@ -114,6 +117,8 @@ class Progress:
             "infrastructure_failures": sum(self.infrastructure_causes().values()),
             "infrastructure_failure_causes": self.infrastructure_causes(),
             "reruns": len(self.reruns),
+            "refills": len(self.refills),
+            "refill_reasons": dict(sorted(Counter(self.refills.values()).items())),
         }
 
     def line(self) -> str:
@@ -122,7 +127,7 @@ class Progress:
             f"rollouts {len(self.submitted)} submitted, {len(self.running)} running, "
             f"{self.finished} finished ({self.solved} solved, {self.failed} failed, "
             f"{sum(self.infrastructure_causes().values())} by the infrastructure; "
-            f"{len(self.reruns)} re-runs) | "
+            f"{len(self.reruns)} re-runs, {len(self.refills)} groups refilled) | "
             f"segments {len(self.segment_ids)} | "
             f"policy v{self.policy_version} ({self.policy_updates} updates), turns served by v{served}"
         )

@@ -44,6 +44,10 @@ class StackSettings(BusSettings):
         "train their first valid group-size ones (the demo submits them so)"
     )
     rollout_batch_size: int = Field(1, ge=1, description="complete groups per training step")
+    refill_dataset: Path | None = Field(
+        None, description="the trainer's --refill-dataset: every group it will not train (no reward "
+        "variance, lost to infrastructure, ...) is replaced by a new group of this dataset's next row"
+    )
     steps: int = Field(0, ge=0, description="training steps before the trainer stops (0: never)")
     runner_concurrency: int = Field(2, ge=1, description="rollouts the sandbox runner runs at once")
     inject_infra_failures: int = Field(

@@ -97,7 +97,8 @@ def service_specs(settings: StackSettings, stack: Stack) -> list[ServiceSpec]:
             "trainer",
             ["--group-size", str(settings.group_size), "--over-sample", str(settings.over_sample),
              "--rollout-batch-size", str(settings.rollout_batch_size), "--steps", str(settings.steps),
-             "--engine-url", stack.engine_url, "--state-dir", str(state), *bus, *moe["trainer"]],
+             "--engine-url", stack.engine_url, "--state-dir", str(state), *bus, *moe["trainer"],
+             *(["--refill-dataset", str(settings.refill_dataset)] if settings.refill_dataset else [])],
             env={"ROLLBUS_TRAINER_ENGINE_API_KEY": engine_key}, settle=3.0,
             restart="on-failure" if settings.steps else "always", after=("engine",),  # it pushes v0 there
         ),
