@@ -57,7 +57,7 @@ if [ ! -f "$venv/.complete" ]; then
 fi
 ln -sfn "$venv" "$cache/venv"
 # the project itself: not installed into the shared venv (that would point every clone at this one) but
-# put on the path of a tiny per-clone venv layered on it, whose python and `rollbus` run this clone's code
+# installed editable into a tiny per-clone venv layered on it, whose python and `rollbus` run this clone's code
 clone_venv=$("$here/scripts/clone_venv.sh" "$venv" "$here")
 
 # The steps below are silent when their artefact is cached (stdout only names the path), so `make demo`
