@@ -22,9 +22,9 @@ import pytest
 
 from rollbus import gym
 from rollbus.broker import free_port
-from rollbus.bus import Publisher
 from rollbus.export import ExportSettings, export_completions
-from rollbus.replay import ReadPlan, read
+from rollbus.kafka.bus import Publisher
+from rollbus.kafka.replay import ReadPlan, read
 from rollbus.services.adapter.app import create_app
 from rollbus.services.gym_runner.main import serve
 from rollbus.services.gym_runner.runner import EpisodeResult, reward_record

@@ -10,7 +10,7 @@ import pytest
 from aiokafka import ConsumerRecord
 
 from rollbus.codec import CodecError, decode, encode
-from rollbus.replay import (
+from rollbus.kafka.replay import (
     ReadPlan,
     add_replay_arguments,
     event_row,

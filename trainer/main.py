@@ -16,7 +16,7 @@ import sys
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from rollbus.topics import TopicsError, check_topics
+from rollbus.kafka.topics import TopicsError, check_topics
 from rollbus.trainer.settings import TrainerSettings
 
 if TYPE_CHECKING:

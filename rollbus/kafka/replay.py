@@ -26,17 +26,17 @@ from aiokafka.partitioner import murmur2
 
 from rollbus.codec import CodecError, Decoded, decode
 from rollbus.kafka import clients
-from rollbus.kafka.read import behind, from_beginning
-from rollbus.reach import (
+from rollbus.kafka.reach import (
     DEFAULT_CONNECT_TIMEOUT,
     BrokerUnreachable,
     quiet_kafka_logs,
     reachable,
     require_broker,
 )
+from rollbus.kafka.read import behind, from_beginning
+from rollbus.kafka.topics import TopicsError, describe, event_type_for, topic_name
 from rollbus.settings import BusSettings, Field
 from rollbus.tables import TableWriter, cells, header
-from rollbus.topics import TopicsError, describe, event_type_for, topic_name
 
 SUMMARY_EDGE = 3  # numbers shown from the start of a summarised array (plus the last one)
 PROBE_EVERY = 2.0  # idle seconds between checks that the broker is still there

@@ -27,8 +27,8 @@ from aiokafka.errors import KafkaError
 
 from rollbus.events import EVENTS
 from rollbus.kafka import clients
+from rollbus.kafka.reach import DEFAULT_CONNECT_TIMEOUT, BrokerUnreachable, quiet_kafka_logs, require_broker
 from rollbus.polling import WaitTimeout, wait_until_async
-from rollbus.reach import DEFAULT_CONNECT_TIMEOUT, BrokerUnreachable, quiet_kafka_logs, require_broker
 from rollbus.settings import BusSettings, Field
 
 DEFAULT_PARTITIONS = 6  # enough for a few parallel segmenters/graders on one node; cheap on disk

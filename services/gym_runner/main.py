@@ -23,14 +23,14 @@ from typing import Any
 import httpx
 from aiokafka.errors import KafkaConnectionError
 
-from rollbus.bus import Event, Publisher
 from rollbus.gym import GymConfigError, context_managers, envs, load_builtins, load_plugins
+from rollbus.kafka.bus import Event, Publisher
 from rollbus.kafka.in_flight import InFlightConsumer
+from rollbus.kafka.topics import TopicsError, check_topics, topic_name
 from rollbus.services.gym_runner.adapter_client import AdapterClient
 from rollbus.services.gym_runner.runner import GymRunner
 from rollbus.services.gym_runner.settings import GymRunnerSettings
 from rollbus.settings import SettingsError
-from rollbus.topics import TopicsError, check_topics, topic_name
 
 log = logging.getLogger("rollbus.gym_runner")
 add_arguments = GymRunnerSettings.add_arguments

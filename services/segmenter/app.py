@@ -39,12 +39,12 @@ from typing import Any
 
 import faust
 
-from rollbus.bus import dead_letter
 from rollbus.codec import CodecError, encode
+from rollbus.kafka.bus import dead_letter
+from rollbus.kafka.topics import DEAD_LETTER_MAX_BYTES, MAX_EVENT_BYTES, dead_letters_for, topic_name
 from rollbus.segmentation import Handled, Segmenter, decode_fact
 from rollbus.services.segmenter import upstream_fixes
 from rollbus.services.segmenter.settings import SegmenterSettings
-from rollbus.topics import DEAD_LETTER_MAX_BYTES, MAX_EVENT_BYTES, dead_letters_for, topic_name
 
 log = logging.getLogger("rollbus.segmenter")
 SERVICE = "segmenter"

@@ -22,13 +22,10 @@ from typing import Any
 from aiokafka import TopicPartition
 from pydantic import Field
 
-from rollbus.bus import Publisher
 from rollbus.codec import CodecError
+from rollbus.kafka.bus import Publisher
 from rollbus.kafka.read import read_merged
-from rollbus.segmentation import Segmenter, decode_fact
-from rollbus.services.segmenter.app import INPUTS, TICKS
-from rollbus.services.segmenter.settings import SegmenterSettings
-from rollbus.topics import (
+from rollbus.kafka.topics import (
     MAX_EVENT_BYTES,
     TopicsError,
     check_topics,
@@ -37,6 +34,9 @@ from rollbus.topics import (
     spec_for,
     topic_name,
 )
+from rollbus.segmentation import Segmenter, decode_fact
+from rollbus.services.segmenter.app import INPUTS, TICKS
+from rollbus.services.segmenter.settings import SegmenterSettings
 
 
 class RebuildSettings(SegmenterSettings):

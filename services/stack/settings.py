@@ -8,8 +8,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from rollbus.demo_runs import last_demo, new_demo_namespace
 from rollbus.package_data import data_dir
-from rollbus.services.stack.runs import last_demo, new_demo_namespace
 from rollbus.settings import BusSettings, shared
 
 EXAMPLES = data_dir("examples")

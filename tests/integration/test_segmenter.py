@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from rollbus.bus import Publisher
 from rollbus.kafka import clients
+from rollbus.kafka.bus import Publisher
 from rollbus.segmentation import segment_id
 from tests.segmenter_support import (
     SegmenterProcess,
