@@ -19,10 +19,10 @@ from rollbus.settings import SettingsError
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "broker": ("rollbus.kafka.broker", "run the embedded Apache Kafka broker (start|stop|status|fetch)"),
-    "topics": ("rollbus.kafka.topics", "create or check the rollbus topics"),
+    "topics": ("rollbus.commands.topics", "create or check the rollbus topics"),
     "images": ("rollbus.local_images.cli", "build the container images here (no registry needed)"),
-    "replay": ("rollbus.kafka.replay", "decode and print events from a topic"),
-    "tail": ("rollbus.kafka.replay", "follow a topic live"),
+    "replay": ("rollbus.commands.replay", "decode and print events from a topic"),
+    "tail": ("rollbus.commands.replay", "follow a topic live"),
     "adapter": ("rollbus.services.adapter.main", "Anthropic Messages API over SGLang; publishes turns"),
     "engine": ("rollbus.services.engine.main", "local SGLang-compatible model server (CPU)"),
     "sandbox-runner": (
