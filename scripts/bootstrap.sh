@@ -64,7 +64,7 @@ clone_venv=$("$here/scripts/clone_venv.sh" "$venv" "$here")
 # shows its own output first; they say what they do when they do work, and fail loudly.
 py="$clone_venv/bin/python"
 # --- Kafka jars (Maven Central), keyed by the pom ---
-"$py" -m rollbus.kafka.broker fetch >/dev/null
+"$py" -m rollbus broker fetch >/dev/null
 
 # --- Claude Code CLI (npm), keyed by its pinned version ---
 "$py" -m rollbus.claude_cli fetch >/dev/null

@@ -373,12 +373,3 @@ def print_status(broker: EmbeddedBroker) -> int:
     )
     return 0
 
-
-def main(argv: list[str] | None = None) -> int:
-    from rollbus.cli import main as cli_main
-
-    return cli_main(["broker", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

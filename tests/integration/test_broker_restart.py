@@ -36,7 +36,8 @@ def cli(state_dir: Path, port: int, action: str) -> subprocess.CompletedProcess[
     command = [
         sys.executable,
         "-m",
-        "rollbus.kafka.broker",
+        "rollbus",
+        "broker",
         action,
         "--state-dir",
         str(state_dir),
