@@ -151,11 +151,6 @@ def _missing(obj: Any, methods: tuple[str, ...]) -> list[str]:
     return [m for m in methods if not callable(getattr(obj, m, None))]
 
 
-def load_builtins() -> None:
-    """Register the built-in envs and context managers (imported on demand: sympy is not free)."""
-    import rollbus.gym_envs  # noqa: F401
-
-
 def load_plugins(paths: Sequence[str | Path]) -> None:
     """Import each ``PATH.py`` as ms-swift's ``--external_plugins`` does: its folder on ``sys.path`` (so it
     can import the modules beside it), then the file itself, whose registrations win over what was there

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import rollbus.gym_envs  # noqa: F401  (registers the built-ins)
 from rollbus import gym
 from rollbus.gym import (
     ContextFull,
@@ -26,8 +27,6 @@ from rollbus.gym import (
     parse_config,
     run_episode,
 )
-
-gym.load_builtins()
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+import rollbus.gym_envs  # noqa: F401  (registers the built-ins)
 from rollbus import gym
 from rollbus.codec import encode
 from rollbus.gym import Episode, GymConfigError
@@ -21,7 +22,6 @@ from rollbus.services.gym_runner.submit import parse_row, tasks_for
 from tests.e2e_support import SCRIPTS
 from tests.test_adapter_support import BusPublisher, engine_process, served, settings
 
-gym.load_builtins()
 CLOSES: list[str] = []
 
 

@@ -6,14 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Protocol
 
+from rollbus.canonical.echo import AssistantMessage, Message
 from rollbus.trajectory import FrozenChain, SegmentKind, Turn
-
-if TYPE_CHECKING:
-    from rollbus.canonical.echo import AssistantMessage
-
-Message = dict[str, Any]
 
 
 class StalePlan(ValueError):
