@@ -23,12 +23,12 @@ from typing import Any
 import httpx
 from aiokafka.errors import KafkaConnectionError
 
-import rollbus.gym_envs  # noqa: F401  (registers the built-ins before any plugin: a plugin may replace one)
-from rollbus.gym import GymConfigError, context_managers, envs, load_plugins
+import rollbus.services.gym_runner.envs  # noqa: F401  (registers the built-ins before any plugin: a plugin may replace one)
 from rollbus.kafka.bus import Event, Publisher
 from rollbus.kafka.in_flight import InFlightConsumer
 from rollbus.kafka.topics import TopicsError, check_topics, topic_name
 from rollbus.services.gym_runner.adapter_client import AdapterClient
+from rollbus.services.gym_runner.gym import GymConfigError, context_managers, envs, load_plugins
 from rollbus.services.gym_runner.runner import GymRunner
 from rollbus.services.gym_runner.settings import GymRunnerSettings
 from rollbus.settings import SettingsError
