@@ -89,7 +89,8 @@ class TurnKit:
 
 @dataclass
 class Prepared:
-    """A planned turn: the prompt (``rollbus.canonical.PromptPlan``) and how much it may generate."""
+    """A planned turn: the prompt (``rollbus.services.adapter.canonical.PromptPlan``) and how much it may
+    generate."""
 
     plan: Any
     message_id: str
