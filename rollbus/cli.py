@@ -23,7 +23,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "images": ("rollbus.local_images.cli", "build the container images here (no registry needed)"),
     "replay": ("rollbus.commands.replay", "decode and print events from a topic"),
     "tail": ("rollbus.commands.replay", "follow a topic live"),
-    "adapter": ("rollbus.services.adapter.main", "Anthropic Messages API over SGLang; publishes turns"),
+    "adapter": (
+        "rollbus.services.adapter.main",
+        "Anthropic, Responses and OpenAI chat APIs over SGLang; publishes turns",
+    ),
     "engine": ("rollbus.services.engine.main", "local SGLang-compatible model server (CPU)"),
     "sandbox-runner": (
         "rollbus.services.sandbox_runner.main",
