@@ -31,6 +31,9 @@ CONTEXT_VERSION = -1
 LossScope = Literal["all_turns", "last_turn"]
 SegmentKind = Literal["subagent", "wipe", "final"]
 HistoryMode = Literal["canonical", "rerender"]
+# a chain's end reason (a ``session`` event's ``reason``) when its origin is unproven: the adapter freezes
+# such a chain with it, and the segmenter never trains it
+AMBIGUOUS = "ambiguous"
 
 
 @dataclass

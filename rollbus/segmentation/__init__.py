@@ -37,7 +37,6 @@ from rollbus.segmentation.completion import (
 from rollbus.segmentation.driver import Handled, Options, Segmenter, WrongKey, body_key, decode_fact
 from rollbus.segmentation.merge import apply, fingerprint, kill, reward_loss_scope, seal
 from rollbus.segmentation.state import (
-    AMBIGUOUS,
     FACT_KINDS,
     TRAINABLE,
     ChainFacts,
@@ -48,6 +47,7 @@ from rollbus.segmentation.state import (
     Status,
     Step,
 )
+from rollbus.trajectory import AMBIGUOUS
 
 __all__ = [
     "AMBIGUOUS", "FACT_KINDS", "TRAINABLE", "ChainFacts", "Conflict", "Fact", "FactKind", "Handled",
