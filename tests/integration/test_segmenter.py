@@ -18,7 +18,7 @@ import pytest
 
 from rollbus.kafka import clients
 from rollbus.kafka.bus import Publisher
-from rollbus.segmentation import segment_id
+from rollbus.services.segmenter.segmentation import segment_id
 from tests.segmenter_support import (
     SegmenterProcess,
     namespace_of,

@@ -10,9 +10,9 @@ from typing import Any
 
 from rollbus.codec import CodecError, Scanned, decode_scans, encode, scan
 from rollbus.kafka.topics import MAX_EVENT_BYTES, spec_for, split_name
-from rollbus.segmentation.completion import complete, cut, expire
-from rollbus.segmentation.merge import apply, kill, seal
-from rollbus.segmentation.state import FACT_KINDS, Fact, RolloutState, Status
+from rollbus.services.segmenter.segmentation.completion import complete, cut, expire
+from rollbus.services.segmenter.segmentation.merge import apply, kill, seal
+from rollbus.services.segmenter.segmentation.state import FACT_KINDS, Fact, RolloutState, Status
 from rollbus.trajectory import ChainBroken, LossScope
 from rollbus.turn_log import (
     TurnKey,

@@ -11,7 +11,14 @@ from collections.abc import Mapping
 from typing import Any, get_args
 
 from rollbus.failures import INFRASTRUCTURE
-from rollbus.segmentation.state import TRAINABLE, ChainFacts, Conflict, Fact, RolloutState, Step
+from rollbus.services.segmenter.segmentation.state import (
+    TRAINABLE,
+    ChainFacts,
+    Conflict,
+    Fact,
+    RolloutState,
+    Step,
+)
 from rollbus.trajectory import AMBIGUOUS, LossScope
 from rollbus.turn_log import (
     ConflictingTurn,
