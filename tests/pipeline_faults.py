@@ -29,9 +29,9 @@ from typing import Any
 
 import httpx
 
-from rollbus.broker import answers_metadata
 from rollbus.codec import CodecError
 from rollbus.grading.rows import absolute_paths
+from rollbus.kafka.broker import answers_metadata
 from rollbus.kafka.replay import ReadPlan, read
 from rollbus.kafka.topics import topic_name
 from rollbus.polling import wait_until_async

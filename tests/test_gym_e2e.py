@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from rollbus.broker import free_port
 from rollbus.export import ExportSettings, export_completions
+from rollbus.kafka.broker import free_port
 from rollbus.kafka.bus import Publisher
 from rollbus.kafka.replay import ReadPlan, read
 from rollbus.services.adapter.app import create_app
