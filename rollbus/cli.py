@@ -58,7 +58,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "sandbox": ("rollbus.services.sandbox_runner.debug", "run a command in a row's agent or grader sandbox"),
     "gym-submit": ("rollbus.services.gym_runner.submit", "submit ms-swift gym rows (JSONL) as tasks"),
-    "export": ("rollbus.export", "write gym episodes from the topics as ms-swift-style JSON lines"),
+    "export": ("rollbus.commands.export", "write gym episodes from the topics as ms-swift-style JSON lines"),
     "up": ("rollbus.services.stack.up", "the whole pipeline on embedded defaults, supervised, until Ctrl-C"),
     "ui": ("rollbus.services.ui.main", "web pages over the topics: overview, rollouts, topic browser"),
     "demo": (

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from rollbus.export import ExportSettings, export_completions
+from rollbus.commands.export import ExportSettings, export_completions
 from rollbus.kafka.broker import free_port
 from rollbus.kafka.bus import Publisher
 from rollbus.kafka.replay import ReadPlan, read
