@@ -34,7 +34,7 @@ DOCKER_BROKER_SHARE := tests/test_local_images.py tests/test_regrade.py tests/te
 
 test: bootstrap-test
 	@v="$$(cat $(VENV_FILE))"; \
-	"$$v/bin/ruff" check rollbus services trainer tests bench examples && \
+	"$$v/bin/ruff" check rollbus services trainer tests bench examples setup.py && \
 	"$$v/bin/python" -m pytest -p no:cacheprovider -ra --durations=30 $(PYTEST_ARGS) && \
 	{ [ -n "$(PYTEST_ARGS)" ] || \
 	  ROLLBUS_TEST_BROKER=docker "$$v/bin/python" -m pytest -p no:cacheprovider -ra $(DOCKER_BROKER_SHARE); }
@@ -43,7 +43,7 @@ test-faults: bootstrap-test
 	@"$$(cat $(VENV_FILE))/bin/python" -m pytest -p no:cacheprovider -ra -m faults tests/integration/test_pipeline_faults.py
 
 lint: bootstrap
-	@"$$(cat $(VENV_FILE))/bin/ruff" check rollbus services trainer tests bench examples
+	@"$$(cat $(VENV_FILE))/bin/ruff" check rollbus services trainer tests bench examples setup.py
 
 bench: bootstrap
 	@v="$$(cat $(VENV_FILE))"; for b in $$(grep -l __main__ bench/*.py); do \

@@ -28,7 +28,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rollbus.canonical import CanonicalHistory  # noqa: E402
+from rollbus.services.adapter.canonical import CanonicalHistory  # noqa: E402
 from rollbus.services.adapter.restore import load, restore  # noqa: E402
 from rollbus.services.adapter.settings import AdapterSettings  # noqa: E402
 from rollbus.tokenizer import SpecialIds, load_tokenizer  # noqa: E402

@@ -42,13 +42,13 @@ from aiokafka.admin import NewTopic
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rollbus.bus import Publisher  # noqa: E402
 from rollbus.codec import encode  # noqa: E402
 from rollbus.kafka import clients  # noqa: E402
 from rollbus.kafka.broker import EmbeddedBroker, free_port  # noqa: E402
+from rollbus.kafka.bus import Publisher  # noqa: E402
+from rollbus.kafka.topics import create_topics, spec_for, topic_name  # noqa: E402
 from rollbus.services.segmenter.app import app_id  # noqa: E402
 from rollbus.services.stack.supervisor import stop_group  # noqa: E402
-from rollbus.topics import create_topics, spec_for, topic_name  # noqa: E402
 
 PARTITIONS = 6
 Event = tuple[str, dict[str, Any]]

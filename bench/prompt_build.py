@@ -16,7 +16,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from rollbus.canonical import CanonicalHistory, RerenderHistory
+from rollbus.services.adapter.canonical import CanonicalHistory, RerenderHistory
 from rollbus.tokenizer import SpecialIds, load_tokenizer
 
 CONTEXT_TOKENS = 64_000

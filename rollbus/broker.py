@@ -10,7 +10,6 @@ from rollbus.kafka.broker import (
     answers_metadata,
     cluster_id,
     free_port,
-    main,
     pid_alive,
     port_is_open,
     run,
@@ -20,8 +19,5 @@ from rollbus.kafka.broker import (
 
 __all__ = [
     "DEFAULT_PORT", "BrokerError", "BrokerSettings", "EmbeddedBroker", "add_arguments", "answers_metadata",
-    "cluster_id", "free_port", "main", "pid_alive", "port_is_open", "run", "start_port", "wait_until_ready",
+    "cluster_id", "free_port", "pid_alive", "port_is_open", "run", "start_port", "wait_until_ready",
 ]  # fmt: skip
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -19,11 +19,14 @@ from rollbus.settings import SettingsError
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "broker": ("rollbus.kafka.broker", "run the embedded Apache Kafka broker (start|stop|status|fetch)"),
-    "topics": ("rollbus.topics", "create or check the rollbus topics"),
+    "topics": ("rollbus.commands.topics", "create or check the rollbus topics"),
     "images": ("rollbus.local_images.cli", "build the container images here (no registry needed)"),
-    "replay": ("rollbus.replay", "decode and print events from a topic"),
-    "tail": ("rollbus.replay", "follow a topic live"),
-    "adapter": ("rollbus.services.adapter.main", "Anthropic Messages API over SGLang; publishes turns"),
+    "replay": ("rollbus.commands.replay", "decode and print events from a topic"),
+    "tail": ("rollbus.commands.replay", "follow a topic live"),
+    "adapter": (
+        "rollbus.services.adapter.main",
+        "Anthropic, Responses and OpenAI chat APIs over SGLang; publishes turns",
+    ),
     "engine": ("rollbus.services.engine.main", "local SGLang-compatible model server (CPU)"),
     "sandbox-runner": (
         "rollbus.services.sandbox_runner.main",
@@ -55,7 +58,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "sandbox": ("rollbus.services.sandbox_runner.debug", "run a command in a row's agent or grader sandbox"),
     "gym-submit": ("rollbus.services.gym_runner.submit", "submit ms-swift gym rows (JSONL) as tasks"),
-    "export": ("rollbus.export", "write gym episodes from the topics as ms-swift-style JSON lines"),
+    "export": ("rollbus.commands.export", "write gym episodes from the topics as ms-swift-style JSON lines"),
     "up": ("rollbus.services.stack.up", "the whole pipeline on embedded defaults, supervised, until Ctrl-C"),
     "ui": ("rollbus.services.ui.main", "web pages over the topics: overview, rollouts, topic browser"),
     "demo": (

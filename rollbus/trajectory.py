@@ -7,7 +7,7 @@ text, template tokens, re-rendered history) is context with mask 0 and logprob 0
 Two ways to stitch a chain's turns into one sequence:
 
 * :func:`segment_chain` for canonical (append-only) chains, where every prompt extends the previous
-  stream token for token (see :mod:`rollbus.canonical`); anything else is a bug and raises.
+  stream token for token (the adapter's canonical history); anything else is a bug and raises.
 * :func:`merge_turns` / :func:`merge_turns_all` for re-rendered histories (slime-compatible), where
   each prompt is a fresh rendering and may drift from the tokens that were sampled.
 
@@ -31,6 +31,9 @@ CONTEXT_VERSION = -1
 LossScope = Literal["all_turns", "last_turn"]
 SegmentKind = Literal["subagent", "wipe", "final"]
 HistoryMode = Literal["canonical", "rerender"]
+# a chain's end reason (a ``session`` event's ``reason``) when its origin is unproven: the adapter freezes
+# such a chain with it, and the segmenter never trains it
+AMBIGUOUS = "ambiguous"
 
 
 @dataclass

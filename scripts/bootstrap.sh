@@ -57,14 +57,14 @@ if [ ! -f "$venv/.complete" ]; then
 fi
 ln -sfn "$venv" "$cache/venv"
 # the project itself: not installed into the shared venv (that would point every clone at this one) but
-# put on the path of a tiny per-clone venv layered on it, whose python and `rollbus` run this clone's code
+# installed editable into a tiny per-clone venv layered on it, whose python and `rollbus` run this clone's code
 clone_venv=$("$here/scripts/clone_venv.sh" "$venv" "$here")
 
 # The steps below are silent when their artefact is cached (stdout only names the path), so `make demo`
 # shows its own output first; they say what they do when they do work, and fail loudly.
 py="$clone_venv/bin/python"
 # --- Kafka jars (Maven Central), keyed by the pom ---
-"$py" -m rollbus.kafka.broker fetch >/dev/null
+"$py" -m rollbus broker fetch >/dev/null
 
 # --- Claude Code CLI (npm), keyed by its pinned version ---
 "$py" -m rollbus.claude_cli fetch >/dev/null

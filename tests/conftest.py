@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from rollbus.topics import TOPICS, create_topics, topic_name
+from rollbus.kafka.topics import TOPICS, create_topics, topic_name
 
 BROKER_KINDS = ("docker", "local", "external")
 TEST_PARTITIONS = 3  # fewer than the default: quicker to create, still exercises partitioning

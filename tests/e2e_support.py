@@ -23,9 +23,9 @@ import httpx
 
 from rollbus import claude_cli, codex_cli
 from rollbus.kafka.broker import free_port
-from rollbus.replay import ReadPlan, read
+from rollbus.kafka.replay import ReadPlan, read
+from rollbus.kafka.topics import topic_name
 from rollbus.sandbox import BwrapSandbox, Completed, prepare_repo
-from rollbus.topics import topic_name
 from rollbus.trajectory import Segment, Turn, fan_out
 from rollbus.turn_log import frozen_chains, resolve_turns
 from tests.service_process import ServiceProcess

@@ -29,14 +29,14 @@ from typing import Any
 
 import httpx
 
-from rollbus.broker import answers_metadata
 from rollbus.codec import CodecError
 from rollbus.grading.rows import absolute_paths
+from rollbus.kafka.broker import answers_metadata
+from rollbus.kafka.replay import ReadPlan, read
+from rollbus.kafka.topics import topic_name
 from rollbus.polling import wait_until_async
-from rollbus.replay import ReadPlan, read
 from rollbus.services.stack.supervisor import Supervisor
 from rollbus.services.stack.up import EXAMPLES, Stack, StackSettings, running_stack
-from rollbus.topics import topic_name
 
 TARGETS = ("adapter", "sandbox-runner", "grader", "segmenter", "trainer", "engine", "broker")
 DATASET = EXAMPLES / "swe-mini" / "tasks.jsonl"

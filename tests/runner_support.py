@@ -18,9 +18,9 @@ import psutil
 from aiokafka import TopicPartition
 
 from rollbus.kafka import clients
-from rollbus.replay import ReadPlan, read
+from rollbus.kafka.replay import ReadPlan, read
+from rollbus.kafka.topics import describe, topic_name
 from rollbus.rows import RowKeys, parse_row, tasks_for
-from rollbus.topics import describe, topic_name
 from tests.e2e_support import EXAMPLES, Rig
 
 RUNNER_SCRIPTS = EXAMPLES / "scripts" / "runner"

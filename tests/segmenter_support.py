@@ -12,10 +12,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from rollbus.bus import Publisher
 from rollbus.codec import decode
 from rollbus.kafka import clients
-from rollbus.topics import split_name
+from rollbus.kafka.bus import Publisher
+from rollbus.kafka.topics import split_name
 
 Event = tuple[str, dict[str, Any]]
 

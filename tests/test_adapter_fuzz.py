@@ -11,9 +11,9 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollbus.canonical import TemplateRenderer
 from rollbus.services.adapter.anthropic import parse_messages_request
 from rollbus.services.adapter.app import create_app
+from rollbus.services.adapter.canonical import TemplateRenderer
 from rollbus.services.adapter.errors import ApiError
 from rollbus.services.adapter.translate import to_chat
 from rollbus.tokenizer import load_tokenizer

@@ -13,9 +13,9 @@ import uuid
 
 import pytest
 
-from rollbus.segmentation import Fact, RolloutState, apply, freeze_order
 from rollbus.services.adapter.app import create_app
 from rollbus.services.adapter.sessions import PEER_HEADER
+from rollbus.services.segmenter.segmentation import Fact, RolloutState, apply, freeze_order
 from rollbus.tokenizer import load_tokenizer
 from tests.test_adapter_restore import READ_CALL, echo_and_answer, records_of
 from tests.test_adapter_support import (

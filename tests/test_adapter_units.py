@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollbus.canonical import CanonicalHistory
 from rollbus.cli import main as cli_main
 from rollbus.services.adapter import sse
 from rollbus.services.adapter.anthropic import Message, parse_messages_request
+from rollbus.services.adapter.canonical import CanonicalHistory
 from rollbus.services.adapter.errors import overloaded
 from rollbus.services.adapter.main import add_arguments, settings_from
 from rollbus.services.adapter.response import (

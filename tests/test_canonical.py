@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from rollbus.canonical import (
+from rollbus.services.adapter.canonical import (
     AssistantMessage,
     CanonicalHistory,
     RerenderHistory,

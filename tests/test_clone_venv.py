@@ -21,7 +21,11 @@ def shared_venv() -> Path:
 
 def make_clone(root: Path, name: str) -> Path:
     clone = root / name
-    shutil.copytree(ROOT / "rollbus", clone / "rollbus", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("rollbus", "services", "trainer", "schemas"):  # the folders of the packaging map
+        shutil.copytree(ROOT / folder, clone / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    (clone / "examples").mkdir()  # the demo's data: not needed here
+    for file in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy2(ROOT / file, clone / file)
     (clone / "scripts").mkdir()
     shutil.copy2(ROOT / "scripts" / "clone_venv.sh", clone / "scripts" / "clone_venv.sh")
     with (clone / "rollbus" / "__init__.py").open("a") as init:
@@ -41,7 +45,8 @@ def bare_env() -> dict[str, str]:
 
 
 def which_clone(venv: Path, cwd: Path) -> str:
-    code = "import rollbus, aiokafka; print(rollbus.CLONE, rollbus.__file__)"
+    code = ("import rollbus, rollbus.services.stack, aiokafka;"
+            "print(rollbus.CLONE, rollbus.__file__, rollbus.services.stack.__file__)")
     done = subprocess.run([str(venv / "bin" / "python"), "-c", code], cwd=cwd, capture_output=True, text=True,
                           check=True, env=bare_env())  # fmt: skip
     return done.stdout.strip()
@@ -53,8 +58,8 @@ def test_two_clones_bootstrapped_one_after_the_other_each_run_their_own_code(tmp
     venv_b = bootstrap(b)  # the second bootstrap must not re-point the first clone
     assert venv_a == a / ".rollbus" / "venv" and venv_b == b / ".rollbus" / "venv"
     neutral = tmp_path  # neither clone's directory: the code must come from the venv, not the cwd
-    assert which_clone(venv_a, neutral) == f"A {a / 'rollbus' / '__init__.py'}"
-    assert which_clone(venv_b, neutral) == f"B {b / 'rollbus' / '__init__.py'}"
+    assert which_clone(venv_a, neutral) == f"A {a / 'rollbus/__init__.py'} {a / 'services/stack/__init__.py'}"
+    assert which_clone(venv_b, neutral) == f"B {b / 'rollbus/__init__.py'} {b / 'services/stack/__init__.py'}"
     command = subprocess.run([str(venv_a / "bin" / "rollbus"), "--help"], cwd=neutral, capture_output=True,
                              text=True, check=True, env=bare_env())  # fmt: skip
     assert "rollbus" in command.stdout

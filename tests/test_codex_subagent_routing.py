@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from rollbus.canonical import CanonicalHistory, TemplateRenderer, canonical_history
+from rollbus.services.adapter.canonical import CanonicalHistory, TemplateRenderer, canonical_history
 from rollbus.services.adapter.responses import (
     ResponsesRequest,
     namespaces,

@@ -23,7 +23,7 @@ from rollbus.settings import Settings
 COMPOSE = Path(__file__).resolve().parents[1] / "compose" / "docker-compose.yml"
 # each rollbus container -> the settings class its command reads
 SETTINGS = {
-    "topics": "rollbus.topics:TopicsSettings",
+    "topics": "rollbus.commands.topics:TopicsSettings",
     "engine": "rollbus.services.engine.main:EngineSettings",
     "adapter": "rollbus.services.adapter.settings:AdapterSettings",
     "sandbox-runner": "rollbus.services.sandbox_runner.settings:RunnerSettings",

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollbus.canonical import CanonicalHistory, TemplateRenderer
 from rollbus.markup import ContentFormsMarkup
+from rollbus.services.adapter.canonical import CanonicalHistory, TemplateRenderer
 from rollbus.tokenizer import load_tokenizer
 
 TOKENIZER = load_tokenizer()

@@ -16,7 +16,7 @@ from subprocess import PIPE
 
 import pytest
 
-from rollbus.topics import describe, topic_name
+from rollbus.kafka.topics import describe, topic_name
 
 ROOT = Path(__file__).resolve().parents[1]
 # a demo may take up to its own 1500 s (a loaded machine took over 600 s for the first, two-round demo)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from rollbus.topics import create_topics
+from rollbus.kafka.topics import create_topics
 from tests.conftest import TEST_PARTITIONS
 from tests.e2e_support import EXAMPLES, SCRIPTS, Rig, rollout_events, script_turns
 from tests.runner_support import (

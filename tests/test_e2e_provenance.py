@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from rollbus.segmentation import Fact, RolloutState, apply, freeze_order
+from rollbus.services.segmenter.segmentation import Fact, RolloutState, apply, freeze_order
 from tests.e2e_support import Rig, Rollout, new_rollout_id, play, rollout_events
 
 pytestmark = pytest.mark.kafka

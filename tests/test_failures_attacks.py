@@ -15,12 +15,12 @@ from rollbus import codec
 from rollbus.failures import INFRASTRUCTURE, POLICY
 from rollbus.grading import GradeConfig
 from rollbus.sandbox import bwrap_usable
-from rollbus.segmentation import Segmenter
-from rollbus.segmentation.state import FACT_KINDS, Fact
 from rollbus.services.grader.core import grade_diff, reward_record
 from rollbus.services.sandbox_runner import rollout
 from rollbus.services.sandbox_runner.outcome import diff_event
 from rollbus.services.sandbox_runner.settings import RunnerSettings
+from rollbus.services.segmenter.segmentation import Segmenter
+from rollbus.services.segmenter.segmentation.state import FACT_KINDS, Fact
 from rollbus.trainer.batch import GroupBuffer, segment_inputs
 from rollbus.trainer.batch import infrastructure_failed as is_marker
 from tests.synthetic_rollouts import RolloutWriter

@@ -1,4 +1,5 @@
-"""rollbus.gym: selection and fallbacks, plugins, bad configs, and close() exactly once on every exit path.
+"""rollbus.services.gym_runner.gym: selection and fallbacks, plugins, bad configs, and close() exactly once
+on every exit path.
 
 The model is a plain async function here (the driver's only collaborator); the adapter path is exercised
 end to end in tests/test_gym_e2e.py.
@@ -12,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from rollbus import gym
-from rollbus.gym import (
+import rollbus.services.gym_runner.envs  # noqa: F401  (registers the built-ins)
+from rollbus.services.gym_runner import gym
+from rollbus.services.gym_runner.gym import (
     ContextFull,
     ContextManager,
     Env,
@@ -26,8 +28,6 @@ from rollbus.gym import (
     parse_config,
     run_episode,
 )
-
-gym.load_builtins()
 
 
 @pytest.fixture(autouse=True)
@@ -137,7 +137,7 @@ def test_unknown_context_manager_lists_the_registered_ones() -> None:
 def test_plugins_register_their_envs(tmp_path) -> None:
     plugin = tmp_path / "my_envs.py"
     plugin.write_text(textwrap.dedent('''
-        from rollbus.gym import Env, register_env
+        from rollbus.services.gym_runner.gym import Env, register_env
 
         @register_env("coin")
         class Coin(Env):

@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 
-from rollbus import gym
-from rollbus.broker import free_port
-from rollbus.bus import Publisher
-from rollbus.export import ExportSettings, export_completions
-from rollbus.replay import ReadPlan, read
+from rollbus.commands.export import ExportSettings, export_completions
+from rollbus.kafka.broker import free_port
+from rollbus.kafka.bus import Publisher
+from rollbus.kafka.replay import ReadPlan, read
 from rollbus.services.adapter.app import create_app
+from rollbus.services.gym_runner import gym
 from rollbus.services.gym_runner.main import serve
 from rollbus.services.gym_runner.runner import EpisodeResult, reward_record
 from rollbus.services.gym_runner.settings import GymRunnerSettings
@@ -297,7 +297,7 @@ HELD_ENV = '''
 import asyncio
 import pathlib
 
-from rollbus import gym
+from rollbus.services.gym_runner import gym
 
 
 @gym.register_env("held-test")

@@ -10,10 +10,10 @@ import sympy
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollbus.gym import RolloutInferRequest, make_env
-from rollbus.gym_envs import extract_answer, parse_rational
-from rollbus.gym_envs.frozen_lake import _reachable, random_map
-from rollbus.gym_envs.math_env import generate
+from rollbus.services.gym_runner.envs import extract_answer, parse_rational
+from rollbus.services.gym_runner.envs.frozen_lake import _reachable, random_map
+from rollbus.services.gym_runner.envs.math_env import generate
+from rollbus.services.gym_runner.gym import RolloutInferRequest, make_env
 
 REQUEST = RolloutInferRequest([])
 

@@ -9,19 +9,19 @@ from typing import Any
 import httpx
 import pytest
 
-from rollbus import gym
+import rollbus.services.gym_runner.envs  # noqa: F401  (registers the built-ins)
 from rollbus.codec import encode
-from rollbus.gym import Episode, GymConfigError
 from rollbus.kafka.broker import free_port
 from rollbus.services.adapter.app import create_app
+from rollbus.services.gym_runner import gym
 from rollbus.services.gym_runner.adapter_client import AdapterClient
+from rollbus.services.gym_runner.gym import Episode, GymConfigError
 from rollbus.services.gym_runner.runner import MAX_DETAILS_CHARS, EpisodeResult, GymRunner, reward_record
 from rollbus.services.gym_runner.settings import GymRunnerSettings
 from rollbus.services.gym_runner.submit import parse_row, tasks_for
 from tests.e2e_support import SCRIPTS
 from tests.test_adapter_support import BusPublisher, engine_process, served, settings
 
-gym.load_builtins()
 CLOSES: list[str] = []
 
 

@@ -1,4 +1,5 @@
-"""Environments written for ms-swift run with only their imports changed to ``rollbus.gym``.
+"""Environments written for ms-swift run with only their imports changed to
+``rollbus.services.gym_runner.gym``.
 
 The plugin below is written the ms-swift way (our own code, in its style): it registers into ``envs`` and
 ``context_managers`` by assignment, imports a module beside it, reads the row's columns from
@@ -26,7 +27,7 @@ import pytest
 import rollbus.services.stack.demo
 import rollbus.services.stack.up
 from rollbus.cli import command_parser
-from rollbus.gym import RolloutInferRequest, as_decoded
+from rollbus.services.gym_runner.gym import RolloutInferRequest, as_decoded
 from rollbus.services.gym_runner.runner import request_for
 from rollbus.services.stack.demo import DemoSettings
 from rollbus.services.stack.supervisor import ServiceSpec
@@ -53,7 +54,9 @@ def read_move(text):
 PLUGIN = '''
 import re
 
-from rollbus.gym import ContextManager, Env, Messages, RolloutInferRequest, context_managers, envs
+from rollbus.services.gym_runner.gym import (
+    ContextManager, Env, Messages, RolloutInferRequest, context_managers, envs,
+)
 
 from lake_board import read_move  # the module beside this file, as ms-swift's plugins do
 
@@ -213,7 +216,8 @@ async def test_ms_swift_style_envs_run_through_the_runner_that_rollbus_up_starts
     assert seen["env_config"] == {"name": "frozen_lake", "size": 4}  # whole, as ms-swift passes it
     assert (seen["images"], seen["tools"]) == (["lake.png"], [TOOL])
     assert seen["data_dict"] == {"env_config": {"name": "frozen_lake", "size": 4}, "level": 3}
-    assert "replaces envs['frozen_lake']: swift_envs.FrozenLakeEnv instead of rollbus.gym_envs" in log_text
+    replaced = "replaces envs['frozen_lake']: swift_envs.FrozenLakeEnv instead of rollbus.services.gym_runner"
+    assert replaced in log_text
     # step sees the reply as ms-swift decodes it: the reasoning inside content, no reasoning_content
     step = infos["lake"][1]
     assert step["reply"] == f"<think>\n{FIRST_REPLY}\n</think>\n\n<move>down</move> <answer>24</answer>"
@@ -257,8 +261,8 @@ def test_up_and_demo_give_the_gym_runner_their_plugin_flags(tmp_path, monkeypatc
 
 
 async def test_an_env_constructor_raising_is_a_config_error_logged_with_its_traceback(caplog) -> None:
-    from rollbus import gym
     from rollbus.kafka.broker import free_port
+    from rollbus.services.gym_runner import gym
     from tests.test_gym_runner import runner_for
 
     def needs_a_board(env_config):
@@ -335,7 +339,7 @@ def test_the_rows_response_is_not_part_of_the_prompt() -> None:
      ('{"data_dict": [1]}', "data_dict must be a JSON object")],
 )  # fmt: skip
 def test_a_row_that_cannot_make_a_request_is_a_config_error(metadata, needle) -> None:
-    from rollbus.gym import GymConfigError
+    from rollbus.services.gym_runner.gym import GymConfigError
 
     with pytest.raises(GymConfigError, match=needle):
         request_for(task(metadata=metadata), None, None)
@@ -363,13 +367,13 @@ def test_step_sees_each_reply_with_its_reasoning_inside_content() -> None:
 
 
 def test_a_plugin_folder_is_importable_and_its_registrations_win(tmp_path, caplog) -> None:
-    from rollbus import gym
+    import rollbus.services.gym_runner.envs  # noqa: F401  (registers the built-ins)
+    from rollbus.services.gym_runner import gym
 
-    gym.load_builtins()
     saved = dict(gym.envs), dict(gym.context_managers)
     plugin = write_plugin(tmp_path / "plugins")
     try:
-        with caplog.at_level("INFO", logger="rollbus.gym"):
+        with caplog.at_level("INFO", logger="rollbus.services.gym_runner.gym"):
             gym.load_plugins([plugin])
         assert type(gym.make_env({"name": "frozen_lake"})).__module__ == "swift_envs"
         assert type(gym.make_env({}, default="tally")).__name__ == "Tally"

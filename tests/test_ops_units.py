@@ -77,13 +77,13 @@ def test_default_bootstrap_is_the_variable_then_the_recorded_broker_then_9092(
 
 def test_the_cli_resolves_the_default_against_the_state_dir_given(tmp_path: Path, monkeypatch) -> None:
     from rollbus.cli import main
-    from rollbus.topics import TopicsSettings
+    from rollbus.commands.topics import TopicsSettings
 
     monkeypatch.delenv("ROLLBUS_BOOTSTRAP_SERVERS", raising=False)
     record_broker(tmp_path, 1)  # nothing listens on port 1: the error names the address it tried
     seen = []
     found = lambda args: seen.append(TopicsSettings.from_args(args).bootstrap_servers) or 0  # noqa: E731
-    monkeypatch.setattr("rollbus.topics.run", found)
+    monkeypatch.setattr("rollbus.commands.topics.run", found)
     assert main(["topics", "list", "--state-dir", str(tmp_path)]) == 0
     assert main(["topics", "list", "--state-dir", str(tmp_path), "--bootstrap-servers", "b:1"]) == 0
     assert seen == ["127.0.0.1:1", "b:1"]

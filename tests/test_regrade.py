@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from rollbus.bus import Publisher
 from rollbus.codec import Decoded, encode
 from rollbus.grading import GradeResult
-from rollbus.replay import ReadPlan, read
+from rollbus.kafka.bus import Publisher
+from rollbus.kafka.replay import ReadPlan, read
 from rollbus.services.grader import regrade as regrade_module
 from rollbus.services.grader.core import reward_record
 from tests.event_samples import SAMPLES, turn

@@ -10,16 +10,8 @@ import pytest
 from aiokafka import ConsumerRecord
 
 from rollbus.codec import CodecError, decode, encode
-from rollbus.replay import (
-    ReadPlan,
-    add_replay_arguments,
-    event_row,
-    parse_since,
-    plan_from,
-    summarise,
-    table_row,
-    where,
-)
+from rollbus.commands.replay import add_replay_arguments, plan_from, table_row, where
+from rollbus.kafka.replay import ReadPlan, event_row, parse_since, summarise
 from rollbus.tables import TableWriter, cells, header
 from tests.event_samples import AT, SAMPLES, segment
 

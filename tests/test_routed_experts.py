@@ -28,8 +28,8 @@ from rollbus.routed_experts import (
     load,
     narrow,
 )
-from rollbus.segmentation import chain_routes
 from rollbus.services.adapter.turn import routes_start
+from rollbus.services.segmenter.segmentation import chain_routes
 from rollbus.trainer.batch import Group, InvalidSegment, fetch_routes, segment_inputs, validate
 from rollbus.trainer.loss import LossConfig, PolicyForward, SegmentInput, batch_loss
 from rollbus.trainer.metrics import mismatch

@@ -22,7 +22,7 @@ import torch
 
 from rollbus.policy_model import ModelSpec, MoeSpec, random_qwen3_moe
 from rollbus.routed_experts import RoutesRef, RoutesStore, cover, load
-from rollbus.segmentation import chain_routes
+from rollbus.services.segmenter.segmentation import chain_routes
 from rollbus.tokenizer import SpecialIds, load_tokenizer
 from tests.test_adapter_support import (
     ROOT,

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from rollbus.codec import decode
+from rollbus.kafka.topics import topic_name
 from rollbus.routed_experts import RoutesStore
-from rollbus.topics import topic_name
 from rollbus.trainer.learner import Learner
 from rollbus.trainer.service import Trainer
 from tests.test_trainer_service import one_partition_namespace, publish, read_topic, segment, settings

@@ -15,12 +15,12 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaConnectionError
 
-from rollbus.bus import Publisher
 from rollbus.kafka import clients
+from rollbus.kafka.bus import Publisher
+from rollbus.kafka.topics import create_topics, topic_name
 from rollbus.services.sandbox_runner.outcome import AttemptResult, diff_event
 from rollbus.services.sandbox_runner.service import SandboxRunner
 from rollbus.services.sandbox_runner.settings import RunnerSettings
-from rollbus.topics import create_topics, topic_name
 from tests.conftest import unique_namespace
 from tests.runner_support import all_events
 

@@ -25,13 +25,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rollbus.bus import Publisher
 from rollbus.grading.rows import absolute_paths
+from rollbus.kafka.bus import Publisher
+from rollbus.kafka.topics import create_topics, topic_name
 from rollbus.rows import RowKeys, parse_row, tasks_for
 from rollbus.sandbox.bwrap_host import SCRATCH_ROOT
 from rollbus.services.sandbox_runner.main import run_one
 from rollbus.services.sandbox_runner.settings import RunnerSettings
-from rollbus.topics import create_topics, topic_name
 from tests.conftest import TEST_PARTITIONS
 from tests.e2e_support import EXAMPLES, SCRIPTS, Rig, rollout_events
 from tests.runner_support import (

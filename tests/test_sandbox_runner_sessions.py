@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from rollbus.broker import free_port
+from rollbus.kafka.broker import free_port
 from rollbus.services.sandbox_runner.outcome import SESSION_FAILED
 from rollbus.services.sandbox_runner.rollout import AdapterSessions, AttemptFailed
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from rollbus.codec import HEADER, MAGIC, Varints, decode, decode_many, decode_scans, encode, scan, schema
 from rollbus.events import EVENT_TYPES, spec
-from rollbus.segmentation import (
+from rollbus.services.segmenter.segmentation import (
     FACT_KINDS,
     ChainFacts,
     Fact,
@@ -389,7 +389,7 @@ def test_stitching_into_arrays_equals_stitching_into_lists(steps, scope) -> None
 )
 def test_poison_on_the_wire_is_a_codec_error_naming_why(topic, value, key, error) -> None:
     from rollbus.codec import CodecError
-    from rollbus.segmentation import decode_fact
+    from rollbus.services.segmenter.segmentation import decode_fact
 
     if value == "rewards":
         value = encode("reward", simple_rollout("r1").events[-1][1])
@@ -398,7 +398,7 @@ def test_poison_on_the_wire_is_a_codec_error_naming_why(topic, value, key, error
 
 
 def test_a_well_formed_event_becomes_a_fact_with_its_broker_time() -> None:
-    from rollbus.segmentation import decode_fact
+    from rollbus.services.segmenter.segmentation import decode_fact
 
     reward = simple_rollout("r1").events[-1][1]
     fact = decode_fact("ns.rewards", encode("reward", reward), b"r1", 1234)
@@ -436,13 +436,13 @@ def test_a_state_reads_back_as_it_was_written(reward, last_at) -> None:
 @given(rollout=st.text(), attempt=st.text(), chain=st.text(), index=st.integers(-(2**40), 2**40))
 def test_a_body_key_is_the_json_it_always_was(rollout, attempt, chain, index) -> None:
     """Keys already in turn-bodies changelogs must still be found: any characters, any index."""
-    from rollbus.segmentation import body_key
+    from rollbus.services.segmenter.segmentation import body_key
 
     assert body_key(rollout, (attempt, chain, index)) == json.dumps([rollout, attempt, chain, index])
 
 
 def test_ids_with_separator_characters_never_share_a_body_or_session_slot() -> None:
-    from rollbus.segmentation import body_key
+    from rollbus.services.segmenter.segmentation import body_key
 
     assert body_key("r", ("x\x1fy", "z", 0)) != body_key("r", ("x", "y\x1fz", 0))
     first, second = simple_rollout("r\x1fa", attempt="b"), simple_rollout("r", attempt="a\x1fb")

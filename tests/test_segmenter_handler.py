@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from rollbus.codec import decode, encode
-from rollbus.segmentation import RolloutState, Segmenter
 from rollbus.services.segmenter.app import SegmenterHandler
+from rollbus.services.segmenter.segmentation import RolloutState, Segmenter
 from tests.synthetic_rollouts import simple_rollout
 
 EVENT = {"turns": "turn", "sessions": "session", "diffs": "diff", "rewards": "reward"}

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rollbus.services.stack.demo import DemoSettings
-from rollbus.services.stack.runs import (
+from rollbus.demo_runs import (
     NoEarlierRun,
     checkpoint_version,
     last_demo,
@@ -17,6 +16,7 @@ from rollbus.services.stack.runs import (
     record_demo,
     run_line,
 )
+from rollbus.services.stack.demo import DemoSettings
 from rollbus.services.stack.up import StackSettings
 from rollbus.settings import SettingsError
 

@@ -12,9 +12,9 @@ import psutil
 import pytest
 
 from rollbus.kafka.broker import EmbeddedBroker, free_port
+from rollbus.kafka.topics import create_topics, describe, topic_name
 from rollbus.polling import wait_until_async
 from rollbus.services.stack.supervisor import ServiceSpec, StackFailed, Supervisor
-from rollbus.topics import create_topics, describe, topic_name
 
 PY = sys.executable
 # a child that starts a grandchild in its own process group and records both pids

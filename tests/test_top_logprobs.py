@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from rollbus import codec
-from rollbus.bus import Publisher
+from rollbus.kafka.bus import Publisher
 from rollbus.codec.avro import HEADER
 from rollbus.kafka.read import read_partitions
-from rollbus.segmentation import Segmenter
-from rollbus.segmentation.driver import decode_fact
+from rollbus.services.segmenter.segmentation import Segmenter
+from rollbus.services.segmenter.segmentation.driver import decode_fact
 from rollbus.services.adapter.sglang_client import EngineError, SGLangClient, TurnHeaders, parse_generation
 from rollbus.services.engine.policies import SamplePolicy, ScriptedPolicy
 from rollbus.top_logprobs import PAD_ID, BadTopLogprobs, chain_top_logprobs, from_sglang, pack, unpack
@@ -184,7 +184,7 @@ async def test_top_k_goes_through_the_bus_and_a_segment_and_the_trainer_reads_it
 async def _partitions(bootstrap: str, topic: str):
     from aiokafka import TopicPartition
 
-    from rollbus.topics import describe
+    from rollbus.kafka.topics import describe
 
     for p in range((await describe(bootstrap, [topic]))[topic]):
         yield TopicPartition(topic, p)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rollbus.events import EVENTS
-from rollbus.topics import (
+from rollbus.kafka.topics import (
     TOPICS,
     TopicsError,
     dead_letters_for,

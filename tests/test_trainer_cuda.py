@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rollbus.broker import free_port
+from rollbus.kafka.broker import free_port
 from rollbus.trainer.checkpoint import TrainerState
 from rollbus.trainer.device import Placement, autocast, placement
 from rollbus.trainer.expert_precision import cast_experts_under_autocast

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rollbus.codec import decode, encode
 from rollbus.events import spec
-from rollbus.segmentation import FACT_KINDS, Fact, Segmenter
+from rollbus.services.segmenter.segmentation import FACT_KINDS, Fact, Segmenter
 from rollbus.trainer.metrics import MetricsLog, info_count, info_rows
 from tests.synthetic_rollouts import RolloutWriter, simple_rollout
 

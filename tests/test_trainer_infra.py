@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from rollbus import codec
-from rollbus.segmentation import Segmenter
-from rollbus.segmentation.state import Fact
+from rollbus.services.segmenter.segmentation import Segmenter
+from rollbus.services.segmenter.segmentation.state import Fact
 from rollbus.trainer.batch import (
     Admission,
     GroupBuffer,

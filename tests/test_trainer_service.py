@@ -25,10 +25,10 @@ import torch
 from aiokafka import TopicPartition
 from safetensors.torch import load_file
 
-from rollbus.bus import Event, Publisher, decode_message
 from rollbus.kafka import clients
 from rollbus.kafka.broker import free_port
-from rollbus.topics import create_topics, topic_name
+from rollbus.kafka.bus import Event, Publisher, decode_message
+from rollbus.kafka.topics import create_topics, topic_name
 from rollbus.trainer import checkpoint
 from rollbus.trainer.feed import latest_policy_version, push_weights
 from rollbus.trainer.learner import Learner

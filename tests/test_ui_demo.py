@@ -9,10 +9,10 @@ from pathlib import Path
 
 import httpx
 
+from rollbus.demo_runs import record_demo
 from rollbus.kafka.broker import EmbeddedBroker, free_port
+from rollbus.kafka.topics import TOPICS, create_topics, topic_name
 from rollbus.polling import wait_until
-from rollbus.services.stack.runs import record_demo
-from rollbus.topics import TOPICS, create_topics, topic_name
 from tests.segmenter_support import publish
 from tests.service_process import ServiceProcess
 from tests.ui_support import run_events

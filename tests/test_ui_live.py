@@ -9,10 +9,10 @@ import contextlib
 from functools import partial
 
 from rollbus.kafka import clients
+from rollbus.kafka.topics import TOPICS, create_topics, topic_name
 from rollbus.polling import wait_until_async
 from rollbus.services.ui.feed import feed, rebuild
 from rollbus.services.ui.model import ReadModel, overview, step_facts, trained_by
-from rollbus.topics import TOPICS, create_topics, topic_name
 from tests.conftest import unique_namespace
 from tests.segmenter_support import namespace_of, publish
 from tests.ui_support import run_events

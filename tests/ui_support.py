@@ -27,8 +27,8 @@ def task(rollout_id: str, group: str, sample: int) -> dict[str, Any]:
 
 def segments(writer: Any, reward: float, drift: bool, cut_at: int = AT + 1000) -> list[dict[str, Any]]:
     """The segments of ``writer``'s rollout, as the segmenter's fan-out cuts them (record fields as
-    rollbus.segmentation.segment_record writes them); with ``drift``, the last segment's last sampled output
-    keeps its tokens and versions but loses its mask, as a drifted re-rendering does."""
+    rollbus.services.segmenter.segmentation.segment_record writes them); with ``drift``, the last segment's
+    last sampled output keeps its tokens and versions but loses its mask, as a drifted re-rendering does."""
     records = []
     for s in fan_out(writer.expected_chains(), writer.rollout_id, reward):
         mask = list(s.loss_mask)

@@ -1,8 +1,8 @@
 """The trainer's edges: segments in (manual commits), the latest version on ``policy``, weight pushes.
 
-The trainer cannot use :class:`rollbus.bus.EventConsumer`, which commits after each batch: a segment is only
-done once the step that trains its whole group is checkpointed, and segments of incomplete groups may wait
-across many polls. So it tracks positions itself and commits, after each durable checkpoint, the first
+The trainer cannot use :class:`~rollbus.kafka.bus.EventConsumer`, which commits after each batch: a segment is
+only done once the step that trains its whole group is checkpointed, and segments of incomplete groups may
+wait across many polls. So it tracks positions itself and commits, after each durable checkpoint, the first
 offset per partition that still has an untrained segment behind it.
 """
 
@@ -16,8 +16,8 @@ from aiokafka import ConsumerRecord, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 from aiokafka.structs import OffsetAndMetadata
 
-from rollbus.bus import decode_message
 from rollbus.kafka import clients
+from rollbus.kafka.bus import decode_message
 from rollbus.kafka.read import read_partitions
 
 log = logging.getLogger("rollbus.trainer")

@@ -16,7 +16,7 @@ import sys
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from rollbus.topics import TopicsError, check_topics
+from rollbus.kafka.topics import TopicsError, check_topics
 from rollbus.trainer.refill import RefillError, load_refills
 from rollbus.trainer.settings import TrainerSettings
 

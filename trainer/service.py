@@ -33,12 +33,12 @@ from typing import Any
 
 from aiokafka import ConsumerRecord, TopicPartition
 
-from rollbus.bus import Publisher, dead_letter, decode_message
 from rollbus.codec import CodecError
+from rollbus.kafka.bus import Publisher, dead_letter, decode_message
 from rollbus.kafka.read import read_partitions
+from rollbus.kafka.topics import MAX_EVENT_BYTES, dead_letters_for, describe, topic_name
 from rollbus.kafka.watermark import low_watermark
 from rollbus.routed_experts import RoutesStore
-from rollbus.topics import MAX_EVENT_BYTES, dead_letters_for, describe, topic_name
 from rollbus.trainer import checkpoint
 from rollbus.trainer.advantages import has_reward_variance
 from rollbus.trainer.batch import (

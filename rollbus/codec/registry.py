@@ -16,9 +16,10 @@ from fastavro.schema import SchemaParseException
 
 from rollbus.codec.errors import CodecError
 from rollbus.codec.number_arrays import NUMBER_ITEMS
+from rollbus.package_data import data_dir
 
-# the repository's schemas/, through the rollbus/schemas link in a clone and as package data in a wheel
-SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
+# the repository's schemas/: at the top of a clone, package data in a wheel
+SCHEMA_DIR = data_dir("schemas")
 
 
 _HISTORY_NAME = re.compile(r"^(?P<event>\w+)\.v(?P<version>\d+)\.avsc$")

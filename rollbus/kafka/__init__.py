@@ -5,8 +5,10 @@
   only up to its oldest unfinished offset), pure and tested exhaustively;
 * :mod:`~rollbus.kafka.in_flight` is the consumer loop of services whose work outlives many polls;
 * :mod:`~rollbus.kafka.read` reads partitions from their beginning to their current end;
-* :mod:`rollbus.topics` (the topics, their creation and the start-up check) and :mod:`rollbus.bus` (the
-  event publisher and consumer) are built on them;
+* :mod:`~rollbus.kafka.reach` (is a broker there), :mod:`~rollbus.kafka.topics` (the topics, their creation
+  and the start-up check), :mod:`~rollbus.kafka.bus` (the event publisher and consumer) and
+  :mod:`~rollbus.kafka.replay` (events read back for people: the viewer and ``rollbus replay``) are built
+  on them;
 * the embedded broker (:mod:`~rollbus.kafka.broker`): Kafka's jars (pinned by ``pom.xml``), its config
   templates (``server.properties``, ``log4j2.properties``) and :mod:`~rollbus.kafka.runtime`, which fetches
   and prepares them.

@@ -4,10 +4,10 @@ committed is not done again.
 A service that answers each message of a rollout-keyed topic with one message on another (the sandbox runner
 answers a task with a diff, the gym runner with a reward) publishes the answer, then commits. Killed between
 the two, it leaves the message uncommitted; done again, the rollout would be answered twice. Both topics are
-co-partitioned (:mod:`rollbus.topics`) and answers are keyed by rollout id, so the answers to one partition's
-messages all lie in the answer topic's partition of the same number. Read to its end after that partition
-was assigned, it holds every answer a previous owner published: that owner published before it died or gave
-the partition up, so before the assignment.
+co-partitioned (:mod:`~rollbus.kafka.topics`) and answers are keyed by rollout id, so the answers to one
+partition's messages all lie in the answer topic's partition of the same number. Read to its end after that
+partition was assigned, it holds every answer a previous owner published: that owner published before it died
+or gave the partition up, so before the assignment.
 """
 
 from __future__ import annotations

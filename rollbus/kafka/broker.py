@@ -36,9 +36,9 @@ from typing import Any
 
 import psutil
 
+from rollbus.kafka.reach import reachable
 from rollbus.kafka.runtime import BrokerError, adopt_archive, class_data_sharing, fetch, render
 from rollbus.polling import WaitTimeout, wait_until
-from rollbus.reach import reachable
 from rollbus.settings import DEFAULT_STATE_DIR, Field, Settings, shared
 
 DEFAULT_PORT = 9092
@@ -261,8 +261,8 @@ def wait_until_ready(broker: EmbeddedBroker, timeout: float) -> None:
 def answers_metadata(bootstrap_servers: str, timeout: float = 5.0) -> bool:
     """True if a Kafka metadata request succeeds and names at least one broker.
 
-    :func:`rollbus.reach.reachable` on a private event loop in a worker thread, so it is safe to call from
-    sync code whether or not the caller's thread already runs an event loop.
+    :func:`~rollbus.kafka.reach.reachable` on a private event loop in a worker thread, so it is safe to call
+    from sync code whether or not the caller's thread already runs an event loop.
     """
     quiet = logging.getLogger("aiokafka")
     level = quiet.level
@@ -373,12 +373,3 @@ def print_status(broker: EmbeddedBroker) -> int:
     )
     return 0
 
-
-def main(argv: list[str] | None = None) -> int:
-    from rollbus.cli import main as cli_main
-
-    return cli_main(["broker", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

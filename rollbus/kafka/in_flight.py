@@ -22,12 +22,12 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
-from rollbus.bus import Event, Publisher, dead_letter, decode_message
 from rollbus.codec import CodecError
 from rollbus.kafka import clients
 from rollbus.kafka.answered import AnsweredRollouts
+from rollbus.kafka.bus import Event, Publisher, dead_letter, decode_message
+from rollbus.kafka.topics import MAX_EVENT_BYTES, dead_letters_for
 from rollbus.kafka.watermark import OffsetTracker
-from rollbus.topics import MAX_EVENT_BYTES, dead_letters_for
 
 log = logging.getLogger("rollbus.kafka")
 Work = Coroutine[Any, Any, Any]

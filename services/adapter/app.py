@@ -205,7 +205,7 @@ def create_app(
 ) -> FastAPI:
     """The adapter app; without ``tokenizer``/``parse`` the real ones are loaded.
 
-    ``publisher`` is ``rollbus.bus.Publisher`` (started by the caller) or any :class:`BytePublisher`; an
+    ``publisher`` is ``rollbus.kafka.bus.Publisher`` (started by the caller) or any :class:`BytePublisher`; an
     ``http`` client passed in stays the caller's to close. With ``records`` (a reader of the bus, see
     :mod:`rollbus.services.adapter.restore`) the open rollouts are rebuilt from the bus at start.
     """

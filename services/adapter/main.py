@@ -13,9 +13,9 @@ from types import FrameType
 
 import uvicorn
 
+from rollbus.kafka.topics import TopicsError, check_topics
 from rollbus.services.adapter.settings import AdapterSettings
 from rollbus.services.adapter.state import AdapterState
-from rollbus.topics import TopicsError, check_topics
 
 add_arguments = AdapterSettings.add_arguments
 
@@ -27,7 +27,7 @@ def settings_from(args: argparse.Namespace) -> AdapterSettings:
 
 
 async def serve(settings: AdapterSettings) -> None:
-    from rollbus.bus import Publisher
+    from rollbus.kafka.bus import Publisher
     from rollbus.services.adapter.app import create_app
     from rollbus.services.adapter.restore import bus_records
 

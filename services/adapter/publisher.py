@@ -38,7 +38,7 @@ from typing import Any, Protocol
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from rollbus.codec import encode
-from rollbus.topics import dead_letters_for, spec_for, topic_name
+from rollbus.kafka.topics import dead_letters_for, spec_for, topic_name
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ _REPLAYING = "adapter-replaying-*.jsonl"  # spill files taken by a start, delete
 
 
 class BytePublisher(Protocol):
-    """What the adapter needs of ``rollbus.bus.Publisher``: send encoded bytes, return once acknowledged."""
+    """What the adapter needs of ``rollbus.kafka.bus.Publisher``: send encoded bytes, return once
+    acknowledged."""
 
     async def publish_bytes(self, topic: str, value: bytes, *, key: str | bytes | None) -> Any: ...
 

@@ -105,7 +105,7 @@ def read_turns(log: BusLog, records: Iterable[Mapping[str, Any]]) -> None:
 async def bus_records(bootstrap_servers: str) -> Records:
     """A :data:`Records` reader of the real bus (records that do not decode are skipped: not ours)."""
     from rollbus.codec import CodecError
-    from rollbus.replay import ReadPlan, read
+    from rollbus.kafka.replay import ReadPlan, read
 
     async def records(topic: str, since_ms: int | None) -> AsyncIterator[Mapping[str, Any]]:
         plan = ReadPlan(topic, start="beginning" if since_ms is None else "since", since_ms=since_ms or 0)
@@ -118,7 +118,7 @@ async def bus_records(bootstrap_servers: str) -> Records:
 
 async def load(records: Records, namespace: str = "") -> BusLog:
     """Read the bus: every session record, then the turns since the oldest live chain opened."""
-    from rollbus.topics import topic_name
+    from rollbus.kafka.topics import topic_name
 
     log = read_sessions([r async for r in records(topic_name("sessions", namespace), None)])
     since = log.since_ms()

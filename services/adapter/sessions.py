@@ -39,7 +39,7 @@ from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollbus.canonical import History
+from rollbus.services.adapter.canonical import History
 
 MAIN, SUBAGENT, SIDE, UNATTRIBUTED = "main", "subagent", "side", "unattributed"
 TOKEN_PREFIX = "rb1"

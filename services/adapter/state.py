@@ -26,7 +26,7 @@ class AdapterState:
     kit: TurnKit
     tokens: SessionTokens
     sessions: Sessions
-    renderer: Any  # rollbus.canonical.TemplateRenderer, for count_tokens
+    renderer: Any  # rollbus.services.adapter.canonical.TemplateRenderer, for count_tokens
     active: int = 0
     draining: bool = False
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
@@ -76,7 +76,7 @@ def build_state(
     settings: AdapterSettings, publisher: BytePublisher, *, tokenizer: Any, http: Any, parse: Any
 ) -> AdapterState:
     """Load what was not given (tokenizer, parser, HTTP pool) and wire the turn kit."""
-    from rollbus.canonical import CanonicalHistory, RerenderHistory, TemplateRenderer
+    from rollbus.services.adapter.canonical import CanonicalHistory, RerenderHistory, TemplateRenderer
     from rollbus.tokenizer import SpecialIds, load_tokenizer
 
     if tokenizer is None:

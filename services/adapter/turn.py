@@ -22,7 +22,6 @@ from typing import Any
 
 from rollbus.markup import ContentFormsMarkup
 from rollbus.routed_experts import RoutesError, RoutesStore, from_sglang
-from rollbus.segmentation import AMBIGUOUS
 from rollbus.services.adapter import records, response
 from rollbus.services.adapter.anthropic import Message
 from rollbus.services.adapter.errors import invalid_request, prompt_too_long, unauthenticated, upstream_failed
@@ -38,7 +37,7 @@ from rollbus.services.adapter.sglang_client import (
     TurnHeaders,
 )
 from rollbus.services.adapter.translate import ChatPrompt, assistant_message
-from rollbus.trajectory import Turn
+from rollbus.trajectory import AMBIGUOUS, Turn
 from rollbus.turn_log import prompt_reference
 
 log = logging.getLogger(__name__)
@@ -89,7 +88,8 @@ class TurnKit:
 
 @dataclass
 class Prepared:
-    """A planned turn: the prompt (``rollbus.canonical.PromptPlan``) and how much it may generate."""
+    """A planned turn: the prompt (``rollbus.services.adapter.canonical.PromptPlan``) and how much it may
+    generate."""
 
     plan: Any
     message_id: str

@@ -20,13 +20,13 @@ import signal
 
 from aiokafka.errors import KafkaError
 
-from rollbus.bus import Event, EventConsumer, EventTooLarge, PermanentError, Publisher
+from rollbus.kafka.bus import Event, EventConsumer, EventTooLarge, PermanentError, Publisher
+from rollbus.kafka.topics import TopicsError, check_topics, topic_name
 from rollbus.sandbox import bwrap_usable
 from rollbus.sandbox.scratch import GRADE_SCRATCH_PREFIX, sweep_scratch
 from rollbus.services.grader.core import grade_diff, reward_record, without_bulk
 from rollbus.services.grader.first_diffs import FirstDiffs
 from rollbus.services.grader.settings import GraderSettings
-from rollbus.topics import TopicsError, check_topics, topic_name
 
 log = logging.getLogger("rollbus.grader")
 add_arguments = GraderSettings.add_arguments

@@ -24,15 +24,15 @@ from aiokafka import ConsumerRecord
 from aiokafka.errors import KafkaError
 from pydantic import Field
 
-from rollbus.bus import EventTooLarge, Publisher
 from rollbus.codec import CodecError, Decoded, encode
-from rollbus.reach import BrokerUnreachable, quiet_kafka_logs
-from rollbus.replay import ReadPlan, read
+from rollbus.kafka.bus import EventTooLarge, Publisher
+from rollbus.kafka.reach import BrokerUnreachable, quiet_kafka_logs
+from rollbus.kafka.replay import ReadPlan, read
+from rollbus.kafka.topics import TopicsError, check_topics, create_fresh, spec_for, topic_name
 from rollbus.services.grader.changes import Ledger, report_lines
 from rollbus.services.grader.core import grade_diff, reward_record, without_bulk
 from rollbus.services.grader.settings import DiffGrading
 from rollbus.settings import BusSettings
-from rollbus.topics import TopicsError, check_topics, create_fresh, spec_for, topic_name
 
 
 class RegradeSettings(DiffGrading, BusSettings):

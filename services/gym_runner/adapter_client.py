@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from rollbus.gym import ContextFull, Message, ModelCall, ModelError, Reply
+from rollbus.services.gym_runner.gym import ContextFull, Message, ModelCall, ModelError, Reply
 
 BUSY = (429, 503, 529)
 

@@ -23,14 +23,15 @@ from typing import Any
 import httpx
 from aiokafka.errors import KafkaConnectionError
 
-from rollbus.bus import Event, Publisher
-from rollbus.gym import GymConfigError, context_managers, envs, load_builtins, load_plugins
+import rollbus.services.gym_runner.envs  # noqa: F401  (registers the built-ins before any plugin: a plugin may replace one)
+from rollbus.kafka.bus import Event, Publisher
 from rollbus.kafka.in_flight import InFlightConsumer
+from rollbus.kafka.topics import TopicsError, check_topics, topic_name
 from rollbus.services.gym_runner.adapter_client import AdapterClient
+from rollbus.services.gym_runner.gym import GymConfigError, context_managers, envs, load_plugins
 from rollbus.services.gym_runner.runner import GymRunner
 from rollbus.services.gym_runner.settings import GymRunnerSettings
 from rollbus.settings import SettingsError
-from rollbus.topics import TopicsError, check_topics, topic_name
 
 log = logging.getLogger("rollbus.gym_runner")
 add_arguments = GymRunnerSettings.add_arguments
@@ -41,7 +42,6 @@ def run(args: argparse.Namespace) -> int:
     if settings.admin_token is None:
         raise SettingsError("--admin-token: required (the adapter's admin token, to open sessions)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    load_builtins()  # first: a plugin registering a built-in's name replaces it (and the log says so)
     try:
         load_plugins(settings.plugin_paths())
     except GymConfigError as exc:
@@ -70,7 +70,6 @@ async def _main(settings: GymRunnerSettings) -> None:
 
 async def serve(settings: GymRunnerSettings, stop: asyncio.Event) -> None:
     """Consume tasks until ``stop`` is set, then drain (see the module docstring)."""
-    load_builtins()
     ns = settings.namespace
     assert settings.admin_token is not None
     timeout = httpx.Timeout(settings.request_timeout, connect=10.0)

@@ -1,9 +1,10 @@
 """One gym task -> attempts -> one ``reward`` record (and the turns the adapter recorded on the way).
 
 Per attempt: make the env from the row (a bad ``env_config`` fails the task at once as ``bad_env_config``,
-never retried), open an adapter session, run the episode (:func:`rollbus.gym.run_episode` closes the env on
-every path), close the session (also on every path). ``model_error`` and ``timeout`` are retried with a new
-attempt id while attempts remain; the other ends are final. The reward record says how it ended:
+never retried), open an adapter session, run the episode (:func:`rollbus.services.gym_runner.gym.run_episode`
+closes the env on every path), close the session (also on every path). ``model_error`` and ``timeout`` are
+retried with a new attempt id while attempts remain; the other ends are final. The reward record says how it
+ended:
 
 * ``reward`` = sum of ``step_rewards`` (ms-swift's trajectory reward), ``infos`` = reset's info then each
   step's, ``failure_kind`` = None for done / max_turns / length, else ``bad_env_config``, ``adapter_error``,
@@ -25,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollbus.failures import failure_class
-from rollbus.gym import (
+from rollbus.services.gym_runner.adapter_client import AdapterClient, AdapterError
+from rollbus.services.gym_runner.gym import (
     BAD_ENV_CONFIG,
     REQUEST_FIELDS,
     Episode,
@@ -37,7 +39,6 @@ from rollbus.gym import (
     parse_config,
     run_episode,
 )
-from rollbus.services.gym_runner.adapter_client import AdapterClient, AdapterError
 from rollbus.services.gym_runner.settings import GymRunnerSettings
 
 log = logging.getLogger(__name__)

@@ -21,10 +21,10 @@ from typing import Any
 from aiokafka.errors import KafkaError
 from pydantic import Field
 
-from rollbus.bus import Publisher
-from rollbus.gym import GymConfigError, parse_config
+from rollbus.kafka.bus import Publisher
+from rollbus.kafka.topics import topic_name
+from rollbus.services.gym_runner.gym import GymConfigError, parse_config
 from rollbus.settings import BusSettings
-from rollbus.topics import topic_name
 
 
 class GymSubmitSettings(BusSettings):

@@ -16,12 +16,12 @@ from typing import Any
 
 from aiokafka.errors import KafkaError
 
+from rollbus.kafka.topics import TopicsError, check_topics
 from rollbus.sandbox import bwrap_usable
 from rollbus.services.sandbox_runner.outcome import diff_event
 from rollbus.services.sandbox_runner.rollout import AdapterSessions, RunnerKit, run_task
 from rollbus.services.sandbox_runner.service import SandboxRunner
 from rollbus.services.sandbox_runner.settings import RunnerSettings
-from rollbus.topics import TopicsError, check_topics
 
 log = logging.getLogger("rollbus.sandbox_runner")
 add_arguments = RunnerSettings.add_arguments

@@ -17,13 +17,13 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from rollbus.bus import Event, Publisher
+from rollbus.kafka.bus import Event, Publisher
 from rollbus.kafka.in_flight import InFlightConsumer
+from rollbus.kafka.topics import topic_name
 from rollbus.services.sandbox_runner.outcome import AttemptResult, diff_event
 from rollbus.services.sandbox_runner.rerun import rerun_task
 from rollbus.services.sandbox_runner.rollout import AdapterSessions, RunnerKit, run_task
 from rollbus.services.sandbox_runner.settings import RunnerSettings
-from rollbus.topics import topic_name
 
 log = logging.getLogger("rollbus.sandbox_runner")
 PUBLISH_TRIES = 5

@@ -17,11 +17,11 @@ from typing import Literal
 from aiokafka.errors import KafkaError
 from pydantic import Field
 
-from rollbus.bus import Publisher
+from rollbus.kafka.bus import Publisher
+from rollbus.kafka.topics import topic_name
 from rollbus.rows import Row, RowError, RowKeys, read_dataset, tasks_for
 from rollbus.settings import BusSettings
 from rollbus.task_formats.common import FormatError
-from rollbus.topics import topic_name
 
 TaskFormat = Literal["rollbus", "swebench", "swepro", "harbor"]
 

@@ -4,11 +4,11 @@ Why it is shaped like this (Faust facts it respects):
 
 * ``Stream.join`` is not implemented, so one agent (concurrency 1, the only writer of the tables) reads
   ``turns``, ``sessions``, ``diffs``, ``rewards`` and an internal ``segmenter-ticks`` topic, and drives
-  :class:`rollbus.segmentation.Segmenter`, the same state machine ``rollbus rebuild segments`` and the
-  tests use. ``rollouts`` (rollout id -> small JSON state) is the state machine; ``turn-bodies`` holds each
-  trainable turn once, as the bytes published (the prompt-reference encoding), so changelog bytes grow
-  with tokens, not with their square. Values are always assigned whole; bodies are deleted once the
-  rollout's segments are out.
+  :class:`rollbus.services.segmenter.segmentation.Segmenter`, the same state machine ``rollbus rebuild
+  segments`` and the tests use. ``rollouts`` (rollout id -> small JSON state) is the state machine;
+  ``turn-bodies`` holds each trainable turn once, as the bytes published (the prompt-reference encoding), so
+  changelog bytes grow with tokens, not with their square. Values are always assigned whole; bodies are
+  deleted once the rollout's segments are out.
 * Faust writes a table change to the changelog partition of the event being processed; every input has
   the same partition count and murmur2 keys by rollout id, so a rollout's state, bodies and events share
   one partition number everywhere, and a rebalanced or restarted worker recovers exactly its rollouts.
@@ -39,12 +39,12 @@ from typing import Any
 
 import faust
 
-from rollbus.bus import dead_letter
 from rollbus.codec import CodecError, encode
-from rollbus.segmentation import Handled, Segmenter, decode_fact
+from rollbus.kafka.bus import dead_letter
+from rollbus.kafka.topics import DEAD_LETTER_MAX_BYTES, MAX_EVENT_BYTES, dead_letters_for, topic_name
 from rollbus.services.segmenter import upstream_fixes
+from rollbus.services.segmenter.segmentation import Handled, Segmenter, decode_fact
 from rollbus.services.segmenter.settings import SegmenterSettings
-from rollbus.topics import DEAD_LETTER_MAX_BYTES, MAX_EVENT_BYTES, dead_letters_for, topic_name
 
 log = logging.getLogger("rollbus.segmenter")
 SERVICE = "segmenter"

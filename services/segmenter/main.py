@@ -15,10 +15,10 @@ from aiokafka.admin import NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from rollbus.kafka import clients
+from rollbus.kafka.topics import TopicsError, check_topics, describe, spec_for, topic_name, wait_visible
 from rollbus.services.segmenter.app import TICKS, build_app, internal_topics
 from rollbus.services.segmenter.settings import SegmenterSettings
 from rollbus.services.segmenter.upstream_fixes import UnprovenUpstream, check_versions
-from rollbus.topics import TopicsError, check_topics, describe, spec_for, topic_name, wait_visible
 
 add_arguments = SegmenterSettings.add_arguments
 

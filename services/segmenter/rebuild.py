@@ -3,10 +3,10 @@
 Event sourcing's promise, kept: ``segments`` is derived data. This reads ``turns``, ``sessions``, ``diffs``,
 ``rewards`` and the segmenter's ``segmenter-ticks`` from the beginning to their current ends, one partition
 number at a time: each partition's topics, merged by broker timestamp (each topic keeping its own order, as
-the live worker sees it), stream through :class:`rollbus.segmentation.Segmenter` over plain dicts, and the
-segments go to a fresh topic as they are cut, so memory holds one partition's rollouts, never the whole log.
-Segment ids and contents are deterministic, so the result equals the live topic after deduplication by id,
-whatever crashes the live segmenter went through.
+the live worker sees it), stream through :class:`rollbus.services.segmenter.segmentation.Segmenter` over plain
+dicts, and the segments go to a fresh topic as they are cut, so memory holds one partition's rollouts, never
+the whole log. Segment ids and contents are deterministic, so the result equals the live topic after
+deduplication by id, whatever crashes the live segmenter went through.
 """
 
 from __future__ import annotations
@@ -22,13 +22,10 @@ from typing import Any
 from aiokafka import TopicPartition
 from pydantic import Field
 
-from rollbus.bus import Publisher
 from rollbus.codec import CodecError
+from rollbus.kafka.bus import Publisher
 from rollbus.kafka.read import read_merged
-from rollbus.segmentation import Segmenter, decode_fact
-from rollbus.services.segmenter.app import INPUTS, TICKS
-from rollbus.services.segmenter.settings import SegmenterSettings
-from rollbus.topics import (
+from rollbus.kafka.topics import (
     MAX_EVENT_BYTES,
     TopicsError,
     check_topics,
@@ -37,6 +34,9 @@ from rollbus.topics import (
     spec_for,
     topic_name,
 )
+from rollbus.services.segmenter.app import INPUTS, TICKS
+from rollbus.services.segmenter.segmentation import Segmenter, decode_fact
+from rollbus.services.segmenter.settings import SegmenterSettings
 
 
 class RebuildSettings(SegmenterSettings):

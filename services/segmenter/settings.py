@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from rollbus.segmentation import Options
+from rollbus.services.segmenter.segmentation import Options
 from rollbus.settings import BusSettings
 
 

@@ -31,8 +31,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from rollbus.demo_runs import NoEarlierRun, record_demo
 from rollbus.services.stack.progress import Progress, watch
-from rollbus.services.stack.runs import NoEarlierRun, record_demo
 from rollbus.services.stack.settings import DemoSettings
 from rollbus.services.stack.supervisor import Supervisor
 from rollbus.services.stack.up import Stack, running_stack

@@ -17,7 +17,7 @@ from typing import Any
 from rollbus.codec import CodecError, decode
 from rollbus.failures import INFRASTRUCTURE
 from rollbus.kafka import clients
-from rollbus.topics import topic_name
+from rollbus.kafka.topics import topic_name
 
 WATCHED = ("tasks", "turns", "diffs", "rewards", "segments", "policy")
 

@@ -8,10 +8,11 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from rollbus.services.stack.runs import last_demo, new_demo_namespace
+from rollbus.demo_runs import last_demo, new_demo_namespace
+from rollbus.package_data import data_dir
 from rollbus.settings import BusSettings, shared
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = data_dir("examples")
 
 
 class StackSettings(BusSettings):

@@ -7,7 +7,7 @@ pushes its first weights to, is ready); a crashed service
 is restarted with backoff, and a dead embedded broker is started again on its data and port (the services
 that died with it restart once it answers); Ctrl-C (or SIGTERM) stops everything, also during start-up,
 leaving no process behind. Started again on the same state dir and namespace it continues that run, and
-says so (:mod:`rollbus.services.stack.runs`).
+says so (:mod:`rollbus.demo_runs`).
 
 Secrets (the engine's API key, the adapter's admin token and signing key) are made per run and handed to the
 services that need them through their variables, never on a command line (``ps`` shows those) and never to a
@@ -26,12 +26,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rollbus.demo_runs import checkpoint_version, run_line
 from rollbus.kafka.broker import EmbeddedBroker, free_port
+from rollbus.kafka.topics import TOPICS, create_topics
 from rollbus.policy_model import MoeSpec
-from rollbus.services.stack.runs import checkpoint_version, run_line
 from rollbus.services.stack.settings import EXAMPLES, StackSettings, plugin_paths
 from rollbus.services.stack.supervisor import ServiceSpec, Supervisor
-from rollbus.topics import TOPICS, create_topics
 
 MODEL = "rollbus-engine"
 log = logging.getLogger("rollbus.up")

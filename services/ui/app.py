@@ -22,10 +22,10 @@ from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
-from rollbus.replay import parse_since
+from rollbus.kafka.replay import parse_since
+from rollbus.kafka.topics import TOPICS
 from rollbus.services.ui import views
 from rollbus.services.ui.model import ReadModel, overview, policy_offset, step_facts, throughput, trained_by
-from rollbus.topics import TOPICS
 
 HERE = Path(__file__).resolve().parent
 STEP_KEYS = ("step", "version", "rollouts", "reward_mean", "solve_rate", "tokens_trained", "masked_fraction",

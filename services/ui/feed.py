@@ -1,8 +1,8 @@
 """The edge: read every rollbus topic of a namespace into the read model, from the beginning, then follow.
 
-Reading goes through :func:`rollbus.replay.read`: no consumer group, partitions assigned, nothing committed,
-so the UI can start at any time, disturb no service, and catch up. A topic created after the UI started is
-read from its beginning once it appears (:mod:`rollbus.services.ui.topic_watch`).
+Reading goes through :func:`~rollbus.kafka.replay.read`: no consumer group, partitions assigned, nothing
+committed, so the UI can start at any time, disturb no service, and catch up. A topic created after the UI
+started is read from its beginning once it appears (:mod:`rollbus.services.ui.topic_watch`).
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from collections.abc import Callable
 from aiokafka import ConsumerRecord
 
 from rollbus.codec import CodecError, Decoded
-from rollbus.reach import BrokerUnreachable
-from rollbus.replay import ReadPlan, read
+from rollbus.kafka.reach import BrokerUnreachable
+from rollbus.kafka.replay import ReadPlan, read
+from rollbus.kafka.topics import TOPICS, topic_name
 from rollbus.services.ui.model import Entry, ReadModel, base_topic
 from rollbus.services.ui.topic_watch import TOPIC_POLL_S, TopicWatch
-from rollbus.topics import TOPICS, topic_name
 
 RETRY_S = 5.0  # seconds between tries while no broker answers
 

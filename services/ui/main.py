@@ -45,7 +45,7 @@ def say(line: str) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from rollbus.reach import quiet_kafka_logs
+    from rollbus.kafka.reach import quiet_kafka_logs
     from rollbus.services.ui.app import Pages, create_app
     from rollbus.services.ui.feed import feed
     from rollbus.services.ui.model import ReadModel
@@ -82,8 +82,8 @@ def decoder(tokenizer: str) -> Callable[[list[int]], str] | None:
 
 def open_demo(settings: UiSettings, stack: ExitStack) -> tuple[str, str]:
     """The demo's broker (started here if it is not running) and its namespace."""
+    from rollbus.demo_runs import NoEarlierRun, last_demo
     from rollbus.kafka.broker import EmbeddedBroker, free_port
-    from rollbus.services.stack.runs import NoEarlierRun, last_demo
 
     state = settings.state_dir / "up"
     try:

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollbus.topics import DEAD_LETTERS, split_name
+from rollbus.kafka.topics import DEAD_LETTERS, split_name
 
 
 @dataclass(frozen=True)

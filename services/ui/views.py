@@ -13,7 +13,7 @@ from html import escape
 from itertools import groupby, islice
 from typing import Any
 
-from rollbus.replay import SUMMARY_EDGE, summarise
+from rollbus.kafka.replay import SUMMARY_EDGE, summarise
 from rollbus.services.ui.model import Entry, ReadModel, Rollout, drift_masked_tokens, trained_tokens
 
 TRAINED, DRIFT, CONTEXT = "trained", "drift", "ctx"  # sampled and trained / sampled, masked / never sampled

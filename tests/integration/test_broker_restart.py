@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from rollbus.bus import Publisher
 from rollbus.kafka.broker import BrokerError, EmbeddedBroker, free_port
-from rollbus.replay import ReadPlan, read
-from rollbus.topics import create_topics
+from rollbus.kafka.bus import Publisher
+from rollbus.kafka.replay import ReadPlan, read
+from rollbus.kafka.topics import create_topics
 from tests.event_samples import SAMPLES
 
 pytestmark = pytest.mark.kafka
@@ -36,7 +36,8 @@ def cli(state_dir: Path, port: int, action: str) -> subprocess.CompletedProcess[
     command = [
         sys.executable,
         "-m",
-        "rollbus.kafka.broker",
+        "rollbus",
+        "broker",
         action,
         "--state-dir",
         str(state_dir),

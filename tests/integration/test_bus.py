@@ -9,10 +9,10 @@ import uuid
 import pytest
 from aiokafka import TopicPartition
 
-from rollbus.bus import Event, EventConsumer, EventTooLarge, Publisher, key_for
 from rollbus.codec import decode
 from rollbus.events import EVENTS
 from rollbus.kafka import clients
+from rollbus.kafka.bus import Event, EventConsumer, EventTooLarge, Publisher, key_for
 from tests.event_samples import SAMPLES
 
 pytestmark = pytest.mark.kafka

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from rollbus.bus import Publisher
 from rollbus.config import recorded_bootstrap
 from rollbus.kafka.broker import free_port
+from rollbus.kafka.bus import Publisher
 from tests.event_samples import SAMPLES
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,8 +6,8 @@ import uuid
 
 import pytest
 
-from rollbus.bus import Event, EventConsumer, PermanentError, Publisher
 from rollbus.codec import HEADER, decode, encode
+from rollbus.kafka.bus import Event, EventConsumer, PermanentError, Publisher
 from tests.event_samples import SAMPLES
 from tests.integration.test_bus import drain, read_raw
 

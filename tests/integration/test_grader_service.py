@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 
-from rollbus.bus import Event, Publisher
 from rollbus.codec import decode
 from rollbus.grading import absolute_paths
 from rollbus.kafka import clients
+from rollbus.kafka.bus import Event, Publisher
+from rollbus.kafka.topics import describe
 from rollbus.services.grader.main import DiffGrader, serve
 from rollbus.services.grader.settings import GraderSettings
-from rollbus.topics import describe
 from tests.integration.test_bus import read_raw
 from tests.test_grading_swe_mini import CHEATS, SWE_MINI, load_build
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from rollbus.bus import Publisher
+from rollbus.kafka.bus import Publisher
+from rollbus.kafka.replay import key_partition
 from rollbus.kafka.runtime import fetch
-from rollbus.replay import key_partition
 from tests.conftest import TEST_PARTITIONS
 from tests.event_samples import SAMPLES
 

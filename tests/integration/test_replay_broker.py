@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from rollbus.bus import Publisher
-from rollbus.replay import ReadPlan, read
+from rollbus.kafka.bus import Publisher
+from rollbus.kafka.replay import ReadPlan, read
 from tests.event_samples import SAMPLES
 
 pytestmark = pytest.mark.kafka

@@ -16,9 +16,9 @@ import sys
 
 import pytest
 
-from rollbus.bus import Publisher
 from rollbus.kafka import clients
-from rollbus.segmentation import segment_id
+from rollbus.kafka.bus import Publisher
+from rollbus.services.segmenter.segmentation import segment_id
 from tests.segmenter_support import (
     SegmenterProcess,
     namespace_of,

@@ -8,7 +8,7 @@ import pytest
 from aiokafka.admin import NewTopic
 
 from rollbus.kafka import clients
-from rollbus.topics import create_topics, topic_name
+from rollbus.kafka.topics import create_topics, topic_name
 from tests.conftest import TEST_PARTITIONS, unique_namespace
 
 

@@ -11,7 +11,7 @@ from aiokafka.admin import NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from rollbus.kafka import clients
-from rollbus.topics import TOPICS, TopicsError, check_topics, create_topics, topic_name
+from rollbus.kafka.topics import TOPICS, TopicsError, check_topics, create_topics, topic_name
 from tests.conftest import TEST_PARTITIONS, unique_namespace
 
 pytestmark = pytest.mark.kafka

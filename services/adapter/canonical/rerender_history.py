@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rollbus.canonical.echo import AssistantMessage, normalise_assistant, tool_defaults
-from rollbus.canonical.history import Message, PromptPlan, StalePlan
-from rollbus.canonical.render import TemplateRenderer, default_stop_ids
+from rollbus.services.adapter.canonical.echo import AssistantMessage, normalise_assistant, tool_defaults
+from rollbus.services.adapter.canonical.history import Message, PromptPlan, StalePlan
+from rollbus.services.adapter.canonical.render import TemplateRenderer, default_stop_ids
 from rollbus.trajectory import FrozenChain, SegmentKind, Turn
 
 

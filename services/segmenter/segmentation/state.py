@@ -24,9 +24,6 @@ Status = Literal["open", "emitted", "aborted", "dead"]
 TRAINABLE = ("main", "subagent")
 
 
-AMBIGUOUS = "ambiguous"  # a chain's end reason when its origin is unproven: it never trains
-
-
 FACT_KINDS: dict[str, FactKind] = {
     "turns": "turn",
     "sessions": "session",

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rollbus.canonical.history import Message
+Message = dict[str, Any]  # one chat message as the client sent it (role, content, tool calls ...)
 
 
 @dataclass(frozen=True)

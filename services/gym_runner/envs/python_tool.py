@@ -22,9 +22,14 @@ from typing import Any
 
 import sympy
 
-from rollbus.gym import Env, RolloutInferRequest, register_env
-from rollbus.gym_envs.answers import extract_answer, last_assistant, message_text, parse_rational
 from rollbus.sandbox.limits import MIB, Limits
+from rollbus.services.gym_runner.envs.answers import (
+    extract_answer,
+    last_assistant,
+    message_text,
+    parse_rational,
+)
+from rollbus.services.gym_runner.gym import Env, RolloutInferRequest, register_env
 
 SYSTEM = (
     "You answer computation questions. You may run Python with the `python` tool (print what you need); "

@@ -12,8 +12,8 @@ import random
 import re
 from typing import Any
 
-from rollbus.gym import Env, RolloutInferRequest, register_env
-from rollbus.gym_envs.answers import last_assistant, message_text
+from rollbus.services.gym_runner.envs.answers import last_assistant, message_text
+from rollbus.services.gym_runner.gym import Env, RolloutInferRequest, register_env
 
 DEFAULT_MAP = ("SFFF", "FHFH", "FFFH", "HFFG")
 MOVES = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}

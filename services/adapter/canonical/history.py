@@ -1,19 +1,16 @@
 """What a history is: the plan it hands out for one request, and the Protocol both kinds implement
-(:class:`~rollbus.canonical.canonical_history.CanonicalHistory`,
-:class:`~rollbus.canonical.rerender_history.RerenderHistory`), so a caller never asks which it has."""
+(:class:`~rollbus.services.adapter.canonical.canonical_history.CanonicalHistory`,
+:class:`~rollbus.services.adapter.canonical.rerender_history.RerenderHistory`), so a caller never asks which
+it has."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Protocol
 
+from rollbus.services.adapter.canonical.echo import AssistantMessage, Message
 from rollbus.trajectory import FrozenChain, SegmentKind, Turn
-
-if TYPE_CHECKING:
-    from rollbus.canonical.echo import AssistantMessage
-
-Message = dict[str, Any]
 
 
 class StalePlan(ValueError):
@@ -24,7 +21,8 @@ class StalePlan(ValueError):
 class PromptPlan:
     """What to send for one request, and how it relates to the chain; commit it after sampling.
 
-    ``reason`` says why a new chain starts (:mod:`rollbus.canonical` lists them); None when it continues.
+    ``reason`` says why a new chain starts (:mod:`rollbus.services.adapter.canonical` lists them); None
+    when it continues.
     """
 
     prompt_ids: list[int]

@@ -11,8 +11,15 @@ from collections.abc import Mapping
 from typing import Any, get_args
 
 from rollbus.failures import INFRASTRUCTURE
-from rollbus.segmentation.state import AMBIGUOUS, TRAINABLE, ChainFacts, Conflict, Fact, RolloutState, Step
-from rollbus.trajectory import LossScope
+from rollbus.services.segmenter.segmentation.state import (
+    TRAINABLE,
+    ChainFacts,
+    Conflict,
+    Fact,
+    RolloutState,
+    Step,
+)
+from rollbus.trajectory import AMBIGUOUS, LossScope
 from rollbus.turn_log import (
     ConflictingTurn,
     TurnKey,

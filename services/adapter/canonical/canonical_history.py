@@ -1,5 +1,6 @@
 """The canonical history: each prompt is the chain's exact token stream plus the rendering of the new
-messages only (see :mod:`rollbus.canonical` for why, and for the reasons a new chain starts)."""
+messages only (see :mod:`rollbus.services.adapter.canonical` for why, and for the reasons a new chain
+starts)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollbus.canonical.echo import AssistantMessage, ToolDefaults, normalise_assistant, tool_defaults
-from rollbus.canonical.history import Message, PromptPlan, StalePlan
-from rollbus.canonical.render import TemplateRenderer, WindowCheckFailed, default_stop_ids
+from rollbus.services.adapter.canonical.echo import (
+    AssistantMessage,
+    ToolDefaults,
+    normalise_assistant,
+    tool_defaults,
+)
+from rollbus.services.adapter.canonical.history import Message, PromptPlan, StalePlan
+from rollbus.services.adapter.canonical.render import TemplateRenderer, WindowCheckFailed, default_stop_ids
 from rollbus.trajectory import FrozenChain, SegmentKind, Turn
 
 # ---------------------------------------------------------------- compact token storage

@@ -8,8 +8,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rollbus.routed_experts import RoutesRef, cover
-from rollbus.segmentation.merge import infrastructure_failed
-from rollbus.segmentation.state import TRAINABLE, RolloutState
+from rollbus.services.segmenter.segmentation.merge import infrastructure_failed
+from rollbus.services.segmenter.segmentation.state import TRAINABLE, RolloutState
 from rollbus.top_logprobs import chain_top_logprobs
 from rollbus.trajectory import ChainTokens, FrozenChain, LossScope, Segment, fan_out, trains
 from rollbus.turn_log import (

@@ -20,10 +20,11 @@ falling back to the runner's ``--gym-env`` / ``--context-manager``. ``--external
 user module (its folder importable) that registers more, with ``envs["x"] = MyEnv`` as in ms-swift or with
 :func:`register_env`; loaded after the built-ins, a plugin's name wins over a built-in's.
 
-ms-swift compatibility: an env written for ms-swift runs with its imports changed to ``rollbus.gym``. The
-request is ms-swift's :class:`RolloutInferRequest` (``data_dict`` = the row's columns other than the
-request's own, as ms-swift builds it); ``step`` sees each reply as ms-swift's engine decodes it, the
-reasoning inside ``content`` as ``<think>...</think>`` (the adapter splits it into ``reasoning_content``);
+ms-swift compatibility: an env written for ms-swift runs with its imports changed to
+``rollbus.services.gym_runner.gym``. The request is ms-swift's :class:`RolloutInferRequest` (``data_dict`` =
+the row's columns other than the request's own, as ms-swift builds it); ``step`` sees each reply as ms-swift's
+engine decodes it, the reasoning inside ``content`` as ``<think>...</think>`` (the adapter splits it into
+``reasoning_content``);
 any class with ``reset`` and ``step`` (async or not) is an env, ``close`` optional.
 
 Extensions over ms-swift's signature, both optional: ``Env.tools`` (OpenAI function tools offered on every
@@ -149,11 +150,6 @@ def _registrar(registry: dict[str, Any], name: str, methods: tuple[str, ...]) ->
 
 def _missing(obj: Any, methods: tuple[str, ...]) -> list[str]:
     return [m for m in methods if not callable(getattr(obj, m, None))]
-
-
-def load_builtins() -> None:
-    """Register the built-in envs and context managers (imported on demand: sympy is not free)."""
-    import rollbus.gym_envs  # noqa: F401
 
 
 def load_plugins(paths: Sequence[str | Path]) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rollbus.canonical.history import Message
 from rollbus.markup import Markup, Shielded
+from rollbus.services.adapter.canonical.history import Message
 
 # Stands in for the last assistant turn when rendering new messages: never appears in real text.
 WINDOW_MARKER = "\u2063rollbus-window-\u2063"

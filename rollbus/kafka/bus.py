@@ -30,7 +30,7 @@ from aiokafka.structs import OffsetAndMetadata, RecordMetadata
 from rollbus.codec import CodecError, decode, encode
 from rollbus.events import POLICY_KEY
 from rollbus.kafka import clients
-from rollbus.topics import DEAD_LETTER_MAX_BYTES, MAX_EVENT_BYTES, dead_letters_for, spec_for
+from rollbus.kafka.topics import DEAD_LETTER_MAX_BYTES, MAX_EVENT_BYTES, dead_letters_for, spec_for
 
 Key = str | bytes | None
 

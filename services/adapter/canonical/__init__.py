@@ -32,17 +32,22 @@ Usage (one :class:`CanonicalHistory` per agent thread: the main agent, each sub-
                           assistant_message)      # the message we parsed and sent back
 """
 
-from rollbus.canonical.canonical_history import CanonicalHistory, TokenSlice
-from rollbus.canonical.echo import (
+from rollbus.services.adapter.canonical.canonical_history import CanonicalHistory, TokenSlice
+from rollbus.services.adapter.canonical.echo import (
     AssistantMessage,
     ToolDefaults,
     canonical_json,
     normalise_assistant,
     tool_defaults,
 )
-from rollbus.canonical.history import History, Message, PromptPlan, StalePlan
-from rollbus.canonical.render import WINDOW_MARKER, TemplateRenderer, WindowCheckFailed, default_stop_ids
-from rollbus.canonical.rerender_history import RerenderHistory
+from rollbus.services.adapter.canonical.history import History, Message, PromptPlan, StalePlan
+from rollbus.services.adapter.canonical.render import (
+    WINDOW_MARKER,
+    TemplateRenderer,
+    WindowCheckFailed,
+    default_stop_ids,
+)
+from rollbus.services.adapter.canonical.rerender_history import RerenderHistory
 
 __all__ = [
     "WINDOW_MARKER", "AssistantMessage", "CanonicalHistory", "History", "Message", "PromptPlan",

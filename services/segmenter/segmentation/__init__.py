@@ -23,7 +23,7 @@ finished rollout is dead-lettered instead of silently starting a second life. A 
 open state's size.
 """
 
-from rollbus.segmentation.completion import (
+from rollbus.services.segmenter.segmentation.completion import (
     chain_routes,
     complete,
     cut,
@@ -34,10 +34,16 @@ from rollbus.segmentation.completion import (
     segment_id,
     segment_record,
 )
-from rollbus.segmentation.driver import Handled, Options, Segmenter, WrongKey, body_key, decode_fact
-from rollbus.segmentation.merge import apply, fingerprint, kill, reward_loss_scope, seal
-from rollbus.segmentation.state import (
-    AMBIGUOUS,
+from rollbus.services.segmenter.segmentation.driver import (
+    Handled,
+    Options,
+    Segmenter,
+    WrongKey,
+    body_key,
+    decode_fact,
+)
+from rollbus.services.segmenter.segmentation.merge import apply, fingerprint, kill, reward_loss_scope, seal
+from rollbus.services.segmenter.segmentation.state import (
     FACT_KINDS,
     TRAINABLE,
     ChainFacts,
@@ -48,6 +54,7 @@ from rollbus.segmentation.state import (
     Status,
     Step,
 )
+from rollbus.trajectory import AMBIGUOUS
 
 __all__ = [
     "AMBIGUOUS", "FACT_KINDS", "TRAINABLE", "ChainFacts", "Conflict", "Fact", "FactKind", "Handled",

@@ -9,11 +9,11 @@
 | ``dummyContextManager`` (context manager) | keep the history as it is (ms-swift's default's name) |
 """
 
-from rollbus.gym_envs.answers import extract_answer, parse_rational
-from rollbus.gym_envs.context import KeepContext, WindowContext
-from rollbus.gym_envs.frozen_lake import FrozenLakeEnv
-from rollbus.gym_envs.math_env import MathEnv
-from rollbus.gym_envs.python_tool import PythonToolEnv
+from rollbus.services.gym_runner.envs.answers import extract_answer, parse_rational
+from rollbus.services.gym_runner.envs.context import KeepContext, WindowContext
+from rollbus.services.gym_runner.envs.frozen_lake import FrozenLakeEnv
+from rollbus.services.gym_runner.envs.math_env import MathEnv
+from rollbus.services.gym_runner.envs.python_tool import PythonToolEnv
 
 __all__ = [
     "FrozenLakeEnv",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollbus.gym import ContextManager, register_context_manager
+from rollbus.services.gym_runner.gym import ContextManager, register_context_manager
 
 
 @register_context_manager("window")

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollbus.codec import CodecError, Scanned, decode_scans, encode, scan
-from rollbus.segmentation.completion import complete, cut, expire
-from rollbus.segmentation.merge import apply, kill, seal
-from rollbus.segmentation.state import FACT_KINDS, Fact, RolloutState, Status
-from rollbus.topics import MAX_EVENT_BYTES, spec_for, split_name
+from rollbus.kafka.topics import MAX_EVENT_BYTES, spec_for, split_name
+from rollbus.services.segmenter.segmentation.completion import complete, cut, expire
+from rollbus.services.segmenter.segmentation.merge import apply, kill, seal
+from rollbus.services.segmenter.segmentation.state import FACT_KINDS, Fact, RolloutState, Status
 from rollbus.trajectory import ChainBroken, LossScope
 from rollbus.turn_log import (
     TurnKey,

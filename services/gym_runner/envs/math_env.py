@@ -13,8 +13,13 @@ from typing import Any
 
 import sympy
 
-from rollbus.gym import Env, RolloutInferRequest, register_env
-from rollbus.gym_envs.answers import extract_answer, last_assistant, message_text, parse_rational
+from rollbus.services.gym_runner.envs.answers import (
+    extract_answer,
+    last_assistant,
+    message_text,
+    parse_rational,
+)
+from rollbus.services.gym_runner.gym import Env, RolloutInferRequest, register_env
 
 SYSTEM = "You solve math problems. Think briefly, then give the final answer as <answer>NUMBER</answer>."
 NAMES = ("Ada", "Ben", "Chloe", "Dev", "Ema", "Femi", "Gus", "Hana")

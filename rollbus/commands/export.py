@@ -22,9 +22,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from rollbus.replay import ReadPlan, read
+from rollbus.kafka.replay import ReadPlan, read
+from rollbus.kafka.topics import topic_name
 from rollbus.settings import BusSettings
-from rollbus.topics import topic_name
 
 
 class ExportSettings(BusSettings):
