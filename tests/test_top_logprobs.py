@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from rollbus import codec
-from rollbus.kafka.bus import Publisher
 from rollbus.codec.avro import HEADER
+from rollbus.kafka.bus import Publisher
 from rollbus.kafka.read import read_partitions
-from rollbus.services.segmenter.segmentation import Segmenter
-from rollbus.services.segmenter.segmentation.driver import decode_fact
 from rollbus.services.adapter.sglang_client import EngineError, SGLangClient, TurnHeaders, parse_generation
 from rollbus.services.engine.policies import SamplePolicy, ScriptedPolicy
+from rollbus.services.segmenter.segmentation import Segmenter
+from rollbus.services.segmenter.segmentation.driver import decode_fact
 from rollbus.top_logprobs import PAD_ID, BadTopLogprobs, chain_top_logprobs, from_sglang, pack, unpack
 from rollbus.trainer.batch import InvalidSegment, top_logprobs_of, validate
 from tests.event_samples import SAMPLES

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from rollbus.kafka.topics import topic_name
 from rollbus.polling import wait_until_async
 from rollbus.rows import RowKeys, parse_row
-from rollbus.kafka.topics import topic_name
 from rollbus.trainer.learner import Learner
 from rollbus.trainer.metrics import MetricsLog
 from rollbus.trainer.refill import RefillError, Refills, load_refills, refill_token
