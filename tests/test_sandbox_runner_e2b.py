@@ -66,7 +66,8 @@ class RecordingSessions:
         self.opened: list[str] = []
         self.closed: list[str | None] = []
 
-    async def open(self, rollout_id: str, attempt_id: str) -> str:
+    async def open(self, rollout_id: str, attempt_id: str, harness: str) -> str:
+        assert harness == "claude_code"  # the token opens Claude Code's route (/v1/messages) only
         self.opened.append(attempt_id)
         return f"tok-{attempt_id}"
 
