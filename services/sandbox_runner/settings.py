@@ -87,7 +87,7 @@ class RunnerSettings(BusSettings):
     agent_timeout: float = Field(1800.0, gt=0, description="wall-clock budget of one agent run, seconds")
     agent: str = Field(
         "claude_code",
-        description="agent harness of rows without metadata.agent (claude_code | codex)",
+        description="agent harness of rows without metadata.agent (claude_code | codex | mini_swe_agent)",
     )
     model: str = Field("rollbus-engine", min_length=1, description="model name the CLI asks for")
     max_turns: int = Field(50, ge=1, description="agent turns allowed per rollout")

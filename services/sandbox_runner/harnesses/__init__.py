@@ -114,9 +114,9 @@ def execute_only(cli: Any) -> str:
 @functools.cache
 def registry() -> Mapping[str, Harness]:
     """Every harness by name, imported at first use (``python -m`` of a harness module runs it once)."""
-    from rollbus.services.sandbox_runner.harnesses import claude_code, codex
+    from rollbus.services.sandbox_runner.harnesses import claude_code, codex, mini_swe_agent
 
-    return {h.name: h for h in (claude_code.HARNESS, codex.HARNESS)}
+    return {h.name: h for h in (claude_code.HARNESS, codex.HARNESS, mini_swe_agent.HARNESS)}
 
 
 def __getattr__(name: str) -> Any:
