@@ -187,6 +187,13 @@ async def test_a_full_attempt_installs_the_agent_runs_it_and_publishes_its_patch
     assert vm.kills == 1 and sessions.opened == ["att-e2b-1"] and sessions.closed == ["att-e2b-1"]
 
 
+async def test_a_harness_without_an_e2b_install_is_a_bad_task_before_any_vm(rig: dict[str, Any]) -> None:
+    kit, sdk, sessions = kit_for(rig, agent="codex")
+    outcome = await run_task(kit, task(rig["tmp"]))
+    assert outcome.failure_kind == "bad_task" and "codex" in (outcome.error or "")
+    assert sdk.creates == [] and sessions.opened == []
+
+
 async def test_a_template_that_has_node_and_claude_installs_nothing(rig: dict[str, Any]) -> None:
     tools = {"node": FAKE_NODE, "npm": f'#!/bin/sh\nexec node {NPM_CLI} "$@"\n', "claude": FAKE_CLAUDE}
     kit, sdk, _ = kit_for(rig, e2b_path=str(vm_path(rig["tmp"] / "template-bin", tools)))
