@@ -56,22 +56,28 @@ async def run_row(rig: Rig, data_dir: Path, instance: str, **settings: object) -
 async def test_a_mini_swe_agent_row_fixes_through_its_bash_tool_and_is_graded_1(
     rig: Rig, data_dir: Path
 ) -> None:
+    """Its first tool call is the attacker's: it looks for the agent's process (bwrap, which holds no secret,
+    aside), to read its memory or ptrace it into sending as the agent, being its uid; its environ is the
+    probe (the same kernel check). What failed: the venv's python was the host's, dumpable, so it was read.
+    It runs an execute-only copy now: refused."""
     diff, reward = await run_row(rig, data_dir, "mini-fix")
 
     assert diff["failure_kind"] is None and diff["exit_status"] == 0, diff["error"]
     assert FIXED_LINE.encode() in diff["patch"] and b".config" not in diff["patch"]
-    assert reward == 1.0 and diff["turns"] == 3
+    assert b"+found\n+environ: refused\n" in diff["patch"] and b"environ: read" not in diff["patch"]
+    assert reward == 1.0 and diff["turns"] == 4
     turns = await rollout_events(rig.bootstrap, rig.namespace, "turns", diff["rollout_id"])
     sessions = await rollout_events(rig.bootstrap, rig.namespace, "sessions", diff["rollout_id"])
-    assert len(turns) == 3 and {t["chain_id"] for t in turns} == {"main"}
+    assert len(turns) == 4 and {t["chain_id"] for t in turns} == {"main"}
     assert {t["attempt_id"] for t in turns} == {diff["attempt_id"]}
     rollout = Rollout(diff["rollout_id"], None, Path(), turns, sessions)  # type: ignore[arg-type]
     assert_trains_every_sampled_token(rollout, ["final"])
 
 
 async def test_its_step_limit_is_the_runners_max_turns(rig: Rig, data_dir: Path) -> None:
-    """One step allowed: the agent reads calc.py, is stopped before its fix, and the attempt says why."""
+    """One step allowed: the agent probes, is stopped before its fix, and the attempt says why."""
     diff, reward = await run_row(rig, data_dir, "mini-fix", max_turns=1)
 
-    assert (diff["failure_kind"], diff["turns"], diff["patch"]) == ("max_turns", 1, b""), diff["error"]
+    assert (diff["failure_kind"], diff["turns"]) == ("max_turns", 1), diff["error"]
+    assert b"probe.txt" in diff["patch"] and FIXED_LINE.encode() not in diff["patch"]
     assert reward == 0.0

@@ -42,7 +42,8 @@ def test_the_token_is_a_secret_never_the_command_line_or_the_configured_environm
 def test_mini_swe_agent_asks_the_adapters_openai_chat_route_under_the_runners_limits() -> None:
     settings = RunnerSettings(model="m", max_turns=7, max_output_tokens=512)
     launch = mini_swe_agent.HARNESS.launch(settings, WHERE, "Fix the bug.", TOKEN, 90.0)
-    assert launch.cmd[:3] == [f"{mini_swe_agent.INSIDE}/bin/python", "-m", "minisweagent.run.mini"]
+    python = f"{mini_swe_agent.INSIDE}/{mini_swe_agent.EXECUTE_ONLY}"
+    assert launch.cmd[:3] == [python, "-m", "minisweagent.run.mini"]
     assert launch.cmd[launch.cmd.index("--model") + 1] == "openai/m"
     config = [launch.cmd[i + 1] for i, arg in enumerate(launch.cmd) if arg == "--config"]
     assert config[0] == "mini.yaml" and "agent.step_limit=7" in config and "agent.cost_limit=0" in config

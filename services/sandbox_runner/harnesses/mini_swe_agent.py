@@ -3,13 +3,14 @@
 A pinned install in a venv of its own under the cache (``python -m
 rollbus.services.sandbox_runner.harnesses.mini_swe_agent fetch``; ``scripts/bootstrap.sh`` calls it), made
 with the host's ``/usr/bin/python3`` and resolved as of a fixed date, so every machine gets the same packages.
-The sandbox mounts the venv read-only at ``/opt/mini-swe-agent`` and runs its python, which is the host's
-interpreter through the sandbox's read-only ``/usr`` (so: bwrap on the host's system; a container whose own
-python differs cannot run it, and there is no E2B install). It speaks OpenAI chat through litellm, its one
-bash tool called as a tool call; its token is litellm's ``OPENAI_API_KEY``, through the pipe (it hands its
-environment to its commands, as Claude Code does, so the adapter proxy's peer stamp is what keeps a tool's
-request from training). Its exit is read from what ``mini`` prints: one ``mini-swe-agent (step N, ...)``
-header per model call, and ``LimitsExceeded`` when it stopped at the step limit (``--max-turns``).
+The sandbox mounts the venv read-only at ``/opt/mini-swe-agent`` and runs an execute-only copy of the host's
+interpreter there (non-dumpable, as the npm CLIs are), its standard library the sandbox's read-only ``/usr``
+(so: bwrap on the host's system; a container whose own python differs cannot run it, and there is no E2B
+install). It speaks OpenAI chat through litellm, its one bash tool called as a tool call; its token is
+litellm's ``OPENAI_API_KEY``, through the pipe (it hands its environment to its commands, as Claude Code does,
+so the adapter proxy's peer stamp is what keeps a tool's request from training). Its exit is read from what
+``mini`` prints: one ``mini-swe-agent (step N, ...)`` header per model call, and ``LimitsExceeded`` when it
+stopped at the step limit (``--max-turns``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ RESOLVED_AS_OF = "2026-11-20T00:00:00Z"  # its dependencies as PyPI had them the
 PYTHON = "/usr/bin/python3"  # the venv's interpreter: the host's, which the sandbox sees at the same path
 INSIDE = "/opt/mini-swe-agent"  # where the sandbox mounts the venv (read-only)
 MARKER = ".rollbus-installed.json"
+EXECUTE_ONLY = "bin/python-execute-only"  # the venv's interpreter as an execute-only copy (see fetch)
 _STEP = re.compile(r"^mini-swe-agent \(step (\d+),", re.MULTILINE)
 
 
@@ -48,10 +50,11 @@ def install_dir(version: str = VERSION) -> Path:
 
 
 def fetch(version: str = VERSION) -> Path:
-    """The pinned venv, made once (in a scratch directory, then renamed into place)."""
+    """The pinned venv, made once (in a scratch directory, then renamed into place), with its interpreter's
+    execute-only copy."""
     dest = install_dir(version)
     if (dest / MARKER).is_file():
-        return dest
+        return execute_only_python(dest)
     uv = shutil.which("uv")
     if uv is None:
         raise NotInstalled("uv is not on PATH (scripts/bootstrap.sh installs it)")
@@ -70,9 +73,24 @@ def fetch(version: str = VERSION) -> Path:
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         if (dest / MARKER).is_file():  # another process made it meanwhile
-            return dest
+            return execute_only_python(dest)
         raise
-    return dest
+    return execute_only_python(dest)
+
+
+def execute_only_python(venv: Path) -> Path:
+    """The host's interpreter copied into the venv as mode 0111: the kernel makes the agent's process
+    non-dumpable, so its tools (same uid) cannot ptrace it, read its memory or environment, or take its socket
+    to send as the agent, as for the npm CLIs (``rollbus.npm_binary``). It finds the venv by its
+    ``pyvenv.cfg``, the standard library by the ``home`` there. Made once, atomically."""
+    dest = venv / EXECUTE_ONLY
+    source = Path(os.path.realpath(PYTHON))
+    if not dest.is_file() or dest.stat().st_size != source.stat().st_size:
+        partial = dest.with_name(f".{dest.name}.{os.getpid()}")
+        shutil.copyfile(source, partial)
+        partial.chmod(0o111)
+        os.replace(partial, dest)
+    return venv
 
 
 class MiniSweAgent:
@@ -82,7 +100,7 @@ class MiniSweAgent:
 
     def host_files(self, settings: RunnerSettings) -> dict[str, str]:
         venv = install_dir()
-        if not (venv / MARKER).is_file():
+        if not (venv / MARKER).is_file() or not (venv / EXECUTE_ONLY).is_file():
             raise NotInstalled(
                 f"mini-swe-agent {VERSION} is not installed in {venv}; run "
                 "`python -m rollbus.services.sandbox_runner.harnesses.mini_swe_agent fetch`"
@@ -99,7 +117,7 @@ class MiniSweAgent:
             "model.model_kwargs.max_tokens": settings.max_output_tokens,
         }
         cmd = [
-            f"{INSIDE}/bin/python", "-m", "minisweagent.run.mini", "--yolo", "--exit-immediately",
+            f"{INSIDE}/{EXECUTE_ONLY}", "-m", "minisweagent.run.mini", "--yolo", "--exit-immediately",
             "--model", f"openai/{settings.model}", "--environment-class", "local",
             "--output", f"{where.home}/trajectory.json", "--config", "mini.yaml",
             *(arg for key, value in config.items() for arg in ("--config", f"{key}={value}")),
