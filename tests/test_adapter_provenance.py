@@ -103,6 +103,19 @@ async def test_a_gym_token_is_refused_on_the_anthropic_routes(adapter) -> None:
     assert chains(adapter, rollout_id) == {"main": "main"}
 
 
+async def test_a_mini_swe_agent_token_opens_the_openai_chat_route_and_no_other(adapter) -> None:
+    """A harness registered on a route it shares (mini-swe-agent speaks OpenAI chat, as a gym episode does)
+    opens that route and is refused on the others, as every harness's token is."""
+    rollout_id, headers = await token(adapter, "mini_swe_agent")
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 64}
+    assert (await adapter.post("/v1/chat/completions", json=chat, headers=headers)).status_code == 200
+    refused = await adapter.post("/v1/messages", json=body("hi", stream=False), headers=headers)
+    assert refused.status_code == 403 and "mini_swe_agent" in refused.json()["error"]["message"]
+    responses = {"model": "m", "input": "hi", "stream": False}
+    assert (await adapter.post("/v1/responses", json=responses, headers=headers)).status_code == 403
+    assert chains(adapter, rollout_id) == {"main": "main"}
+
+
 async def test_a_session_names_a_known_harness(adapter) -> None:
     refused = await adapter.post(
         "/admin/sessions", json={"rollout_id": "r-h", "harness": "curl"}, headers=ADMIN

@@ -19,7 +19,14 @@ from rollbus.services.adapter.anthropic import Message
 from rollbus.services.adapter.app import create_app
 from rollbus.services.adapter.responses import ResponsesRequest, output_items, to_chat
 from rollbus.services.adapter.translate import assistant_message
-from tests.test_adapter_support import BusPublisher, engine_process, scripted_adapter, served, settings
+from tests.test_adapter_support import (
+    BusPublisher,
+    adapter_client,
+    engine_process,
+    scripted_adapter,
+    served,
+    settings,
+)
 
 EXEC = (
     "Look first.\n</think>\n\n<tool_call>\n<function=exec_command>\n<parameter=cmd>\ncat calc.py\n"
@@ -253,3 +260,18 @@ async def test_a_non_streaming_request_gets_the_response_object(engine_url) -> N
     body = response.json()
     assert body["object"] == "response" and body["status"] == "completed"
     assert [i["type"] for i in body["output"]] == ["reasoning", "function_call"]
+
+
+async def test_an_internal_error_reaches_codex_in_the_responses_error_shape(engine_url) -> None:
+    """What was wrong: a bug on /v1/responses answered in Anthropic's shape (``{"type": "error", ...}``),
+    which Codex does not read as an error of its API. Now every error leaves in its route's shape."""
+    config = settings(engine_url, admin_token="adm", open_sessions=False)
+    async with adapter_client(config, BusPublisher(), raise_app_exceptions=False) as client:
+        client.app.state.adapter.kit.outbox.max_event_bytes = 200  # the turn's record fails: a 500
+        _, headers = await open_session(client)
+        body = {"model": "rollbus-engine", "input": "Read /repo/app.py", "tools": TOOLS, "stream": False}
+        response = await client.post("/v1/responses", json=body, headers=headers)
+    assert response.status_code == 500 and "type" not in response.json()
+    error = response.json()["error"]
+    assert error["type"] == "api_error" and "RecordTooLarge" in error["message"]
+    assert set(error) == {"message", "type", "param", "code"}

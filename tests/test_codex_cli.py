@@ -9,7 +9,9 @@ import subprocess
 import pytest
 
 from rollbus import codex_cli
-from rollbus.services.sandbox_runner import agents
+from rollbus.services.sandbox_runner import harnesses as agents
+from rollbus.services.sandbox_runner.harnesses import codex
+from rollbus.services.sandbox_runner.settings import RunnerSettings
 
 
 def overrides(cmd: list[str]) -> dict[str, str]:
@@ -57,7 +59,7 @@ def test_codex_compacts_while_its_compaction_request_still_fits_the_served_conte
     Codex episode met the adapter's 400 "prompt is too long" (fatal to Codex) before it ever compacted. The
     window is now the served one, and Codex compacts while a history grown by one more tool output, plus the
     checkpoint message, is still a prompt the adapter takes."""
-    cmd = agents.codex_command("fix it", base_url="http://a", model="m", workdir="/w", timeout=60,
+    cmd = codex.command("fix it", base_url="http://a", model="m", workdir="/w", timeout=60,
                                tool_env={}, context_length=context_length)  # fmt: skip
     settings = overrides(cmd)
     limit = int(settings["model_auto_compact_token_limit"])
@@ -69,9 +71,9 @@ def test_codex_compacts_while_its_compaction_request_still_fits_the_served_conte
     assert limit >= context_length // 2  # and Codex does not compact at every turn
     catalog = json.loads(codex_cli.catalog_file("m", context_window=context_length).read_text())
     assert catalog["models"][0]["context_window"] == context_length
-    assert agents.mounts(agents.CODEX, codex_cli.cache_dir(), "m", context_length) == {
-        str(codex_cli.cache_dir()): codex_cli.SANDBOX_BINARY,
-        str(codex_cli.catalog_file("m", context_window=context_length)): agents.CODEX_CATALOG,
+    assert codex.HARNESS.host_files(RunnerSettings(model="m", context_length=context_length)) == {
+        str(codex_cli.execute_only_binary()): codex_cli.SANDBOX_BINARY,
+        str(codex_cli.catalog_file("m", context_window=context_length)): codex.CATALOG,
     }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,10 @@ import pytest
 from rollbus import codec
 from rollbus.failures import INFRASTRUCTURE, POLICY
 from rollbus.grading import GradeConfig
-from rollbus.sandbox import bwrap_usable
+from rollbus.sandbox import Completed, bwrap_usable
 from rollbus.services.grader.core import grade_diff, reward_record
-from rollbus.services.sandbox_runner import rollout
+from rollbus.services.sandbox_runner import harnesses, rollout
+from rollbus.services.sandbox_runner.harnesses import Exit, Launch, Where
 from rollbus.services.sandbox_runner.outcome import diff_event
 from rollbus.services.sandbox_runner.settings import RunnerSettings
 from rollbus.services.segmenter.segmentation import Segmenter
@@ -54,20 +56,59 @@ def codec_json(value: Any) -> str:
     return json.dumps(value)
 
 
+@dataclass
+class ShellHarness:
+    """A harness whose agent is a shell command (the attacker's), run as the runner runs any harness's CLI."""
+
+    command: str | None  # None: no agent may run
+    name = "shell"
+    adapter_harness = "claude_code"
+    installs_in_vm = False
+
+    def host_files(self, settings: RunnerSettings) -> dict[str, str]:
+        return {"/bin/true": "/opt/shell/true"}
+
+    def launch(
+        self, settings: RunnerSettings, where: Where, prompt: str, token: str, timeout: float
+    ) -> Launch:
+        if self.command is None:
+            raise AssertionError("no agent may run when the sandbox never booted")
+        return Launch(["sh", "-c", self.command], dict(ENV))
+
+    def read_exit(self, completed: Completed) -> Exit:
+        return harnesses.stream_json_exit(completed)
+
+    async def install_in_vm(self, kit: Any, sandbox: Any) -> str:
+        raise NotImplementedError
+
+
+def use_harness(monkeypatch: pytest.MonkeyPatch, harness: ShellHarness, *, breaks: bool = False) -> None:
+    """Every attempt runs ``harness``; with ``breaks`` its agent takes its sandbox down with it, so the runner
+    finds it gone when it comes for the patch."""
+    monkeypatch.setattr(rollout.harnesses, "harness", lambda name: harness)
+    made = rollout.create_sandbox
+
+    async def create(*args: Any, **kwargs: Any) -> Any:
+        sandbox = await made(*args, **kwargs)
+        run = sandbox.run
+
+        async def run_then_break(*a: Any, agent: bool = False, **kw: Any) -> Completed:
+            done = await run(*a, agent=agent, **kw)
+            if agent and breaks:
+                await sandbox.close()
+            return done
+
+        sandbox.run = run_then_break  # type: ignore[method-assign]
+        return sandbox
+
+    monkeypatch.setattr(rollout, "create_sandbox", create)
+
+
 async def attempt_with_agent(monkeypatch: pytest.MonkeyPatch, agent: str, *, breaks: bool) -> Any:
     """One real runner attempt (``rollout.run_task``: a bwrap sandbox of the task's image under 64 pids, its
-    patch taken by git inside it) whose agent is the shell command ``agent``; with ``breaks`` the agent takes
-    its sandbox down with it, so the runner finds it gone when it comes for the patch."""
-
-    async def run_agent(settings, sandbox, task, metadata, token, **_: Any):  # noqa: ANN001, ANN202
-        done = await sandbox.run(["sh", "-c", agent], ENV, cwd=sandbox.workdir, timeout=60)
-        if breaks:
-            await sandbox.close()
-        return done
-
-    monkeypatch.setattr(rollout, "run_agent", run_agent)
-    monkeypatch.setattr(rollout, "agent_binary", lambda agent=None: Path("/bin/true"))
-    settings = RunnerSettings(pids=64, memory_mb=256, boot_attempts=1)
+    patch taken by git inside it) whose agent is the shell command ``agent``."""
+    use_harness(monkeypatch, ShellHarness(agent), breaks=breaks)
+    settings = RunnerSettings(pids=64, memory_mb=256, boot_attempts=1, agent_timeout=60)
     kit = rollout.RunnerKit(settings, Sessions())  # type: ignore[arg-type]
     return await rollout.run_task(kit, task("attacker-1"))
 
@@ -133,11 +174,7 @@ async def test_an_agent_that_only_exhausts_its_limits_is_named_by_the_limit_and_
 async def test_a_sandbox_that_cannot_boot_is_the_infrastructures(monkeypatch) -> None:
     """The control: the same attempt with an image that does not exist fails before any agent runs."""
 
-    def missing(*_: Any, **__: Any) -> Any:
-        raise AssertionError("no agent may run when the sandbox never booted")
-
-    monkeypatch.setattr(rollout, "run_agent", missing)
-    monkeypatch.setattr(rollout, "agent_binary", lambda agent=None: Path("/bin/true"))
+    use_harness(monkeypatch, ShellHarness(None))
     kit = rollout.RunnerKit(RunnerSettings(boot_attempts=1), Sessions())  # type: ignore[arg-type]
     bad = {**task("attacker-1"), "metadata": codec_json({"image": "/nonexistent/image", "workdir": "/w"})}
     outcome = await rollout.run_task(kit, bad)

@@ -243,6 +243,35 @@ async def test_the_agent_repository_holds_the_base_commit_only(tmp_path: Path) -
     await box.close()
 
 
+async def test_capture_patch_diffs_against_the_base_commit_recorded_at_boot(tmp_path: Path) -> None:
+    """The runner takes every backend's patch through ``capture_patch``: here git in the VM diffs against the
+    commit recorded at boot (an agent's commit moves nothing), leaves excluded paths out, and says when the
+    cap cut it."""
+    repo = tmp_path / "ws"
+    subprocess.run(["cp", "-a", str(EXAMPLE_REPO), str(repo)], check=True)
+    box = await E2BSandbox.create(role="agent", workdir=str(repo), options=options(tmp_path), sdk=FakeSDK())
+    assert box.base_commit is not None
+    edit = "echo '# edited' >> calc.py && mkdir -p .claude && echo x > .claude/s && echo n > new.txt"
+    commit = "git -c user.name=a -c user.email=a@a commit -qam hide"
+    assert (await box.run(["sh", "-c", f"{edit} && {commit}"], {})).exit_code == 0
+    captured = await box.capture_patch(1 << 20, [".claude"])
+    assert captured.failure is None and not captured.truncated, captured.error
+    assert b"+# edited" in captured.patch and b"b/new.txt" in captured.patch
+    assert b".claude" not in captured.patch
+    cut = await box.capture_patch(100, [".claude"])
+    assert cut.truncated and cut.patch == captured.patch[:100]
+    await box.close()
+
+
+async def test_a_sandbox_without_a_recorded_baseline_takes_no_patch(tmp_path: Path) -> None:
+    """A grader's VM (or one made without ``create``) has no baseline: no patch against whatever HEAD is."""
+    workdir = str(tmp_path / "g")
+    box = await E2BSandbox.create(role="grader", workdir=workdir, options=options(tmp_path), sdk=FakeSDK())
+    captured = await box.capture_patch(1 << 20)
+    assert (captured.patch, captured.failure) == (b"", "git_failed") and "base commit" in captured.error
+    await box.close()
+
+
 async def test_only_transient_errors_are_retried(tmp_path: Path) -> None:
     (tmp_path / "w").mkdir()
     flaky = FakeSDK(create_failures=[e2b.SandboxUnreachableException("down"), e2b.RateLimitException("slow")])

@@ -66,7 +66,8 @@ class RecordingSessions:
         self.opened: list[str] = []
         self.closed: list[str | None] = []
 
-    async def open(self, rollout_id: str, attempt_id: str) -> str:
+    async def open(self, rollout_id: str, attempt_id: str, harness: str) -> str:
+        assert harness == "claude_code"  # the token opens Claude Code's route (/v1/messages) only
         self.opened.append(attempt_id)
         return f"tok-{attempt_id}"
 
@@ -184,6 +185,13 @@ async def test_a_full_attempt_installs_the_agent_runs_it_and_publishes_its_patch
     assert agent["background"] is True  # started detached, then polled
     assert f"{rig['given']['e2b_install_dir']}/cli/bin/claude -p" in agent["cmd"]  # by absolute path
     assert vm.kills == 1 and sessions.opened == ["att-e2b-1"] and sessions.closed == ["att-e2b-1"]
+
+
+async def test_a_harness_without_an_e2b_install_is_a_bad_task_before_any_vm(rig: dict[str, Any]) -> None:
+    kit, sdk, sessions = kit_for(rig, agent="codex")
+    outcome = await run_task(kit, task(rig["tmp"]))
+    assert outcome.failure_kind == "bad_task" and "codex" in (outcome.error or "")
+    assert sdk.creates == [] and sessions.opened == []
 
 
 async def test_a_template_that_has_node_and_claude_installs_nothing(rig: dict[str, Any]) -> None:

@@ -133,7 +133,7 @@ def test_a_container_row_keeps_its_reference_user_and_every_field(tmp_path: Path
 def test_the_runner_asks_for_the_rows_container_image_and_user() -> None:
     settings = RunnerSettings.load({})
     metadata = {"image": "python:3.11", "workdir": "/testbed", "user": "agent"}
-    spec = sandbox_spec(settings, metadata, Path("/bin/true"), "s-1")
+    spec = sandbox_spec(settings, metadata, {"/bin/true": "/opt/claude-code/claude"}, "s-1")
     assert (spec.container_image, spec.user, spec.workdir) == ("python:3.11", "agent", "/testbed")
 
 

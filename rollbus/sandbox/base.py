@@ -9,12 +9,15 @@ an async context manager (``async with`` closes it, also on error) and offers:
   never a shell string) to completion. It never raises for what the command did: a non-zero exit, a kill at
   the deadline or a limit hit comes back as :class:`Completed` with ``failure_kind`` set
   (:data:`FailureKind`). Every process the command started is gone when it returns. Cancelling it kills
-  the command.
+  the command. Keywords ``agent=True`` (``cmd`` is the agent: the adapter proxy stamps its own requests
+  ``agent`` and its tools' ``tool``) and ``secret_env`` (variables such as the session token that the command
+  gets without the sandbox's configuration holding them: a pipe on bwrap and docker; E2B, whose VM is the
+  isolation, passes them with the environment) are how an agent harness runs.
 - ``write_file(path, data)`` / ``read_file(path) -> bytes``: move bytes in and out by inside path; a path that
   resolves outside the sandbox's own files (a planted symlink) raises :class:`SandboxPathError`.
 - ``capture_patch(max_bytes, excluded=(), timeout=300.0) -> Captured``: the agent's patch against the
   trusted baseline, as bytes under a cap, taken inside the sandbox's limits once the agent's commands
-  returned; local, E2B and docker attempts share one flow through it.
+  returned; bwrap, docker and E2B attempts share one flow through it (the runner's ``rollout._attempt``).
 - ``close()``: kill everything, free everything; idempotent.
 - ``enforced: Mapping[str, str]``: which limits hold and how (``{"memory": "cgroup v1", ...}``), for the log.
 
@@ -109,9 +112,18 @@ class SandboxBase:
     sandbox_id: str = ""
     enforced: Mapping[str, str] = {}
     image_digest: str | None = None  # a container backend's image digest (sha256:...); None elsewhere
+    workdir: str = ""
+    home: str = ""
 
     async def run(
-        self, cmd: Sequence[str], env: Mapping[str, str], cwd: str | None = None, timeout: float = 600.0
+        self,
+        cmd: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str | None = None,
+        timeout: float = 600.0,
+        *,
+        agent: bool = False,
+        secret_env: Mapping[str, str] | None = None,
     ) -> Completed:
         raise NotImplementedError
 
@@ -129,7 +141,7 @@ class SandboxBase:
         """The agent's patch against the trusted baseline as bytes, at most ``max_bytes`` (``truncated`` when
         more existed), taken inside the sandbox's own limits (:mod:`rollbus.sandbox.capture`); call it after
         the agent's last command returned. Backends that run host tools over their files (``run_tool``:
-        bwrap, docker) share this one; a backend without it overrides the method."""
+        bwrap, docker) share this one; a backend without it (E2B) overrides the method."""
         from rollbus.sandbox.capture import capture_patch
 
         if not hasattr(self, "run_tool"):

@@ -20,17 +20,21 @@ import asyncio
 import itertools
 import json
 import os
+import re
 import secrets
 import shlex
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 from rollbus.sandbox.base import Completed, FailureKind, SandboxBase, SandboxError
 from rollbus.sandbox.process import BoundedOutput
+
+if TYPE_CHECKING:
+    from rollbus.sandbox.capture import Captured
 
 E2B_HOME = "/home/user"
 E2B_WORKSPACE = "/home/user/workspace"
@@ -48,6 +52,22 @@ AGENT_REPO_SETUP = (
     "git -c user.name=rollbus -c user.email=rollbus@localhost commit -q --allow-empty --no-verify -m base; "
     "rm -rf .git/logs $tracked"
 )
+# The patch: every change since the base commit recorded at boot, new files included, our paths left out;
+# git's configurable ways to run code or rewrite output are off. Written whole, then cut (its full size
+# noted), so a failing git is seen and a cut is known.
+DIFF_SCRIPT = (
+    "cd {w} && git -c core.hooksPath=/dev/null -c core.fsmonitor=false add -N -- {x} && "
+    "git -c core.fsmonitor=false diff --binary --no-ext-diff --no-textconv --no-color {base} -- {x} "
+    "> {out}.full; status=$?; head -c {n} {out}.full > {out}; wc -c < {out}.full > {out}.size; "
+    "rm -f {out}.full; exit $status"
+)
+GIT_ENV = {
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_NO_REPLACE_OBJECTS": "1",
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_PAGER": "cat",
+}
 
 
 @dataclass(frozen=True)
@@ -159,6 +179,7 @@ class E2BSandbox(SandboxBase):
         }
         self._runs = itertools.count()
         self._closed = False
+        self.base_commit: str | None = None  # the agent's baseline, recorded before it runs (agent role)
 
     @classmethod
     async def create(
@@ -209,6 +230,8 @@ class E2BSandbox(SandboxBase):
             if role == "agent":
                 setup += "; " + AGENT_REPO_SETUP.format(workdir=shlex.quote(workdir))
             await with_retries(lambda: sbx.commands.run(setup, timeout=300), options)
+            if role == "agent":
+                box.base_commit = await box._head()
         except BaseException as exc:  # the VM must not outlive a failed setup (nor a cancelled one)
             await box.close()
             if isinstance(exc, Exception):
@@ -216,9 +239,28 @@ class E2BSandbox(SandboxBase):
             raise
         return box
 
+    async def _head(self) -> str:
+        """The repository's commit id, read right after it was made (an agent commit or reset cannot move
+        the baseline recorded from it)."""
+        done = await self.run(["git", "rev-parse", "--verify", "HEAD^{commit}"], GIT_ENV, timeout=300)
+        sha = done.stdout.strip()
+        if done.exit_code != 0 or not re.fullmatch(r"[0-9a-f]{40,64}", sha):
+            raise SandboxError(f"no base commit in the VM: {done.stderr[-500:]}")
+        return sha
+
     async def run(
-        self, cmd: Sequence[str], env: Mapping[str, str], cwd: str | None = None, timeout: float = 600.0
+        self,
+        cmd: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str | None = None,
+        timeout: float = 600.0,
+        *,
+        agent: bool = False,
+        secret_env: Mapping[str, str] | None = None,
     ) -> Completed:
+        """``agent`` changes nothing here (no proxy stamps the agent's requests); ``secret_env`` joins the
+        environment: the VM is the isolation and the agent owns all of it."""
+        env = {**env, **(secret_env or {})}
         start = time.monotonic()
         files = f"{self.options.run_dir}/{next(self._runs)}"
         wrapper = (
@@ -282,6 +324,36 @@ class E2BSandbox(SandboxBase):
         except Exception:  # noqa: BLE001 - already gone
             pass
 
+    async def capture_patch(
+        self, max_bytes: int, excluded: Sequence[str] = (), timeout: float = 300.0
+    ) -> Captured:
+        """The patch taken by git in the VM against the base commit recorded at boot, cut at ``max_bytes``
+        there (``truncated`` when more existed). The agent owns the VM, its git and its object store, so it
+        can forge this patch, but only into one it could have made by editing files: the grader applies it
+        to a fresh sandbox and trusts nothing else from here. A VM or transport failure is a failed
+        capture."""
+        from rollbus.sandbox.capture import Captured, pathspec
+
+        if self.base_commit is None:
+            return Captured(b"", failure="git_failed", error="git diff: no base commit was recorded at boot")
+        out = f"{self.options.run_dir}/patch.diff"
+        script = DIFF_SCRIPT.format(
+            w=shlex.quote(self.workdir), x=shlex.join(pathspec(excluded)), base=self.base_commit,
+            out=shlex.quote(out), n=max_bytes,
+        )  # fmt: skip
+        try:
+            done = await self.run(["bash", "-c", script], GIT_ENV, timeout=timeout)
+            if done.timed_out:
+                return Captured(b"", failure="timeout", error=done.stderr[-2000:])
+            if done.exit_code != 0:
+                error = f"git diff in the VM failed ({done.exit_code}): {done.stderr.strip()[-1500:]}"
+                return Captured(b"", failure="git_failed", error=error)
+            patch = await self.read_file(out)  # bytes: never decoded
+            size = int((await self.read_file(f"{out}.size")).strip() or 0)
+        except Exception as exc:  # noqa: BLE001 - the VM or its transport failed: a named kind, not a crash
+            return Captured(b"", failure="sandbox_error", error=f"taking the patch from the VM: {exc!r}")
+        return Captured(patch[:max_bytes], truncated=size > max_bytes)
+
     async def write_file(self, path: str, data: bytes | str) -> None:
         await with_retries(lambda: self._sbx.files.write(path, data), self.options)
 
@@ -296,3 +368,8 @@ class E2BSandbox(SandboxBase):
             await with_retries(lambda: self._sbx.kill(), self.options)
         except Exception:  # noqa: BLE001 - the VM's own lifetime (options.lifetime_s) ends it anyway
             pass
+
+
+def vm_run_dir(sandbox: SandboxBase) -> str:
+    """The backend's own directory in the VM (outside the workspace, so never in the patch)."""
+    return str(getattr(getattr(sandbox, "options", None), "run_dir", RUN_DIR))

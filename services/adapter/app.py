@@ -147,14 +147,24 @@ async def metrics(request: Request) -> Response:
     return Response(generate_latest(state.kit.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
+#: the routes whose clients read OpenAI's error shape (Codex, gym episodes, mini-swe-agent); every other
+#: route answers in Anthropic's
+OPENAI_SHAPED = frozenset({"/v1/chat/completions", "/v1/responses"})
+
+
+def shaped(request: Request, err: ApiError) -> Response:
+    """``err`` in the error shape of the wire protocol the request's route speaks, whoever raised it."""
+    return err.openai_response() if request.scope.get("path") in OPENAI_SHAPED else err.response()
+
+
 async def api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return exc.response()
+    return shaped(request, exc)
 
 
 async def internal_error(request: Request, exc: Exception) -> Response:
-    """A bug, in the shape the CLI understands (Starlette logs the traceback and re-raises)."""
-    return ApiError(500, "api_error", f"internal error: {type(exc).__name__}: {exc}").response()
+    """A bug, in the shape the route's client understands (Starlette logs the traceback and re-raises)."""
+    return shaped(request, ApiError(500, "api_error", f"internal error: {type(exc).__name__}: {exc}"))
 
 
 async def client_gone(request: Request, exc: Exception) -> Response:
@@ -162,13 +172,13 @@ async def client_gone(request: Request, exc: Exception) -> Response:
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
-    """Starlette's own 404/405 in the Anthropic error shape."""
+    """Starlette's own 404/405, in the route's error shape."""
     assert isinstance(exc, HTTPException)
     kinds = {404: "not_found_error", 405: "invalid_request_error"}
     err = ApiError(
         exc.status_code, kinds.get(exc.status_code, "api_error"), str(exc.detail), should_retry=False
     )
-    return err.response()
+    return shaped(request, err)
 
 
 ROUTES: list[tuple[str, Callable[[Request], Any], list[str]]] = [

@@ -14,7 +14,7 @@ from rollbus.services.adapter.errors import (
     too_large,
     unauthenticated,
 )
-from rollbus.services.adapter.sessions import AGENT_PEER, PEER_HEADER, TOOL_PEER, Grant, SessionTokens
+from rollbus.services.adapter.sessions import AGENT_PEER, PEER_HEADER, ROUTES, TOOL_PEER, Grant, SessionTokens
 
 
 async def read_body(request: Request, limit: int, timeout: float) -> bytes:
@@ -55,17 +55,19 @@ def bearer_or_key(request: Request) -> str | None:
 
 
 def grant(request: Request, tokens: SessionTokens, harness: str) -> Grant:
-    """The rollout (and attempt) the request's session token admits on a route of ``harness``; 401 for
-    none, a bad or a closed one, 403 for another harness's token (a Claude Code rollout's token on the
-    OpenAI route would open a conversation its CLI never had)."""
+    """The rollout (and attempt) the request's session token admits on the route of ``harness`` (any harness
+    whose token opens that route, :data:`ROUTES`); 401 for none, a bad or a closed one, 403 for a token of a
+    harness on another route (a Claude Code rollout's token on the OpenAI route would open a conversation
+    its CLI never had)."""
     token = bearer_or_key(request)
     if token is None:
         raise unauthenticated("missing session token: send x-api-key or Authorization: Bearer")
     granted = tokens.verify(token)
     if granted is None:
         raise unauthenticated("unknown session token (or its rollout was closed)")
-    if granted.harness is not None and granted.harness != harness:
-        raise forbidden(f"this session token is a {granted.harness} rollout's; this route serves {harness}")
+    if granted.harness is not None and ROUTES.get(granted.harness) != ROUTES[harness]:
+        opens = ROUTES.get(granted.harness, "no route")
+        raise forbidden(f"this session token is a {granted.harness} rollout's: it opens {opens} only")
     return granted
 
 

@@ -46,9 +46,16 @@ TOKEN_PREFIX = "rb1"
 AGENT_TOOLS = ("Agent", "Task")  # the CLI's sub-agent tool (named Task before 2.1)
 SPAWN_TOOL = "spawn_agent"  # Codex's (namespace ``multi_agent_v1``): the child's prompt is its ``message``
 #: which harness a rollout runs, and so the one API its token opens: the Claude Code CLI speaks
-#: Anthropic's ``/v1/messages``, a gym episode OpenAI's ``/v1/chat/completions``
-CLAUDE_CODE, CODEX, GYM = "claude_code", "codex", "gym"
-HARNESSES = (CLAUDE_CODE, CODEX, GYM)
+#: Anthropic's ``/v1/messages``, Codex the Responses API, a gym episode and mini-swe-agent OpenAI's
+#: ``/v1/chat/completions``. A new harness that speaks one of them is one entry in ``ROUTES``.
+CLAUDE_CODE, CODEX, GYM, MINI_SWE_AGENT = "claude_code", "codex", "gym", "mini_swe_agent"
+ROUTES = {
+    CLAUDE_CODE: "/v1/messages",
+    CODEX: "/v1/responses",
+    GYM: "/v1/chat/completions",
+    MINI_SWE_AGENT: "/v1/chat/completions",
+}
+HARNESSES = tuple(ROUTES)
 #: set by the sandbox's adapter proxy (rollbus/sandbox/adapter_proxy.py) on every request it forwards,
 #: a client's own copy removed: ``agent`` when the harness's own process (the CLI) opened the connection,
 #: ``tool`` for any other process in the sandbox. Absent: a host-side caller (the gym runner, tests).

@@ -18,7 +18,8 @@ from pathlib import Path
 from rollbus.rows import Row, RowError, RowKeys, read_rows
 from rollbus.sandbox import Completed, SandboxError, SandboxSpec, create_local, resolve_image
 from rollbus.sandbox.bwrap_layout import WORKSPACE
-from rollbus.services.sandbox_runner.rollout import AttemptFailed, agent_binary, sandbox_spec
+from rollbus.services.sandbox_runner.harnesses import claude_code
+from rollbus.services.sandbox_runner.rollout import AttemptFailed, host_files, sandbox_spec
 from rollbus.services.sandbox_runner.settings import RunnerSettings
 
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
@@ -73,7 +74,8 @@ async def run_in_sandbox(row: Row, role: str, cmd: list[str], adapter_url: str, 
     network); closed (everything killed and removed) afterwards."""
     settings = RunnerSettings.load({"adapter_url": adapter_url} if adapter_url else {})
     if role == "agent":
-        spec = sandbox_spec(settings, row.metadata, agent_binary(), f"debug-{uuid.uuid4().hex[:8]}")
+        files = host_files(claude_code.HARNESS, settings)
+        spec = sandbox_spec(settings, row.metadata, files, f"debug-{uuid.uuid4().hex[:8]}")
         if not adapter_url:
             spec = dataclasses.replace(spec, adapter_url=None, base_url=None)
     else:

@@ -1,21 +1,15 @@
-"""One attempt on E2B (``--backend e2b``): a VM per attempt, the agent installed in it, its patch taken there.
+"""E2B's placement (``--backend e2b``): a VM per attempt, the harness's CLI installed in it.
 
-The steps mirror the local attempt (:mod:`rollout`): boot (``create_sandbox(spec, "e2b")``, under the boot
-cap, retried), install (the Node 22 and Claude Code tarballs of the settings, as slime does: node under
-``--e2b-install-dir``/node, the CLI by ``npm install -g`` from its packed tarball, each skipped when the
-template already answers ``node --version`` (22+) / ``claude --version``), the CLI started detached with the
-attempt's token and the same command and environment as locally (``ANTHROPIC_BASE_URL`` the adapter's public
-URL), polled under the wall-clock budget, then the patch, and the VM killed on every path (cancellation
-included).
+The attempt itself is the one flow of :mod:`rollout`; this module is what differs on E2B. Boot
+(``create_sandbox(spec, "e2b")``, under the boot cap, retried; the VM records its base commit right after its
+repository is made), install (for Claude Code, the Node 22 and CLI tarballs of the settings, as slime does:
+node under ``--e2b-install-dir``/node, the CLI by ``npm install -g`` from its packed tarball, each skipped
+when the template already answers ``node --version`` (22+) / ``claude --version``), and where the CLI runs:
+its absolute path, the VM's PATH and the adapter's public URL. The patch is the backend's
+(:meth:`rollbus.sandbox.e2b_backend.E2BSandbox.capture_patch`).
 
-Threat model: the VM is the isolation and the agent owns all of it, as the same user we run our own
-commands as. So the patch is taken inside the VM against the base commit recorded *before* the agent ran
-(``git rev-parse HEAD`` right after boot), with replace objects, hooks, fsmonitor, external diff drivers,
-textconv and user/system config off; an agent that rewrites the object store, the VM's git or its files
-can still forge that patch, but only into a patch it could have produced by editing files: the grader
-applies it to a fresh sandbox from the original image and trusts nothing else from this VM. The size cap
-and our own paths are applied again on the host. The row (grading material, label) never enters the VM:
-only the image and ``e2b_template`` go to the E2B API as routing metadata.
+Threat model: the VM is the isolation and the agent owns all of it. The row (grading material, label) never
+enters the VM: only the image and ``e2b_template`` go to the E2B API as routing metadata.
 """
 
 from __future__ import annotations
@@ -39,22 +33,10 @@ import httpx
 
 from rollbus.sandbox import Completed, SandboxBase, SandboxSpec, create_sandbox
 from rollbus.sandbox.bwrap_layout import WORKSPACE
+from rollbus.sandbox.e2b_backend import vm_run_dir
 from rollbus.services.sandbox_runner import outcome as kinds
-from rollbus.services.sandbox_runner.outcome import (
-    AttemptResult,
-    agent_turns,
-    cap_patch,
-    classify,
-    drop_paths,
-)
-from rollbus.services.sandbox_runner.rollout import (
-    AttemptFailed,
-    RunnerKit,
-    boot_retrying,
-    broken_by_agent,
-    parse_metadata,
-    run_agent,
-)
+from rollbus.services.sandbox_runner.harnesses import Harness, Where
+from rollbus.services.sandbox_runner.rollout import AttemptFailed, RunnerKit, boot_retrying
 from rollbus.services.sandbox_runner.settings import RunnerSettings
 
 log = logging.getLogger("rollbus.sandbox_runner")
@@ -78,20 +60,6 @@ CLI_INSTALL = (
     '[ -x "$native" ] && mkdir -p {d}/cli/bin && ln -sf "$native" {d}/cli/bin/claude && break; done; fi; '
     "claude --version"
 )
-# The patch: every change since the recorded base commit, new files included, our paths left out; git's
-# configurable ways to run code or rewrite output are off. Written whole, then cut, so a failing git is seen.
-DIFF_SCRIPT = (
-    "cd {w} && git -c core.hooksPath=/dev/null -c core.fsmonitor=false add -N -- . {x} && "
-    "git -c core.fsmonitor=false diff --binary --no-ext-diff --no-textconv --no-color {base} -- . {x} "
-    "> {out}.full; status=$?; head -c {n} {out}.full > {out}; rm -f {out}.full; exit $status"
-)
-GIT_ENV = {
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_CONFIG_GLOBAL": "/dev/null",
-    "GIT_NO_REPLACE_OBJECTS": "1",
-    "GIT_TERMINAL_PROMPT": "0",
-    "GIT_PAGER": "cat",
-}
 
 
 @dataclass
@@ -170,43 +138,20 @@ def remote_spec(settings: RunnerSettings, metadata: dict[str, Any], sandbox_id: 
     )  # fmt: skip
 
 
-async def attempt(kit: RunnerKit, task: dict[str, Any], attempt_id: str) -> AttemptResult:
-    """One attempt on E2B (the E2B twin of ``rollout._attempt``)."""
-    settings, rollout_id = kit.settings, task["rollout_id"]
-    metadata = parse_metadata(task)
-    spec = remote_spec(settings, metadata, attempt_id)
-    sandbox = await boot(kit, spec)
-    started = False  # as locally: once the agent ran, a failure of its VM may be its doing
-    try:
-        try:
-            base = await base_commit(sandbox, settings)
-            binary = await install(kit, sandbox)
-            token = await kit.sessions.open(rollout_id, attempt_id)
-            try:
-                started = True
-                completed = await run_agent(
-                    settings, sandbox, task, metadata, token,
-                    binary=binary, base_url=settings.e2b_base_url(), path=agent_path(settings),
-                )  # fmt: skip
-            finally:
-                await kit.sessions.close(rollout_id, attempt_id)
-            raw, capture_error = await remote_patch(sandbox, settings, base)
-        finally:
-            await sandbox.close()
-    except AttemptFailed:
-        raise
-    except Exception as exc:
-        if not started:
-            raise
-        raise broken_by_agent(exc) from exc
-    patch, truncated = cap_patch(drop_paths(raw, settings.excluded()), settings.patch_max_bytes)
-    failure = classify(completed) or (kinds.PATCH_FAILED if capture_error else None)
-    failure = failure or (kinds.PATCH_TOO_LARGE if truncated else None)
-    error = (capture_error or completed.stderr.strip()[-2000:] or None) if failure else None
-    return AttemptResult(
-        attempt_id, patch, completed.exit_code, completed.wall_time_s, agent_turns(completed.stdout), failure,
-        error, truncated,
-    )  # fmt: skip
+class Installed:
+    """E2B: a VM from the row's template; the harness's CLI installed in it (unless the template has it)."""
+
+    async def boot(
+        self, kit: RunnerKit, metadata: dict[str, Any], attempt_id: str, harness: Harness
+    ) -> SandboxBase:
+        if not harness.installs_in_vm:
+            raise AttemptFailed(kinds.BAD_TASK, f"the e2b backend does not run the {harness.name} agent")
+        return await boot(kit, remote_spec(kit.settings, metadata, attempt_id))
+
+    async def place(self, kit: RunnerKit, sandbox: SandboxBase, harness: Harness) -> Where:
+        binary = await harness.install_in_vm(kit, sandbox)
+        settings = kit.settings
+        return Where(settings.e2b_base_url(), sandbox.home, sandbox.workdir, binary, agent_path(settings))
 
 
 async def boot(kit: RunnerKit, spec: SandboxSpec) -> SandboxBase:
@@ -217,19 +162,6 @@ async def boot(kit: RunnerKit, spec: SandboxSpec) -> SandboxBase:
         return await create_sandbox(one, "e2b", options=kit.e2b_options, sdk=kit.sdk)
 
     return await boot_retrying(kit, start, " (e2b; memory, pids, CPU and disk are the template's)")
-
-
-async def base_commit(sandbox: SandboxBase, settings: RunnerSettings) -> str:
-    """The trusted baseline's id, read before the agent runs (an agent commit or reset cannot move it)."""
-    done = await sandbox.run(
-        ["git", "rev-parse", "--verify", "HEAD^{commit}"], GIT_ENV, timeout=settings.e2b_step_timeout
-    )
-    sha = done.stdout.strip()
-    if done.exit_code != 0 or not re.fullmatch(r"[0-9a-f]{40,64}", sha):
-        raise AttemptFailed(
-            kinds.BOOT_FAILED, f"sandbox_error: no base commit in the VM: {done.stderr[-500:]}"
-        )
-    return sha
 
 
 async def install(kit: RunnerKit, sandbox: SandboxBase) -> str:
@@ -275,11 +207,6 @@ async def install(kit: RunnerKit, sandbox: SandboxBase) -> str:
         raise AttemptFailed(kinds.INSTALL_FAILED, f"{type(exc).__name__}: {exc}") from exc
 
 
-def vm_run_dir(sandbox: SandboxBase) -> str:
-    """The backend's own directory in the VM (outside the workspace, so never in the patch)."""
-    return str(getattr(getattr(sandbox, "options", None), "run_dir", "/tmp/.rollbus"))
-
-
 def ok(done: Completed) -> bool:
     return done.exit_code == 0 and not done.timed_out
 
@@ -287,23 +214,3 @@ def ok(done: Completed) -> bool:
 def node_major(done: Completed) -> int:
     match = _NODE_VERSION.match(done.stdout.strip())
     return int(match.group(1)) if ok(done) and match else 0
-
-
-async def remote_patch(sandbox: SandboxBase, settings: RunnerSettings, base: str) -> tuple[bytes, str | None]:
-    """The patch taken in the VM (cut at the cap + 1 byte there, capped exactly on the host), or an error."""
-    excluded = " ".join(shlex.quote(f":(exclude){p}") for p in settings.excluded())
-    out = f"{vm_run_dir(sandbox)}/patch.diff"
-    script = DIFF_SCRIPT.format(
-        w=shlex.quote(sandbox.workdir),
-        x=excluded,
-        base=base,
-        out=shlex.quote(out),
-        n=settings.patch_max_bytes + 1,
-    )
-    try:
-        done = await sandbox.run(["bash", "-c", script], GIT_ENV, timeout=settings.e2b_step_timeout)
-        if not ok(done):
-            return b"", f"git diff in the VM failed ({done.exit_code}): {done.stderr.strip()[-1500:]}"
-        return await sandbox.read_file(out), None  # bytes: never decoded
-    except Exception as exc:  # noqa: BLE001 - the VM or its transport failed: a named kind, not a lost rollout
-        return b"", f"taking the patch from the VM: {type(exc).__name__}: {exc}"

@@ -1,4 +1,5 @@
-"""One attempt at one task: boot a sandbox, run the real Claude Code CLI against the adapter, take its patch.
+"""One attempt at one task, on any backend: boot a sandbox, run the row's agent harness (a real coding-agent
+CLI, :mod:`harnesses`) against the adapter, take its patch through the sandbox contract.
 
 Every way an attempt can end becomes an :class:`~rollbus.services.sandbox_runner.outcome.AttemptResult` with a
 failure kind (never an exception), so every attempt ends with a `diffs` event. The sandbox is killed and the
@@ -11,7 +12,9 @@ variables, no admin token); the row, the label and every grading file stay on th
 once its processes are gone, by git run inside its sandbox (the sandbox's memory cap, the host's git, no
 network) against a trusted baseline bound read-only, every git config it could plant ignored (symlinks stay
 links); the bytes stream to the host under the patch cap (:mod:`rollbus.sandbox.capture`), so whatever the
-workspace holds the runner holds at most the cap. What the agent prints only feeds the turn count and errors.
+workspace holds the runner holds at most the cap (on E2B the VM is the isolation: see
+:meth:`rollbus.sandbox.e2b_backend.E2BSandbox.capture_patch`). What the agent prints only feeds the turn count
+and errors.
 """
 
 from __future__ import annotations
@@ -22,19 +25,16 @@ import dataclasses
 import itertools
 import json
 import logging
-import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import httpx
 
-from rollbus import claude_cli, codex_cli
 from rollbus.sandbox import (
-    BwrapSandbox,
     Completed,
     SandboxBase,
     SandboxError,
@@ -45,14 +45,14 @@ from rollbus.sandbox import (
 from rollbus.sandbox.bwrap_layout import WORKSPACE
 from rollbus.sandbox.capture import Captured
 from rollbus.sandbox.e2b_backend import E2BOptions
-from rollbus.services.sandbox_runner import agents
+from rollbus.services.sandbox_runner import harnesses
 from rollbus.services.sandbox_runner import outcome as kinds
-from rollbus.services.sandbox_runner.outcome import AttemptResult, agent_turns, cap_patch, classify
+from rollbus.services.sandbox_runner.harnesses import Exit, Harness, Where
+from rollbus.services.sandbox_runner.outcome import AttemptResult, cap_patch, drop_paths
 from rollbus.services.sandbox_runner.settings import RunnerSettings
 from rollbus.task_image import ImageFieldError, parse_image, parse_user, row_limits
 
 log = logging.getLogger("rollbus.sandbox_runner")
-SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}  # no __pycache__ from the agent's test runs in its patch
 PROBE_TIMEOUT_S = 60.0
 CAPTURE_TIMEOUT_S = 300.0
 ADAPTER_TRIES = 3
@@ -79,7 +79,7 @@ class AdapterSessions:
         self._http = httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout)
         self.wait = wait
 
-    async def open(self, rollout_id: str, attempt_id: str, harness: str = agents.CLAUDE_CODE) -> str:
+    async def open(self, rollout_id: str, attempt_id: str, harness: str = "claude_code") -> str:
         """A token for a new attempt. What an earlier attempt left open (its runner died mid-rollout) is
         closed first, so its chains end and the new attempt starts a conversation of its own."""
         deadline = time.monotonic() + self.wait
@@ -170,12 +170,6 @@ async def run_task(kit: RunnerKit, task: dict[str, Any], attempt_id: str | None 
     attempt_id = attempt_id or new_attempt_id()
     started = time.monotonic()
     try:
-        if kit.settings.backend == "e2b":
-            from rollbus.services.sandbox_runner import remote
-
-            if chosen_agent(parse_metadata(task), kit.settings, task) != agents.CLAUDE_CODE:
-                raise AttemptFailed(kinds.BAD_TASK, "the e2b backend runs only the claude_code agent")
-            return await remote.attempt(kit, task, attempt_id)
         return await _attempt(kit, task, attempt_id)
     except AttemptFailed as exc:
         log.info("rollout %s attempt %s: %s: %s", task["rollout_id"], attempt_id, exc.kind, exc)
@@ -189,21 +183,29 @@ async def run_task(kit: RunnerKit, task: dict[str, Any], attempt_id: str | None 
 
 
 async def _attempt(kit: RunnerKit, task: dict[str, Any], attempt_id: str) -> AttemptResult:
+    """One attempt on any backend: boot the sandbox and place the harness's CLI in it (mounted locally,
+    installed in an E2B VM), open its session, run it, take its patch through the sandbox contract."""
     settings, rollout_id = kit.settings, task["rollout_id"]
     metadata = parse_metadata(task)
-    agent = chosen_agent(metadata, settings, task)
-    binary = agent_binary(agent)
-    sandbox = await boot(kit, metadata, binary, attempt_id, agent)
+    harness = harnesses.harness(chosen_agent(metadata, settings, task))
+    placing = placement(kit)
+    sandbox = await placing.boot(kit, metadata, attempt_id, harness)
     started = False  # once the agent ran in the sandbox, the sandbox failing may be its doing
     try:
         try:
-            token = await kit.sessions.open(rollout_id, attempt_id, agent)
+            where = await placing.place(kit, sandbox, harness)
+            token = await kit.sessions.open(rollout_id, attempt_id, harness.adapter_harness)
             try:
                 started = True
-                if agent == agents.CODEX:
-                    completed = await run_codex(settings, sandbox, task, metadata, token)
-                else:
-                    completed = await run_agent(settings, sandbox, task, metadata, token)
+                prompt = task_prompt(task, metadata, settings.prompt_template)
+                timeout = agent_timeout(settings, metadata)
+                launch = harness.launch(settings, where, prompt, token, timeout)
+                # the adapter proxy knows the CLI's process; the token reaches the CLI through a pipe, never
+                # the sandbox's configuration (bwrap's pid 1 is readable by the tools, `docker inspect`)
+                completed = await sandbox.run(
+                    launch.cmd, launch.env, cwd=sandbox.workdir, timeout=timeout, agent=True,
+                    secret_env=launch.secrets,
+                )  # fmt: skip
             finally:  # the sandbox is dead here (run returns once its processes are gone): no more requests
                 await kit.sessions.close(rollout_id, attempt_id)
             captured = await sandbox.capture_patch(
@@ -217,7 +219,9 @@ async def _attempt(kit: RunnerKit, task: dict[str, Any], attempt_id: str) -> Att
         if not started:
             raise
         raise broken_by_agent(exc) from exc
-    result = attempt_outcome(attempt_id, completed, captured, settings.patch_max_bytes)
+    result = attempt_outcome(
+        attempt_id, completed, captured, settings.patch_max_bytes, harness.read_exit, settings.excluded()
+    )
     return dataclasses.replace(result, image_digest=sandbox.image_digest)  # the bytes a regrade must use
 
 
@@ -229,19 +233,25 @@ def broken_by_agent(exc: Exception) -> AttemptFailed:
 
 
 def attempt_outcome(
-    attempt_id: str, completed: Completed, captured: Captured, max_bytes: int
+    attempt_id: str,
+    completed: Completed,
+    captured: Captured,
+    max_bytes: int,
+    read_exit: Callable[[Completed], Exit] = harnesses.stream_json_exit,
+    excluded: Sequence[str] = (),
 ) -> AttemptResult:
-    """The agent's failure wins, then the capture's (its limits: no patch at all), then the cap's."""
-    patch, truncated = cap_patch(captured.patch, max_bytes)
-    failure = classify(completed)
+    """The agent's failure wins, then the capture's (its limits: no patch at all), then the cap's. Our own
+    paths are dropped from the patch again here, whatever the backend's capture left."""
+    patch, truncated = cap_patch(drop_paths(captured.patch, list(excluded)), max_bytes)
+    exit_ = read_exit(completed)
+    failure = exit_.failure
     error = completed.stderr.strip()[-2000:] or None if failure else None
     if captured.failure and not truncated:
         patch, failure = b"", failure or kinds.PATCH_FAILED
         error = error or f"taking the patch: {captured.failure}: {captured.error.strip()}"[:2000]
     failure = failure or (kinds.PATCH_TOO_LARGE if truncated else None)
-    turns = agent_turns(completed.stdout)
     return AttemptResult(
-        attempt_id, patch, completed.exit_code, completed.wall_time_s, turns, failure, error, truncated
+        attempt_id, patch, completed.exit_code, completed.wall_time_s, exit_.turns, failure, error, truncated
     )
 
 
@@ -254,33 +264,22 @@ def chosen_agent(metadata: dict[str, Any], settings: RunnerSettings, task: dict[
     """The harness of this sample of the row (``metadata.agent``: one, or a list the group's samples take in
     turn; else ``--agent``); an unknown one is a bad task."""
     try:
-        return agents.chosen(metadata, settings.agent, task.get("sample_index") or 0)
-    except agents.UnknownAgent as exc:
+        return harnesses.chosen(metadata, settings.agent, task.get("sample_index") or 0)
+    except harnesses.UnknownAgent as exc:
         raise AttemptFailed(kinds.BAD_TASK, str(exc)) from exc
 
 
-def agent_binary(agent: str = agents.CLAUDE_CODE) -> Path:
-    """The cached CLI binary of ``agent`` (installed by bootstrap; never fetched mid-rollout), as its
-    execute-only copy: the CLI runs non-dumpable, its memory and environment closed to its tools."""
-    cli = agents.cli(agent)
+def host_files(harness: Harness, settings: RunnerSettings) -> dict[str, str]:
+    """What the sandbox mounts read-only for ``harness`` (its CLI installed by bootstrap, never fetched
+    mid-rollout); a CLI missing here is ``install_failed``."""
     try:
-        binary = cli.binary_path()
-    except cli.CliNotInstalled as exc:
+        return harness.host_files(settings)
+    except harnesses.NotInstalled as exc:
         raise AttemptFailed(kinds.INSTALL_FAILED, str(exc)) from exc
-    if not os.access(binary, os.X_OK):
-        raise AttemptFailed(kinds.INSTALL_FAILED, f"{binary} is not an executable file")
-    try:
-        return cli.execute_only_binary()
-    except OSError as exc:
-        raise AttemptFailed(kinds.INSTALL_FAILED, f"no execute-only copy of {binary}: {exc}") from exc
 
 
 def sandbox_spec(
-    settings: RunnerSettings,
-    metadata: dict[str, Any],
-    binary: Path,
-    sandbox_id: str,
-    agent: str = agents.CLAUDE_CODE,
+    settings: RunnerSettings, metadata: dict[str, Any], ro_binds: dict[str, str], sandbox_id: str
 ) -> SandboxSpec:
     """The agent's sandbox: the image's base commit, the adapter as its only way out, the CLI read-only."""
     env = metadata.get("remote_env_info") if isinstance(metadata.get("remote_env_info"), dict) else {}
@@ -296,19 +295,49 @@ def sandbox_spec(
         user=user, role="agent", workdir=str(metadata.get("workdir") or WORKSPACE),
         limits=row_limits(settings.limits(), metadata), adapter_url=settings.adapter_url,
         base_url=settings.agent_base_url(),
-        toolchain=settings.toolchain, metadata=metadata, sandbox_id=sandbox_id,
-        ro_binds=agents.mounts(agent, binary, settings.model, settings.context_length),
+        toolchain=settings.toolchain, metadata=metadata, sandbox_id=sandbox_id, ro_binds=ro_binds,
     )  # fmt: skip
 
 
+class Placement(Protocol):
+    """How a backend makes an attempt's sandbox and puts the harness's CLI in it."""
+
+    async def boot(
+        self, kit: RunnerKit, metadata: dict[str, Any], attempt_id: str, harness: Harness
+    ) -> SandboxBase: ...
+
+    async def place(self, kit: RunnerKit, sandbox: SandboxBase, harness: Harness) -> Where: ...
+
+
+class Mounted:
+    """bwrap and docker: a sandbox of this machine, the CLI's host files mounted read-only."""
+
+    async def boot(
+        self, kit: RunnerKit, metadata: dict[str, Any], attempt_id: str, harness: Harness
+    ) -> SandboxBase:
+        files = host_files(harness, kit.settings)  # before any sandbox: a missing CLI is no boot failure
+        return await boot(kit, metadata, files, attempt_id)
+
+    async def place(self, kit: RunnerKit, sandbox: SandboxBase, harness: Harness) -> Where:
+        return Where(kit.settings.agent_base_url(), sandbox.home, sandbox.workdir)
+
+
+def placement(kit: RunnerKit) -> Placement:
+    if kit.settings.backend == "e2b":
+        from rollbus.services.sandbox_runner.remote import Installed
+
+        return Installed()
+    return Mounted()
+
+
 async def boot(
-    kit: RunnerKit, metadata: dict[str, Any], binary: Path, attempt_id: str, agent: str = agents.CLAUDE_CODE
+    kit: RunnerKit, metadata: dict[str, Any], ro_binds: dict[str, str], attempt_id: str
 ) -> SandboxBase:
     """The agent's sandbox, probed with one command; retried (with a new sandbox) under the boot cap."""
     settings = kit.settings
 
     async def start(n: int) -> SandboxBase:
-        spec = sandbox_spec(settings, metadata, binary, f"{attempt_id}-{n}", agent)
+        spec = sandbox_spec(settings, metadata, ro_binds, f"{attempt_id}-{n}")
         sandbox = await create_sandbox(spec, settings.backend, scratch_root=settings.sandbox_root)
         try:
             probe = await sandbox.run(["true"], {"PATH": "/usr/bin:/bin"}, timeout=PROBE_TIMEOUT_S)
@@ -329,6 +358,8 @@ BOOT_ERRORS = (SandboxError, OSError, ValueError)
 class InjectedFailure(SandboxError):
     """A sandbox creation failed on purpose (``--inject-infra-failures``): final, like a missing image, so the
     attempt ends ``boot_failed`` and the infrastructure path (re-run, never trained) is exercised."""
+
+
 S = TypeVar("S", bound=SandboxBase)
 
 
@@ -362,68 +393,3 @@ async def boot_retrying(kit: RunnerKit, start: Callable[[int], Awaitable[S]], li
             return sandbox
     kind = getattr(failure, "failure_kind", "sandbox_error")
     raise AttemptFailed(kinds.BOOT_FAILED, f"{kind}: {failure}")
-
-
-async def run_agent(
-    settings: RunnerSettings,
-    sandbox: SandboxBase,
-    task: dict[str, Any],
-    metadata: dict[str, Any],
-    token: str,
-    *,
-    binary: str = claude_cli.SANDBOX_BINARY,
-    base_url: str | None = None,
-    path: str | None = None,
-) -> Completed:
-    """The CLI, headless, with the attempt's token, under the wall-clock budget (``binary``, ``base_url``
-    and ``path`` as the sandbox sees them; the defaults are the local sandbox's)."""
-    cmd = claude_cli.build_command(
-        task_prompt(task, metadata, settings.prompt_template), model=settings.model,
-        max_turns=settings.max_turns, binary=binary,
-        disallowed_tools=settings.denied_tools(), extra_args=settings.extra_cli_args(),
-    )  # fmt: skip
-    env = claude_cli.build_env(
-        base_url or settings.agent_base_url(), token, model=settings.model, home=sandbox.home,
-        max_output_tokens=settings.max_output_tokens, extra=SANDBOX_ENV, **({"path": path} if path else {}),
-    )  # fmt: skip
-    timeout = agent_timeout(settings, metadata)
-    if not local(sandbox):
-        return await sandbox.run(cmd, env, cwd=sandbox.workdir, timeout=timeout)
-    # its proxy knows the CLI's process; in a container the token reaches the CLI through a pipe, never the
-    # container's configuration (`docker inspect`). (Under bwrap the CLI hands it to its tools either way.)
-    secret = {}
-    if not isinstance(sandbox, BwrapSandbox):
-        secret = {"ANTHROPIC_AUTH_TOKEN": env.pop("ANTHROPIC_AUTH_TOKEN")}
-    return await sandbox.run(
-        cmd, env, cwd=sandbox.workdir, timeout=timeout, agent=True, secret_env=secret or None
-    )
-
-
-def local(sandbox: SandboxBase) -> bool:
-    """A sandbox of this machine (bwrap, docker): its proxy knows the agent's process and it takes secrets
-    through a pipe (``run(agent=True, secret_env=...)``)."""
-    from rollbus.sandbox.docker_backend import DockerSandbox
-
-    return isinstance(sandbox, BwrapSandbox | DockerSandbox)
-
-
-async def run_codex(
-    settings: RunnerSettings, sandbox: SandboxBase, task: dict[str, Any], metadata: dict[str, Any], token: str
-) -> Completed:
-    """The Codex CLI, headless, with the attempt's token, under the wall-clock budget (local sandboxes)."""
-    cmd = agents.codex_command(
-        task_prompt(task, metadata, settings.prompt_template), base_url=settings.agent_base_url(),
-        model=settings.model, workdir=sandbox.workdir, timeout=agent_timeout(settings, metadata),
-        tool_env=SANDBOX_ENV,
-        context_length=settings.context_length,
-    )  # fmt: skip
-    env = codex_cli.build_env(token, home=sandbox.home, extra=SANDBOX_ENV)
-    if not local(sandbox):
-        return await sandbox.run(cmd, env, cwd=sandbox.workdir, timeout=agent_timeout(settings, metadata))
-    # its proxy knows the CLI's process; the token reaches the CLI through a pipe, never bwrap's environment
-    # (the sandbox's pid 1 is readable by the tools; Codex's own process and its tools' environment are not)
-    secret = {codex_cli.TOKEN_ENV: env.pop(codex_cli.TOKEN_ENV)}
-    return await sandbox.run(
-        cmd, env, cwd=sandbox.workdir, timeout=agent_timeout(settings, metadata), agent=True,
-        secret_env=secret,
-    )

@@ -85,8 +85,9 @@ class RunnerSettings(BusSettings):
         "(boot_failed, not retried within the boot)"
     )
     agent_timeout: float = Field(1800.0, gt=0, description="wall-clock budget of one agent run, seconds")
-    agent: Literal["claude_code", "codex"] = Field(
-        "claude_code", description="agent harness of rows without metadata.agent (claude_code | codex)"
+    agent: str = Field(
+        "claude_code",
+        description="agent harness of rows without metadata.agent (claude_code | codex | mini_swe_agent)",
     )
     model: str = Field("rollbus-engine", min_length=1, description="model name the CLI asks for")
     max_turns: int = Field(50, ge=1, description="agent turns allowed per rollout")
@@ -119,6 +120,15 @@ class RunnerSettings(BusSettings):
     def _has_prompt(cls, value: str) -> str:
         if "{prompt}" not in value:
             raise ValueError("the template must contain {prompt}")
+        return value
+
+    @field_validator("agent")
+    @classmethod
+    def _known_agent(cls, value: str) -> str:
+        from rollbus.services.sandbox_runner.harnesses import AGENTS
+
+        if value not in AGENTS:
+            raise ValueError(f"one of {', '.join(AGENTS)}")
         return value
 
     @field_validator("cli_args")
