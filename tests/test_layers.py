@@ -18,7 +18,13 @@ COMMANDS = ("rollbus.cli", "rollbus.commands", "rollbus.__main__")
 # lazy settings); a circle found must lie inside one of these, and none may grow
 KNOWN_CIRCLES = (
     {"rollbus.sandbox.base", "rollbus.sandbox.capture", "rollbus.sandbox.process"},
-    {"rollbus.services.sandbox_runner.remote", "rollbus.services.sandbox_runner.rollout"},
+    # the attempt flow and its harnesses: a harness names the runner's kit and settings (type-only and lazy
+    # imports), the registry imports each harness, and each harness the protocol beside the registry
+    {
+        f"rollbus.services.sandbox_runner.{name}"
+        for name in ("remote", "rollout", "settings", "harnesses", "harnesses.claude_code", "harnesses.codex",
+                     "harnesses.mini_swe_agent")
+    },
     {f"rollbus.trainer.{name}" for name in ("device", "settings", "sharding", "step")},
 )
 
