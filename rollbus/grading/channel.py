@@ -23,6 +23,51 @@ MAX_BYTES = 16 * 2**20
 ENV = "ROLLBUS_CHANNEL"
 
 
+class ReportSocket:
+    """A report socket alone, for the second run (:mod:`.second_run`): its harness is told the descriptor
+    number in its own read-only source, so nothing goes into the environment. :attr:`fd` and :attr:`fds` go
+    to the command; :meth:`collect` after it ended."""
+
+    def __init__(self, max_bytes: int = MAX_BYTES) -> None:
+        read, write = socket.socketpair()
+        self._read_fd, self.fd = read.detach(), write.detach()
+        self._max = max_bytes
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self.text = ""
+        self._reader = threading.Thread(target=self._read, name="grader-report", daemon=True)
+        self._reader.start()
+
+    @property
+    def fds(self) -> tuple[int, ...]:
+        return (self.fd,)
+
+    def _read(self) -> None:
+        try:
+            while chunk := os.read(self._read_fd, 1 << 16):
+                if self._size <= self._max:
+                    self._chunks.append(chunk)
+                self._size += len(chunk)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(self._read_fd)
+
+    def collect(self, wait_s: float = 5.0) -> str:
+        """The report, once the command is over: the host's write end closed, the reader drained."""
+        self.close()
+        self._reader.join(wait_s)
+        self.text = b"".join(self._chunks)[: self._max + 1].decode("utf-8", errors="replace")
+        return self.text
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
+
+
 class Channel:
     """One run's pipes: :attr:`env` and :attr:`fds` go to the command; :meth:`collect` after it ended."""
 
