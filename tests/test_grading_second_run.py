@@ -9,12 +9,17 @@ their 1 (``test_grading_swe_mini.py``, ``test_upstream_task.py``).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rollbus.grading import grade, parse_row
+from rollbus.grading import grade, parse_row, report
 from rollbus.grading import second_run as sr
+from rollbus.grading.channel import ReportSocket
 from rollbus.grading.run import GradeConfig
 from tests.test_grading_swe_mini import SWE_MINI, load_build
 
@@ -220,3 +225,64 @@ def test_code_written_while_the_first_run_ran_is_named(tmp_path: Any) -> None:
     assert sr.rewritten(before, sr.code_files(tmp_path)) == ["conftest.py"]
     (tmp_path / "pkg" / "mod.py").write_text("x = 2\n")
     assert sr.rewritten(before, sr.code_files(tmp_path)) == ["conftest.py", "pkg/mod.py"]
+
+
+# -- the shipped second harness, for real (the sandbox's interpreter and this venv's: pytest 7 and 9) --------
+
+UNIT = "import unittest\n\n\nclass T(unittest.TestCase):\n    def test_u(self):\n        pass\n"
+INTERPRETERS = [sys.executable] + [p for p in ["/usr/bin/python3"] if Path(p).exists()]
+TREE = {
+    "pkg/__init__.py": "",
+    "tests/__init__.py": "",
+    "pkg/helpers.py": "import pytest\n\n\n@pytest.fixture(autouse=True)\ndef ready():\n    return 1\n",
+    "tests/test_a.py": "def test_x():\n    assert 1 + 1 == 2\n\n\ndef test_y():\n    assert 1 == 2\n",
+    "tests/test_b.py": "from pkg.helpers import ready\n\n\ndef test_z():\n    assert True\n",
+    "tests/test_u.py": UNIT,
+}
+
+
+def second(tmp_path: Path, python: str, names: list[str], file: str = "") -> tuple[str | None, str]:
+    """A second run of the tests ``names`` (pytest node ids or unittest ids; ``file``: where the first run
+    saw them, else their own) over :data:`TREE` outside any sandbox: (the judgement, the report)."""
+    repo, eval_dir = tmp_path / "repo", tmp_path / "eval"
+    for rel, source in TREE.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(source)
+    eval_dir.mkdir()
+    required = [
+        sr.Required(n, str(repo / (file or n.split("::")[0])), sr.PYTEST)
+        if "::" in n
+        else sr.Required(n, str(repo / "tests" / "test_u.py"), sr.UNITTEST)
+        for n in names
+    ]
+    sink = ReportSocket()
+    try:
+        harness = sr.place(eval_dir, str(eval_dir), sink.fd, str(repo))
+        command = sr.command(harness, required).replace("python3 ", f"{python} ")
+        env = {"PATH": os.environ["PATH"], "PYTHONDONTWRITEBYTECODE": "1", **sr.env(harness)}
+        done = subprocess.run(
+            ["bash", "-c", command], cwd=repo, env=env, capture_output=True, text=True, check=False,
+            timeout=120, pass_fds=sink.fds,
+        )  # fmt: skip
+        text = sink.collect()
+    finally:
+        sink.close()
+    return sr.judge(text, done.returncode, required), text
+
+
+@pytest.mark.parametrize("python", INTERPRETERS)
+def test_the_second_harness_runs_pytest_and_unittest_tests_for_real(tmp_path: Path, python: str) -> None:
+    why, text = second(tmp_path / "ok", python, ["tests/test_a.py::test_x", "tests.test_u.T.test_u"])
+    assert why is None, text
+    why, _ = second(tmp_path / "failing", python, ["tests/test_a.py::test_y"])
+    assert why is not None and "FAILED in the second run" in why
+    why, _ = second(tmp_path / "elsewhere", python, ["tests/test_a.py::test_x"], "tests/test_b.py")
+    assert why is not None
+
+
+@pytest.mark.parametrize("python", INTERPRETERS)
+def test_the_second_harness_reports_a_fixture_from_outside_test_files(tmp_path: Path, python: str) -> None:
+    why, text = second(tmp_path, python, ["tests/test_b.py::test_z"])
+    assert why is None, text
+    events = report.audit(text)
+    assert any(e.kind == "fixture" and e.actor.endswith("pkg/helpers.py") for e in events), events

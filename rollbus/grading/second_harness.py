@@ -114,6 +114,14 @@ def pytest_fixture_setup(fixturedef, request):
     return None
 
 
+# ``@pytest.hookimpl(tryfirst=True)`` without importing pytest (this module loads in every interpreter): a
+# first-result hook, so a conftest's implementation answering first would otherwise hide the fixture from us
+pytest_fixture_setup.pytest_impl = {
+    "wrapper": False, "hookwrapper": False, "optionalhook": False, "tryfirst": True, "trylast": False,
+    "specname": None,
+}  # fmt: skip
+
+
 def pytest_runtest_teardown(item, nextitem):
     if _session["claimed"] and "runtest" in vars(item):
         report_object("framework", item.runtest, item.nodeid + ": runtest replaced")
