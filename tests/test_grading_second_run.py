@@ -234,6 +234,8 @@ INTERPRETERS = [sys.executable] + [p for p in ["/usr/bin/python3"] if Path(p).ex
 TREE = {
     "pkg/__init__.py": "",
     "tests/__init__.py": "",
+    "pkg/spawn.py": "import subprocess\n\n\ndef run():\n    return subprocess.run(['true']).returncode\n",
+    "tests/test_c.py": "from pkg.spawn import run\n\n\ndef test_spawns():\n    assert run() == 0\n",
     "pkg/helpers.py": "import pytest\n\n\n@pytest.fixture(autouse=True)\ndef ready():\n    return 1\n",
     "tests/test_a.py": "def test_x():\n    assert 1 + 1 == 2\n\n\ndef test_y():\n    assert 1 == 2\n",
     "tests/test_b.py": "from pkg.helpers import ready\n\n\ndef test_z():\n    assert True\n",
@@ -286,3 +288,11 @@ def test_the_second_harness_reports_a_fixture_from_outside_test_files(tmp_path: 
     assert why is None, text
     events = report.audit(text)
     assert any(e.kind == "fixture" and e.actor.endswith("pkg/helpers.py") for e in events), events
+
+
+@pytest.mark.parametrize("python", INTERPRETERS)
+def test_the_second_runs_audit_hook_reports_what_the_code_did(tmp_path: Path, python: str) -> None:
+    why, text = second(tmp_path, python, ["tests/test_c.py::test_spawns"])
+    assert why is None, text
+    events = report.audit(text)
+    assert any(e.kind == "process" and e.actor.endswith("pkg/spawn.py") for e in events), events

@@ -2,8 +2,9 @@
 
 Shipped into the test sandbox only after the first run ended, under a fresh random module name in a fresh
 random directory of ``/eval`` (so the first run could not list it), with three constants written above this
-text: ``REPORT_FD`` (the socket the host reads), ``AUDIT_ROOT`` (the repository), ``HARNESS_MODULE`` (its
-own name) and ``AUDIT_MODULE`` (the audit hook's module, also under a fresh name). Nothing of the first
+text: ``REPORT_FD`` (the socket the host reads) and ``AUDIT_MODULE`` (the audit hook's module, also under a
+fresh name, whose ``SINK`` the run's ``sitecustomize`` made: the hook's records wait there until this harness
+claims the socket, so the interpreter's start imports nothing of the harness itself). Nothing of the first
 harness is loaded: no ``rollbus_*`` module, no ``ROLLBUS_*`` variable, no ``PYTEST_ADDOPTS``. The same file is
 
 - a pytest plugin (``-p <name>``): every test's phases as ``pytest_runtest_logreport`` sees them, with the
@@ -13,7 +14,7 @@ harness is loaded: no ``rollbus_*`` module, no ``ROLLBUS_*`` variable, no ``PYTE
 - a unittest runner (``python3 <file> ID...``): the named tests loaded by name and run by a result class of
   its own;
 - the audit hook's sink (the run's ``sitecustomize`` installs the same PEP 578 hook as the first run's, its
-  records sent here).
+  records sent here once claimed).
 
 Records are JSON lines with a key ``e`` (a different shape from the first report's), each stamped with the
 pid of the process that claimed the socket; the claim makes the descriptor close-on-exec, so a process the
@@ -53,6 +54,10 @@ def claim():
     _claim["pid"] = os.getpid()
     emit({"e": "begin"})
     pending, _claim["pending"] = _claim["pending"], []
+    sink = getattr(_audit(), "SINK", None)  # the audit hook's records, held by the run's sitecustomize
+    if isinstance(sink, dict):
+        pending += sink.get("pending", [])
+        sink["pending"], sink["emit"] = [], emit
     for record in pending:
         emit(record)
     return True
@@ -214,5 +219,4 @@ def run_unittest(names):
 
 if __name__ == "__main__":
     sys.path[0] = os.getcwd()  # as ``python -m`` has it
-    own = sys.modules.get(HARNESS_MODULE) or sys.modules[__name__]  # noqa: F821 - the instance the hook feeds
-    sys.exit(own.run_unittest(sys.argv[1:]))
+    sys.exit(run_unittest(sys.argv[1:]))

@@ -84,19 +84,30 @@ def place(eval_dir: Path, eval_mount: str, report_fd: int, audit_root: str, obse
     harness = Harness(f"{eval_mount}/{name}", f"m{secrets.token_hex(6)}", f"a{secrets.token_hex(6)}")
     directory = eval_dir / name
     directory.mkdir()
-    header = (
-        f"REPORT_FD = {int(report_fd)}\nAUDIT_ROOT = {audit_root!r}\n"
-        f"HARNESS_MODULE = {harness.module!r}\nAUDIT_MODULE = {harness.audit_module!r}\n"
-    )
+    header = f"REPORT_FD = {int(report_fd)}\nAUDIT_MODULE = {harness.audit_module!r}\n"
     source = (here / "second_harness.py").read_text()
     (directory / f"{harness.module}.py").write_text(header + source)
     if observe:
         (directory / f"{harness.audit_module}.py").write_text((here / "sandbox_channel.py").read_text())
-        (directory / "sitecustomize.py").write_text(
-            f"try:\n    import {harness.audit_module} as _a, {harness.module} as _h\n\n"
-            "    _a.install_audit(_h.AUDIT_ROOT, _h.emit)\nexcept Exception:\n    pass\n"
-        )
+        (directory / "sitecustomize.py").write_text(SITE.format(audit=harness.audit_module, root=audit_root))
     return harness
+
+
+SITE = """try:
+    import {audit} as _a
+
+    _a.SINK = {{"emit": None, "pending": []}}
+
+    def _emit(record, _sink=_a.SINK):
+        if _sink["emit"] is not None:
+            _sink["emit"](record)
+        elif len(_sink["pending"]) < 5000:
+            _sink["pending"].append(record)
+
+    _a.install_audit({root!r}, _emit)
+except Exception:
+    pass
+"""  # the second run's sitecustomize: the audit hook, its records held until the harness claims them
 
 
 def command(harness: Harness, required: Iterable[Required]) -> str:
