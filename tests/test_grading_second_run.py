@@ -194,6 +194,13 @@ def test_the_second_run_fails_without_it(records: list[dict[str, Any]], exit_cod
     assert why in (sr.judge(second_report(*records), exit_code, FIRST) or "")
 
 
+def test_each_required_test_has_its_worst_second_run_status() -> None:
+    other = sr.Required("tests/test_a.py::test_w", HIDDEN, sr.PYTEST)
+    text = second_report(PASSING[0], case("passed"), case("failed", "teardown"), PASSING[-1])
+    assert sr.statuses(text, [*FIRST, other]) == {FIRST[0].name: "ERROR", other.name: "MISSING"}
+    assert sr.statuses("not a report", FIRST) == {FIRST[0].name: "MISSING"}
+
+
 def test_records_from_a_process_that_never_began_are_not_the_graders() -> None:
     text = second_report(*PASSING) + "\n" + second_report(case("passed"), pid=8)
     assert "not the grader's" in (sr.judge(text, 0, FIRST) or "")
@@ -222,9 +229,11 @@ def test_code_written_while_the_first_run_ran_is_named(tmp_path: Any) -> None:
     before = sr.code_files(tmp_path)
     (tmp_path / "conftest.py").write_text("planted\n")
     (tmp_path / "data.txt").write_text("data is not code\n")
-    assert sr.rewritten(before, sr.code_files(tmp_path)) == ["conftest.py"]
+    (tmp_path / "settings.toml").write_text("[x]\n")  # not a file pytest reads
+    (tmp_path / "pkg" / "pytest.ini").write_text("[pytest]\n")
+    assert sr.rewritten(before, sr.code_files(tmp_path)) == ["conftest.py", "pkg/pytest.ini"]
     (tmp_path / "pkg" / "mod.py").write_text("x = 2\n")
-    assert sr.rewritten(before, sr.code_files(tmp_path)) == ["conftest.py", "pkg/mod.py"]
+    assert sr.rewritten(before, sr.code_files(tmp_path)) == ["conftest.py", "pkg/mod.py", "pkg/pytest.ini"]
 
 
 # -- the shipped second harness, for real (the sandbox's interpreter and this venv's: pytest 7 and 9) --------

@@ -406,7 +406,13 @@ async def run_second(
     why = second_run.judge(text, ran.exit_code, required)
     if why is None:
         return first, log, text
-    return dataclasses.replace(first, solved=False, failure_kind=verdict.TESTS_FAILED, note=why), log, text
+    seen = second_run.statuses(text, required)  # each test's worse status of the two runs
+    tests = tuple(
+        t if seen.get(t.name, verdict.PASSED) == verdict.PASSED else verdict.TestResult(t.name, seen[t.name])
+        for t in first.tests
+    )
+    outcome = dataclasses.replace(first, solved=False, failure_kind=verdict.TESTS_FAILED, note=why)
+    return dataclasses.replace(outcome, tests=tests), log, text
 
 
 def with_observed(

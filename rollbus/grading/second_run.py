@@ -31,7 +31,9 @@ from pathlib import Path
 from rollbus.grading import report
 
 PYTEST, UNITTEST = "pytest", "unittest"
-CODE_SUFFIXES = (".py", ".pyc", ".pyw", ".pth", ".so", ".ini", ".cfg", ".toml")
+MISSING = "MISSING"
+CODE_SUFFIXES = (".py", ".pyc", ".pyw", ".pth", ".so")  # what an interpreter may load as code
+CONFIG_NAMES = frozenset({"pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"})  # pytest's
 MAX_SELECTORS = 5000
 
 
@@ -238,6 +240,26 @@ def judge(text: str, exit_code: int, required: Iterable[Required]) -> str | None
     return None
 
 
+def statuses(text: str, required: Iterable[Required]) -> dict[str, str]:
+    """Each required test's status in the second run (the worst of its cases; MISSING where it has none, and
+    for all of them where the report is not the grader's)."""
+    tests = list(required)
+    try:
+        runs = parse(text)
+    except ValueError:
+        return dict.fromkeys((t.name for t in tests), MISSING)
+    out = {}
+    for test in tests:
+        found = [
+            case_status(phases)
+            for run in runs
+            for (file, name), phases in run.phases.items()
+            if _same(test, file, name)
+        ]
+        out[test.name] = max(found, key=report.RANK.__getitem__) if found else MISSING
+    return out
+
+
 def _same(test: Required, file: str, name: str) -> bool:
     """The second run's ``(file, id)`` is ``test``: the same file, and the same id (pytest: the node id's
     part after the file, which does not depend on the rootdir)."""
@@ -252,14 +274,15 @@ def _same(test: Required, file: str, name: str) -> bool:
 
 
 def code_files(root: Path) -> dict[str, tuple[int, int, int, int]]:
-    """Every code or configuration file under ``root`` (``.git`` aside) with its inode, size, and modification
-    and inode-change times (the last cannot be set back from inside the sandbox); links not followed."""
+    """Every code file and pytest configuration file under ``root`` (``.git`` aside) with its inode, size, and
+    modification and inode-change times (the last cannot be set back from inside the sandbox); links not
+    followed."""
     out = {}
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         if dirpath == str(root):
             dirnames[:] = [d for d in dirnames if d != ".git"]
         for name in filenames:
-            if name.endswith(CODE_SUFFIXES):
+            if name.endswith(CODE_SUFFIXES) or name in CONFIG_NAMES:
                 full = os.path.join(dirpath, name)
                 try:
                     info = os.lstat(full)
