@@ -98,6 +98,7 @@ async def test_a_cheat_tuned_to_the_first_harness_fails_the_second(
     after = await grade(spec, patch)
     assert (after.reward, after.failure_kind) == (0.0, "tests_failed"), after
     assert "in the second run" in after.details["note"], after.details
+    assert any(t.status == "FAILED" for t in after.tests), after.tests  # the second run's status shows
 
 
 async def test_no_tell_of_the_first_harness_is_in_the_second(rows: dict[str, dict[str, Any]]) -> None:
