@@ -223,6 +223,16 @@ def test_required_tests_take_their_file_and_runner_from_the_first_run() -> None:
     assert isinstance(sr.required_tests([], lambda name: set()), str)
 
 
+def test_a_unittest_test_is_imported_from_where_the_first_run_imported_it() -> None:
+    def root(name: str, file: str) -> str:
+        return sr.Required(name, file, sr.UNITTEST).import_root
+
+    assert root("tests.test_b.T.test_y", "/workspace/tests/test_b.py") == "/workspace"
+    assert root("test_b.T.test_y", "/workspace/tests/test_b.py") == "/workspace/tests"  # discover -s tests
+    assert root("pkg.T.test_y", "/workspace/src/pkg/__init__.py") == "/workspace/src"
+    assert root("elsewhere.T.t", "/workspace/tests/test_b.py") == "/workspace/tests"
+
+
 def test_code_written_while_the_first_run_ran_is_named(tmp_path: Any) -> None:
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "mod.py").write_text("x = 1\n")
@@ -285,6 +295,8 @@ def second(tmp_path: Path, python: str, names: list[str], file: str = "") -> tup
 @pytest.mark.parametrize("python", INTERPRETERS)
 def test_the_second_harness_runs_pytest_and_unittest_tests_for_real(tmp_path: Path, python: str) -> None:
     why, text = second(tmp_path / "ok", python, ["tests/test_a.py::test_x", "tests.test_u.T.test_u"])
+    assert why is None, text
+    why, text = second(tmp_path / "discovered", python, ["test_u.T.test_u"])  # ``discover -s tests``
     assert why is None, text
     why, _ = second(tmp_path / "failing", python, ["tests/test_a.py::test_y"])
     assert why is not None and "FAILED in the second run" in why

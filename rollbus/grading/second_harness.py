@@ -217,6 +217,19 @@ def run_unittest(names):
     return 0 if ok else 1
 
 
+def main(argv):
+    """``[--path ROOT]... ID...``: the working directory first on ``sys.path`` (as ``python -m`` has it), then
+    each ROOT the first run imported a test module from."""
+    names, roots = [], []
+    while argv:
+        arg = argv.pop(0)
+        if arg == "--path" and argv:
+            roots.append(argv.pop(0))
+        else:
+            names.append(arg)
+    sys.path[0:1] = [os.getcwd(), *(r for r in roots if r != os.getcwd())]
+    return run_unittest(names)
+
+
 if __name__ == "__main__":
-    sys.path[0] = os.getcwd()  # as ``python -m`` has it
-    sys.exit(run_unittest(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]))

@@ -26,7 +26,7 @@ import shlex
 import signal
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from rollbus.grading import report
 
@@ -44,6 +44,18 @@ class Required:
     name: str  # the first report's name (a pytest node id, a unittest id)
     file: str  # absolute in the sandbox: where the first run collected it
     runner: str  # PYTEST or UNITTEST
+
+    @property
+    def import_root(self) -> str:
+        """unittest: the ``sys.path`` entry the first run imported the test's module from (the file's path
+        less the module's dotted name: ``discover -s tests`` names ``test_x.T.t`` from ``tests/``)."""
+        stem = PurePosixPath(self.file).with_suffix("")
+        parts = list(stem.parts[:-1] if stem.name == "__init__" else stem.parts)
+        dotted = self.name.split(".")
+        for k in range(min(len(parts) - 1, len(dotted)), 0, -1):
+            if dotted[:k] == parts[-k:]:
+                return str(PurePosixPath(*parts[:-k]))
+        return str(PurePosixPath(*parts[:-1]))
 
     @property
     def selector(self) -> str:
@@ -122,7 +134,9 @@ def command(harness: Harness, required: Iterable[Required]) -> str:
     if pytest_ids:
         parts.append(f"python3 -m pytest -q -p no:cacheprovider -p {harness.module} " + " ".join(pytest_ids))
     if unittest_ids:
-        parts.append(f"python3 {harness.directory}/{harness.module}.py " + " ".join(unittest_ids))
+        roots = dict.fromkeys(t.import_root for t in tests if t.runner == UNITTEST)
+        paths = " ".join(f"--path {shlex.quote(root)}" for root in roots)
+        parts.append(f"python3 {harness.directory}/{harness.module}.py {paths} " + " ".join(unittest_ids))
     return " && ".join(parts)
 
 
