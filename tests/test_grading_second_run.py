@@ -19,7 +19,7 @@ import pytest
 
 from rollbus.grading import grade, parse_row, report
 from rollbus.grading import second_run as sr
-from rollbus.grading.channel import ReportSocket
+from rollbus.grading.channel import ReportListener
 from rollbus.grading.run import GradeConfig
 from tests.test_grading_swe_mini import SWE_MINI, load_build
 
@@ -233,6 +233,23 @@ def test_a_unittest_test_is_imported_from_where_the_first_run_imported_it() -> N
     assert root("elsewhere.T.t", "/workspace/tests/test_b.py") == "/workspace/tests"
 
 
+def test_each_runner_gets_a_command_of_its_own() -> None:
+    tests = [
+        sr.Required("tests.test_u.T.test_u", "/w/tests/test_u.py", sr.UNITTEST),
+        sr.Required("tests/test_a.py::test_x", "/w/tests/test_a.py", sr.PYTEST),
+    ]
+    groups = sr.by_runner(tests)
+    assert groups == [[tests[1]], [tests[0]]]
+    harness = sr.Harness("/eval/h1", "m1", "a1")
+    assert (
+        sr.command(harness, groups[0])
+        == "python3 -m pytest -q -p no:cacheprovider -p m1 /w/tests/test_a.py::test_x"
+    )
+    assert sr.command(harness, groups[1]) == "python3 /eval/h1/m1.py --path /w tests.test_u.T.test_u"
+    with pytest.raises(ValueError):
+        sr.command(harness, tests)
+
+
 def test_code_written_while_the_first_run_ran_is_named(tmp_path: Any) -> None:
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "mod.py").write_text("x = 1\n")
@@ -277,19 +294,22 @@ def second(tmp_path: Path, python: str, names: list[str], file: str = "") -> tup
         else sr.Required(n, str(repo / "tests" / "test_u.py"), sr.UNITTEST)
         for n in names
     ]
-    sink = ReportSocket()
-    try:
-        harness = sr.place(eval_dir, str(eval_dir), sink.fd, str(repo))
-        command = sr.command(harness, required).replace("python3 ", f"{python} ")
-        env = {"PATH": os.environ["PATH"], "PYTHONDONTWRITEBYTECODE": "1", **sr.env(harness)}
-        done = subprocess.run(
-            ["bash", "-c", command], cwd=repo, env=env, capture_output=True, text=True, check=False,
-            timeout=120, pass_fds=sink.fds,
-        )  # fmt: skip
-        text = sink.collect()
-    finally:
-        sink.close()
-    return sr.judge(text, done.returncode, required), text
+    texts, why = [], None
+    for group in sr.by_runner(required):
+        harness, socket_path = sr.place(eval_dir, str(eval_dir), str(repo))
+        sink = ReportListener(socket_path)
+        try:
+            command = sr.command(harness, group).replace("python3 ", f"{python} ")
+            env = {"PATH": os.environ["PATH"], "PYTHONDONTWRITEBYTECODE": "1", **sr.env(harness)}
+            done = subprocess.run(
+                ["bash", "-c", command], cwd=repo, env=env, capture_output=True, text=True, check=False,
+                timeout=120,
+            )  # fmt: skip
+            texts.append(sink.collect())
+        finally:
+            sink.close()
+        why = why or sr.judge(texts[-1], done.returncode, group)
+    return why, "\n".join(texts)
 
 
 @pytest.mark.parametrize("python", INTERPRETERS)

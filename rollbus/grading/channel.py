@@ -23,49 +23,65 @@ MAX_BYTES = 16 * 2**20
 ENV = "ROLLBUS_CHANNEL"
 
 
-class ReportSocket:
-    """A report socket alone, for the second run (:mod:`.second_run`): its harness is told the descriptor
-    number in its own read-only source, so nothing goes into the environment. :attr:`fd` and :attr:`fds` go
-    to the command; :meth:`collect` after it ended."""
+class ReportListener:
+    """The second run's report (:mod:`.second_run`): a unix socket ``path`` in a host directory the sandbox
+    already mounts (``/eval``), listening for one connection, which its harness makes before any code of the
+    repository runs; the listener then closes and its file goes, so nothing else connects. No descriptor is
+    inherited and nothing goes into the environment, so any backend that mounts the directory carries it.
+    :meth:`collect` after the command ended."""
 
-    def __init__(self, max_bytes: int = MAX_BYTES) -> None:
-        read, write = socket.socketpair()
-        self._read_fd, self.fd = read.detach(), write.detach()
+    def __init__(self, path: os.PathLike[str] | str, max_bytes: int = MAX_BYTES) -> None:
+        self.path = os.fspath(path)
+        if len(self.path.encode()) >= 100:
+            raise ValueError(f"the report socket's path is too long for a unix socket: {self.path}")
+        os.chmod(os.path.dirname(self.path), 0o755)  # the sandbox's uid reaches the socket in it
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(self.path)
+        os.chmod(self.path, 0o777)  # the sandbox's uid connects (once)
+        self._listener.listen(1)
         self._max = max_bytes
         self._chunks: list[bytes] = []
         self._size = 0
         self.text = ""
-        self._reader = threading.Thread(target=self._read, name="grader-report", daemon=True)
+        self._reader = threading.Thread(target=self._serve, name="grader-report", daemon=True)
         self._reader.start()
 
-    @property
-    def fds(self) -> tuple[int, ...]:
-        return (self.fd,)
-
-    def _read(self) -> None:
+    def _serve(self) -> None:
         try:
-            while chunk := os.read(self._read_fd, 1 << 16):
-                if self._size <= self._max:
+            conn, _ = self._listener.accept()
+        except OSError:
+            return
+        finally:
+            self._stop_listening()
+        with conn:
+            while True:
+                try:
+                    chunk = conn.recv(1 << 16)
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                if self._size <= self._max:  # past the cap: drained, not kept
                     self._chunks.append(chunk)
                 self._size += len(chunk)
-        except OSError:
-            pass
-        finally:
-            with contextlib.suppress(OSError):
-                os.close(self._read_fd)
+
+    def _stop_listening(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes an accept still waiting
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
 
     def collect(self, wait_s: float = 5.0) -> str:
-        """The report, once the command is over: the host's write end closed, the reader drained."""
-        self.close()
+        """The report, once the command is over (its processes gone: the connection's other end closed)."""
+        self._stop_listening()
         self._reader.join(wait_s)
         self.text = b"".join(self._chunks)[: self._max + 1].decode("utf-8", errors="replace")
         return self.text
 
     def close(self) -> None:
-        if self.fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self.fd)
-            self.fd = -1
+        self._stop_listening()
 
 
 class Channel:

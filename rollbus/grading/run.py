@@ -42,7 +42,7 @@ from typing import Any
 from rollbus.grading import canaries as canary
 from rollbus.grading import flags as fl
 from rollbus.grading import observed, report, second_run, tamper, toolchain, trees, verdict
-from rollbus.grading.channel import Channel, ReportSocket
+from rollbus.grading.channel import Channel, ReportListener
 from rollbus.grading.patches import PatchRejected, Sanitized, sanitize
 from rollbus.grading.rows import EvalCmd, F2PScript, GradingSpec, Harbor, Swepro
 from rollbus.grading.verdict import Evidence, GradeResult, Verdict, failed
@@ -389,24 +389,29 @@ async def run_second(
     if isinstance(required, str):
         outcome = dataclasses.replace(first, solved=False, failure_kind=verdict.TESTS_FAILED, note=required)
         return outcome, "", ""
-    sink = ReportSocket()
-    try:
-        harness = second_run.place(eval_dir, EVAL_DIR, sink.fd, sandbox.workdir, observe)
-        env = BASE_ENV | {"HOME": sandbox.home} | second_run.env(harness)
-        command = shell(spec, second_run.command(harness, required))
-        ran = await sandbox.run(command, env, timeout=_left(deadline), pass_fds=sink.fds)
-        text = sink.collect()
-    finally:
-        sink.close()
-    log = f"\n$ second run\n{ran.stdout}{ran.stderr}"
-    if ran.timed_out:
-        raise TimeoutError
-    if limit := sandbox_failure(ran):
-        return Verdict(False, limit, first.tests, f"the second run hit a sandbox limit: {limit}"), log, text
-    why = second_run.judge(text, ran.exit_code, required)
+    log, texts, why = "", [], None
+    for group in second_run.by_runner(required):  # one command per runner, each its own harness and socket
+        harness, socket_path = second_run.place(eval_dir, EVAL_DIR, sandbox.workdir, observe)
+        sink = ReportListener(socket_path)
+        try:
+            env = BASE_ENV | {"HOME": sandbox.home} | second_run.env(harness)
+            command = shell(spec, second_run.command(harness, group))
+            ran = await sandbox.run(command, env, timeout=_left(deadline))
+            texts.append(sink.collect())
+        finally:
+            sink.close()
+        log += f"\n$ second run\n{ran.stdout}{ran.stderr}"
+        if ran.timed_out:
+            raise TimeoutError
+        if limit := sandbox_failure(ran):
+            note = f"the second run hit a sandbox limit: {limit}"
+            return Verdict(False, limit, first.tests, note), log, "\n".join(texts)
+        if why := second_run.judge(texts[-1], ran.exit_code, group):
+            break
+    text = "\n".join(texts)
     if why is None:
         return first, log, text
-    seen = second_run.statuses(text, required)  # each test's worse status of the two runs
+    seen = second_run.statuses(texts[-1], required)  # each test's worse status of the two runs
     tests = tuple(
         t if seen.get(t.name, verdict.PASSED) == verdict.PASSED else verdict.TestResult(t.name, seen[t.name])
         for t in first.tests

@@ -1,11 +1,12 @@
 """The grader's second harness: an independently written reporter for the second run of the required tests.
 
 Shipped into the test sandbox only after the first run ended, under a fresh random module name in a fresh
-random directory of ``/eval`` (so the first run could not list it), with three constants written above this
-text: ``REPORT_FD`` (the socket the host reads) and ``AUDIT_MODULE`` (the audit hook's module, also under a
-fresh name, whose ``SINK`` the run's ``sitecustomize`` made: the hook's records wait there until this harness
-claims the socket, so the interpreter's start imports nothing of the harness itself). Nothing of the first
-harness is loaded: no ``rollbus_*`` module, no ``ROLLBUS_*`` variable, no ``PYTEST_ADDOPTS``. The same file is
+random directory of ``/eval`` (so the first run could not list it), with two constants written above this
+text: ``REPORT_PATH`` (the unix socket the host listens on, beside this file) and ``AUDIT_MODULE`` (the audit
+hook's module, also under a fresh name, whose ``SINK`` the run's ``sitecustomize`` made: the hook's records
+wait there until this harness claims the socket, so the interpreter's start imports nothing of the harness
+itself). Nothing of the first harness is loaded: no ``rollbus_*`` module, no ``ROLLBUS_*`` variable, no
+``PYTEST_ADDOPTS``. The same file is
 
 - a pytest plugin (``-p <name>``): every test's phases as ``pytest_runtest_logreport`` sees them, with the
   file its node id names (absolute), modules lost while collected, fixtures set up from files other than test
@@ -16,9 +17,11 @@ harness is loaded: no ``rollbus_*`` module, no ``ROLLBUS_*`` variable, no ``PYTE
 - the audit hook's sink (the run's ``sitecustomize`` installs the same PEP 578 hook as the first run's, its
   records sent here once claimed).
 
-Records are JSON lines with a key ``e`` (a different shape from the first report's), each stamped with the
-pid of the process that claimed the socket; the claim makes the descriptor close-on-exec, so a process the
-tested code starts reports nothing. Runs under the sandbox's Python; imports nothing of rollbus.
+Records are JSON lines with a key ``e`` (a different shape from the first report's), each stamped with the pid
+of the process that claimed the socket. The claim is a connection, made when pytest loads the plugin (or the
+runner starts), before any code of the repository; the host accepts that one and stops listening, and the
+descriptor is close-on-exec, so a process the tested code starts can neither connect nor inherit it. Runs
+under the sandbox's Python; imports nothing of rollbus.
 """
 
 import json
@@ -37,18 +40,24 @@ def emit(record):
     line = (json.dumps({**record, "pid": _claim["pid"]}) + "\n").encode()
     try:
         while line:
-            line = line[os.write(REPORT_FD, line) :]  # noqa: F821 - written above this text
+            line = line[os.write(_claim["fd"], line) :]
     except OSError:
         pass
 
 
 def claim():
-    """This process reports: the socket made close-on-exec, held records sent, ``begin`` written."""
+    """This process reports: connected to the host's socket (close-on-exec), held records sent, ``begin``
+    written. False when the host takes no connection (another process has it)."""
     if _claim["pid"] is not None:
         return True
+    import socket
+
     try:
-        os.fstat(REPORT_FD)  # noqa: F821
-        os.set_inheritable(REPORT_FD, False)  # noqa: F821
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(10)
+            conn.connect(REPORT_PATH)  # noqa: F821 - written above this text
+            conn.settimeout(None)
+            _claim["fd"] = conn.detach()
     except OSError:
         return False
     _claim["pid"] = os.getpid()

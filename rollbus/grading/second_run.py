@@ -2,14 +2,15 @@
 
 Code under test shares its process with the harness that judges it, so it can tell that harness apart (its
 module names, its environment, its stack) and forge only there. After a first run that solved the row, the
-same sandbox (through the same ``sandbox.run`` as the first run, whatever the backend) runs each required
-test once more under :mod:`.second_harness`: placed only now, under fresh random names, loaded without
-``PYTEST_ADDOPTS`` or any ``ROLLBUS_*`` variable, reporting through a socket of its own in a record shape of
-its own; pytest tests are selected by their absolute file and node id with ``python3 -m pytest`` instead of
-the row's command, unittest tests by id through the harness's own loader instead of the first run's
-``TestProgram``. The verdict needs both: every required test collected again from the file the first run
-collected it from, its call phase run, passed, the run ended on its own with status 0. A cheat tuned to one
-harness's machinery fails the other.
+same sandbox (through the same ``sandbox.run`` as the first run, whatever the backend) runs each required test
+once more under :mod:`.second_harness`: placed only now, under fresh random names, loaded without
+``PYTEST_ADDOPTS`` or any ``ROLLBUS_*`` variable, reporting in a record shape of its own through a unix socket
+of its own beside it in ``/eval`` (one connection, made before any repository code; no descriptor passed, so
+any backend that mounts ``/eval`` carries it); pytest tests are selected by their absolute file and node id
+with ``python3 -m pytest`` instead of the row's command, unittest tests by id through the harness's own loader
+instead of the first run's ``TestProgram``. The verdict needs both: every required test collected again from
+the file the first run collected it from, its call phase run, passed, the run ended on its own with status 0.
+A cheat tuned to one harness's machinery fails the other.
 
 Before the first run the repository's code files are listed with their inode change times; one the first
 run created or rewrote (a ``conftest.py`` planted while the tests ran, a module rewritten in place) would be
@@ -90,21 +91,26 @@ class Harness:
     audit_module: str
 
 
-def place(eval_dir: Path, eval_mount: str, report_fd: int, audit_root: str, observe: bool = True) -> Harness:
+REPORT_SOCKET = "r"  # the report socket's file name in the harness's directory
+
+
+def place(eval_dir: Path, eval_mount: str, audit_root: str, observe: bool = True) -> tuple[Harness, Path]:
     """Write the second harness (and, with ``observe``, a ``sitecustomize`` installing the audit hook) into a
-    fresh directory of ``eval_dir`` (mounted at ``eval_mount`` in the sandbox), under fresh names."""
+    fresh directory of ``eval_dir`` (mounted at ``eval_mount`` in the sandbox), under fresh names; returns it
+    and the host path its report socket is to listen on (:class:`~rollbus.grading.channel.ReportListener`)."""
     here = Path(__file__).resolve().parent
     name = f"h{secrets.token_hex(6)}"
     harness = Harness(f"{eval_mount}/{name}", f"m{secrets.token_hex(6)}", f"a{secrets.token_hex(6)}")
     directory = eval_dir / name
     directory.mkdir()
-    header = f"REPORT_FD = {int(report_fd)}\nAUDIT_MODULE = {harness.audit_module!r}\n"
+    report_path = f"{harness.directory}/{REPORT_SOCKET}"
+    header = f"REPORT_PATH = {report_path!r}\nAUDIT_MODULE = {harness.audit_module!r}\n"
     source = (here / "second_harness.py").read_text()
     (directory / f"{harness.module}.py").write_text(header + source)
     if observe:
         (directory / f"{harness.audit_module}.py").write_text((here / "sandbox_channel.py").read_text())
         (directory / "sitecustomize.py").write_text(SITE.format(audit=harness.audit_module, root=audit_root))
-    return harness
+    return harness, directory / REPORT_SOCKET
 
 
 SITE = """try:
@@ -124,20 +130,24 @@ except Exception:
 """  # the second run's sitecustomize: the audit hook, its records held until the harness claims them
 
 
-def command(harness: Harness, required: Iterable[Required]) -> str:
-    """The shell command of the second run: one pytest run of the pytest tests, one unittest run of the
-    unittest ones."""
+def by_runner(required: Iterable[Required]) -> list[list[Required]]:
+    """The required tests as one group per runner (pytest's, then unittest's): each group is one command with
+    a harness and a report socket of its own (the socket takes one connection)."""
     tests = list(required)
-    parts = []
-    pytest_ids = [shlex.quote(t.selector) for t in tests if t.runner == PYTEST]
-    unittest_ids = [shlex.quote(t.selector) for t in tests if t.runner == UNITTEST]
-    if pytest_ids:
-        parts.append(f"python3 -m pytest -q -p no:cacheprovider -p {harness.module} " + " ".join(pytest_ids))
-    if unittest_ids:
-        roots = dict.fromkeys(t.import_root for t in tests if t.runner == UNITTEST)
-        paths = " ".join(f"--path {shlex.quote(root)}" for root in roots)
-        parts.append(f"python3 {harness.directory}/{harness.module}.py {paths} " + " ".join(unittest_ids))
-    return " && ".join(parts)
+    return [g for g in ([t for t in tests if t.runner == r] for r in (PYTEST, UNITTEST)) if g]
+
+
+def command(harness: Harness, group: Iterable[Required]) -> str:
+    """The shell command that runs one runner's group (:func:`by_runner`) under ``harness``."""
+    tests = list(group)
+    ids = " ".join(shlex.quote(t.selector) for t in tests)
+    if all(t.runner == PYTEST for t in tests):
+        return f"python3 -m pytest -q -p no:cacheprovider -p {harness.module} {ids}"
+    if any(t.runner == PYTEST for t in tests):
+        raise ValueError("one second-run command runs one runner's tests")
+    roots = dict.fromkeys(t.import_root for t in tests)
+    paths = " ".join(f"--path {shlex.quote(root)}" for root in roots)
+    return f"python3 {harness.directory}/{harness.module}.py {paths} {ids}"
 
 
 def env(harness: Harness) -> dict[str, str]:
