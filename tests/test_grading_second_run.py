@@ -250,6 +250,24 @@ def test_each_runner_gets_a_command_of_its_own() -> None:
         sr.command(harness, tests)
 
 
+def test_the_report_socket_takes_one_connection_even_under_a_long_path(tmp_path: Path) -> None:
+    import socket
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)  # past a unix socket's 108 bytes
+    deep.mkdir(parents=True)
+    sink = ReportListener(deep / "r")
+    held = os.open(deep, os.O_PATH | os.O_DIRECTORY)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as first:
+            first.connect(f"/proc/self/fd/{held}/r")
+            first.sendall(b'{"e": "begin", "pid": 1}\n')
+    finally:
+        os.close(held)
+        text = sink.collect()
+    assert text == '{"e": "begin", "pid": 1}\n'
+    assert not (deep / "r").exists()  # accepted once, then gone: nothing else connects
+
+
 def test_code_written_while_the_first_run_ran_is_named(tmp_path: Any) -> None:
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "mod.py").write_text("x = 1\n")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import socket
 import threading
 from collections.abc import Mapping
@@ -32,17 +33,21 @@ class ReportListener:
 
     def __init__(self, path: os.PathLike[str] | str, max_bytes: int = MAX_BYTES) -> None:
         self.path = os.fspath(path)
-        if len(self.path.encode()) >= 100:
-            raise ValueError(f"the report socket's path is too long for a unix socket: {self.path}")
-        os.chmod(os.path.dirname(self.path), 0o755)  # the sandbox's uid reaches the socket in it
+        directory, name = os.path.split(self.path)
+        os.chmod(directory, 0o755)  # the sandbox's uid reaches the socket in it
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(self.path)
+        held = os.open(directory, os.O_PATH | os.O_DIRECTORY)
+        try:  # through the directory's descriptor: however deep the scratch directory, the path fits
+            self._listener.bind(f"/proc/self/fd/{held}/{name}")
+        finally:
+            os.close(held)
         os.chmod(self.path, 0o777)  # the sandbox's uid connects (once)
         self._listener.listen(1)
         self._max = max_bytes
         self._chunks: list[bytes] = []
         self._size = 0
         self.text = ""
+        self._accepted = threading.Event()
         self._reader = threading.Thread(target=self._serve, name="grader-report", daemon=True)
         self._reader.start()
 
@@ -52,6 +57,7 @@ class ReportListener:
         except OSError:
             return
         finally:
+            self._accepted.set()
             self._stop_listening()
         with conn:
             while True:
@@ -74,7 +80,11 @@ class ReportListener:
             os.unlink(self.path)
 
     def collect(self, wait_s: float = 5.0) -> str:
-        """The report, once the command is over (its processes gone: the connection's other end closed)."""
+        """The report, once the command is over (its processes gone: the connection's other end closed). A
+        connection still waiting in the backlog is accepted first: stopping the listener would drop it."""
+        with contextlib.suppress(OSError, ValueError):
+            if select.select([self._listener], [], [], 0)[0]:
+                self._accepted.wait(wait_s)
         self._stop_listening()
         self._reader.join(wait_s)
         self.text = b"".join(self._chunks)[: self._max + 1].decode("utf-8", errors="replace")
