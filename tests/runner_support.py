@@ -19,6 +19,7 @@ from aiokafka import TopicPartition
 
 from rollbus.kafka import clients
 from rollbus.replay import ReadPlan, read
+from rollbus.rows import RowKeys, parse_row, tasks_for
 from rollbus.topics import describe, topic_name
 from tests.e2e_support import EXAMPLES, Rig
 
@@ -149,3 +150,36 @@ async def group_lag(bootstrap: str, namespace: str, consumer_group: str) -> int:
             committed = await consumer.committed(tp)
             lag += ends[tp] - (committed or 0)
         return lag
+
+
+CALC_IMAGE = "rollbus-test/calc:1"
+CALC_DOCKERFILE = """FROM {base}
+COPY repo /workspace
+RUN cd /workspace && git init -q && git add -A && git -c user.name=a -c user.email=a@b commit -qm base
+"""
+
+
+def build_calc_image() -> str:
+    """``examples/buggy_repo`` at /workspace of an image built from the base image (Python, git, no CLI)."""
+    import io
+    import tarfile
+
+    from rollbus.sandbox import docker_engine, docker_images
+
+    client = docker_engine.client()
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        dockerfile = CALC_DOCKERFILE.format(base=docker_images.ensure_base_image(client)).encode()
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(dockerfile)
+        tar.addfile(info, io.BytesIO(dockerfile))
+        tar.add(EXAMPLES / "buggy_repo", arcname="repo")
+    context.seek(0)
+    client.images.build(fileobj=context, custom_context=True, tag=CALC_IMAGE, rm=True, network_mode="none")
+    return CALC_IMAGE
+
+
+def container_task(image: str, instance: str, data_dir: Path) -> dict:
+    (task,) = tasks_for(parse_row(json.dumps(calc_row(instance)), 1, RowKeys(), data_dir), 1)
+    task["metadata"] = json.dumps({**json.loads(task["metadata"]), "image": image})  # a container image
+    return task

@@ -20,7 +20,7 @@ from rollbus.grading import grade, parse_row
 from rollbus.grading.observed import runtime_flags
 from rollbus.grading.report import AuditEvent
 from tests.test_grading_channel import LAUNDER
-from tests.test_grading_swe_mini import SWE_MINI, append_to, load_build
+from tests.test_grading_swe_mini import SWE_MINI, append_to, grade_on, load_build, over_backends
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +79,13 @@ ATTACKS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(ATTACKS))
+@pytest.mark.parametrize("backend,name", over_backends(sorted(ATTACKS), {"assert_equal_through_runpy_txt"}))
 async def test_what_changed_code_does_while_it_runs_is_flagged(
-    rows: dict[str, dict[str, Any]], name: str
+    rows: dict[str, dict[str, Any]], backend: str, name: str
 ) -> None:
+    """The audit hook's records reach the grader through the channel (in a container: over its socket)."""
     task, patch, expected = ATTACKS[name]
-    result = await grade(parse_row(rows[task], SWE_MINI), patch)
+    result = await grade_on(backend)(parse_row(rows[task], SWE_MINI), patch)
     assert result.reward == 0.0, result
     assert expected <= set(result.flags), (result.flags, result.details.get("observed"))
     assert result.details["observed"], result

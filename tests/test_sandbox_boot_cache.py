@@ -157,7 +157,8 @@ async def test_the_cache_entry_is_out_of_every_sandboxs_reach(image: Path, scrat
             [
                 "sh",
                 "-c",
-                f"find / -path /proc -prune -o -path /sys -prune -o -name {marker} -print 2>/dev/null | head -3; "
+                "find / -path /proc -prune -o -path /sys -prune -o "
+                f"-name {marker} -print 2>/dev/null | head -3; "
                 "for top in /*; do case $top in /usr|/proc|/sys) ;; "
                 f"*) grep -rsl {marker} $top | head -3;; esac; done; "
                 f"ls {entry} {scratch} 2>&1 | head -3",

@@ -21,7 +21,14 @@ from rollbus.services.grader.core import grade_diff
 from rollbus.services.sandbox_runner.main import run_one
 from rollbus.services.sandbox_runner.settings import RunnerSettings
 from tests.e2e_support import EXAMPLES, Rig, Rollout, rollout_events
-from tests.runner_support import FIXED_LINE, RUNNER_SCRIPTS, calc_row, scripts_dir
+from tests.runner_support import (
+    FIXED_LINE,
+    RUNNER_SCRIPTS,
+    build_calc_image,
+    calc_row,
+    container_task,
+    scripts_dir,
+)
 from tests.test_e2e_claude_code import assert_trains_every_sampled_token
 from tests.test_e2e_provenance import trained
 
@@ -165,3 +172,29 @@ async def test_a_tool_hunting_the_session_token_finds_it_nowhere_and_main_trains
     assert trained(rollout) == [("main", "final")]
     assert_trains_every_sampled_token(rollout, ["final"])
     assert reward == 1.0  # and the CLI's own work went on: its patch fixed the bug
+
+
+@pytest.fixture(scope="module")
+def calc_image() -> str:
+    return build_calc_image()
+
+
+@pytest.mark.docker
+async def test_with_backend_docker_codex_fixes_the_task_in_a_container_of_its_image(
+    rig: Rig, calc_image: str, data_dir: Path, tmp_path: Path
+) -> None:
+    """The real Codex CLI (the cached binary, mounted read-only) in a container of the task's image; the
+    grader grades its diff in a container of the digest it ran: 1, every sampled token trained."""
+    task = container_task(calc_image, "codex-fix", data_dir)
+    task["metadata"] = json.dumps({**json.loads(task["metadata"]), "agent": "codex"})
+    options = {"adapter_url": rig.url, "admin_token": rig.admin_token, "backend": "docker"}
+    diff = await run_one(RunnerSettings.load({**options, "sandbox_root": tmp_path / "sandboxes"}), task)
+    assert diff["failure_kind"] is None and diff["exit_status"] == 0, diff["error"]
+    assert FIXED_LINE.encode() in diff["patch"] and str(diff["image_digest"]).startswith("sha256:")
+    graded = await grade_diff(diff, data_dir, GradeConfig(backend="docker"))
+    assert (graded.reward, graded.details["image_digest"]) == (1.0, diff["image_digest"]), graded
+    turns = await rollout_events(rig.bootstrap, rig.namespace, "turns", diff["rollout_id"])
+    sessions = await rollout_events(rig.bootstrap, rig.namespace, "sessions", diff["rollout_id"])
+    rollout = Rollout(diff["rollout_id"], None, Path(), turns, sessions)  # type: ignore[arg-type]
+    assert_trains_every_sampled_token(rollout, ["final"])
+    assert not list((tmp_path / "sandboxes").glob("*.docker"))

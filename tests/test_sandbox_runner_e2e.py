@@ -39,7 +39,9 @@ from tests.runner_support import (
     RUNNER_SCRIPTS,
     RunnerProcess,
     all_events,
+    build_calc_image,
     calc_row,
+    container_task,
     group_lag,
     scripts_dir,
     submit,
@@ -360,38 +362,10 @@ async def test_swe_mini_scripts_that_fail_on_purpose_score_zero(
 
 # --- the container backend: the same runner with --backend docker, the CLI mounted into an image ----------
 
-CALC_IMAGE = "rollbus-test/calc:1"
-CALC_DOCKERFILE = """FROM {base}
-COPY repo /workspace
-RUN cd /workspace && git init -q && git add -A && git -c user.name=a -c user.email=a@b commit -qm base
-"""
-
 
 @pytest.fixture(scope="module")
 def calc_image() -> str:
-    """``examples/buggy_repo`` at /workspace of an image built from the base image (Python, git, no CLI)."""
-    import io
-    import tarfile
-
-    from rollbus.sandbox import docker_engine, docker_images
-
-    client = docker_engine.client()
-    context = io.BytesIO()
-    with tarfile.open(fileobj=context, mode="w") as tar:
-        dockerfile = CALC_DOCKERFILE.format(base=docker_images.ensure_base_image(client)).encode()
-        info = tarfile.TarInfo("Dockerfile")
-        info.size = len(dockerfile)
-        tar.addfile(info, io.BytesIO(dockerfile))
-        tar.add(EXAMPLES / "buggy_repo", arcname="repo")
-    context.seek(0)
-    client.images.build(fileobj=context, custom_context=True, tag=CALC_IMAGE, rm=True, network_mode="none")
-    return CALC_IMAGE
-
-
-def container_task(image: str, instance: str, data_dir: Path) -> dict:
-    (task,) = tasks_for(parse_row(json.dumps(calc_row(instance)), 1, RowKeys(), data_dir), 1)
-    task["metadata"] = json.dumps({**json.loads(task["metadata"]), "image": image})  # a container image
-    return task
+    return build_calc_image()
 
 
 @pytest.mark.docker
@@ -410,3 +384,89 @@ async def test_with_backend_docker_the_real_cli_fixes_the_task_in_a_container_of
     idle = await run_one(settings, container_task(calc_image, "calc-noedit", data_dir))
     assert idle["failure_kind"] is None and idle["patch"] == b"", idle["error"]
     assert not list((tmp_path / "sandboxes").glob("*.docker"))
+
+
+# --- a SWE-bench-shaped task in its own image: submit's reader, the CLI in docker, the grade in docker -----
+
+SWEBENCH_IMAGE = "rollbus-test/swebench-buggy:1"
+# the repository at /testbed at its base commit (its fix on a later branch, never seen in a sandbox), its own
+# Python environment first on PATH, as SWE-bench images keep theirs in conda
+SWEBENCH_DOCKERFILE = """FROM {base}
+RUN python3 -m venv --without-pip --system-site-packages /opt/testbed
+ENV PATH=/opt/testbed/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+COPY repo /testbed
+WORKDIR /testbed
+"""
+HIDDEN_TEST = (
+    "import unittest\n\nfrom calc import sum_to\n\n\nclass HiddenTest(unittest.TestCase):\n"
+    "    def test_five(self) -> None:\n        self.assertEqual(sum_to(5), 15)\n"
+)
+
+
+@pytest.fixture(scope="module")
+def swebench_row(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A SWE-bench row (as published, plus its image's name) over ``examples/buggy_repo``, its image built
+    from the base image (cached by the engine: built once per machine)."""
+    from rollbus.sandbox import docker_engine, docker_images
+    from tests.test_validate import git
+
+    root = tmp_path_factory.mktemp("swebench")
+    repo = root / "context" / "repo"
+    shutil.copytree(EXAMPLES / "buggy_repo", repo)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "base")
+    base = git(repo, "rev-parse", "HEAD")
+    calc = (repo / "calc.py").read_text()
+    (repo / "calc.py").write_text(calc.replace("range(1, n))", "range(1, n + 1))"))
+    gold = git(repo, "diff") + "\n"
+    (repo / "test_hidden.py").write_text(HIDDEN_TEST)
+    git(repo, "add", "-N", "test_hidden.py")
+    test_patch = git(repo, "diff", "--", "test_hidden.py") + "\n"
+    git(repo, "checkout", "-q", "-b", "fix")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "the fix")
+    git(repo, "checkout", "-q", "main")
+    client = docker_engine.client()
+    dockerfile = SWEBENCH_DOCKERFILE.format(base=docker_images.ensure_base_image(client))
+    (root / "context" / "Dockerfile").write_text(dockerfile)
+    client.images.build(path=str(root / "context"), tag=SWEBENCH_IMAGE, rm=True, network_mode="none")
+    return {
+        "instance_id": "local__buggy-1", "repo": "local/buggy", "base_commit": base, "patch": gold,
+        "test_patch": test_patch, "problem_statement": "sum_to(n) leaves n out of the sum.",
+        "image_name": SWEBENCH_IMAGE, "FAIL_TO_PASS": json.dumps(["test_hidden.py::HiddenTest::test_five"]),
+        "PASS_TO_PASS": json.dumps(["test_calc.py::SumToTest::test_below_one"]), "version": "1.0",
+    }  # fmt: skip
+
+
+@pytest.mark.docker
+async def test_a_swebench_task_in_its_image_is_solved_by_the_cli_and_graded_in_its_container(
+    rig: Rig, swebench_row: dict, tmp_path: Path
+) -> None:
+    """The row read by ``rollbus submit``'s SWE-bench reader; the real CLI in a container of its image fixes
+    /testbed; the grader grades the diff in a fresh container of the digest the agent ran: the fix 1, the
+    empty patch 0."""
+    from rollbus.grading import GradeConfig
+    from rollbus.rows import Row, read_dataset
+    from rollbus.services.grader.core import grade_diff
+
+    dataset = write_dataset(tmp_path / "swebench.jsonl", [swebench_row])
+    [row] = [r for r in read_dataset(dataset, RowKeys(), "swebench") if isinstance(r, Row)]
+    assert row.metadata["source"]["format"] == "swebench" and row.metadata["workdir"] == "/testbed"
+    script = json.loads((SCRIPTS / "fix_calc.json").read_text().replace("/workspace/", "/testbed/"))
+    scripts = rig.log_dir / "scripts-swebench"
+    scripts.mkdir(exist_ok=True)
+    (scripts / f"{row.instance_id}.json").write_text(json.dumps(script))
+    rig.use_script(scripts)
+    options = {"adapter_url": rig.url, "admin_token": rig.admin_token, "backend": "docker"}
+    settings = RunnerSettings.load({**options, "sandbox_root": tmp_path / "sandboxes"})
+    (task,) = tasks_for(row, 1)
+    diff = await run_one(settings, task)
+    assert diff["failure_kind"] is None and FIXED_LINE.encode() in diff["patch"], diff["error"]
+    assert str(diff["image_digest"]).startswith("sha256:")
+    config = GradeConfig(backend="docker")
+    fixed = await grade_diff(diff, dataset.parent, config)
+    assert (fixed.reward, fixed.failure_kind) == (1.0, None), fixed
+    assert fixed.details["image_digest"] == diff["image_digest"]  # the bytes the agent ran
+    empty = await grade_diff({**diff, "patch": b""}, dataset.parent, config)
+    assert (empty.reward, empty.failure_kind) == (0.0, "tests_failed"), empty

@@ -7,6 +7,13 @@ a long report never blocks the writer) and capped (a socket, not a pipe: nothing
 output's pipes hits it by chance). The environment carries only the configuration pipe's descriptor
 number (``ROLLBUS_CHANNEL``); no path, run id or canary name is in the environment or the file system of
 the tested process. I/O at the edge; the report's meaning is :mod:`.report`'s.
+
+A container cannot inherit a host descriptor (the Engine API carries none), so :class:`SocketChannel` brings
+the same channel in through a unix socket in a host directory bind-mounted alone: the grader's launcher
+(:mod:`.sandbox_launch`, run as the command, before any code of the repository) connects, the host accepts
+that one connection, closes its listener and removes the socket file, then sends the configuration; the
+launcher makes the configuration pipe inside the container and becomes the command with the same
+descriptors bwrap's command inherits. From there on everything is as above.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from typing import Any
 
 MAX_BYTES = 16 * 2**20
 ENV = "ROLLBUS_CHANNEL"
+SOCKET_NAME = "channel"  # the socket file in the directory a container backend mounts
+MAX_CONFIG = 60_000  # under a pipe's buffer: the launcher's write into its pipe never blocks
 
 
 class ReportListener:
@@ -104,7 +113,7 @@ class Channel:
         self._open = {self._config_r, self._config_w, self._report_r, self._report_w}
         full = {**config, "report_fd": self._report_w, "refill_fd": self._config_w}
         data = (json.dumps(full) + "\n").encode()
-        if len(data) > 60_000:  # under a pipe's buffer: the write never blocks
+        if len(data) > MAX_CONFIG:  # under a pipe's buffer: the write never blocks
             for fd in list(self._open):
                 self._close(fd)
             raise ValueError(f"the channel's configuration takes {len(data)} bytes")
@@ -158,3 +167,96 @@ class Channel:
             self._open.discard(fd)
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+class SocketChannel:
+    """The channel of one command in a container: a listening unix socket ``directory/channel`` (the
+    directory is what the backend mounts), one connection accepted (the launcher's), then the socket is
+    gone; :attr:`env` and :attr:`fds` are empty (the launcher makes them inside)."""
+
+    def __init__(
+        self, config: Mapping[str, Any], directory: os.PathLike[str] | str, max_bytes: int = MAX_BYTES
+    ) -> None:
+        data = (json.dumps(dict(config)) + "\n").encode()
+        if len(data) > MAX_CONFIG - 100:  # the launcher adds its two descriptor numbers
+            raise ValueError(f"the channel's configuration takes {len(data)} bytes")
+        self.directory = os.fspath(directory)
+        os.makedirs(self.directory, exist_ok=True)
+        os.chmod(self.directory, 0o755)  # the sandbox's uid reaches the socket in it (a mkdtemp is 0700)
+        self.path = os.path.join(self.directory, SOCKET_NAME)
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(self.path)
+        os.chmod(self.path, 0o777)  # the sandbox's uid connects (once)
+        self._listener.listen(1)
+        self._data = data
+        self._max = max_bytes
+        self._conn: socket.socket | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self.text = ""
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._reader = threading.Thread(target=self._serve, name="grader-channel", daemon=True)
+        self._reader.start()
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {}
+
+    @property
+    def fds(self) -> tuple[int, ...]:
+        return ()
+
+    def _serve(self) -> None:
+        try:
+            conn, _ = self._listener.accept()
+        except OSError:
+            return
+        finally:
+            self._stop_listening()
+        with self._lock:
+            if self._closed:
+                conn.close()
+                return
+            self._conn = conn
+        try:
+            conn.sendall(self._data)
+            conn.shutdown(socket.SHUT_WR)  # nothing more from the host: the launcher reads to here
+        except OSError:
+            return
+        while True:
+            try:
+                chunk = conn.recv(1 << 16)
+            except OSError:
+                return
+            if not chunk:
+                return
+            if self._size <= self._max:
+                self._chunks.append(chunk)
+            self._size += len(chunk)
+
+    def _stop_listening(self) -> None:
+        """No second connection: the listener closed, its file removed."""
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes an accept still waiting
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+    def collect(self, wait_s: float = 5.0) -> str:
+        """The report, once the command is over (the container's processes gone, so the connection's
+        other end is closed and the reader drains to its end)."""
+        self._stop_listening()
+        self._reader.join(wait_s)
+        self.close()
+        self.text = b"".join(self._chunks)[: self._max + 1].decode("utf-8", errors="replace")
+        return self.text
+
+    def close(self) -> None:
+        self._stop_listening()
+        with self._lock:
+            self._closed = True
+            conn, self._conn = self._conn, None
+        if conn is not None and not self._reader.is_alive():
+            conn.close()

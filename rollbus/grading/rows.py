@@ -61,6 +61,7 @@ class Harbor:
     settings: Mapping[str, Any]
 
 
+HARBOR_SOLUTION = "\0harbor-solution\0"  # the "patch" that tells a container backend to run solve.sh
 Grader = Swepro | EvalCmd | F2PScript | Harbor
 GRADER_KEYS = ("swepro", "eval_cmd", "f2p_script", "harbor")
 

@@ -23,11 +23,16 @@ Order (SWE-bench Pro's, not slime's, so the patch can never win over the grading
    flags score 0.
 
 The whole grade has one deadline; the sandbox of whatever runs when it passes is killed.
+
+Where the commands run is a :class:`Sandboxes` (the base tree, each sandbox, the report channel):
+:class:`LocalSandboxes` (bwrap over host trees) here, :class:`rollbus.grading.container.ContainerSandboxes`
+for the ``docker`` backend, which calls :func:`grade_in`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import re
 import shlex
@@ -37,7 +42,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Protocol
 
 from rollbus.grading import canaries as canary
 from rollbus.grading import flags as fl
@@ -63,6 +68,7 @@ PLUGIN_SOURCES = {
     "rollbus_unittest.py": "unittest_report.py",
     "rollbus_channel.py": "sandbox_channel.py",
     "sitecustomize.py": "sandbox_site.py",  # the audit hook, installed when each interpreter starts
+    "rollbus_launch.py": "sandbox_launch.py",  # a container's way onto the channel (a socket)
 }
 TEST_FILE = re.compile(r"test_.*\.py|.*_test\.py")  # pytest's default ``python_files``: a named file of tests
 UNITTEST_MODULE = re.compile(r"(?<![\w.-])-m\s+unittest(?![\w.])")
@@ -103,10 +109,78 @@ class GradeConfig:
     second_run: bool = True  # the required tests again under the second harness (off: bench's baseline)
 
 
+class ReportChannel(Protocol):
+    """The grader's channel into one test command (:class:`~rollbus.grading.channel.Channel`'s shape)."""
+
+    text: str
+
+    @property
+    def env(self) -> dict[str, str]: ...
+
+    @property
+    def fds(self) -> tuple[int, ...]: ...
+
+    def collect(self, wait_s: float = 5.0) -> str: ...
+
+    def close(self) -> None: ...
+
+
+class Sandboxes(Protocol):
+    """Where a grade's commands run: the base tree it starts from, its sandboxes, its report channel."""
+
+    def refusal(self, spec: GradingSpec) -> GradeResult | None: ...
+
+    async def tree(self, spec: GradingSpec, dest: Path) -> Path: ...
+
+    async def sandbox(
+        self, repo: Path, workdir: str, binds: Mapping[Path, str], channel: ReportChannel | None = None
+    ) -> Any: ...
+
+    def channel(self, config: Mapping[str, Any], scratch: Path) -> ReportChannel: ...
+
+
+class LocalSandboxes:
+    """bwrap over host trees (a repository directory or tarball); the channel's descriptors inherited."""
+
+    def refusal(self, spec: GradingSpec) -> GradeResult | None:
+        if spec.container_image is not None:
+            return failed(
+                verdict.SANDBOX_FAILED,
+                f"metadata.image {spec.container_image!r} is a container image: the local (bwrap) grader "
+                "runs host repository directories and tarballs only (grade with a container backend)",
+            )
+        if isinstance(spec.grader, Harbor):
+            return failed(verdict.SANDBOX_FAILED, "a Harbor verifier runs in its task's container image only")
+        return None
+
+    async def tree(self, spec: GradingSpec, dest: Path) -> Path:
+        return materialize(spec.image, dest)
+
+    async def sandbox(
+        self, repo: Path, workdir: str, binds: Mapping[Path, str], channel: ReportChannel | None = None
+    ) -> BwrapSandbox:
+        return await BwrapSandbox.create(repo, network="none", ro_binds=dict(binds), inside_workdir=workdir)
+
+    def channel(self, config: Mapping[str, Any], scratch: Path) -> ReportChannel:
+        return Channel(config)
+
+
+# the grade's sandboxes, set for the grade's task (:func:`grade_in`); bwrap's unless a backend says otherwise
+SANDBOXES: contextvars.ContextVar[Sandboxes] = contextvars.ContextVar("grading_sandboxes")
+
+
 async def grade(spec: GradingSpec, patch: bytes | str, config: GradeConfig | None = None) -> GradeResult:
     """Grade ``patch`` (its bytes; text is taken back to the bytes it was decoded from with
     ``surrogateescape``) against the row ``spec``; never raises: anything that goes wrong inside is the
     verdict ``grader_error`` (reward 0) with its cause."""
+    return await grade_in(LocalSandboxes(), spec, patch, config)
+
+
+async def grade_in(
+    sandboxes: Sandboxes, spec: GradingSpec, patch: bytes | str, config: GradeConfig | None = None
+) -> GradeResult:
+    """:func:`grade` with every command of the grade in ``sandboxes`` (a backend's)."""
+    SANDBOXES.set(sandboxes)
     config = config or GradeConfig()
     try:
         sanitized = sanitize(patch, config.max_patch_bytes)
@@ -128,21 +202,15 @@ async def grade(spec: GradingSpec, patch: bytes | str, config: GradeConfig | Non
 async def _grade(
     spec: GradingSpec, sanitized: Sanitized, config: GradeConfig, deadline: float
 ) -> GradeResult:
-    if spec.container_image is not None:
-        return failed(
-            verdict.SANDBOX_FAILED,
-            f"metadata.image {spec.container_image!r} is a container image: the local (bwrap) grader runs "
-            "host repository directories and tarballs only (grade with a container backend)",
-        )
-    if isinstance(spec.grader, Harbor):
-        return failed(verdict.SANDBOX_FAILED, "a Harbor verifier runs in its task's container image only")
+    if (refused := _sandboxes().refusal(spec)) is not None:
+        return refused
     missing = [str(p) for p in eval_material(spec) if not p.is_file()]
     if missing:
         return failed(verdict.BAD_ROW, f"eval-only files missing: {', '.join(missing)}")
     # a capped tmpfs: the host disk never grows
     with capped_scratch(GRADE_SCRATCH_PREFIX, config.scratch_dir, config.scratch_bytes) as tmp:
         scratch = Path(tmp)
-        image = materialize(spec.image, scratch / "image")
+        image = await _sandboxes().tree(spec, scratch / "image")
         try:
             restored = restore_tests(spec, image, scratch / "restored")
         except trees.RestoreFailed as exc:
@@ -239,13 +307,22 @@ def materialize(image: Path, dest: Path) -> Path:
 
 
 async def grading_sandbox(
-    repo: Path, workdir: str, eval_dir: Path | None = None, protected: Sequence[str] = ()
+    repo: Path,
+    workdir: str,
+    eval_dir: Path | None = None,
+    protected: Sequence[str] = (),
+    channel: ReportChannel | None = None,
 ) -> BwrapSandbox:
     """A network-less sandbox over ``repo`` at the row's ``workdir``, eval scripts read-only at ``/eval``,
-    and the ``protected`` repository paths mounted read-only over themselves."""
+    and the ``protected`` repository paths mounted read-only over themselves; ``channel``: the report
+    channel of the command it will run (a container backend mounts its socket)."""
     binds: dict[Path, str] = {eval_dir: EVAL_DIR} if eval_dir is not None else {}
     binds |= {repo / rel: f"{workdir}/{rel}" for rel in protected}
-    return await BwrapSandbox.create(repo, network="none", ro_binds=binds, inside_workdir=workdir)
+    return await _sandboxes().sandbox(repo, workdir, binds, channel)
+
+
+def _sandboxes() -> Sandboxes:
+    return SANDBOXES.get(None) or LocalSandboxes()
 
 
 async def apply(
@@ -340,8 +417,12 @@ async def run_grader(
     canaries = place_plugins(eval_dir, observe)
     dirs = canary_dirs(repo, spec.test_files())
     protected = trees.protected_dirs(repo, spec.test_files()) if readonly_tests else []
-    sandbox = await grading_sandbox(repo, spec.workdir, eval_dir, protected)
-    channel = Channel(channel_config(sandbox.workdir, canaries, dirs))
+    channel = _sandboxes().channel(channel_config(spec.workdir, canaries, dirs), scratch)
+    try:
+        sandbox = await grading_sandbox(repo, spec.workdir, eval_dir, protected, channel)
+    except BaseException:
+        channel.close()
+        raise
     env = BASE_ENV | {"HOME": sandbox.home} | report_env(sandbox.workdir) | channel.env
     code_before = second_run.code_files(repo) if second else {}
     texts = []
@@ -493,7 +574,7 @@ def with_unittest_runner(command: str) -> str:
     return UNITTEST_MODULE.sub(f"{PLUGIN_DIR}/rollbus_unittest.py", command)
 
 
-def evidence_of(ran: Completed, channel: Channel, canaries: canary.Canaries) -> Evidence:
+def evidence_of(ran: Completed, channel: ReportChannel, canaries: canary.Canaries) -> Evidence:
     text = channel.collect()
     if not text:
         return Evidence(ran.exit_code, (), canaries)
@@ -513,7 +594,7 @@ async def _run_swepro(
     scratch: Path,
     deadline: float,
     canaries: canary.Canaries,
-    channel: Channel,
+    channel: ReportChannel,
 ) -> tuple[Verdict, str]:
     files = shlex.quote(",".join(grader.selected_test_files))
     command = shell(spec, f"bash {EVAL_DIR}/run_script.sh {files}")
@@ -535,7 +616,7 @@ async def _run_command(
     env: Mapping[str, str],
     deadline: float,
     canaries: canary.Canaries,
-    channel: Channel,
+    channel: ReportChannel,
     known_files: set[str] | frozenset[str] = frozenset(),
 ) -> tuple[Verdict, str]:
     """eval_cmd or f2p_script, every pytest run carrying the grader's plugin, ``-m unittest`` run by the

@@ -99,6 +99,7 @@ class DockerLayout:
     network: str  # "none" or "container:<holder id>"
     ro_binds: Mapping[str, str] = field(default_factory=dict)  # host path -> inside path
     sandbox_id: str = ""
+    rw_binds: Mapping[str, str] = field(default_factory=dict)  # host path -> inside path, writable
 
 
 def host_config(client: Any, layout: DockerLayout, *, tool: bool = False) -> dict[str, Any]:
@@ -110,6 +111,8 @@ def host_config(client: Any, layout: DockerLayout, *, tool: bool = False) -> dic
     if not tool:
         binds[str(layout.home)] = {"bind": HOME, "mode": "rw"}
     binds |= {host: {"bind": inside, "mode": "ro"} for host, inside in layout.ro_binds.items()}
+    if not tool:
+        binds |= {host: {"bind": inside, "mode": "rw"} for host, inside in layout.rw_binds.items()}
     tmp = "mode=1777,nosuid,nodev" + (f",size={limits.tmp_bytes}" if limits.tmp_bytes else "")
     ulimits = []
     if limits.cpu_time_s is not None:
@@ -165,6 +168,11 @@ class DockerSandbox(SandboxBase):
         """The image's digest (id): the grader and a regrade run these bytes."""
         return self.layout.image
 
+    @property  # type: ignore[override]
+    def image_digest(self) -> str:
+        """What the diff records (:attr:`image`): the grader's container runs these bytes."""
+        return self.layout.image
+
     def _report(self) -> dict[str, str]:
         limits, capped = self.limits, bool(self._mounted)
         return {
@@ -197,9 +205,12 @@ class DockerSandbox(SandboxBase):
         sandbox_id: str | None = None,
         scratch_root: Path = SCRATCH_ROOT,
         workspace: Path | None = None,
+        rw_binds: Mapping[str, str] | None = None,
     ) -> DockerSandbox:
         """A sandbox over ``image`` (a name or id the engine has). Its workspace is the image's ``workdir``,
         history scrubbed, unless ``workspace`` (a prepared host directory with its baseline) is given.
+        ``rw_binds``: more host directories writable inside (the grader's: a Harbor verifier's logs), each
+        the caller's to bound.
         ``network="adapter"`` needs ``adapter_url`` and ``forward_port``. Raises :class:`SandboxError`
         (``image_error`` when the engine lacks the image); nothing is left behind on failure."""
         if network == "loopback":
@@ -216,7 +227,7 @@ class DockerSandbox(SandboxBase):
         made = functools.partial(
             _prepare_host, client, image, data, workdir=workdir, limits=limits or Limits(),
             ro_binds=dict(ro_binds or {}), user=user or DEFAULT_USER, sandbox_id=sandbox_id,
-            workspace=workspace,
+            workspace=workspace, rw_binds=dict(rw_binds or {}),
         )  # fmt: skip
         if network == "adapter" and (adapter_url is None or forward_port is None):
             raise SandboxError("an adapter network needs the adapter's URL and the forwarded port")
@@ -582,6 +593,7 @@ def _prepare_host(
     user: str,
     sandbox_id: str,
     workspace: Path | None,
+    rw_binds: dict[str, str] | None = None,
 ) -> tuple[DockerLayout, Path, tuple[int, int], list[Path]]:
     """The host side, off the loop: the image's digest, the capped workspace and HOME (filled by
     :func:`_fill`)."""
@@ -603,7 +615,8 @@ def _prepare_host(
         ):
             mounted.append(data / name)
     ws = data / "ws" if workspace is None else Path(workspace)
-    layout = DockerLayout(image_id, workdir, ws, data / "home", user, limits, "none", ro_binds, sandbox_id)
+    layout = DockerLayout(image_id, workdir, ws, data / "home", user, limits, "none", ro_binds, sandbox_id,
+                          rw_binds or {})  # fmt: skip
     os.chmod(data, 0o755)  # the agent's uid traverses to its binds
     return layout, data, _numeric_owner(user) if workspace is not None else (0, 0), mounted
 

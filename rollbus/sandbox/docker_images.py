@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,3 +107,24 @@ def export_tree(client: Any, image: str, path: str, dest: Path) -> Path:
     finally:
         client.api.remove_container(cid, force=True)
     return dest
+
+
+def ensure_harbor_image(client: Any, task_dir: Path, harbor: Mapping[str, Any]) -> str | None:
+    """A Harbor task's image (``metadata.harbor.build_image``, tagged by the task's content hash), built
+    from its ``environment/`` folder where the engine lacks it; None when the task names a ready image
+    (``[environment] docker_image``). Its ``FROM`` must be local or one of the local equivalents
+    (``debian:bookworm``, ``python:3.11-slim-bookworm``: :mod:`rollbus.local_images`); the base image is
+    made first so ``FROM debian:bookworm`` always resolves."""
+    from rollbus.local_images.build import ImageError, ensure_image
+
+    tag = harbor.get("build_image")
+    if not isinstance(tag, str) or not tag:
+        return None
+    context = Path(task_dir) / str(harbor.get("environment_dir") or "environment")
+    if not (context / "Dockerfile").is_file():
+        raise ImageBuildError(f"{context}/Dockerfile: no such file (the Harbor task's environment)")
+    ensure_base_image(client)
+    try:
+        return ensure_image(client, tag, context)
+    except ImageError as exc:
+        raise ImageBuildError(str(exc)) from exc

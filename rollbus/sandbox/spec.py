@@ -178,6 +178,9 @@ async def create_docker(spec: SandboxSpec, **options: Any) -> SandboxBase:
     ``scratch_root``)."""
     from rollbus.sandbox.docker_backend import DockerSandbox
 
+    harbor = spec.metadata.get("harbor")
+    if isinstance(harbor, dict) and harbor.get("build_image"):  # a Harbor task: environment/ built here
+        await _harbor_image(harbor, options.get("client"))
     user = spec.user or spec.metadata.get("user")
     return await DockerSandbox.create(
         spec.container_image or str(spec.image), workdir=spec.workdir, limits=spec.limits,
@@ -186,6 +189,18 @@ async def create_docker(spec: SandboxSpec, **options: Any) -> SandboxBase:
         forward_port=spec.forward_port if spec.network == "adapter" else None,
         user=str(user) if user else None, sandbox_id=spec.sandbox_id, **options,
     )  # fmt: skip
+
+
+async def _harbor_image(harbor: dict[str, Any], client: Any) -> None:
+    from rollbus.sandbox import docker_engine, docker_images
+
+    try:
+        client = client or await asyncio.to_thread(docker_engine.client)
+        await asyncio.to_thread(
+            docker_images.ensure_harbor_image, client, Path(str(harbor.get("task_dir"))), harbor
+        )
+    except (docker_engine.EngineUnavailable, docker_images.ImageBuildError) as exc:
+        raise SandboxError(f"the Harbor task's image: {exc}", "image_error") from exc
 
 
 def probe_enforcement(limits: Limits) -> dict[str, str]:

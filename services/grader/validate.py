@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from rollbus.grading.rows import HARBOR_SOLUTION
 from rollbus.settings import Settings
 
 GOLD, EMPTY, PROBE, LOAD = "gold", "empty", "probe", "load"
@@ -89,8 +90,10 @@ def judge(check: str, result: Any) -> Check:
     reward, kind = float(result.reward), result.failure_kind
     note = str((result.details or {}).get("note") or "")[:500]
     if check == GOLD:
-        why = "" if reward == 1.0 else f"gold scored {reward:g} ({kind or 'no failure kind'})" + (
-            f": {note}" if note else ""
+        why = (
+            ""
+            if reward == 1.0
+            else f"gold scored {reward:g} ({kind or 'no failure kind'})" + (f": {note}" if note else "")
         )
     elif check == EMPTY:
         why = "" if reward == 0.0 else f"the empty patch scored {reward:g}: the tests pass without any fix"
@@ -107,7 +110,7 @@ def gold_patch(metadata: Mapping[str, Any], label: str | None) -> str | None:
     return label if isinstance(label, str) and label.strip() else None
 
 
-SOLUTION = "\0harbor-solution\0"  # what a container backend reads as "run solution/solve.sh"
+SOLUTION = HARBOR_SOLUTION  # what a container backend reads as "run solution/solve.sh"
 
 
 async def task_checks(row: Any, base_dir: Path, grade_row: GradeRow, config: Any, backend: str) -> TaskReport:
