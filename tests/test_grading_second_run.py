@@ -21,7 +21,7 @@ from rollbus.grading import grade, parse_row, report
 from rollbus.grading import second_run as sr
 from rollbus.grading.channel import ReportListener
 from rollbus.grading.run import GradeConfig
-from tests.test_grading_swe_mini import SWE_MINI, load_build
+from tests.test_grading_swe_mini import SWE_MINI, grade_on, load_build, over_backends
 
 
 @pytest.fixture(scope="module")
@@ -86,16 +86,17 @@ KINDS = {  # task: (grader kind, the package's __init__, the exported function)
 }
 
 
-@pytest.mark.parametrize("task", sorted(KINDS))
+@pytest.mark.parametrize("backend,task", over_backends(sorted(KINDS), {"intervals"}))
 async def test_a_cheat_tuned_to_the_first_harness_fails_the_second(
-    rows: dict[str, dict[str, Any]], task: str
+    rows: dict[str, dict[str, Any]], backend: str, task: str
 ) -> None:
+    """On bwrap for every grader kind, and in a container (the report socket under the bind-mounted /eval)."""
     _kind, init, function = KINDS[task]
     patch = append_to_file(task, init, tuned_cheat(function, MODULES))
     spec = parse_row(rows[task], SWE_MINI)
-    before = await grade(spec, patch, GradeConfig(second_run=False))
+    before = await grade_on(backend)(spec, patch, GradeConfig(second_run=False))
     assert (before.reward, before.flags) == (1.0, ()), before  # the first run alone is fooled
-    after = await grade(spec, patch)
+    after = await grade_on(backend)(spec, patch)
     assert (after.reward, after.failure_kind) == (0.0, "tests_failed"), after
     assert "in the second run" in after.details["note"], after.details
     assert any(t.status == "FAILED" for t in after.tests), after.tests  # the second run's status shows
