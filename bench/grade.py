@@ -3,9 +3,11 @@
 Run: ``python bench/grade.py [--quick] [--repeats N]``. The baseline, measured in the same run, is what a
 grader without any of the protections does: copy the image, ``git apply``, copy the hidden tests in, run the
 grading command as a plain subprocess. Prints the median seconds of each per task and the ratio, i.e. what
-the sandboxes, the tree measurement and the report cross-checks cost per grade, then one ratio line over all
-tasks (total grader time over total bare time) against the budget: the grader stays within 2x of bare, and
-what the audit layer costs (the grader with its audit hook over the grader without it, same run).
+the sandboxes, the tree measurement, the report cross-checks, the audit hook and the second run cost per
+grade, then one ratio line over all tasks (total grader time over total bare time) against the budget (the
+grader stays within 2.5x of bare), with what each layer of issue 33 costs, measured in the same run: the
+audit layer (the grader with its audit hook over the grader with neither layer) and the second run (the
+whole grader over the grader with the audit hook alone).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from rollbus.grading.rows import EvalCmd, F2PScript, GradingSpec, Swepro
 
 SWE_MINI = Path(__file__).resolve().parents[1] / "examples" / "swe-mini"
 ENV = {"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1", "HOME": "/tmp"}
-BUDGET = 2.0  # the grader's time per grade, at most this many times a bare apply-and-run
+BUDGET = 2.5  # the grader's time per grade, at most this many times a bare apply-and-run
 
 
 def rows() -> dict[str, dict]:
@@ -65,34 +67,46 @@ def main() -> None:
     repeats = 3 if args.quick else args.repeats
     all_rows = rows()
     tasks = ["swe-mini__lru", "swe-mini__slugify", "swe-mini__roman"] if args.quick else sorted(all_rows)
-    head = f"{'rollbus s':>10} {'no-audit s':>10} {'bare s':>8} {'ratio':>6} {'audit':>6}"
+    head = f"{'rollbus s':>10} {'audit s':>8} {'neither s':>9} {'bare s':>8} {'ratio':>6} {'audit':>6}"
+    head += f" {'2nd':>6}"
     print(f"{'task':22} {'grader':10} {head}")
-    totals = [0.0, 0.0, 0.0]
-    unobserved = GradeConfig(observe=False)
+    totals = {"graded": 0.0, "bare": 0.0, "audited": 0.0, "neither": 0.0}
+    audit_only = GradeConfig(second_run=False)
+    neither = GradeConfig(observe=False, second_run=False)
     for task in tasks:
         row = all_rows[task]
         spec = parse_row(row, SWE_MINI)
         graded = median_seconds(lambda: asyncio.run(grade(spec, row["label"])), repeats)  # noqa: B023
-        unaudited = median_seconds(lambda: asyncio.run(grade(spec, row["label"], unobserved)), repeats)  # noqa: B023
+        audited = median_seconds(lambda: asyncio.run(grade(spec, row["label"], audit_only)), repeats)  # noqa: B023
+        plain = median_seconds(lambda: asyncio.run(grade(spec, row["label"], neither)), repeats)  # noqa: B023
         baseline = median_seconds(lambda: bare(spec, row["label"]), repeats)  # noqa: B023
         kind = type(spec.grader).__name__
         print(
-            f"{task:22} {kind:10} {graded:10.3f} {unaudited:10.3f} {baseline:8.3f} {graded / baseline:6.1f}x "
-            f"{graded / unaudited:5.2f}x"
+            f"{task:22} {kind:10} {graded:10.3f} {audited:8.3f} {plain:9.3f} {baseline:8.3f} "
+            f"{graded / baseline:5.1f}x {audited / plain:5.2f}x {graded / audited:5.2f}x"
         )
-        totals = [totals[0] + graded, totals[1] + baseline, totals[2] + unaudited]
-    print(ratio_line(len(tasks), *totals))
+        for key, value in (("graded", graded), ("bare", baseline), ("audited", audited), ("neither", plain)):
+            totals[key] += value
+    print(ratio_line(len(tasks), totals["graded"], totals["bare"], totals["audited"], totals["neither"]))
 
 
-def ratio_line(tasks: int, graded: float, baseline: float, unaudited: float | None = None) -> str:
+def ratio_line(
+    tasks: int, graded: float, baseline: float, audited: float | None = None, neither: float | None = None
+) -> str:
     """The bench's one-line answer: the grader's time over bare apply-and-run's, against :data:`BUDGET`, and
-    the audit layer's cost (the grader over the grader without its audit hook)."""
+    what each layer costs: the audit hook (the grader without the second run over the grader with neither)
+    and the second run (the whole grader over the grader without it), each also against bare."""
     ratio = graded / baseline
     verdict = "within" if ratio <= BUDGET else "OVER"
-    audit = f"; audit layer {graded / unaudited:.2f}x" if unaudited else ""
+    layers = ""
+    if audited and neither:
+        layers = (
+            f"; audit layer {audited / neither:.2f}x (+{(audited - neither) / baseline:.2f} bare)"
+            f"; second run {graded / audited:.2f}x (+{(graded - audited) / baseline:.2f} bare)"
+        )
     return (
         f"ratio {ratio:.2f}x over {tasks} tasks (grader {graded:.3f} s, bare {baseline:.3f} s): "
-        f"{verdict} the {BUDGET:.0f}x budget{audit}"
+        f"{verdict} the {BUDGET:g}x budget{layers}"
     )
 
 

@@ -330,9 +330,11 @@ def test_swepro_with_a_log_but_no_report_is_tampered() -> None:
 INTERPRETERS = [sys.executable] + [p for p in ["/usr/bin/python3"] if Path(p).exists()]
 
 
-def run_plugin(tmp_path: Path, python: str, args: list[str], tests: dict[str, str]) -> tuple[int, list]:
+def run_plugin(
+    tmp_path: Path, python: str, args: list[str], tests: dict[str, str], raw: list[str] | None = None
+) -> tuple[int, list]:
     """A run of ``tests`` (path -> source) with the grader's plugin (or runner), its channel and canaries (in
-    ``tests/``, in memory)."""
+    ``tests/``, in memory); ``raw`` gets the report's text."""
     plugins, repo = tmp_path / "plugins", tmp_path / "repo"
     plugins.mkdir(parents=True)
     for name, source in PLUGIN_SOURCES.items():
@@ -360,6 +362,8 @@ def run_plugin(tmp_path: Path, python: str, args: list[str], tests: dict[str, st
         text = channel.collect()
     finally:
         channel.close()
+    if raw is not None:
+        raw.append(text)
     return done.returncode, report.parse(text)
 
 
@@ -393,6 +397,27 @@ def test_the_plugin_keeps_no_tests_and_failures_as_pytest_says(tmp_path: Path, p
     failing = {"tests/test_x.py": "def test_a():\n    assert 1 == 2\n"}
     code, (test_run,) = run_plugin(tmp_path / "b", python, ["tests/test_x.py"], failing)
     assert code == 1 and test_run.tests["tests/test_x.py::test_a"] == "FAILED"
+
+
+FIXTURES = {
+    "pkg/__init__.py": "",
+    "pkg/helpers.py": "import pytest\n\n\n@pytest.fixture(autouse=True)\ndef ready():\n    return 1\n",
+    "tests/conftest.py": "import pytest\n\n\n@pytest.fixture\ndef honest():\n    return 2\n",
+    "tests/test_x.py": "from pkg.helpers import ready\n\n\ndef test_a(honest):\n    assert honest == 2\n",
+}
+
+
+@pytest.mark.parametrize("python", INTERPRETERS)
+def test_the_plugin_names_fixtures_set_up_from_outside_test_files(tmp_path: Path, python: str) -> None:
+    """Through pytest's public ``pytest_fixture_setup``: the imported autouse fixture is named with its file;
+    the conftest's fixture and pytest's own are not."""
+    raw: list[str] = []
+    code, _ = run_plugin(tmp_path, python, ["tests/test_x.py"], FIXTURES, raw)
+    assert code == 0
+    fixtures = [e for e in report.audit(raw[0]) if e.kind == "fixture"]
+    assert [(Path(e.actor).relative_to(tmp_path / "repo").as_posix(), e.detail) for e in fixtures] == [
+        ("pkg/helpers.py", "fixture ready")
+    ]
 
 
 @pytest.mark.parametrize("python", INTERPRETERS)

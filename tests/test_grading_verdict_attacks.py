@@ -144,6 +144,7 @@ async def test_canaries_are_fresh_per_grade_and_never_in_the_results(rows: dict[
         == names[1]
         == {
             "tests/test_lru.py::test_get_refreshes_recency",
+            "tests/test_lru.py::test_get_refreshes_any_key",
             "tests/test_lru.py::test_put_get",
             "tests/test_lru.py::test_evicts_oldest",
         }

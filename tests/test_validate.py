@@ -63,9 +63,11 @@ def test_every_swe_mini_task_validates_and_a_second_run_skips_them(
     assert all(f"ok   {name}\n" in out for name in names) and "10 tasks: 10 ok, 0 failed" in out
     recorded = [json.loads(line) for line in results.read_text().splitlines()]
     assert sorted(r["task"] for r in recorded) == sorted(names)
-    for record in recorded:
-        gold, empty = record["checks"]
-        assert (gold["check"], gold["reward"], empty["check"], empty["reward"]) == ("gold", 1.0, "empty", 0.0)
+    for record in recorded:  # every bundled task ships a statement-only probe, and none passes (none WEAK)
+        gold, empty, probe = record["checks"]
+        checks = [(c["check"], c["reward"]) for c in (gold, empty, probe)]
+        assert checks == [("gold", 1.0), ("empty", 0.0), ("probe", 0.0)], record
+    assert "WEAK" not in out
     assert main(argv) == 0  # nothing graded again: every task is in the results file
     out = capsys.readouterr().out
     assert out.count("(earlier run)") == 10 and "(10 from earlier runs" in out
@@ -122,12 +124,12 @@ def test_resume_grades_only_new_or_changed_tasks(swe_mini: list[dict[str, Any]],
         done = v.read_results(results)
         return asyncio.run(v.validate(tasks, tmp_path, counting, GradeConfig(), "local", 2, results, done))
 
-    assert all(r.ok and not r.skipped for r in once(first)) and len(graded) == 4
+    assert all(r.ok and not r.skipped for r in once(first)) and len(graded) == 6  # gold, empty, probe
     results.write_text(results.read_text() + '{"torn": ')  # a run killed mid-write
     graded.clear()
     changed = {**first[1], "label": first[0]["label"]}  # a changed row is a new task (new hash)
     reports = once([first[0], changed])
-    assert graded == ["swe-mini__slugify", "swe-mini__slugify"]  # its gold and empty only
+    assert graded == ["swe-mini__slugify"] * 3  # its gold, empty and probe only
     assert [(r.skipped, r.ok) for r in reports] == [(True, True), (False, False)]
 
 

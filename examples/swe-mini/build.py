@@ -48,12 +48,12 @@ def specs() -> list[dict[str, Any]]:
     return [{"id": d.name, **json.loads((d / "task.json").read_text())} for d in sorted(TASKS.iterdir())]
 
 
-def git(repo: Path, *args: str) -> str:
+def git(repo: Path, *args: str, strip: bool = True) -> str:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **COMMIT_ENV}
     done = subprocess.run(["git", *args], cwd=repo, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"git {' '.join(args)} in {repo}: {done.stderr.strip()}")
-    return done.stdout.strip()
+    return done.stdout.strip() if strip else done.stdout
 
 
 def copy_files(src: Path, dest: Path) -> None:
@@ -96,16 +96,17 @@ def build_image(spec: dict[str, Any], dest: Path) -> dict[str, str]:
     return commits
 
 
-def gold_patch(spec: dict[str, Any]) -> str:
-    """The reference fix as ``git diff`` prints it (source only; tests stay the grader's)."""
+def gold_patch(spec: dict[str, Any], edit: str = "fix_edit") -> str:
+    """The reference fix (or, with ``edit="probe_edit"``, the statement-only probe) as ``git diff`` prints it
+    (source only; tests stay the grader's)."""
     with tempfile.TemporaryDirectory(prefix="swe-mini-gold-") as tmp:
         repo = Path(tmp)
         copy_files(TASKS / spec["id"] / "repo", repo)
         git(repo, "init", "-q")
         git(repo, "add", "-A")
         git(repo, "commit", "-q", "-m", "base")
-        apply_edit(repo, spec["fix_edit"])
-        return git(repo, "diff") + "\n"
+        apply_edit(repo, spec[edit])
+        return git(repo, "diff", strip=False)  # a hunk may end on blank context lines
 
 
 def grader_fields(spec: dict[str, Any], commits: dict[str, str]) -> dict[str, Any]:
@@ -144,6 +145,9 @@ def row(spec: dict[str, Any], commits: dict[str, str]) -> dict[str, Any]:
     if spec["eval_files"]:
         metadata["eval_files"] = {dest: f"{task_dir}/hidden/{dest}" for dest in spec["eval_files"]}
     metadata.update(grader_fields(spec, commits))
+    probe = TASKS / spec["id"] / "probe.patch"
+    if probe.is_file():  # only the statement's examples hard-coded: ``rollbus validate`` grades it
+        metadata["statement_probe"] = probe.read_text()
     label = (TASKS / spec["id"] / "gold.patch").read_text()
     return {"prompt": spec["problem_statement"], "label": label, "metadata": metadata}
 
@@ -156,6 +160,8 @@ def build(
     for spec in specs():
         if write_tasks:
             (TASKS / spec["id"] / "gold.patch").write_text(gold_patch(spec))
+            if "probe_edit" in spec:
+                (TASKS / spec["id"] / "probe.patch").write_text(gold_patch(spec, "probe_edit"))
         rows.append(row(spec, build_image(spec, images / spec["id"])))
     text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
     if write_tasks:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import socket
 import threading
 from collections.abc import Mapping
@@ -30,6 +31,76 @@ MAX_BYTES = 16 * 2**20
 ENV = "ROLLBUS_CHANNEL"
 SOCKET_NAME = "channel"  # the socket file in the directory a container backend mounts
 MAX_CONFIG = 60_000  # under a pipe's buffer: the launcher's write into its pipe never blocks
+
+
+class ReportListener:
+    """The second run's report (:mod:`.second_run`): a unix socket ``path`` in a host directory the sandbox
+    already mounts (``/eval``), listening for one connection, which its harness makes before any code of the
+    repository runs; the listener then closes and its file goes, so nothing else connects. No descriptor is
+    inherited and nothing goes into the environment, so any backend that mounts the directory carries it.
+    :meth:`collect` after the command ended."""
+
+    def __init__(self, path: os.PathLike[str] | str, max_bytes: int = MAX_BYTES) -> None:
+        self.path = os.fspath(path)
+        directory, name = os.path.split(self.path)
+        os.chmod(directory, 0o755)  # the sandbox's uid reaches the socket in it
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        held = os.open(directory, os.O_PATH | os.O_DIRECTORY)
+        try:  # through the directory's descriptor: however deep the scratch directory, the path fits
+            self._listener.bind(f"/proc/self/fd/{held}/{name}")
+        finally:
+            os.close(held)
+        os.chmod(self.path, 0o777)  # the sandbox's uid connects (once)
+        self._listener.listen(1)
+        self._max = max_bytes
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self.text = ""
+        self._accepted = threading.Event()
+        self._reader = threading.Thread(target=self._serve, name="grader-report", daemon=True)
+        self._reader.start()
+
+    def _serve(self) -> None:
+        try:
+            conn, _ = self._listener.accept()
+        except OSError:
+            return
+        finally:
+            self._accepted.set()
+            self._stop_listening()
+        with conn:
+            while True:
+                try:
+                    chunk = conn.recv(1 << 16)
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                if self._size <= self._max:  # past the cap: drained, not kept
+                    self._chunks.append(chunk)
+                self._size += len(chunk)
+
+    def _stop_listening(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes an accept still waiting
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+    def collect(self, wait_s: float = 5.0) -> str:
+        """The report, once the command is over (its processes gone: the connection's other end closed). A
+        connection still waiting in the backlog is accepted first: stopping the listener would drop it."""
+        with contextlib.suppress(OSError, ValueError):
+            if select.select([self._listener], [], [], 0)[0]:
+                self._accepted.wait(wait_s)
+        self._stop_listening()
+        self._reader.join(wait_s)
+        self.text = b"".join(self._chunks)[: self._max + 1].decode("utf-8", errors="replace")
+        return self.text
+
+    def close(self) -> None:
+        self._stop_listening()
 
 
 class Channel:

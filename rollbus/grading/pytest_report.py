@@ -98,22 +98,38 @@ def pytest_configure(config):
         _write({"event": "start"})
 
 
-def _fixtures_and_items(session, items):
-    """Fixtures come from test files, conftest files and installed plugins only: one whose function lives
-    in any other file (an imported function, class or module given pytest's fixture marker) is reported
-    with that file, as is an item whose ``runtest`` was replaced on the item itself."""
-    try:
-        definitions = session._fixturemanager._arg2fixturedefs
-    except AttributeError:  # another pytest's internals: the items are still checked
-        definitions = {}
-    for name, defs in list(definitions.items()):
-        for fixturedef in defs:
-            func = getattr(fixturedef, "func", None)
-            filename = getattr(getattr(func, "__code__", None), "co_filename", "") or ""
-            base = os.path.basename(filename)
-            if base == "conftest.py" or base.startswith("test_") or base.endswith("_test.py"):
-                continue
-            _channel.report_object("fixture", func, f"fixture {name}")
+def outside_test_files(func):
+    """Whether a fixture's function lives outside test files and conftest files (an imported function,
+    class or module given pytest's fixture marker). Installed plugins' fixtures live under site-packages,
+    which :func:`rollbus_channel.report_object` never attributes to the repository."""
+    filename = getattr(getattr(func, "__code__", None), "co_filename", "") or ""
+    if not filename and isinstance(func, type):
+        init = vars(func).get("__init__") or vars(func).get("__new__")
+        filename = getattr(getattr(init, "__code__", None), "co_filename", "") or ""
+    base = os.path.basename(filename)
+    return not (base == "conftest.py" or base.startswith("test_") or base.endswith("_test.py"))
+
+
+_fixtures_seen = set()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_fixture_setup(fixturedef, request):
+    """Fixtures come from test files, conftest files and installed plugins only: pytest's public hook sees
+    every fixture a test actually sets up, whoever registered it; one whose function lives in any other file
+    is reported with that file."""
+    if not _config or id(fixturedef) in _fixtures_seen:
+        return None
+    _fixtures_seen.add(id(fixturedef))
+    func = getattr(fixturedef, "func", None)
+    if func is not None and outside_test_files(func):
+        _channel.report_object("fixture", func, f"fixture {fixturedef.argname}")
+    return None
+
+
+def _replaced_runtest(items):
+    """An item whose ``runtest`` was replaced on the item itself is reported with the replacing file, and
+    its call phase as an error."""
     for item in items:
         if "runtest" in vars(item):
             _channel.report_object("framework", item.runtest, f"{item.nodeid}: runtest replaced")
@@ -126,7 +142,7 @@ def pytest_collection_modifyitems(session, config, items):
     yield
     if not _config or hasattr(config, "workerinput"):
         return
-    _fixtures_and_items(session, items)
+    _replaced_runtest(items)
     canaries = _canaries(session, items)
     for item in canaries:
         _canary_items[id(item)] = item

@@ -46,8 +46,8 @@ from typing import Any, Protocol
 
 from rollbus.grading import canaries as canary
 from rollbus.grading import flags as fl
-from rollbus.grading import observed, report, tamper, toolchain, trees, verdict
-from rollbus.grading.channel import Channel
+from rollbus.grading import observed, report, second_run, tamper, toolchain, trees, verdict
+from rollbus.grading.channel import Channel, ReportListener
 from rollbus.grading.patches import PatchRejected, Sanitized, sanitize
 from rollbus.grading.rows import EvalCmd, F2PScript, GradingSpec, Harbor, Swepro
 from rollbus.grading.verdict import Evidence, GradeResult, Verdict, failed
@@ -106,6 +106,7 @@ class GradeConfig:
     readonly_tests: bool = True
     backend: str = "local"  # the sandbox backend, by name (rollbus.grading.backends); this module is local
     observe: bool = True  # the audit hook in every interpreter of the tests (off: bench/grade.py's baseline)
+    second_run: bool = True  # the required tests again under the second harness (off: bench's baseline)
 
 
 class ReportChannel(Protocol):
@@ -234,7 +235,7 @@ async def _grade(
         known = untouched_python_files(pristine, changed)
         outcome, log = await run_grader(
             spec, repo, eval_dir, scratch, deadline, config.readonly_tests, known,
-            observed.untouched_files(pristine, changed), config.observe,
+            observed.untouched_files(pristine, changed), config.observe, config.second_run,
         )  # fmt: skip
         details = {
             "instance_id": spec.instance_id,
@@ -399,12 +400,14 @@ async def run_grader(
     known_files: set[str] | frozenset[str] = frozenset(),
     untouched: frozenset[str] | None = None,
     observe: bool = True,
+    second: bool = True,
 ) -> tuple[Verdict, str]:
     """The row's one grader. The test sandbox mounts the row's test directories read-only: code under test
     that rewrites a test file not yet collected (or re-executes pytest on rewritten ones) fails to write.
     ``known_files``: files a reported test may also come from (:func:`untouched_python_files`);
     ``untouched``: the base tree's files the patch left as they were (what the audit hook sees them do is the
-    repository's own behaviour; None: every file is taken as untouched)."""
+    repository's own behaviour; None: every file is taken as untouched); ``second``: a solved first run is
+    checked by the second run (:mod:`.second_run`)."""
     grader = spec.grader
     if isinstance(grader, Swepro):
         shutil.copyfile(grader.run_script, eval_dir / "run_script.sh")
@@ -421,6 +424,8 @@ async def run_grader(
         channel.close()
         raise
     env = BASE_ENV | {"HOME": sandbox.home} | report_env(sandbox.workdir) | channel.env
+    code_before = second_run.code_files(repo) if second else {}
+    texts = []
     try:
         if isinstance(grader, Swepro):
             outcome, log = await _run_swepro(
@@ -428,10 +433,72 @@ async def run_grader(
             )
         else:
             outcome, log = await _run_command(spec, sandbox, env, deadline, canaries, channel, known_files)
+        texts.append(channel.text)
+        if second and outcome.solved and channel.text:
+            outcome, more, text = await run_second(
+                spec, sandbox, eval_dir, deadline, outcome, channel.text, canaries, observe,
+                second_run.rewritten(code_before, second_run.code_files(repo)),
+            )  # fmt: skip
+            log, texts = log + more, [*texts, text]
     finally:
         channel.close()
         await sandbox.close()
-    return with_observed(outcome, channel.text, sandbox.workdir, repo, untouched, spec.test_files()), log
+    text = "\n".join(texts)
+    return with_observed(outcome, text, sandbox.workdir, repo, untouched, spec.test_files()), log
+
+
+async def run_second(
+    spec: GradingSpec,
+    sandbox: BwrapSandbox,
+    eval_dir: Path,
+    deadline: float,
+    first: Verdict,
+    first_text: str,
+    canaries: canary.Canaries,
+    observe: bool = True,
+    rewritten: Sequence[str] = (),
+) -> tuple[Verdict, str, str]:
+    """The second run of a first run that solved the row (:mod:`.second_run`): (the verdict both runs give,
+    the second run's log, its report). ``rewritten``: code files the first run created or changed."""
+    if rewritten:
+        note = f"the first run rewrote code the second run would load: {list(rewritten)[:5]}"
+        return dataclasses.replace(first, solved=False, failure_kind=verdict.TAMPERED, note=note), "", ""
+    evidence = Evidence(0, tuple(report.parse(first_text)), canaries)
+    grader = spec.grader
+    names = grader.required if isinstance(grader, Swepro) else list(evidence.tests())
+    required = second_run.required_tests(names, evidence.files_of)
+    if isinstance(required, str):
+        outcome = dataclasses.replace(first, solved=False, failure_kind=verdict.TESTS_FAILED, note=required)
+        return outcome, "", ""
+    log, texts, why = "", [], None
+    for group in second_run.by_runner(required):  # one command per runner, each its own harness and socket
+        harness, socket_path = second_run.place(eval_dir, EVAL_DIR, sandbox.workdir, observe)
+        sink = ReportListener(socket_path)
+        try:
+            env = BASE_ENV | {"HOME": sandbox.home} | second_run.env(harness)
+            command = shell(spec, second_run.command(harness, group))
+            ran = await sandbox.run(command, env, timeout=_left(deadline))
+            texts.append(sink.collect())
+        finally:
+            sink.close()
+        log += f"\n$ second run\n{ran.stdout}{ran.stderr}"
+        if ran.timed_out:
+            raise TimeoutError
+        if limit := sandbox_failure(ran):
+            note = f"the second run hit a sandbox limit: {limit}"
+            return Verdict(False, limit, first.tests, note), log, "\n".join(texts)
+        if why := second_run.judge(texts[-1], ran.exit_code, group):
+            break
+    text = "\n".join(texts)
+    if why is None:
+        return first, log, text
+    seen = second_run.statuses(texts[-1], required)  # each test's worse status of the two runs
+    tests = tuple(
+        t if seen.get(t.name, verdict.PASSED) == verdict.PASSED else verdict.TestResult(t.name, seen[t.name])
+        for t in first.tests
+    )
+    outcome = dataclasses.replace(first, solved=False, failure_kind=verdict.TESTS_FAILED, note=why)
+    return dataclasses.replace(outcome, tests=tests), log, text
 
 
 def with_observed(

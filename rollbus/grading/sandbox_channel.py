@@ -106,10 +106,11 @@ def _stdlib():
     return here + os.sep
 
 
-def install_audit(root):
+def install_audit(root, emit=None):
     """An append-only audit hook (it cannot be removed), installed by ``sitecustomize`` at interpreter start
-    from the grader's read-only files, before any repository code: it records, into the channel, each
-    watched event whose actor (see :func:`_actor`) is a file under ``root`` (the repository)."""
+    from the grader's read-only files, before any repository code: it records, into the channel (or through
+    ``emit``: the second run's report), each watched event whose actor (see :func:`_actor`) is a file under
+    ``root`` (the repository)."""
     import sys
 
     stdlib, root = _stdlib(), root.rstrip("/") + "/"
@@ -188,7 +189,9 @@ def install_audit(root):
                 return
             state["seen"].add(key)
             record = {"event": "audit", "kind": kind, "actor": who, "detail": detail[:500]}
-            if _state.get("config"):
+            if emit is not None:
+                emit(record)
+            elif _state.get("config"):
                 write(record)
             else:
                 state["pending"].append(record)
@@ -222,9 +225,10 @@ def framework_classes():
     return state
 
 
-def report_framework_changes(state):
+def report_framework_changes(state, emit=None):
     """An audit record (unattributed: any code of the process may have done it) for each attribute of a
     framework class set, replaced or deleted since :func:`framework_classes`."""
+    emit = emit or write
     for cls, before in state:
         now = vars(cls)
         for key in sorted(set(before) | set(now), key=str):
@@ -232,14 +236,15 @@ def report_framework_changes(state):
                 continue
             if before.get(key, _missing) is not now.get(key, _missing):
                 detail = f"{cls.__module__}.{cls.__qualname__}.{key}"
-                write({"event": "audit", "kind": "framework", "actor": "", "detail": detail[:500]})
+                emit({"event": "audit", "kind": "framework", "actor": "", "detail": detail[:500]})
 
 
-def report_object(kind, obj, detail):
+def report_object(kind, obj, detail, emit=None):
     """An audit record for ``obj`` (a function or class the grader's plugin found in use), attributed to the
     file its code comes from."""
     import sys
 
+    emit = emit or write
     candidates = [obj, getattr(obj, "__func__", None)]
     if isinstance(obj, type):  # a class: whatever code its calls run, and its module
         candidates += [vars(obj).get(name) for name in ("__init__", "__new__", "__call__")]
@@ -249,7 +254,7 @@ def report_object(kind, obj, detail):
     for actor in sorted(
         a for a in actors if isinstance(a, str) and a.startswith("/") and "-packages/" not in a
     ):
-        write({"event": "audit", "kind": kind, "actor": actor, "detail": str(detail)[:500]})
+        emit({"event": "audit", "kind": kind, "actor": actor, "detail": str(detail)[:500]})
 
 
 _missing = object()

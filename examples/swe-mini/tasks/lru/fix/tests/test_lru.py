@@ -22,3 +22,13 @@ def test_get_refreshes_recency():
     cache.put("c", 3)
     assert cache.get("a") == 1
     assert cache.get("b") is None
+
+
+def test_get_refreshes_any_key():
+    cache = LRU(2)
+    cache.put(10, "ten")
+    cache.put(20, "twenty")
+    assert cache.get(10) == "ten"
+    cache.put(30, "thirty")
+    assert cache.get(10) == "ten"
+    assert cache.get(20) is None
