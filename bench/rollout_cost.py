@@ -93,7 +93,7 @@ class AgentMeter:
         return sum(self.seen.values())
 
 
-async def run(rollouts: int, turns: int) -> dict:
+async def run(rollouts: int, turns: int, idle: float) -> dict:
     """The measured run; SIGTERM or SIGINT cancels it, so the stack is stopped on the way out."""
     task = asyncio.current_task()
     assert task is not None
@@ -118,7 +118,10 @@ async def run(rollouts: int, turns: int) -> dict:
             pids = {child.spec.name: child.proc.pid for child in supervisor.children if child.proc}
             progress, stop = Progress(), asyncio.Event()
             watcher = asyncio.create_task(watch(stack.bootstrap, stack.namespace, progress, stop))
+            quiet = {name: own_cpu(pid) for name, pid in pids.items()}
+            await asyncio.sleep(idle)  # the stack up, nothing submitted: what each service burns waiting
             before = {name: own_cpu(pid) for name, pid in pids.items()}
+            idle_rate = {name: (before[name] - quiet[name]) / idle for name in pids}
             agent = AgentMeter(pids["sandbox-runner"])
             started = time.monotonic()
             bus = ["--bootstrap-servers", stack.bootstrap, "--namespace", stack.namespace]
@@ -137,7 +140,7 @@ async def run(rollouts: int, turns: int) -> dict:
             await asyncio.gather(watcher, return_exceptions=True)
             restarts = {child.spec.name: child.restarts for child in supervisor.children if child.restarts}
     return {
-        "cpu": {name: after[name] - before[name] for name in pids},
+        "cpu": {name: after[name] - before[name] for name in pids}, "idle_rate": idle_rate,
         "agent": agent.total(), "wall": wall, "turns_served": progress.turns, "restarts": restarts,
     }  # fmt: skip
 
@@ -146,27 +149,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=4, help="samples of the row (one group)")
     parser.add_argument("--turns", type=int, default=50, help="turns per rollout")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 2 rollouts of 10 turns")
+    parser.add_argument("--idle", type=float, default=20.0, help="seconds of the idle stack measured first")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 2 rollouts of 10 turns, 5 s idle")
     args = parser.parse_args()
     if args.quick:
-        args.rollouts, args.turns = 2, 10
-    result = asyncio.run(run(args.rollouts, args.turns))
-    cpu, n = result["cpu"], args.rollouts
+        args.rollouts, args.turns, args.idle = 2, 10, 5.0
+    result = asyncio.run(run(args.rollouts, args.turns, args.idle))
+    cpu, rate, n = result["cpu"], result["idle_rate"], args.rollouts
     per_50 = 50 / args.turns  # the figures are per 50-turn rollout, scaled from the turns run
     served, wall = result["turns_served"], result["wall"]
+    # idle: what the service would have burnt over the run's wall time with nothing to do (its rate over the
+    # idle window); work: the rest, what the rollouts themselves cost. Idle scales with wall time (a loaded
+    # machine, a slow engine), work does not.
+    idle = {name: min(cpu[name], rate[name] * wall) for name in cpu}
+    work = {name: cpu[name] - idle[name] for name in cpu}
     print(f"{n} rollouts of {args.turns} turns ({served} turns served) in {wall:.0f}s")
-    print("CPU seconds per 50-turn rollout:")
+    print("CPU seconds per 50-turn rollout:      work    idle   total   (idle rate, CPU-ms per s)")
     for name in ROLLBUS:
-        print(f"  {name:15} {cpu[name] / n * per_50:7.3f}")
-    ours = sum(cpu[name] for name in ROLLBUS) / n * per_50
+        line = [work[name] / n * per_50, idle[name] / n * per_50, cpu[name] / n * per_50]
+        print(f"  {name:15} " + " ".join(f"{x:7.3f}" for x in line) + f"   ({rate[name] * 1000:5.1f})")
+    ours = sum(work[name] for name in ROLLBUS) / n * per_50
+    total = sum(cpu[name] for name in ROLLBUS) / n * per_50
     agent = result["agent"] / n * per_50
-    print(f"  {'rollbus total':15} {ours:7.3f}  (aim: <= 0.2)")
+    print(f"  {'rollbus':15} {ours:7.3f} {total - ours:7.3f} {total:7.3f}   (aim: work <= 0.2)")
     print(f"  {'agent CLI':15} {agent:7.3f}  (Claude Code's processes, sampled)")
     for name, what in zip(APART, ("model forward passes", "learner"), strict=True):
         print(f"  {name:15} {cpu[name] / n * per_50:7.3f}  (not counted: {what})")
     if result["restarts"]:
         print(f"  restarts during the run: {result['restarts']}")
-    print(f"ratio rollbus / agent CLI CPU = {ours / agent:.3f}" if agent else "ratio: no agent CPU seen")
+    if agent:
+        print(f"ratio rollbus / agent CLI CPU = {ours / agent:.3f} (work), {total / agent:.3f} (with idle)")
+    else:
+        print("ratio: no agent CPU seen")
 
 
 if __name__ == "__main__":
