@@ -258,6 +258,21 @@ def test_an_ipv4_client_is_found_without_reading_the_tcp6_table() -> None:
             assert attribute(me, ("127.0.0.1", 1), server.getsockname()) == "tool"  # no such socket
 
 
+def test_a_connections_socket_is_looked_up_once_and_its_holders_every_time() -> None:
+    """The proxy's memo per connection: the table row's inode is kept; who holds it is asked each request."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())
+        accepted, _ = server.accept()
+        me, ends = AgentProcess.of(os.getpid()), (client.getsockname(), server.getsockname())
+        known: dict = {}
+        with accepted:
+            assert attribute(me, *ends, known=known) == "agent"
+            assert known == {ends: os.fstat(client.fileno()).st_ino}
+            assert attribute(me, *ends, known={ends: 1}) == "tool"  # the memo is used: inode 1 has no holder
+            client.close()
+            assert attribute(me, *ends, known=known) == "tool"  # the socket gone: held by nobody now
+
+
 async def test_the_agent_is_pinned_as_the_namespaces_second_process_while_it_runs(tmp_path: Path) -> None:
     """What run(agent=True) hands the proxy: bwrap's command (pid 2 inside), not bwrap's init, not a child."""
 
