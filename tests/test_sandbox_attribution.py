@@ -22,7 +22,15 @@ import pytest
 from rollbus.sandbox import AdapterProxy, SandboxSpec, bwrap_usable, create_local, prepare_repo
 from rollbus.sandbox.adapter_proxy import stamp_head
 from rollbus.sandbox.bwrap import BwrapSandbox
-from rollbus.sandbox.peer import AgentProcess, client_inode, decode_address, tcp_rows, verdict
+from rollbus.sandbox.peer import (
+    AgentProcess,
+    _tables,
+    attribute,
+    client_inode,
+    decode_address,
+    tcp_rows,
+    verdict,
+)
 from tests.test_sandbox_isolation import BASE_URL, ENV, EXAMPLE_REPO, Adapter
 
 STANDIN = "/opt/standin/bash"
@@ -232,6 +240,37 @@ def test_the_tcp_table_names_the_client_socket_and_its_inode() -> None:
     assert decode_address("0000000000000000FFFF00000100007F:0050") == ("127.0.0.1", 80)
     assert decode_address("00000000000000000000000001000000:0016") == ("::1", 22)
     assert list(tcp_rows("  sl  local_address ...\n")) == []
+
+
+def test_an_ipv4_client_is_found_without_reading_the_tcp6_table() -> None:
+    """Each table read walks every TCP socket of the host (ms of system time per request): the second table
+    is read only when the first does not name the socket, and the verdict is the same as over both."""
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.socket() as client:
+        client.connect(server.getsockname())
+        accepted, _ = server.accept()
+        with accepted:
+            tables = _tables(Path("/proc/self/net"))
+            inode = client_inode(tables, client.getsockname(), server.getsockname())
+            assert inode == os.fstat(client.fileno()).st_ino
+            assert "local_address" in next(tables)  # tcp6: still unread, it comes only now
+            me = AgentProcess.of(os.getpid())
+            assert attribute(me, client.getsockname(), server.getsockname()) == "agent"  # held by us alone
+            assert attribute(me, ("127.0.0.1", 1), server.getsockname()) == "tool"  # no such socket
+
+
+def test_a_connections_socket_is_looked_up_once_and_its_holders_every_time() -> None:
+    """The proxy's memo per connection: the table row's inode is kept; who holds it is asked each request."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())
+        accepted, _ = server.accept()
+        me, ends = AgentProcess.of(os.getpid()), (client.getsockname(), server.getsockname())
+        known: dict = {}
+        with accepted:
+            assert attribute(me, *ends, known=known) == "agent"
+            assert known == {ends: os.fstat(client.fileno()).st_ino}
+            assert attribute(me, *ends, known={ends: 1}) == "tool"  # the memo is used: inode 1 has no holder
+            client.close()
+            assert attribute(me, *ends, known=known) == "tool"  # the socket gone: held by nobody now
 
 
 async def test_the_agent_is_pinned_as_the_namespaces_second_process_while_it_runs(tmp_path: Path) -> None:

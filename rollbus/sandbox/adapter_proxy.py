@@ -27,7 +27,7 @@ import socket
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from rollbus.sandbox.peer import AgentProcess, Peer, attribute
+from rollbus.sandbox.peer import Address, AgentProcess, Peer, attribute
 
 log = logging.getLogger("rollbus.sandbox.adapter_proxy")
 SANDBOX_HEADER = b"x-rollbus-sandbox"
@@ -200,6 +200,7 @@ class AdapterProxy:
     async def _requests(
         self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter, upstream_w: asyncio.StreamWriter
     ) -> None:
+        known: dict[tuple[Address, Address], int] = {}  # its client socket, once found (peer.attribute)
         while True:
             try:
                 head = await client_r.readuntil(b"\r\n\r\n")
@@ -210,7 +211,7 @@ class AdapterProxy:
                 return
             if len(head) > MAX_HEAD:
                 raise BadRequest("request head too large")
-            peer = await self._peer(client_w)
+            peer = await self._peer(client_w, known)
             stamped, length, chunked = stamp_head(head[:-4] + b"\r\n", self.sandbox_id, peer)
             self.requests += 1
             upstream_w.write(stamped)
@@ -220,7 +221,7 @@ class AdapterProxy:
                 await _copy_exact(client_r, upstream_w, length)
             await upstream_w.drain()
 
-    async def _peer(self, client_w: asyncio.StreamWriter) -> Peer:
+    async def _peer(self, client_w: asyncio.StreamWriter, known: dict[tuple[Address, Address], int]) -> Peer:
         """Who sent this request, decided afresh for each one (a socket can change hands between requests)."""
         if self._listener is None:
             return "tool"  # the forwarder's connection: every process inside looks the same from here
@@ -229,7 +230,7 @@ class AdapterProxy:
             return "tool"
         try:
             agent = await asyncio.wait_for(asyncio.shield(self.agent), AGENT_WAIT_S)
-            return await asyncio.to_thread(attribute, agent, client[:2], server[:2])
+            return await asyncio.to_thread(attribute, agent, client[:2], server[:2], known=known)
         except asyncio.CancelledError:
             if asyncio.current_task().cancelling():  # type: ignore[union-attr]
                 raise

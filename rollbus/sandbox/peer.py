@@ -143,6 +143,14 @@ def _read(path: Path) -> str | None:
         return None
 
 
+def _tables(net: Path) -> Iterator[str]:
+    """The TCP tables in order, each read only when the one before did not name the socket: the kernel walks
+    every TCP socket of the host to print one namespace's table (milliseconds of system time per read)."""
+    for name in TCP_TABLES:
+        if (table := _read(net / name)) is not None:
+            yield table
+
+
 def _link(path: str) -> str | None:
     try:
         return os.readlink(path)
@@ -150,8 +158,18 @@ def _link(path: str) -> str | None:
         return None
 
 
-def attribute(agent: AgentProcess | None, client: Address, server: Address, proc: Path = PROC) -> Peer:
-    """Who sent on the connection from ``client`` to the listener at ``server`` (see the module docstring)."""
+def attribute(
+    agent: AgentProcess | None,
+    client: Address,
+    server: Address,
+    proc: Path = PROC,
+    known: dict[tuple[Address, Address], int] | None = None,
+) -> Peer:
+    """Who sent on the connection from ``client`` to the listener at ``server`` (see the module docstring).
+
+    ``known``: the proxy's memo for one accepted connection. Its client socket (the table row's inode) is
+    the same for the connection's life, so the table, costly to read, is read on its first request only;
+    who holds that socket is asked afresh every time (a gone socket has no holder: a tool's)."""
     if agent is None or not agent.alive(proc):
         return "tool"
     base = proc / str(agent.pid)
@@ -159,9 +177,12 @@ def attribute(agent: AgentProcess | None, client: Address, server: Address, proc
         namespace = os.readlink(base / "ns" / "pid")
     except OSError:
         return "tool"
-    tables = [table for name in TCP_TABLES if (table := _read(base / "net" / name)) is not None]
-    inode = client_inode(tables, client, server)
+    inode = None if known is None else known.get((client, server))
     if inode is None:
-        return "tool"
+        inode = client_inode(_tables(base / "net"), client, server)
+        if inode is None:
+            return "tool"
+        if known is not None:
+            known[(client, server)] = inode
     found = holders(inode, namespace, agent.pid, proc)
     return verdict(agent.pid, found) if agent.alive(proc) else "tool"
