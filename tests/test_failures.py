@@ -7,10 +7,11 @@ import typing
 
 import pytest
 
-from rollbus import failures, gym
+from rollbus import failures
 from rollbus.failures import INFRASTRUCTURE, POLICY, failure_class, rerun_helps, reward_cause
 from rollbus.grading import verdict
 from rollbus.sandbox import base as sandbox_base
+from rollbus.services.gym_runner import gym
 from rollbus.services.gym_runner import runner as gym_runner
 from rollbus.services.sandbox_runner import outcome
 
