@@ -40,7 +40,11 @@ class ReportListener:
     inherited and nothing goes into the environment, so any backend that mounts the directory carries it.
     :meth:`collect` after the command ended."""
 
-    def __init__(self, path: os.PathLike[str] | str, max_bytes: int = MAX_BYTES) -> None:
+    def __init__(
+        self, path: os.PathLike[str] | str, max_bytes: int = MAX_BYTES, greeting: bytes = b""
+    ) -> None:
+        """``greeting``: sent on the connection first, then the host's side is shut (:class:`SocketChannel`'s
+        configuration)."""
         self.path = os.fspath(path)
         directory, name = os.path.split(self.path)
         os.chmod(directory, 0o755)  # the sandbox's uid reaches the socket in it
@@ -53,6 +57,7 @@ class ReportListener:
         os.chmod(self.path, 0o777)  # the sandbox's uid connects (once)
         self._listener.listen(1)
         self._max = max_bytes
+        self._greeting = greeting
         self._chunks: list[bytes] = []
         self._size = 0
         self.text = ""
@@ -69,6 +74,12 @@ class ReportListener:
             self._accepted.set()
             self._stop_listening()
         with conn:
+            if self._greeting:
+                try:
+                    conn.sendall(self._greeting)
+                    conn.shutdown(socket.SHUT_WR)  # nothing more from the host: the other end reads to here
+                except OSError:
+                    return
             while True:
                 try:
                     chunk = conn.recv(1 << 16)
@@ -169,10 +180,11 @@ class Channel:
                 os.close(fd)
 
 
-class SocketChannel:
+class SocketChannel(ReportListener):
     """The channel of one command in a container: a listening unix socket ``directory/channel`` (the
     directory is what the backend mounts), one connection accepted (the launcher's), then the socket is
-    gone; :attr:`env` and :attr:`fds` are empty (the launcher makes them inside)."""
+    gone; the configuration is sent on that connection and the report read from it. :attr:`env` and
+    :attr:`fds` are empty (the launcher makes them inside)."""
 
     def __init__(
         self, config: Mapping[str, Any], directory: os.PathLike[str] | str, max_bytes: int = MAX_BYTES
@@ -182,22 +194,7 @@ class SocketChannel:
             raise ValueError(f"the channel's configuration takes {len(data)} bytes")
         self.directory = os.fspath(directory)
         os.makedirs(self.directory, exist_ok=True)
-        os.chmod(self.directory, 0o755)  # the sandbox's uid reaches the socket in it (a mkdtemp is 0700)
-        self.path = os.path.join(self.directory, SOCKET_NAME)
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(self.path)
-        os.chmod(self.path, 0o777)  # the sandbox's uid connects (once)
-        self._listener.listen(1)
-        self._data = data
-        self._max = max_bytes
-        self._conn: socket.socket | None = None
-        self._lock = threading.Lock()
-        self._closed = False
-        self.text = ""
-        self._chunks: list[bytes] = []
-        self._size = 0
-        self._reader = threading.Thread(target=self._serve, name="grader-channel", daemon=True)
-        self._reader.start()
+        super().__init__(os.path.join(self.directory, SOCKET_NAME), max_bytes, greeting=data)
 
     @property
     def env(self) -> dict[str, str]:
@@ -206,57 +203,3 @@ class SocketChannel:
     @property
     def fds(self) -> tuple[int, ...]:
         return ()
-
-    def _serve(self) -> None:
-        try:
-            conn, _ = self._listener.accept()
-        except OSError:
-            return
-        finally:
-            self._stop_listening()
-        with self._lock:
-            if self._closed:
-                conn.close()
-                return
-            self._conn = conn
-        try:
-            conn.sendall(self._data)
-            conn.shutdown(socket.SHUT_WR)  # nothing more from the host: the launcher reads to here
-        except OSError:
-            return
-        while True:
-            try:
-                chunk = conn.recv(1 << 16)
-            except OSError:
-                return
-            if not chunk:
-                return
-            if self._size <= self._max:
-                self._chunks.append(chunk)
-            self._size += len(chunk)
-
-    def _stop_listening(self) -> None:
-        """No second connection: the listener closed, its file removed."""
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)  # wakes an accept still waiting
-        with contextlib.suppress(OSError):
-            self._listener.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
-
-    def collect(self, wait_s: float = 5.0) -> str:
-        """The report, once the command is over (the container's processes gone, so the connection's
-        other end is closed and the reader drains to its end)."""
-        self._stop_listening()
-        self._reader.join(wait_s)
-        self.close()
-        self.text = b"".join(self._chunks)[: self._max + 1].decode("utf-8", errors="replace")
-        return self.text
-
-    def close(self) -> None:
-        self._stop_listening()
-        with self._lock:
-            self._closed = True
-            conn, self._conn = self._conn, None
-        if conn is not None and not self._reader.is_alive():
-            conn.close()
