@@ -17,10 +17,14 @@ from typing import Any
 import psutil
 from aiokafka import TopicPartition
 
+from rollbus.grading import GradeConfig
 from rollbus.kafka import clients
 from rollbus.kafka.replay import ReadPlan, read
 from rollbus.kafka.topics import describe, topic_name
 from rollbus.rows import RowKeys, parse_row, tasks_for
+from rollbus.services.grader.core import grade_diff
+from rollbus.services.sandbox_runner.main import run_one
+from rollbus.services.sandbox_runner.settings import RunnerSettings
 from tests.e2e_support import EXAMPLES, Rig
 
 RUNNER_SCRIPTS = EXAMPLES / "scripts" / "runner"
@@ -33,6 +37,21 @@ def calc_row(instance_id: str, *, image: str = "buggy_repo", label: str | None =
     metadata = {"image": image, "workdir": "/workspace", "instance_id": instance_id,
                 "problem_statement": CALC_PROBLEM, "eval_cmd": "python3 -m unittest -q"}  # fmt: skip
     return {"prompt": "", "label": label, "metadata": metadata}
+
+
+async def run_and_grade(
+    rig: Rig, data_dir: Path, instance: str, *, row_agent: str | None = None, **settings: object
+) -> tuple[dict, float]:
+    """One calc row (its ``metadata.agent`` is ``row_agent`` where one is named) run by the runner
+    (``run_one``), then graded as the grader service grades its diff: the diff and its reward."""
+    row = calc_row(instance)
+    if row_agent is not None:
+        row["metadata"]["agent"] = row_agent
+    (task,) = tasks_for(parse_row(json.dumps(row), 1, RowKeys(), data_dir), 1)
+    runner = RunnerSettings.load({"adapter_url": rig.url, "admin_token": rig.admin_token, **settings})
+    diff = await run_one(runner, task)
+    graded = await grade_diff(diff, data_dir, GradeConfig())
+    return diff, graded.reward
 
 
 def write_dataset(path: Path, rows: Iterable[dict[str, Any] | str]) -> Path:

@@ -8,19 +8,14 @@ sampled token trains, and its step limit is the runner's ``--max-turns``.
 
 from __future__ import annotations
 
-import json
+import functools
 import shutil
 from pathlib import Path
 
 import pytest
 
-from rollbus.grading import GradeConfig
-from rollbus.rows import RowKeys, parse_row, tasks_for
-from rollbus.services.grader.core import grade_diff
-from rollbus.services.sandbox_runner.main import run_one
-from rollbus.services.sandbox_runner.settings import RunnerSettings
 from tests.e2e_support import EXAMPLES, Rig, Rollout, rollout_events
-from tests.runner_support import FIXED_LINE, RUNNER_SCRIPTS, calc_row, scripts_dir
+from tests.runner_support import FIXED_LINE, RUNNER_SCRIPTS, run_and_grade, scripts_dir
 from tests.test_e2e_claude_code import assert_trains_every_sampled_token
 
 pytestmark = pytest.mark.kafka
@@ -42,15 +37,7 @@ def data_dir(tmp_path: Path) -> Path:
     return tmp_path / "data"
 
 
-async def run_row(rig: Rig, data_dir: Path, instance: str, **settings: object) -> tuple[dict, float]:
-    """One row run by the runner (``run_one``), then graded as the grader service grades its diff."""
-    row = calc_row(instance)
-    row["metadata"]["agent"] = "mini_swe_agent"
-    (task,) = tasks_for(parse_row(json.dumps(row), 1, RowKeys(), data_dir), 1)
-    runner = RunnerSettings.load({"adapter_url": rig.url, "admin_token": rig.admin_token, **settings})
-    diff = await run_one(runner, task)
-    graded = await grade_diff(diff, data_dir, GradeConfig())
-    return diff, graded.reward
+run_row = functools.partial(run_and_grade, row_agent="mini_swe_agent")
 
 
 async def test_a_mini_swe_agent_row_fixes_through_its_bash_tool_and_is_graded_1(

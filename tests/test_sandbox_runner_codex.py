@@ -8,6 +8,7 @@ script, so one engine serves a fix (graded 1) and a wrong fix (graded 0).
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 import shutil
@@ -27,6 +28,7 @@ from tests.runner_support import (
     build_calc_image,
     calc_row,
     container_task,
+    run_and_grade,
     scripts_dir,
 )
 from tests.test_e2e_claude_code import assert_trains_every_sampled_token
@@ -54,16 +56,7 @@ def data_dir(tmp_path: Path) -> Path:
     return tmp_path / "data"
 
 
-async def run_row(rig: Rig, data_dir: Path, instance: str, **settings: object) -> tuple[dict, float]:
-    """One row run by the runner (``run_one``), then graded as the grader service grades its diff."""
-    row = calc_row(instance)
-    if "agent" not in settings:
-        row["metadata"]["agent"] = "codex"
-    (task,) = tasks_for(parse_row(json.dumps(row), 1, RowKeys(), data_dir), 1)
-    runner = RunnerSettings.load({"adapter_url": rig.url, "admin_token": rig.admin_token, **settings})
-    diff = await run_one(runner, task)
-    graded = await grade_diff(diff, data_dir, GradeConfig())
-    return diff, graded.reward
+run_row = functools.partial(run_and_grade, row_agent="codex")
 
 
 async def test_a_codex_row_fixes_through_shell_and_apply_patch_and_is_graded_1(
@@ -84,7 +77,7 @@ async def test_a_codex_row_fixes_through_shell_and_apply_patch_and_is_graded_1(
 
 async def test_the_runner_default_agent_applies_to_rows_that_name_none(rig: Rig, data_dir: Path) -> None:
     """A wrong fix, by Codex because ``--agent codex`` is the runner's default: a clean rollout graded 0."""
-    diff, reward = await run_row(rig, data_dir, "codex-wrong", agent="codex")
+    diff, reward = await run_and_grade(rig, data_dir, "codex-wrong", agent="codex")
 
     assert diff["failure_kind"] is None and diff["exit_status"] == 0, diff["error"]
     assert b"+    return sum(range(0, n))" in diff["patch"]
