@@ -92,7 +92,7 @@ async def _grade(
         else:
             method, log = await run.apply(base, repo, sanitized, deadline, spec.workdir)
             if method is None:
-                return failed(verdict.PATCH_FAILED, log[-2000:], flags=run._stripped(sanitized))
+                return failed(verdict.PATCH_FAILED, log[-2000:], flags=run.stripped_flags(sanitized))
             changed = trees.changes(base, pristine, repo)
             raised = run.raise_flags(spec, sanitized, changed, repo, base)
         run.restore_git(base, repo)
@@ -103,7 +103,8 @@ async def _grade(
         box = await sandboxes.sandbox(repo, spec.workdir, {tests: TESTS}, rw_binds={logs: LOGS})
         env = run.BASE_ENV | {"HOME": box.home} | dict(harbor.settings.get("verifier_env") or {})
         try:
-            ran = await box.run(["bash", f"{TESTS}/test.sh"], env, spec.workdir, timeout=run._left(deadline))
+            left = run.time_left(deadline)
+            ran = await box.run(["bash", f"{TESTS}/test.sh"], env, spec.workdir, timeout=left)
         finally:
             await box.close()
         if ran.timed_out:
@@ -114,7 +115,7 @@ async def _grade(
             "instance_id": spec.instance_id,
             "apply_method": method,
             "exit_code": ran.exit_code,
-            "log": run._excerpt(output, config.log_excerpt_bytes),
+            "log": run.log_excerpt(output, config.log_excerpt_bytes),
         }
         zeroing = fl.ZEROING if config.zero_flagged else frozenset()
         return verdict.final(outcome, raised, zeroing, details)
@@ -131,7 +132,7 @@ async def _solve(
     env = run.BASE_ENV | {"HOME": box.home} | dict(harbor.settings.get("solution_env") or {})
     try:
         ran = await box.run(
-            ["bash", f"{SOLUTION_DIR}/solve.sh"], env, spec.workdir, timeout=run._left(deadline)
+            ["bash", f"{SOLUTION_DIR}/solve.sh"], env, spec.workdir, timeout=run.time_left(deadline)
         )
     finally:
         await box.close()

@@ -220,7 +220,7 @@ async def _grade(
         repo = scratch / "repo"
         method, apply_log = await apply(base, repo, sanitized, deadline, spec.workdir)
         if method is None:
-            return failed(verdict.PATCH_FAILED, apply_log[-2000:], flags=_stripped(sanitized))
+            return failed(verdict.PATCH_FAILED, apply_log[-2000:], flags=stripped_flags(sanitized))
         changed = trees.changes(base, pristine, repo)
         raised = raise_flags(spec, sanitized, changed, repo, base)
         restore_git(base, repo)
@@ -244,7 +244,7 @@ async def _grade(
             "bytecode_removed": removed,
             "stripped_binary": list(sanitized.stripped_binary),
             "stripped_git": list(sanitized.stripped_git),
-            "log": _excerpt(log, config.log_excerpt_bytes),
+            "log": log_excerpt(log, config.log_excerpt_bytes),
         }
         zeroing = fl.ZEROING if config.zero_flagged else frozenset()
         return verdict.final(outcome, raised, zeroing, details)
@@ -284,10 +284,10 @@ def raise_flags(
     packages = trees.package_dirs(repo)
     raised = fl.path_flags(changed, spec.test_files(), packages, toolchain.modules())
     raised |= tamper.scan(changed, repo, base)
-    return raised | _stripped(sanitized)
+    return raised | stripped_flags(sanitized)
 
 
-def _stripped(sanitized: Sanitized) -> set[str]:
+def stripped_flags(sanitized: Sanitized) -> set[str]:
     """Flags for what sanitising took out: binary hunks (reported), sections into ``.git/`` (zeroing)."""
     binary = {fl.BINARY_STRIPPED} if sanitized.stripped_binary else set()
     return binary | ({fl.TOUCHES_GIT} if sanitized.stripped_git else set())
@@ -344,8 +344,8 @@ async def apply(
             target = f"{sandbox.home}/{PATCH_NAME}"
             await sandbox.write_file(target, sanitized.patch)
             if name == "git-apply-3way":  # a copied index has stale stat data: "does not match index"
-                await sandbox.run(REFRESH_INDEX, env, timeout=_left(deadline))
-            done = await sandbox.run([*argv, target], env, timeout=_left(deadline))
+                await sandbox.run(REFRESH_INDEX, env, timeout=time_left(deadline))
+            done = await sandbox.run([*argv, target], env, timeout=time_left(deadline))
         finally:
             await sandbox.close()
         logs.append(f"$ {name}: exit {done.exit_code}\n{done.stdout}{done.stderr}")
@@ -370,7 +370,7 @@ async def apply_test_patch(spec: GradingSpec, base: Path, repo: Path, deadline: 
         await sandbox.write_file(target, spec.test_patch.encode("utf-8", "surrogateescape"))
         env = BASE_ENV | {"HOME": sandbox.home}
         argv = ["git", "apply", "--whitespace=nowarn", target]
-        done = await sandbox.run(argv, env, timeout=_left(deadline))
+        done = await sandbox.run(argv, env, timeout=time_left(deadline))
     finally:
         await sandbox.close()
     if done.timed_out:
@@ -477,7 +477,7 @@ async def run_second(
         try:
             env = BASE_ENV | {"HOME": sandbox.home} | second_run.env(harness)
             command = shell(spec, second_run.command(harness, group))
-            ran = await sandbox.run(command, env, timeout=_left(deadline))
+            ran = await sandbox.run(command, env, timeout=time_left(deadline))
             texts.append(sink.collect())
         finally:
             sink.close()
@@ -598,7 +598,7 @@ async def _run_swepro(
 ) -> tuple[Verdict, str]:
     files = shlex.quote(",".join(grader.selected_test_files))
     command = shell(spec, f"bash {EVAL_DIR}/run_script.sh {files}")
-    ran = await sandbox.run(command, env, timeout=_left(deadline), pass_fds=channel.fds)
+    ran = await sandbox.run(command, env, timeout=time_left(deadline), pass_fds=channel.fds)
     log = ran.stdout + ran.stderr
     if ran.timed_out:
         raise TimeoutError
@@ -628,7 +628,7 @@ async def _run_command(
         with_unittest_runner(grader.cmd) if isinstance(grader, EvalCmd) else f"python3 {EVAL_DIR}/f2p.py"
     )
     text = grader.cmd if isinstance(grader, EvalCmd) else grader.script
-    ran = await sandbox.run(shell(spec, command), env, timeout=_left(deadline), pass_fds=channel.fds)
+    ran = await sandbox.run(shell(spec, command), env, timeout=time_left(deadline), pass_fds=channel.fds)
     log = ran.stdout + ran.stderr
     if ran.timed_out:
         raise TimeoutError
@@ -676,7 +676,7 @@ async def parse_swepro(
             f"{w}/stderr.log",
             f"{w}/output.json",
         ]
-        parsed = await sandbox.run(argv, BASE_ENV | {"HOME": sandbox.home}, timeout=_left(deadline))
+        parsed = await sandbox.run(argv, BASE_ENV | {"HOME": sandbox.home}, timeout=time_left(deadline))
         output = await _read_optional(sandbox, f"{w}/output.json")
     finally:
         await sandbox.close()
@@ -718,11 +718,11 @@ async def _read_optional(sandbox: BwrapSandbox, path: str) -> str | None:
     return data[: verdict.MAX_REPORT_BYTES + 1].decode("utf-8", errors="replace")
 
 
-def _left(deadline: float) -> float:
+def time_left(deadline: float) -> float:
     return max(0.1, deadline - time.monotonic())
 
 
-def _excerpt(text: str, limit: int) -> str:
+def log_excerpt(text: str, limit: int) -> str:
     return text if len(text) <= limit else "[...]\n" + text[-limit:]
 
 
