@@ -66,12 +66,14 @@ class BusPublisher:
     def __init__(self) -> None:
         self.events: list[tuple[str, str, dict[str, Any]]] = []  # (topic, key, record)
         self.down = False
+        self.refused = 0  # sends refused while down
 
     async def publish(self, topic: str, record: Mapping[str, Any], *, key: str) -> None:
         await self.publish_bytes(topic, encode(_EVENT_OF_TOPIC[topic], record), key=key)
 
     async def publish_bytes(self, topic: str, value: bytes, *, key: str | bytes | None) -> None:
         if self.down:
+            self.refused += 1
             raise KafkaConnectionError("broker unreachable (test)")
         key = key.decode() if isinstance(key, bytes) else key
         self.events.append((topic, key, decode(value).record))  # type: ignore[arg-type]
