@@ -17,14 +17,13 @@ from aiokafka.errors import KafkaConnectionError
 
 from rollbus.kafka import clients
 from rollbus.kafka.bus import Publisher
-from rollbus.kafka.in_flight import InFlightConsumer
 from rollbus.kafka.topics import create_topics, topic_name
 from rollbus.services.sandbox_runner.outcome import AttemptResult, diff_event
 from rollbus.services.sandbox_runner.service import SandboxRunner
 from rollbus.services.sandbox_runner.settings import RunnerSettings
 from tests.conftest import unique_namespace
 from tests.runner_support import all_events
-from tests.waiting import until
+from tests.waiting import count_polls, until
 
 pytestmark = pytest.mark.kafka
 GROUP = "runner-delivery"
@@ -61,17 +60,7 @@ async def namespace(kafka_bootstrap: str) -> str:
 
 @pytest.fixture
 def polls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """How many polls the runner's loop has ended (each ends with its commit): the positive signal that it
-    has looked again, where a test asserts something did not happen."""
-    ended = [0]
-    commit = InFlightConsumer.commit
-
-    async def counted(self: InFlightConsumer, partitions: Any) -> None:
-        await commit(self, partitions)
-        ended[0] += 1
-
-    monkeypatch.setattr(InFlightConsumer, "commit", counted)
-    return ended
+    return count_polls(monkeypatch)
 
 
 @contextlib.asynccontextmanager

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
+from typing import Any
 
+import pytest
+
+from rollbus.kafka.in_flight import InFlightConsumer
 from rollbus.polling import WaitTimeout, wait_until, wait_until_async
 
 Check = Callable[[], object | Awaitable[object]]
@@ -47,3 +51,17 @@ def until_sync(
 
 def _why(exc: WaitTimeout, log: Callable[[], str] | None) -> str:
     return f"timed out waiting for {exc}" + (f":\n{log()[-6000:]}" if log is not None else "")
+
+
+def count_polls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many polls the runners' loops (:class:`InFlightConsumer`) have ended, each with its commit step:
+    the later event to wait for before asserting that a poll did not start or commit something."""
+    ended = [0]
+    commit = InFlightConsumer.commit
+
+    async def counted(self: InFlightConsumer, partitions: Any) -> None:
+        await commit(self, partitions)
+        ended[0] += 1
+
+    monkeypatch.setattr(InFlightConsumer, "commit", counted)
+    return ended
