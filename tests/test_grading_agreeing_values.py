@@ -156,7 +156,9 @@ class _Fragile:
 
 
 @pytest.mark.parametrize(
-    "value", [_Reads(), _Typed("x"), [1, (_Reads(),)], {"k": _Typed("y")}], ids=["reads", "typed", "list", "dict"]
+    "value",
+    [_Reads(), _Typed("x"), [1, (_Reads(),)], {"k": _Typed("y")}],
+    ids=["reads", "typed", "list", "dict"],
 )
 def test_a_value_that_agrees_with_a_stranger_is_named(value: object) -> None:
     assert probe.agreement(value, PROBES) is not None
