@@ -251,6 +251,43 @@ def test_each_runner_gets_a_command_of_its_own() -> None:
         sr.command(harness, tests)
 
 
+@pytest.mark.parametrize(
+    ("text", "launch"),
+    [
+        ("python3 -m pytest -q tests/test_a.py", sr.Launch()),
+        (
+            "cd src && /opt/venv/bin/python3.11 -X dev -m pytest -x",
+            sr.Launch(python="/opt/venv/bin/python3.11"),
+        ),
+        ("PYTHONPATH=src .venv/bin/pytest tests", sr.Launch(pytest=".venv/bin/pytest")),
+        ("python -m unittest -v tests.test_calc", sr.Launch(python="python")),
+        (
+            '#!/bin/bash\nset -e\nexec python3.12 -m pytest -rA "${files[@]}"\n',
+            sr.Launch(python="python3.12"),
+        ),
+        ("$PY -m pytest", sr.Launch()),  # a variable: not read as written
+        ("python3 setup.py test", sr.Launch()),
+        ("uv run pytest", sr.Launch()),  # a wrapper: not carried
+        ("go test ./...", sr.Launch()),
+    ],
+)
+def test_the_second_run_starts_tests_the_rows_way(text: str, launch: sr.Launch) -> None:
+    assert sr.launch_of(text) == launch
+
+
+def test_a_rows_interpreter_runs_both_runners_groups() -> None:
+    harness = sr.Harness("/eval/h1", "m1", "a1")
+    pytest_group = [sr.Required("tests/test_a.py::test_x", "/w/tests/test_a.py", sr.PYTEST)]
+    unit_group = [sr.Required("tests.test_u.T.test_u", "/w/tests/test_u.py", sr.UNITTEST)]
+    venv = sr.launch_of("/opt/venv/bin/python -m pytest")
+    assert sr.command(harness, pytest_group, venv).startswith("/opt/venv/bin/python -m pytest -q ")
+    assert sr.command(harness, unit_group, venv).startswith("/opt/venv/bin/python /eval/h1/m1.py ")
+    script = sr.launch_of(".venv/bin/pytest -x")
+    assert sr.command(harness, pytest_group, script).startswith(
+        ".venv/bin/pytest -q -p no:cacheprovider -p m1 "
+    )
+
+
 def test_the_report_socket_takes_one_connection_even_under_a_long_path(tmp_path: Path) -> None:
     import socket
 
