@@ -295,15 +295,14 @@ def _forgeable(kind):
 
 
 def install_agreement_probe(root, record):
-    """A trace function (``sys.settrace``, in this thread and in threads started later; changed code that
-    sets its own is the audit hook's ``frames`` event) that watches every return from the repository's
-    code: a returned value that is equal to what it cannot equal (:func:`agreement`) is recorded as
-    ``agrees``, attributed to the returning function's file and to the file of the ``__eq__`` that answered.
-    Only the repository's frames get a local trace function, with line events off: other code pays one
-    call per call."""
-    import sys
-    import threading
-
+    """Make (not start) a trace function that watches every return from the repository's code: a returned
+    value that is equal to what it cannot equal (:func:`agreement`) is recorded as ``agrees``, attributed
+    to the returning function's file and to the file of the ``__eq__`` that answered. Only the
+    repository's frames get a local trace function, with line events off; other code pays one call per
+    call, so the harness turns it on only while a test is set up, called and torn down
+    (:func:`probe_on`, :func:`probe_off`), and asks the repository's modules once at the end
+    (:func:`report_agreeing_modules`). Changed code that sets a trace function of its own is the audit
+    hook's ``frames`` event."""
     token = os.urandom(8).hex()
     number = int(token[:12], 16) + 7919
     probes = (f"{token}-{token[:5]} {token[5:]}", number, number / 7.0, token.encode())
@@ -314,19 +313,15 @@ def install_agreement_probe(root, record):
     def returned(frame, event, arg):
         if event != "return" or probing[0]:
             return returned
-        code = frame.f_code
-        if type(arg) in PLAIN and code.co_name != "<module>":
+        if type(arg) in PLAIN:
             return returned
         probing[0] = True
         try:
-            if code.co_name == "<module>":  # a module's classes, instances and partials, once it is made
-                found, value = module_agreement(frame.f_globals, probes), None
-                detail = f"module {code.co_filename} holds a value that agrees with anything: {found}"
-            else:
-                found, value = agreement(arg, probes), arg
-                detail = f"{code.co_name} returned a value that agrees with anything: {found}"
+            code = frame.f_code
+            found = agreement(arg, probes)
             if found is not None:
-                for who in _answerers(code.co_filename, value):
+                detail = f"{code.co_name} returned a value that agrees with anything: {found}"
+                for who in _answerers(code.co_filename, arg):
                     if who.startswith(root):
                         record("agrees", who, detail)
         except BaseException:
@@ -347,8 +342,52 @@ def install_agreement_probe(root, record):
         frame.f_trace_lines = False
         return returned
 
-    sys.settrace(called)
-    threading.settrace(called)
+    def modules():
+        import sys
+
+        for name, module in list(sys.modules.items()):
+            path = getattr(module, "__file__", None)
+            if not isinstance(path, str) or not path.startswith(root):
+                continue
+            found = module_agreement(vars(module), probes)
+            if found is not None:
+                record("agrees", path, f"module {name} holds a value that agrees with anything: {found}")
+
+    _probe.update(tracer=called, modules=modules)
+
+
+_probe = {"tracer": None, "modules": None}
+
+
+def probe_on():
+    """Start the agreement probe in this thread and in threads started from now on; a row's own tracer
+    (coverage) is left alone, and so the probe is then off."""
+    import sys
+    import threading
+
+    tracer = _probe["tracer"]
+    if tracer is None or sys.gettrace() is not None:
+        return
+    sys.settrace(tracer)
+    threading.settrace(tracer)
+
+
+def probe_off():
+    import sys
+    import threading
+
+    if _probe["tracer"] is not None and sys.gettrace() is _probe["tracer"]:
+        sys.settrace(None)
+        threading.settrace(None)
+
+
+def report_agreeing_modules():
+    """Ask every repository module's namespace (:func:`module_agreement`), once, after the tests ran."""
+    if _probe["modules"] is not None:
+        try:
+            _probe["modules"]()
+        except BaseException:
+            pass
 
 
 def _answerers(returner, value):
