@@ -1,8 +1,9 @@
 """The second, independent run (issue 33), tried as the attacker would: a patch that fixes nothing, tells the
 grader's first harness apart from inside the package (its modules, its environment, its ``sys.path``) and
 only there answers with a value equal to everything; elsewhere the bug stays. Each scored 1.0 with the first
-run alone (shown here with ``GradeConfig(second_run=False)``) on every grader kind, and scores 0 now: the
-second run, under a harness the patch does not know, sees the bug. A first run that plants code for the
+run alone (shown here with ``GradeConfig(second_run=False, observe=False)``: the runtime layer's agreement
+probe now asks the value in the first run too) on every grader kind, and scores 0 now: the second run, under a
+harness the patch does not know, sees the bug. A first run that plants code for the
 second (a root ``conftest.py`` written while the tests ran) has the second run refused. The real fixes keep
 their 1 (``test_grading_swe_mini.py``, ``test_upstream_task.py``).
 """
@@ -94,9 +95,11 @@ async def test_a_cheat_tuned_to_the_first_harness_fails_the_second(
     _kind, init, function = KINDS[task]
     patch = append_to_file(task, init, tuned_cheat(function, MODULES))
     spec = parse_row(rows[task], SWE_MINI)
-    before = await grade_on(backend)(spec, patch, GradeConfig(second_run=False))
+    # the runtime layer off: its agreement probe asks the value in the first run already
+    # (test_grading_agreeing_values); here the second run must catch the cheat on its own
+    before = await grade_on(backend)(spec, patch, GradeConfig(second_run=False, observe=False))
     assert (before.reward, before.flags) == (1.0, ()), before  # the first run alone is fooled
-    after = await grade_on(backend)(spec, patch)
+    after = await grade_on(backend)(spec, patch, GradeConfig(observe=False))
     assert (after.reward, after.failure_kind) == (0.0, "tests_failed"), after
     assert "in the second run" in after.details["note"], after.details
     assert any(t.status == "FAILED" for t in after.tests), after.tests  # the second run's status shows
