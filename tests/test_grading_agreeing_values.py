@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from rollbus.grading import grade, parse_row
+from rollbus.grading import parse_row
 from rollbus.grading import sandbox_channel as probe
 from rollbus.grading.run import GradeConfig
 from tests.test_grading_second_run import append_to_file
-from tests.test_grading_swe_mini import SWE_MINI, load_build
+from tests.test_grading_swe_mini import SWE_MINI, grade_on, load_build, over_backends
 
 READS_OPERAND = [  # eval_cmd pytest: a str whose ``==`` only reads its operand
     "class _Slug(str):",
@@ -98,16 +98,17 @@ def rows() -> dict[str, dict[str, Any]]:
     return {row["metadata"]["image"].split("/")[-1]: row for row in load_build().build()}
 
 
-@pytest.mark.parametrize("task", sorted(CHEATS))
+@pytest.mark.parametrize("backend,task", over_backends(sorted(CHEATS), {"intervals"}))
 async def test_a_value_equal_to_everything_scores_zero_under_both_runs(
-    rows: dict[str, dict[str, Any]], task: str
+    rows: dict[str, dict[str, Any]], backend: str, task: str
 ) -> None:
+    """On bwrap for every grader kind, and in a container (the image's Python runs the probe)."""
     init, lines = CHEATS[task]
     patch = append_to_file(task, init, lines)
     spec = parse_row(rows[task], SWE_MINI)
-    before = await grade(spec, patch, GradeConfig(observe=False))
+    before = await grade_on(backend)(spec, patch, GradeConfig(observe=False))
     assert (before.reward, before.flags) == (1.0, ()), before  # the scan and both runs are fooled
-    after = await grade(spec, patch)
+    after = await grade_on(backend)(spec, patch)
     assert after.reward == 0.0, after
     assert "always_equal" in after.flags, after
     assert any("agrees with anything" in seen for seen in after.details.get("observed", ())), after.details
