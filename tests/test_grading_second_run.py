@@ -1,8 +1,9 @@
 """The second, independent run (issue 33), tried as the attacker would: a patch that fixes nothing, tells the
 grader's first harness apart from inside the package (its modules, its environment, its ``sys.path``) and
 only there answers with a value equal to everything; elsewhere the bug stays. Each scored 1.0 with the first
-run alone (shown here with ``GradeConfig(second_run=False)``) on every grader kind, and scores 0 now: the
-second run, under a harness the patch does not know, sees the bug. A first run that plants code for the
+run alone (shown here with ``GradeConfig(second_run=False, observe=False)``: the runtime layer's agreement
+probe now asks the value in the first run too) on every grader kind, and scores 0 now: the second run, under a
+harness the patch does not know, sees the bug. A first run that plants code for the
 second (a root ``conftest.py`` written while the tests ran) has the second run refused. The real fixes keep
 their 1 (``test_grading_swe_mini.py``, ``test_upstream_task.py``).
 """
@@ -94,9 +95,11 @@ async def test_a_cheat_tuned_to_the_first_harness_fails_the_second(
     _kind, init, function = KINDS[task]
     patch = append_to_file(task, init, tuned_cheat(function, MODULES))
     spec = parse_row(rows[task], SWE_MINI)
-    before = await grade_on(backend)(spec, patch, GradeConfig(second_run=False))
+    # the runtime layer off: its agreement probe asks the value in the first run already
+    # (test_grading_agreeing_values); here the second run must catch the cheat on its own
+    before = await grade_on(backend)(spec, patch, GradeConfig(second_run=False, observe=False))
     assert (before.reward, before.flags) == (1.0, ()), before  # the first run alone is fooled
-    after = await grade_on(backend)(spec, patch)
+    after = await grade_on(backend)(spec, patch, GradeConfig(observe=False))
     assert (after.reward, after.failure_kind) == (0.0, "tests_failed"), after
     assert "in the second run" in after.details["note"], after.details
     assert any(t.status == "FAILED" for t in after.tests), after.tests  # the second run's status shows
@@ -249,6 +252,43 @@ def test_each_runner_gets_a_command_of_its_own() -> None:
     assert sr.command(harness, groups[1]) == "python3 /eval/h1/m1.py --path /w tests.test_u.T.test_u"
     with pytest.raises(ValueError):
         sr.command(harness, tests)
+
+
+@pytest.mark.parametrize(
+    ("text", "launch"),
+    [
+        ("python3 -m pytest -q tests/test_a.py", sr.Launch()),
+        (
+            "cd src && /opt/venv/bin/python3.11 -X dev -m pytest -x",
+            sr.Launch(python="/opt/venv/bin/python3.11"),
+        ),
+        ("PYTHONPATH=src .venv/bin/pytest tests", sr.Launch(pytest=".venv/bin/pytest")),
+        ("python -m unittest -v tests.test_calc", sr.Launch(python="python")),
+        (
+            '#!/bin/bash\nset -e\nexec python3.12 -m pytest -rA "${files[@]}"\n',
+            sr.Launch(python="python3.12"),
+        ),
+        ("$PY -m pytest", sr.Launch()),  # a variable: not read as written
+        ("python3 setup.py test", sr.Launch()),
+        ("uv run pytest", sr.Launch()),  # a wrapper: not carried
+        ("go test ./...", sr.Launch()),
+    ],
+)
+def test_the_second_run_starts_tests_the_rows_way(text: str, launch: sr.Launch) -> None:
+    assert sr.launch_of(text) == launch
+
+
+def test_a_rows_interpreter_runs_both_runners_groups() -> None:
+    harness = sr.Harness("/eval/h1", "m1", "a1")
+    pytest_group = [sr.Required("tests/test_a.py::test_x", "/w/tests/test_a.py", sr.PYTEST)]
+    unit_group = [sr.Required("tests.test_u.T.test_u", "/w/tests/test_u.py", sr.UNITTEST)]
+    venv = sr.launch_of("/opt/venv/bin/python -m pytest")
+    assert sr.command(harness, pytest_group, venv).startswith("/opt/venv/bin/python -m pytest -q ")
+    assert sr.command(harness, unit_group, venv).startswith("/opt/venv/bin/python /eval/h1/m1.py ")
+    script = sr.launch_of(".venv/bin/pytest -x")
+    assert sr.command(harness, pytest_group, script).startswith(
+        ".venv/bin/pytest -q -p no:cacheprovider -p m1 "
+    )
 
 
 def test_the_report_socket_takes_one_connection_even_under_a_long_path(tmp_path: Path) -> None:

@@ -17,7 +17,11 @@ name the file it runs from. What was done is judged, not how it was spelled:
   imported function, class or module carrying pytest's fixture marker);
 - ``code``: ran or compiled code that is not one of the repository's own regular ``.py`` files (a string,
   a ``.txt``, a link);
-- ``open``: opened one of the row's test files for reading.
+- ``open``: opened one of the row's test files for reading;
+- ``agrees``: returned (or holds at module level) a value equal to what nothing honest equals: a fresh
+  object of a private class, a random string, integer, float or bytes value (``rollbus_channel.agreement``).
+  However its ``__eq__`` came to be (one that reads its operand, ``setattr`` with a built name,
+  ``partialmethod``, a mock class), the value is asked, not the source read.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ FLAG_OF = {
     "code": fl.DYNAMIC_CODE,
     "open": fl.READS_TESTS,
     "fixture": fl.TEST_FRAMEWORK,
+    "agrees": fl.ALWAYS_EQUAL,
 }
 
 

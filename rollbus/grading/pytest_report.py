@@ -191,9 +191,19 @@ def pytest_keyboard_interrupt(excinfo):
     _write({"event": "interrupt", "what": type(excinfo.value).__name__})
 
 
+def pytest_runtest_logstart(nodeid, location):
+    if _config:  # from before the test's set-up to after its teardown: the agreement probe
+        _channel.probe_on()
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    _channel.probe_off()
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
     _channel.report_framework_changes(_framework)
+    _channel.report_agreeing_modules()
     _write({"event": "finish", "exitstatus": int(exitstatus), "collected": session.testscollected})
 
 

@@ -114,8 +114,9 @@ def status(phases: dict[str, tuple[str, bool]]) -> str:
 
 @dataclass(frozen=True)
 class AuditEvent:
-    """One event the grader's audit hook saw: its kind (``process``, ``native``, ``code``, ``frames``,
-    ``framework``, ``open``), the file whose code caused it (absolute, in the sandbox) and what it was."""
+    """One event the grader's audit hook (or its agreement probe) saw: its kind (``process``, ``native``,
+    ``code``, ``frames``, ``framework``, ``open``, ``fixture``, ``agrees``), the file whose code caused it
+    (absolute, in the sandbox) and what it was."""
 
     kind: str
     actor: str

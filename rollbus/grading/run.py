@@ -476,7 +476,7 @@ async def run_second(
         sink = ReportListener(socket_path)
         try:
             env = BASE_ENV | {"HOME": sandbox.home} | second_run.env(harness)
-            command = shell(spec, second_run.command(harness, group))
+            command = shell(spec, second_run.command(harness, group, second_run.launch_of(row_command(spec))))
             ran = await sandbox.run(command, env, timeout=time_left(deadline))
             texts.append(sink.collect())
         finally:
@@ -499,6 +499,17 @@ async def run_second(
     )
     outcome = dataclasses.replace(first, solved=False, failure_kind=verdict.TESTS_FAILED, note=why)
     return dataclasses.replace(outcome, tests=tests), log, text
+
+
+def row_command(spec: GradingSpec) -> str:
+    """The text that says how the row starts its tests: its eval command, its run script; an F2P script is
+    Python run by ``python3``."""
+    grader = spec.grader
+    if isinstance(grader, EvalCmd):
+        return grader.cmd
+    if isinstance(grader, Swepro):
+        return grader.run_script.read_text(errors="replace")
+    return ""
 
 
 def with_observed(

@@ -92,7 +92,8 @@ PROCESS = frozenset({
     "pty.spawn",
 })  # fmt: skip
 CODE = frozenset({"exec", "compile"})
-FRAMES = frozenset({"sys._getframe", "sys._current_frames", "sys._getframemodulename"})
+FRAMES = frozenset({"sys._getframe", "sys._current_frames", "sys._getframemodulename", "sys.settrace",
+                    "sys.setprofile"})  # fmt: skip  # the last two would also take the agreement probe away
 FRAME_ATTRIBUTES = frozenset({"f_back", "f_code", "f_locals", "f_globals", "tb_frame", "gi_frame", "cr_frame",
                               "ag_frame"})  # fmt: skip
 NATIVE = ("gc.get_objects", "gc.get_referrers", "gc.get_referents", "ctypes.")
@@ -182,25 +183,225 @@ def install_audit(root, emit=None):
         state["busy"] = True
         try:
             who = actor(sys._getframe(1), skip)
-            if who is None or not who.startswith(root):
-                return
-            key = (kind, who, detail)
-            if key in state["seen"] or len(state["seen"]) > 5000:
-                return
-            state["seen"].add(key)
-            record = {"event": "audit", "kind": kind, "actor": who, "detail": detail[:500]}
-            if emit is not None:
-                emit(record)
-            elif _state.get("config"):
-                write(record)
-            else:
-                state["pending"].append(record)
+            if who is not None and who.startswith(root):
+                record(kind, who, detail)
         except Exception:
             pass
         finally:
             state["busy"] = False
 
+    def record(kind, who, detail):
+        key = (kind, who, detail)
+        if key in state["seen"] or len(state["seen"]) > 5000:
+            return
+        state["seen"].add(key)
+        line = {"event": "audit", "kind": kind, "actor": who, "detail": detail[:500]}
+        if emit is not None:
+            emit(line)
+        elif _state.get("config"):
+            write(line)
+        else:
+            state["pending"].append(line)
+
+    install_agreement_probe(root, record)
     sys.addaudithook(hook)
+
+
+# -- values that agree with anything: probed where the repository's code returns them ------------------------
+
+PLAIN = frozenset({str, int, float, bool, bytes, complex, type(None), type(...), type, range, slice})
+ITEMS = (list, tuple, set, frozenset, dict)
+NOT_FORGEABLE = frozenset({"wrapper_descriptor", "method-wrapper"})  # a C type's own comparison
+
+
+class _Stranger:
+    """A value of no other value's type: nothing honest is equal to a fresh one."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return "a fresh object"
+
+
+def agreement(value, probes, depth=0):
+    """How ``value`` (or an item of a list, tuple, set or dict it holds, two levels down) agrees with what it
+    cannot be equal to: ``== p`` true or ``!= p`` false for a fresh :class:`_Stranger` or a random string,
+    integer, float or bytes value; None when it does not. A type whose comparison is a C type's own (every
+    builtin's, an extension's) or comes from an installed package is not asked: its answer is not the
+    patch's to write. Exceptions are answers of "not equal"."""
+    kind = type(value)
+    if kind in PLAIN:
+        return None
+    if isinstance(value, ITEMS) and kind in ITEMS:
+        if depth >= 2:
+            return None
+        items = value.values() if kind is dict else value
+        for n, item in enumerate(items):
+            if n >= 64:
+                break
+            found = agreement(item, probes, depth + 1)
+            if found is not None:
+                return found
+        return None
+    if not _forgeable(kind):
+        return None
+    for probe in (_Stranger(), *probes):
+        try:
+            if value == probe or not (value != probe):
+                return f"{kind.__qualname__} is equal to {probe!r}"[:300]
+        except BaseException:
+            continue
+    return None
+
+
+def module_agreement(namespace, probes):
+    """:func:`agreement` for a module's namespace: each value, each class (a bare instance of it, made by its
+    ``__new__`` alone) and each ``functools.partial`` over a class; ``slugify = _Agreed`` answers with
+    instances no repository frame returns."""
+    import functools
+
+    for name, value in list(namespace.items())[:2000]:
+        if name.startswith("__") and name.endswith("__"):
+            continue
+        if isinstance(value, functools.partial):
+            value = value.func
+        if isinstance(value, type):
+            if value in PLAIN or not _forgeable(value):
+                continue
+            try:
+                value = value.__new__(value)
+            except BaseException:
+                continue
+        found = agreement(value, probes)
+        if found is not None:
+            return f"{name}: {found}"
+    return None
+
+
+def _forgeable(kind):
+    """Whether ``kind``'s ``==`` or ``!=`` runs Python code outside installed packages."""
+    for name in ("__eq__", "__ne__"):
+        try:
+            method = getattr(kind, name)
+        except BaseException:
+            return True
+        if type(method).__name__ in NOT_FORGEABLE:
+            continue
+        filename = getattr(getattr(method, "__code__", None), "co_filename", "") or ""
+        if "-packages/" in filename:
+            continue
+        return True
+    return False
+
+
+def install_agreement_probe(root, record):
+    """Make (not start) a trace function that watches every return from the repository's code: a returned
+    value that is equal to what it cannot equal (:func:`agreement`) is recorded as ``agrees``, attributed
+    to the returning function's file and to the file of the ``__eq__`` that answered. Only the
+    repository's frames get a local trace function, with line events off; other code pays one call per
+    call, so the harness turns it on only while a test is set up, called and torn down
+    (:func:`probe_on`, :func:`probe_off`), and asks the repository's modules once at the end
+    (:func:`report_agreeing_modules`). Changed code that sets a trace function of its own is the audit
+    hook's ``frames`` event."""
+    token = os.urandom(8).hex()
+    number = int(token[:12], 16) + 7919
+    probes = (f"{token}-{token[:5]} {token[5:]}", number, number / 7.0, token.encode())
+    ours = {}
+
+    probing = [False]  # not the audit hook's busy flag: what an ``__eq__`` does while probed is audited
+
+    def returned(frame, event, arg):
+        if event != "return" or probing[0]:
+            return returned
+        if type(arg) in PLAIN:
+            return returned
+        probing[0] = True
+        try:
+            code = frame.f_code
+            found = agreement(arg, probes)
+            if found is not None:
+                detail = f"{code.co_name} returned a value that agrees with anything: {found}"
+                for who in _answerers(code.co_filename, arg):
+                    if who.startswith(root):
+                        record("agrees", who, detail)
+        except BaseException:
+            pass
+        finally:
+            probing[0] = False
+        return returned
+
+    def called(frame, event, arg):
+        if event != "call":
+            return None
+        name = frame.f_code.co_filename
+        mine = ours.get(name)
+        if mine is None:
+            mine = ours[name] = name.startswith(root)
+        if not mine:
+            return None
+        frame.f_trace_lines = False
+        return returned
+
+    def modules():
+        import sys
+
+        for name, module in list(sys.modules.items()):
+            path = getattr(module, "__file__", None)
+            if not isinstance(path, str) or not path.startswith(root):
+                continue
+            found = module_agreement(vars(module), probes)
+            if found is not None:
+                record("agrees", path, f"module {name} holds a value that agrees with anything: {found}")
+
+    _probe.update(tracer=called, modules=modules)
+
+
+_probe = {"tracer": None, "modules": None}
+
+
+def probe_on():
+    """Start the agreement probe in this thread and in threads started from now on; a row's own tracer
+    (coverage) is left alone, and so the probe is then off."""
+    import sys
+    import threading
+
+    tracer = _probe["tracer"]
+    if tracer is None or sys.gettrace() is not None:
+        return
+    sys.settrace(tracer)
+    threading.settrace(tracer)
+
+
+def probe_off():
+    import sys
+    import threading
+
+    if _probe["tracer"] is not None and sys.gettrace() is _probe["tracer"]:
+        sys.settrace(None)
+        threading.settrace(None)
+
+
+def report_agreeing_modules():
+    """Ask every repository module's namespace (:func:`module_agreement`), once, after the tests ran."""
+    if _probe["modules"] is not None:
+        try:
+            _probe["modules"]()
+        except BaseException:
+            pass
+
+
+def _answerers(returner, value):
+    """The returning function's file and the files of the ``__eq__``/``__ne__`` of ``value``'s type (of the
+    first item holding one, for a container)."""
+    out = [returner]
+    kind = type(value)
+    for name in ("__eq__", "__ne__"):
+        method = getattr(kind, name, None)
+        for candidate in (method, getattr(method, "func", None), getattr(method, "__func__", None)):
+            filename = getattr(getattr(candidate, "__code__", None), "co_filename", None)
+            if isinstance(filename, str) and filename not in out:
+                out.append(filename)
+    return out
 
 
 def flush_audit():

@@ -87,6 +87,19 @@ def framework_changes(state):
         audit.report_framework_changes(state, emit)
 
 
+def probe(on):
+    """The audit module's agreement probe on or off (nothing without the audit module)."""
+    audit = _audit()
+    if audit is not None:
+        (audit.probe_on if on else audit.probe_off)()
+
+
+def agreeing_modules():
+    audit = _audit()
+    if audit is not None:
+        audit.report_agreeing_modules()
+
+
 def report_object(kind, obj, detail):
     audit = _audit()
     if audit is not None:
@@ -142,6 +155,15 @@ def pytest_runtest_teardown(item, nextitem):
         emit({"e": "case", "id": item.nodeid, "file": "", "phase": "call", "result": "error"})
 
 
+def pytest_runtest_logstart(nodeid, location):
+    if _session["claimed"]:
+        probe(True)
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    probe(False)
+
+
 def pytest_runtest_logreport(report):
     if not _session["claimed"]:
         return
@@ -154,6 +176,7 @@ def pytest_runtest_logreport(report):
 def pytest_sessionfinish(session, exitstatus):
     if _session["claimed"]:
         framework_changes(_session["framework"])
+        agreeing_modules()
         emit({"e": "end", "status": int(exitstatus)})
 
 
@@ -175,6 +198,14 @@ def run_unittest(names):
     import unittest
 
     class Result(unittest.TestResult):
+        def startTest(self, test):
+            super().startTest(test)
+            probe(True)
+
+        def stopTest(self, test):
+            probe(False)
+            super().stopTest(test)
+
         def _case(self, test, result):
             module = sys.modules.get(type(test).__module__)
             where = getattr(module, "__file__", None) or ""
@@ -222,6 +253,7 @@ def run_unittest(names):
     suite.run(result)
     ok = result.wasSuccessful() and result.testsRun > 0
     framework_changes(framework)
+    agreeing_modules()
     emit({"e": "end", "status": 0 if ok else 1})
     return 0 if ok else 1
 

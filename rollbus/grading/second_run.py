@@ -6,10 +6,12 @@ same sandbox (through the same ``sandbox.run`` as the first run, whatever the ba
 once more under :mod:`.second_harness`: placed only now, under fresh random names, loaded without
 ``PYTEST_ADDOPTS`` or any ``ROLLBUS_*`` variable, reporting in a record shape of its own through a unix socket
 of its own beside it in ``/eval`` (one connection, made before any repository code; no descriptor passed, so
-any backend that mounts ``/eval`` carries it); pytest tests are selected by their absolute file and node id
-with ``python3 -m pytest`` instead of the row's command, unittest tests by id through the harness's own loader
-instead of the first run's ``TestProgram``. The verdict needs both: every required test collected again from
-the file the first run collected it from, its call phase run, passed, the run ended on its own with status 0.
+any backend that mounts ``/eval`` carries it); pytest tests are selected by their absolute file and node id,
+pytest started the row's way (its interpreter or ``pytest`` executable, :func:`launch_of`; ``python3 -m
+pytest`` when the row names none), unittest tests by id through the harness's own loader under the row's
+interpreter instead of the first run's ``TestProgram``. The verdict needs both: every required test collected
+again from the file the first run collected it from, its call phase run, passed, the run ended on its own
+with status 0.
 A cheat tuned to one harness's machinery fails the other.
 
 Before the first run the repository's code files are listed with their inode change times; one the first
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shlex
 import signal
@@ -137,17 +140,77 @@ def by_runner(required: Iterable[Required]) -> list[list[Required]]:
     return [g for g in ([t for t in tests if t.runner == r] for r in (PYTEST, UNITTEST)) if g]
 
 
-def command(harness: Harness, group: Iterable[Required]) -> str:
-    """The shell command that runs one runner's group (:func:`by_runner`) under ``harness``."""
+@dataclass(frozen=True)
+class Launch:
+    """How the row starts its tests, as far as the second run honours it: the interpreter, and pytest's
+    executable when the row runs one instead of ``-m pytest``."""
+
+    python: str = "python3"
+    pytest: str = ""  # empty: ``<python> -m pytest``
+
+    @property
+    def pytest_command(self) -> str:
+        return self.pytest or f"{self.python} -m pytest"
+
+
+PLAIN_WORD = re.compile(r"^[A-Za-z0-9_./+-]+$")  # no variable, glob or substitution: a word read as written
+PYTHON = re.compile(r"^python[0-9.]*$")
+PYTEST_SCRIPT = frozenset({"pytest", "py.test"})
+ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+COMMAND_START = frozenset({"&&", "||", ";", "|", "exec", "then", "do", "else", "time", "!"})
+
+
+def launch_of(text: str) -> Launch:
+    """The row's own way of starting pytest or unittest, read from its command (an eval command, a swepro
+    run script): the first command word that is a Python interpreter followed by ``-m pytest`` or
+    ``-m unittest``, or a ``pytest`` executable, each a plain word (a path, no variable). Its environment
+    assignments, wrappers (``uv run``, ``tox``) and options are not carried: the second run selects its
+    own tests and loads its own plugin. ``Launch()`` (``python3``) when none is found."""
+    for line in text.splitlines():
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            continue
+        for at, word in enumerate(words):
+            before = words[at - 1] if at else ""
+            if not PLAIN_WORD.match(word) or ASSIGNMENT.match(word):
+                continue
+            if at and before not in COMMAND_START and not ASSIGNMENT.match(before):
+                continue  # an argument, not the command word
+            name = PurePosixPath(word).name
+            if name in PYTEST_SCRIPT:
+                return Launch(pytest=word)
+            if PYTHON.match(name) and _runs_module(words[at + 1 :]):
+                return Launch(python=word)
+    return Launch()
+
+
+def _runs_module(rest: list[str]) -> bool:
+    """``rest`` (an interpreter's arguments) is options, then ``-m pytest`` or ``-m unittest``."""
+    at = 0
+    while at < len(rest):
+        word = rest[at]
+        if word == "-m":
+            return rest[at + 1 : at + 2] in (["pytest"], ["unittest"])
+        if not word.startswith("-"):
+            return False
+        at += 2 if word in ("-X", "-W") else 1  # the options that take a value
+    return False
+
+
+def command(harness: Harness, group: Iterable[Required], launch: Launch | None = None) -> str:
+    """The shell command that runs one runner's group (:func:`by_runner`) under ``harness``, started the
+    row's way (``launch``, :func:`launch_of`)."""
+    launch = launch or Launch()
     tests = list(group)
     ids = " ".join(shlex.quote(t.selector) for t in tests)
     if all(t.runner == PYTEST for t in tests):
-        return f"python3 -m pytest -q -p no:cacheprovider -p {harness.module} {ids}"
+        return f"{launch.pytest_command} -q -p no:cacheprovider -p {harness.module} {ids}"
     if any(t.runner == PYTEST for t in tests):
         raise ValueError("one second-run command runs one runner's tests")
     roots = dict.fromkeys(t.import_root for t in tests)
     paths = " ".join(f"--path {shlex.quote(root)}" for root in roots)
-    return f"python3 {harness.directory}/{harness.module}.py {paths} {ids}"
+    return f"{launch.python} {harness.directory}/{harness.module}.py {paths} {ids}"
 
 
 def env(harness: Harness) -> dict[str, str]:

@@ -47,6 +47,14 @@ def canary_module():
 
 
 class Recording(unittest.TextTestResult):
+    def startTest(self, test):
+        super().startTest(test)
+        _channel.probe_on()  # the agreement probe while the test runs
+
+    def stopTest(self, test):
+        _channel.probe_off()
+        super().stopTest(test)
+
     def _record(self, test, outcome, xfail=False):
         module = sys.modules.get(type(test).__module__)
         path = getattr(module, "__file__", None) or ""
@@ -108,6 +116,7 @@ def main():
     result = program.result
     status = 0 if result.wasSuccessful() else 1
     _channel.report_framework_changes(framework)
+    _channel.report_agreeing_modules()
     write({"event": "finish", "exitstatus": status, "collected": result.testsRun})
     _channel.release()
     sys.exit(status)
