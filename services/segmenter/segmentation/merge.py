@@ -10,6 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, get_args
 
+from rollbus.events import Identity, content_digest, spec
 from rollbus.failures import INFRASTRUCTURE
 from rollbus.services.segmenter.segmentation.state import (
     TRAINABLE,
@@ -51,8 +52,8 @@ def reward_loss_scope(record: Mapping[str, Any]) -> LossScope | None:
 
 
 def _digest(record: Mapping[str, Any], leave_out: tuple[str, ...] = ("schema_version",)) -> str:
-    kept = {k: v for k, v in record.items() if k not in leave_out}
-    return hashlib.blake2b(json.dumps(kept, sort_keys=True, default=str).encode(), digest_size=12).hexdigest()
+    """Every field but ``leave_out``: what states kept before identity was declared per event type."""
+    return content_digest(Identity((), leave_out), record)
 
 
 def apply(state: RolloutState, fact: Fact) -> Step:
@@ -184,7 +185,7 @@ def _late_turn(state: RolloutState, record: Mapping[str, Any], key: TurnKey, dig
 
 def _session(state: RolloutState, record: Mapping[str, Any]) -> Step:
     attempt, chain_id, kind = record.get("attempt_id", ""), record["chain_id"], record["kind"]
-    identity, digest = json.dumps([attempt, chain_id, kind]), _digest(record, ("schema_version", "at"))
+    identity, digest = json.dumps([attempt, chain_id, kind]), content_digest(spec("session").identity, record)
     seen = state.sessions.get(identity)
     if seen == digest:
         return Step("duplicate")
@@ -218,7 +219,7 @@ def _session(state: RolloutState, record: Mapping[str, Any]) -> Step:
 
 
 def _diff(state: RolloutState, record: Mapping[str, Any]) -> Step:
-    attempt, digest = record.get("attempt_id", ""), _digest(record)
+    attempt, digest = record.get("attempt_id", ""), content_digest(spec("diff").identity, record)
     seen = state.diffs.get(attempt)
     if seen is not None:
         return Step("duplicate" if seen[0] == digest else "late")
@@ -227,18 +228,9 @@ def _diff(state: RolloutState, record: Mapping[str, Any]) -> Step:
 
 
 def reward_digest(record: Mapping[str, Any]) -> str:
-    """A reward's identity within its rollout: the verdict, not when or how verbosely it was written.
-
-    Why: a grader that crashed after publishing grades the same diff again; the new record differs in ``at``
-    and in ``details`` (durations, log excerpts) but says the same thing, so it is a duplicate, not a second
-    reward. ``details``' one field that changes training (``loss_scope``) stays in the identity.
-    """
-    try:
-        scope = reward_loss_scope(record)
-    except Conflict:
-        scope = "invalid"
-    kept = {k: v for k, v in record.items() if k not in ("schema_version", "at", "details")}
-    return _digest({**kept, "loss_scope": scope})
+    """A reward's content: its verdict, not when or how verbosely it was written (the reward's declared
+    :class:`~rollbus.events.Identity`: a diff graded again after a grader crash is a duplicate)."""
+    return content_digest(spec("reward").identity, record)
 
 
 def _reward(state: RolloutState, record: Mapping[str, Any]) -> Step:
