@@ -8,7 +8,7 @@ decoded one is in :class:`~rollbus.codec.Decoded`), so no class has it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from rollbus.events.identity import Identity
@@ -178,9 +178,9 @@ class RewardEvent(EventRecord):
     attempt_id: str = ""
     group_id: str = ""
     group_size: int = 1
-    flags: Sequence[str] = ()
-    tests: Sequence[TestResult] = ()
-    step_rewards: Sequence[float] = ()
+    flags: Sequence[str] = field(default_factory=list)
+    tests: Sequence[TestResult] = field(default_factory=list)
+    step_rewards: Sequence[float] = field(default_factory=list)
     infos: str = "[]"
     image_digest: str | None = None
     failure_class: str | None = None

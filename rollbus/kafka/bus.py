@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from aiokafka import ConsumerRecord, TopicPartition
 from aiokafka.structs import OffsetAndMetadata, RecordMetadata
 
 from rollbus.codec import CodecError, decode, encode
-from rollbus.events import POLICY_KEY
+from rollbus.events import POLICY_KEY, EventRecord, event_class
 from rollbus.kafka import clients
 from rollbus.kafka.topics import DEAD_LETTER_MAX_BYTES, MAX_EVENT_BYTES, dead_letters_for, spec_for
 
@@ -55,11 +56,15 @@ def encode_key(key: Key) -> bytes | None:
     return key.encode() if isinstance(key, str) else key
 
 
-def key_for(topic: str, record: Mapping[str, Any]) -> bytes | None:
+Outgoing = Mapping[str, Any] | EventRecord  # an event, or its dict (the boundary for writers not yet typed)
+
+
+def key_for(topic: str, record: Outgoing) -> bytes | None:
     """The Kafka key rollbus uses for ``record`` on ``topic``: its rollout id, or ``"policy"``."""
     spec = spec_for(topic)
     if spec.rollout_keyed:
-        return str(record["rollout_id"]).encode()
+        fields = record if isinstance(record, Mapping) else vars(record)
+        return str(fields["rollout_id"]).encode()
     return POLICY_KEY if spec.event_type == "policy" else None
 
 
@@ -99,15 +104,16 @@ class Publisher:
     async def __aexit__(self, *exc_info: object) -> None:
         await self._producer.stop()
 
-    async def publish(self, topic: str, record: Mapping[str, Any], *, key: Key = None) -> RecordMetadata:
-        """Encode ``record`` as ``topic``'s event type and wait until the broker has it (acks=all).
+    async def publish(self, topic: str, record: Outgoing, *, key: Key = None) -> RecordMetadata:
+        """Encode ``record`` (an event of ``topic``'s type, or its dict) and wait until the broker has it
+        (acks=all).
 
         The key defaults to the record's rollout id (``"policy"`` on the policy topic).
         """
         value = encode(spec_for(topic).event_type, record)
         return await self.publish_bytes(topic, value, key=key_for(topic, record) if key is None else key)
 
-    async def publish_many(self, topic: str, records: Sequence[Mapping[str, Any]]) -> list[RecordMetadata]:
+    async def publish_many(self, topic: str, records: Sequence[Outgoing]) -> list[RecordMetadata]:
         """Publish ``records`` in order, batched into as few requests as the producer can; returns once
         the broker has all of them. Much faster than awaiting :meth:`publish` one by one."""
         event_type = spec_for(topic).event_type
@@ -152,7 +158,12 @@ class Event:
     key: bytes | None
     event_type: str
     schema_version: int
-    record: dict[str, Any]
+    record: dict[str, Any]  # the boundary for handlers not yet typed
+
+    @functools.cached_property
+    def event(self) -> EventRecord:
+        """The record as its :mod:`rollbus.events` class (built once, on first use)."""
+        return event_class(self.event_type).from_dict(self.record)
 
     @property
     def rollout_id(self) -> str | None:
