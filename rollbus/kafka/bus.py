@@ -20,10 +20,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import ConsumerRecord, TopicPartition
 from aiokafka.structs import OffsetAndMetadata, RecordMetadata
@@ -31,9 +30,11 @@ from aiokafka.structs import OffsetAndMetadata, RecordMetadata
 from rollbus.codec import CodecError, decode, encode
 from rollbus.events import POLICY_KEY, EventRecord, event_class
 from rollbus.kafka import clients
-from rollbus.kafka.topics import DEAD_LETTER_MAX_BYTES, MAX_EVENT_BYTES, dead_letters_for, spec_for
+from rollbus.kafka.dead_letters import DeadLetters
+from rollbus.kafka.topics import DEAD_LETTER_MAX_BYTES, MAX_EVENT_BYTES, spec_for
 
 Key = str | bytes | None
+E = TypeVar("E", bound=EventRecord)
 
 
 class EventTooLarge(ValueError):
@@ -127,6 +128,10 @@ class Publisher:
         """Send already-encoded bytes (dead letters forward originals unchanged)."""
         return await (await self._enqueue(topic, value, key))
 
+    async def send_bytes(self, topic: str, value: bytes, key: bytes | None) -> RecordMetadata:
+        """:meth:`publish_bytes` as a :data:`~rollbus.kafka.dead_letters.Send`."""
+        return await self.publish_bytes(topic, value, key=key)
+
     async def _enqueue(self, topic: str, value: bytes, key: Key) -> asyncio.Future[RecordMetadata]:
         """Check the size limit and hand the event to the producer; the future resolves when acked."""
         limit = self.max_event_bytes or spec_for(topic).max_message_bytes
@@ -165,6 +170,13 @@ class Event:
         """The record as its :mod:`rollbus.events` class (built once, on first use)."""
         return event_class(self.event_type).from_dict(self.record)
 
+    def event_as(self, cls: type[E]) -> E:
+        """The record as ``cls``, the class of its topic's events (:func:`decode_message` checked that)."""
+        event = self.event
+        if not isinstance(event, cls):
+            raise WrongEventType(f"{self.event_type} event where a {cls.event_type} event was expected")
+        return event
+
     @property
     def rollout_id(self) -> str | None:
         return self.record.get("rollout_id")
@@ -188,20 +200,6 @@ def decode_message(message: ConsumerRecord, max_event_bytes: int) -> Event:
         message.topic, message.partition, message.offset, message.timestamp, message.key,
         decoded.event_type, decoded.schema_version, decoded.record,
     )  # fmt: skip
-
-
-def dead_letter(message: ConsumerRecord, error: Exception, service: str) -> dict[str, Any]:
-    """The dead-letter record for ``message``: its place, its original bytes, and why it failed."""
-    return {
-        "source_topic": message.topic,
-        "partition": message.partition,
-        "offset": message.offset,
-        "key": message.key,
-        "value": message.value or b"",
-        "error": f"{type(error).__name__}: {error}",
-        "service": service,
-        "at": int(time.time() * 1000),
-    }
 
 
 class EventConsumer:
@@ -248,6 +246,7 @@ class EventConsumer:
         )
         self._owns_publisher = publisher is None
         self.publisher = publisher or Publisher(bootstrap_servers, client_id=f"{service}-dead-letters")
+        self.dead_letters = DeadLetters(service, self.publisher.send_bytes)
 
     async def __aenter__(self) -> EventConsumer:
         if self._owns_publisher:
@@ -310,17 +309,13 @@ class EventConsumer:
                 done[partition] = message.offset + 1
 
     async def _process(self, message: ConsumerRecord) -> None:
-        try:
-            event = decode_message(message, self.max_event_bytes)
-        except CodecError as poison:
-            await self._dead_letter(message, poison)
+        event = await self.dead_letters.decoded(message, self._decode)
+        if event is None:
             return
         try:
             await self.handler(event)
         except PermanentError as poison:
-            await self._dead_letter(message, poison)
+            await self.dead_letters.letter(message, poison)
 
-    async def _dead_letter(self, message: ConsumerRecord, error: Exception) -> None:
-        """Forward ``message`` unchanged to dead-letters; only once that is acked may it be committed."""
-        record = dead_letter(message, error, self.service)
-        await self.publisher.publish(dead_letters_for(message.topic), record, key=message.key)
+    def _decode(self, message: ConsumerRecord) -> Event:
+        return decode_message(message, self.max_event_bytes)
