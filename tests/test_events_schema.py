@@ -63,7 +63,8 @@ def disagreements(cls: type[Record], declared: dict[str, Any]) -> list[str]:
             side = "the class" if has_default else "the schema"
             problems.append(f"{where}: default in {side} only")
         elif has_default:
-            value = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+            factory = field.default_factory
+            value = factory() if callable(factory) else field.default
             value = list(value) if isinstance(value, tuple) else value
             if value != avro["default"] or type(value) is not type(avro["default"]):
                 problems.append(f"{where}: default {value!r} != the schema's {avro['default']!r}")

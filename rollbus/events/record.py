@@ -11,7 +11,6 @@ never copied per item.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -32,7 +31,7 @@ class Record:
     event."""
 
     @classmethod
-    def from_dict(cls, record: Mapping[str, Any]) -> Self:
+    def from_dict(cls, record: Mapping[str, Any] | Self) -> Self:
         """``record`` as this class; :class:`BadRecord` names what does not fit."""
         if isinstance(record, cls):
             return record
@@ -87,19 +86,27 @@ def _plain(value: Any) -> Any:
     return value
 
 
-@functools.cache
+_FIELD_NAMES: dict[type[Record], tuple[str, ...]] = {}  # each class's, read once
+_NESTED: dict[type[Record], dict[str, tuple[type[Record], bool]]] = {}
+
+
 def _field_names(cls: type[Record]) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
 
 
-@functools.cache
 def _nested(cls: type[Record]) -> dict[str, tuple[type[Record], bool]]:
     """The fields holding nested records: name -> (their class, whether a list of them)."""
-    found = {}
-    for name, hint in typing.get_type_hints(cls).items():
-        inner, many = _record_in(hint)
-        if inner is not None:
-            found[name] = (inner, many)
+    found = _NESTED.get(cls)
+    if found is None:
+        found = {}
+        for name, hint in typing.get_type_hints(cls).items():
+            inner, many = _record_in(hint)
+            if inner is not None:
+                found[name] = (inner, many)
+        _NESTED[cls] = found
     return found
 
 
