@@ -50,3 +50,16 @@ def test_every_event_type_names_its_facts_by_fields_it_has() -> None:
         assert rule.key and set(rule.key) <= names, event.event_type
         assert set(rule.incidental) <= names and not set(rule.key) & set(rule.incidental), event.event_type
         assert {f for f, _ in rule.kept} <= set(rule.incidental), event.event_type
+
+
+def test_a_readers_key_is_the_declared_one_a_missing_field_read_as_its_default() -> None:
+    from rollbus.events import SegmentEvent, TurnEvent
+    from rollbus.turn_log import turn_key
+    from tests.event_samples import SAMPLES
+
+    turn = {k: v for k, v in SAMPLES["turn"].items() if k != "attempt_id"}  # a writer before attempts
+    assert TurnEvent.key_of(turn) == (turn["rollout_id"], "", turn["chain_id"], turn["turn_index"])
+    assert turn_key(turn) == TurnEvent.key_of(turn, within=("rollout_id",))
+    event = TurnEvent.from_dict(SAMPLES["turn"])
+    assert event.identity_key() == TurnEvent.key_of(SAMPLES["turn"])
+    assert SegmentEvent.key_of(SAMPLES["segment"]) == (SAMPLES["segment"]["segment_id"],)

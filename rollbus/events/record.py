@@ -75,6 +75,13 @@ class EventRecord(Record):
         """The values of :attr:`identity`'s key: equal keys, one fact."""
         return tuple(getattr(self, name) for name in self.identity.key)
 
+    @classmethod
+    def key_of(cls, record: Mapping[str, Any], *, within: tuple[str, ...] = ()) -> tuple[Any, ...]:
+        """The identity key of ``record`` (an event's dict, for readers still on dicts), a field it lacks read
+        as its schema default; ``within`` leaves out what the reader already groups by (``rollout_id``)."""
+        defaults = _defaults(cls)
+        return tuple(record[n] if n in record else defaults[n] for n in cls.identity.key if n not in within)
+
 
 def _plain(value: Any) -> Any:
     if isinstance(value, Record):
@@ -87,6 +94,7 @@ def _plain(value: Any) -> Any:
 
 
 _FIELD_NAMES: dict[type[Record], tuple[str, ...]] = {}  # each class's, read once
+_DEFAULTS: dict[type[Record], dict[str, Any]] = {}
 _NESTED: dict[type[Record], dict[str, tuple[type[Record], bool]]] = {}
 
 
@@ -95,6 +103,16 @@ def _field_names(cls: type[Record]) -> tuple[str, ...]:
     if names is None:
         names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
     return names
+
+
+def _defaults(cls: type[Record]) -> dict[str, Any]:
+    """The fields with a plain default (not a factory) and that default."""
+    found = _DEFAULTS.get(cls)
+    if found is None:
+        found = _DEFAULTS[cls] = {
+            f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING
+        }
+    return found
 
 
 def _nested(cls: type[Record]) -> dict[str, tuple[type[Record], bool]]:
