@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, get_args
 
-from rollbus.events import Identity, content_digest, spec
+from rollbus.events import DiffEvent, Identity, RewardEvent, SessionEvent, content_digest, spec
 from rollbus.failures import INFRASTRUCTURE
 from rollbus.services.segmenter.segmentation.state import (
     TRAINABLE,
@@ -184,7 +184,8 @@ def _late_turn(state: RolloutState, record: Mapping[str, Any], key: TurnKey, dig
 
 
 def _session(state: RolloutState, record: Mapping[str, Any]) -> Step:
-    attempt, chain_id, kind = record.get("attempt_id", ""), record["chain_id"], record["kind"]
+    session = SessionEvent.from_dict(record)
+    attempt, chain_id, kind = session.attempt_id, session.chain_id, session.kind
     identity, digest = json.dumps([attempt, chain_id, kind]), content_digest(spec("session").identity, record)
     seen = state.sessions.get(identity)
     if seen == digest:
@@ -198,10 +199,10 @@ def _session(state: RolloutState, record: Mapping[str, Any]) -> Step:
     if seen is not None:
         raise Conflict(f"session event {kind} of chain {chain_id} was sent twice with different content")
     state.sessions[identity] = digest
-    chain = _chain(state, attempt, chain_id, record["chain_kind"])
+    chain = _chain(state, attempt, chain_id, session.chain_kind)
     if kind == "opened":
         return Step("new")
-    count = record["turn_count"]
+    count = session.turn_count
     if chain.turn_count is not None and chain.turn_count != count:
         raise Conflict(f"chain {chain_id} ended with {chain.turn_count} turns, then with {count}")
     beyond = [int(i) for i in chain.turns if int(i) >= count]
@@ -210,7 +211,7 @@ def _session(state: RolloutState, record: Mapping[str, Any]) -> Step:
     state.seq += 1
     if chain.end is None:
         chain.end, chain.turn_count, chain.end_seq = kind, count, state.seq
-        chain.ambiguous = record.get("reason") == AMBIGUOUS
+        chain.ambiguous = session.reason == AMBIGUOUS
     if kind == "closed":
         chain.closed_seq = state.seq
         if attempt not in state.closed:
@@ -219,11 +220,12 @@ def _session(state: RolloutState, record: Mapping[str, Any]) -> Step:
 
 
 def _diff(state: RolloutState, record: Mapping[str, Any]) -> Step:
-    attempt, digest = record.get("attempt_id", ""), content_digest(spec("diff").identity, record)
+    diff = DiffEvent.from_dict(record)
+    attempt, digest = diff.attempt_id, content_digest(spec("diff").identity, record)
     seen = state.diffs.get(attempt)
     if seen is not None:
         return Step("duplicate" if seen[0] == digest else "late")
-    state.diffs[attempt] = [digest, record.get("group_id", ""), record.get("group_size", 1)]
+    state.diffs[attempt] = [digest, diff.group_id, diff.group_size]
     return Step("new")
 
 
@@ -245,11 +247,12 @@ def _reward(state: RolloutState, record: Mapping[str, Any]) -> Step:
         reason = f"rollout {state.rollout_id} already has a reward (attempt {first!r}); this one is ignored"
         return Step("rejected", dead_letter=reason)
     scope = reward_loss_scope(record)
+    reward = RewardEvent.from_dict(record)
     state.reward = {
-        "digest": digest, "attempt_id": record.get("attempt_id", ""), "reward": float(record["reward"]),
-        "group_id": record.get("group_id", ""), "group_size": record.get("group_size", 1), "at": record["at"],
-        "loss_scope": scope, "infos": record.get("infos") or "[]",
-        "failure_class": record.get("failure_class"), "failure_cause": record.get("failure_cause"),
-        "rerun_rollout_id": record.get("rerun_rollout_id"),
+        "digest": digest, "attempt_id": reward.attempt_id, "reward": float(reward.reward),
+        "group_id": reward.group_id, "group_size": reward.group_size, "at": reward.at,
+        "loss_scope": scope, "infos": reward.infos or "[]",
+        "failure_class": reward.failure_class, "failure_cause": reward.failure_cause,
+        "rerun_rollout_id": reward.rerun_rollout_id,
     }  # fmt: skip
     return Step("new")
