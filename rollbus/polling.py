@@ -1,4 +1,5 @@
-"""Wait until something holds: the one polling loop every start-up, shutdown and readiness check shares.
+"""Wait until something holds: the polling loop the embedded broker's start-up and shutdown and new topics'
+visibility share (other waits still loop by hand; docs/architecture.md lists them).
 
 Built on tenacity so the loop (deadline, fixed interval, what counts as "not yet") is written once. A check
 returns True when done and False for "not yet"; an exception from the check is not retried but raised at

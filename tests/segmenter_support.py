@@ -108,15 +108,6 @@ async def read_all(
     return records
 
 
-async def wait_for(predicate: Any, timeout: float = 60.0, what: str = "condition", log: Any = str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await predicate():
-            return
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}:\n{log()[-6000:]}")
-
-
 def distinct(records: list[Any]) -> int:
     """How many records differ: segments by id, anything else each."""
     return len({record.get("segment_id", index) for index, record in enumerate(records)})

@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from rollbus.codec import decode, encode
 from rollbus.events import EVENTS
 from rollbus.services.adapter.app import create_app
 from rollbus.services.adapter.settings import AdapterSettings
+from tests.waiting import until, until_sync
 
 ROOT = Path(__file__).resolve().parent.parent
 _EVENT_OF_TOPIC = {spec.topic: spec.event_type for spec in EVENTS}
@@ -66,12 +66,14 @@ class BusPublisher:
     def __init__(self) -> None:
         self.events: list[tuple[str, str, dict[str, Any]]] = []  # (topic, key, record)
         self.down = False
+        self.refused = 0  # sends refused while down
 
     async def publish(self, topic: str, record: Mapping[str, Any], *, key: str) -> None:
         await self.publish_bytes(topic, encode(_EVENT_OF_TOPIC[topic], record), key=key)
 
     async def publish_bytes(self, topic: str, value: bytes, *, key: str | bytes | None) -> None:
         if self.down:
+            self.refused += 1
             raise KafkaConnectionError("broker unreachable (test)")
         key = key.decode() if isinstance(key, bytes) else key
         self.events.append((topic, key, decode(value).record))  # type: ignore[arg-type]
@@ -87,16 +89,17 @@ def free_port() -> int:
 
 
 def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """Until ``url`` answers below 500; fails at once if ``proc`` (its server) exits meanwhile."""
+
+    def answers() -> bool:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"{url} server exited with {proc.returncode}")
         try:
-            if httpx.get(url, timeout=1.0).status_code < 500:
-                return
+            return httpx.get(url, timeout=1.0).status_code < 500
         except httpx.HTTPError:
-            time.sleep(0.2)
-    raise TimeoutError(f"{url} did not come up in {timeout} s")
+            return False
+
+    until_sync(answers, f"{url} up", timeout=timeout, interval=0.2)
 
 
 @contextlib.contextmanager
@@ -242,8 +245,9 @@ async def served(app: Any, prepare: Callable[[uvicorn.Server], None] | None = No
     if prepare is not None:
         prepare(server)
     task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.02)
+    # a serve() that failed raises here at once (its result), rather than at the deadline
+    started = lambda: server.started or (task.done() and task.result())  # noqa: E731
+    await until(started, "the server started", interval=0.02)
     try:
         yield f"http://127.0.0.1:{port}", server
     finally:

@@ -28,6 +28,7 @@ from tests.test_adapter_support import (
     settings,
     sse_events,
 )
+from tests.waiting import until
 
 READ_CALL = (
     "The user wants the file.\n</think>\n\nI'll read it.\n\n<tool_call>\n<function=Read>\n"
@@ -280,13 +281,6 @@ async def test_agent_result_freezes_the_subagent_and_compaction_starts_a_chain(a
 
 def expiry_tasks() -> list[asyncio.Task]:
     return [t for t in asyncio.all_tasks() if t.get_name() == TASK_NAME]
-
-
-async def until(check, what: str, timeout: float = 30.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 async def test_idle_sessions_close_their_chains_and_lose_their_tokens(engine_url) -> None:

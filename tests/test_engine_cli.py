@@ -7,13 +7,13 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
 from rollbus.services.engine.main import add_arguments, run
 from rollbus.tokenizer import SpecialIds, load_tokenizer
+from tests.waiting import until_sync
 
 TINY_FLAGS = "--hidden-size 32 --layers 1 --heads 2 --kv-heads 1 --intermediate-size 64".split()
 
@@ -25,15 +25,14 @@ def free_port() -> int:
 
 
 def wait_healthy(client: httpx.Client, process: subprocess.Popen, deadline_s: float = 180) -> None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
+    def healthy() -> bool:
         assert process.poll() is None, process.stderr.read()
         try:
-            if client.get("/health").status_code == 200:
-                return
+            return client.get("/health").status_code == 200
         except httpx.TransportError:
-            time.sleep(0.3)
-    raise TimeoutError("engine did not become healthy")
+            return False
+
+    until_sync(healthy, "the engine healthy", timeout=deadline_s, interval=0.3)
 
 
 def test_saved_checkpoint_is_served_with_the_scripted_policy(tmp_path: Path):

@@ -34,6 +34,7 @@ from rollbus.turn_log import frozen_chains, resolve_turns
 from tests.e2e_support import SCRIPTS
 from tests.runner_support import group_lag
 from tests.test_adapter_support import served, settings
+from tests.waiting import count_polls, until
 
 pytestmark = pytest.mark.kafka
 SCRIPT = json.loads((SCRIPTS / "gym" / "math_lake.json").read_text())
@@ -82,14 +83,19 @@ async def events(bootstrap: str, topic: str) -> list[dict[str, Any]]:
     return found
 
 
-async def rewards_for(bootstrap: str, topic: str, rollouts: set[str], deadline: float = 240.0) -> dict:
+async def rewards_for(
+    bootstrap: str, topic: str, rollouts: set[str], deadline: float = 240.0, log: Any = None
+) -> dict:
     """Poll ``rewards`` until every rollout has one (the deadline only guards against a hang)."""
-    end = time.monotonic() + deadline
-    while True:
-        got = {r["rollout_id"]: r for r in await events(bootstrap, topic) if r["rollout_id"] in rollouts}
-        if set(got) == rollouts or time.monotonic() > end:
-            return got
-        await asyncio.sleep(0.5)
+    got: dict[str, dict] = {}
+
+    async def all_rewarded() -> bool:
+        found = await events(bootstrap, topic)
+        got.update({r["rollout_id"]: r for r in found if r["rollout_id"] in rollouts})
+        return set(got) == rollouts
+
+    await until(all_rewarded, f"rewards of {sorted(rollouts)}", timeout=deadline, interval=0.5, log=log)
+    return got
 
 
 async def test_gym_rows_get_the_rewards_their_scripted_episodes_earn(
@@ -211,7 +217,7 @@ async def test_timeouts_are_retried_then_fail_and_every_env_is_closed(kafka_boot
     assert reward["attempt_id"].startswith(f"{rollout}.a2.")
 
 
-async def test_shutdown_loses_nothing(kafka_bootstrap, topics, engine_url):
+async def test_shutdown_loses_nothing(kafka_bootstrap, topics, engine_url, monkeypatch):
     """SIGTERM with one episode running and one task waiting for the only slot: the running episode's env and
     session are closed; neither task is committed. The next runner of the group gets both (here they time
     out, so each ends with exactly one reward)."""
@@ -223,14 +229,15 @@ async def test_shutdown_loses_nothing(kafka_bootstrap, topics, engine_url):
     stepping = asyncio.Event()
     STARTED.append(stepping)
     first = {"drain_timeout": 0.1, "concurrency": 1}
+    polls = count_polls(monkeypatch)
     try:
         async with stack(kafka_bootstrap, namespace, engine_url, **first) as (stop, publisher, _url):
             await publisher.publish(topics["tasks"], task(running, {"name": "stuck-test", "tag": tags[0]}))
             await asyncio.wait_for(stepping.wait(), 120)
             await publisher.publish(topics["tasks"], task(waiting, {"name": "stuck-test", "tag": tags[1]}))
-            await asyncio.sleep(
-                2
-            )  # likely polled and waiting for the slot by now; either way it must survive
+            ended = polls[0]
+            # the runner has polled again since: it has seen the waiting task (it waits for the slot)
+            await until(lambda: polls[0] >= ended + 2, "two more polls")
             stop.set()  # what SIGTERM does
     finally:
         STARTED.remove(stepping)
@@ -341,17 +348,21 @@ async def test_a_runner_killed_mid_episode_leaves_its_task_to_the_next(
         await publisher.publish(topics["tasks"], task(rollout, config))
         first = runner("first")
         try:
-            async with asyncio.timeout(180):
-                while not begun.exists():
-                    assert first.poll() is None, (tmp_path / "first.log").read_text()
-                    await asyncio.sleep(0.1)
+            def first_begun() -> bool:
+                assert first.poll() is None, (tmp_path / "first.log").read_text()
+                return begun.exists()
+
+            await until(first_begun, "the first runner's episode begun", timeout=180, interval=0.1)
         finally:
             first.kill()
             await asyncio.to_thread(first.wait, 60)
         release.touch()
         second = runner("second")
         try:
-            got = await rewards_for(kafka_bootstrap, topics["rewards"], {rollout}, deadline=180)
+            second_log = (tmp_path / "second.log").read_text
+            got = await rewards_for(
+                kafka_bootstrap, topics["rewards"], {rollout}, deadline=180, log=second_log
+            )
         finally:
             second.send_signal(signal.SIGTERM)
             await asyncio.to_thread(second.wait, 60)
@@ -379,10 +390,12 @@ async def test_a_task_whose_reward_is_on_the_bus_is_committed_and_not_run_again(
     stop = asyncio.Event()
     runner = asyncio.create_task(serve(GymRunnerSettings.load(config), stop))
     try:
-        async with asyncio.timeout(180):  # both committed: next's reward was published before its commit
-            while await group_lag(kafka_bootstrap, namespace, group):
-                assert not runner.done(), runner
-                await asyncio.sleep(0.5)
+
+        async def both_committed() -> bool:  # next's reward was published before its commit
+            assert not runner.done(), runner
+            return not await group_lag(kafka_bootstrap, namespace, group)
+
+        await until(both_committed, "both tasks committed", timeout=180, interval=0.5)
     finally:
         stop.set()
         await asyncio.wait_for(runner, 60)

@@ -14,6 +14,7 @@ from rollbus.config import recorded_bootstrap
 from rollbus.kafka.broker import DEFAULT_PORT, EmbeddedBroker, start_port
 from rollbus.polling import WaitTimeout, wait_until, wait_until_async
 from rollbus.services.stack.demo import failure_note, failure_shown, replay_hint
+from tests.waiting import until, until_sync
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -166,3 +167,19 @@ def test_service_stop_ends_the_service_and_what_it_started_even_if_it_ignores_si
     service.stop(timeout=0.5)
     assert service.proc.poll() is not None and gone(child)
     service.stop()  # a second stop is a no-op
+
+
+async def test_the_tests_one_wait_takes_sync_and_async_checks_and_names_what_never_came() -> None:
+    answers = iter([0, [], "yes"])
+    await until(lambda: next(answers), "a truthy answer", interval=0.01)
+
+    async def ready() -> bool:
+        return True
+
+    await until(ready, "an async check")
+    until_sync(lambda: True, "at once")
+    never = "timed out waiting for the never: not within 0.05s:\nthe log's tail"
+    with pytest.raises(AssertionError, match=never):
+        await until(lambda: False, "the never", timeout=0.05, interval=0.01, log=lambda: "the log's tail")
+    with pytest.raises(AssertionError, match="timed out waiting for the sync never"):
+        until_sync(lambda: False, "the sync never", timeout=0.05, interval=0.01)

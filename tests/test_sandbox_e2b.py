@@ -32,6 +32,7 @@ from e2b import CommandExitException, CommandResult
 
 from rollbus.sandbox import E2BSandbox, SandboxError, SandboxSpec, create_sandbox
 from rollbus.sandbox.e2b_backend import E2BOptions, transient
+from tests.waiting import until
 
 EXAMPLE_REPO = Path(__file__).resolve().parents[1] / "examples" / "buggy_repo"
 
@@ -158,13 +159,6 @@ async def vm(tmp_path: Path) -> AsyncIterator[tuple[E2BSandbox, FakeVM]]:
     box = await E2BSandbox.create(role="grader", workdir=str(workdir), options=options(tmp_path), sdk=sdk)
     yield box, sdk.vms[0]
     await box.close()
-
-
-async def until(condition: Any, timeout: float = 30.0) -> None:
-    """Poll ``condition`` until it holds or ``timeout`` passes (the assertion after it says what failed)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition() and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.02)
 
 
 def processes_named(marker: str) -> list[int]:
@@ -306,8 +300,10 @@ class SlowSDK(FakeSDK):
     def __init__(self) -> None:
         super().__init__()
         self.release = asyncio.Event()
+        self.asked = asyncio.Event()  # the request reached the cloud
 
     async def create(self, **kwargs: Any) -> FakeVM:
+        self.asked.set()
         await self.release.wait()
         return await super().create(**kwargs)
 
@@ -317,12 +313,12 @@ async def test_a_vm_that_starts_after_its_caller_was_cancelled_is_killed(tmp_pat
     creating = asyncio.create_task(
         E2BSandbox.create(role="grader", workdir=str(tmp_path / "w"), options=options(tmp_path), sdk=sdk)
     )
-    await asyncio.sleep(0.05)  # the request is in flight
+    await until(sdk.asked.is_set, "the create request in flight")
     creating.cancel()
     with pytest.raises(asyncio.CancelledError):
         await creating
     sdk.release.set()  # the cloud answers after all: a VM exists that nobody holds
-    await until(lambda: bool(sdk.vms and sdk.vms[0].kills))
+    await until(lambda: sdk.vms and sdk.vms[0].kills, "the VM nobody holds killed")
     assert len(sdk.vms) == 1 and sdk.vms[0].kills == 1
 
 async def test_exit_code_output_env_and_quoting(vm: tuple[E2BSandbox, FakeVM]) -> None:
@@ -364,19 +360,18 @@ async def test_timeout_kills_the_remote_process_group_and_keeps_output(vm: tuple
     assert done.timed_out and done.failure_kind == "timeout" and done.exit_code < 0
     assert done.stdout == "started\n"
     assert fake.commands.killed and any("kill -9 -- -" in c["cmd"] for c in fake.commands.calls)
-    await asyncio.sleep(0.2)
-    assert processes_named(marker) == []
+    await until(lambda: not processes_named(marker), "the killed process group gone")
 
 
 async def test_a_cancelled_run_kills_the_remote_command(vm: tuple[E2BSandbox, FakeVM]) -> None:
     box, fake = vm
     marker = f"rollbus-e2b-{uuid.uuid4().hex[:8]}"
     task = asyncio.ensure_future(box.run(["bash", "-c", f"exec -a {marker} sleep 300"], {}, timeout=600))
-    await until(lambda: bool(processes_named(marker)))  # polls only; a loaded machine just takes longer
+    await until(lambda: processes_named(marker), "the remote command running")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await until(lambda: not processes_named(marker))
+    await until(lambda: not processes_named(marker), "the cancelled command gone")
     assert fake.commands.killed and processes_named(marker) == []
 
 

@@ -23,6 +23,7 @@ from rollbus.services.sandbox_runner.service import SandboxRunner
 from rollbus.services.sandbox_runner.settings import RunnerSettings
 from tests.conftest import unique_namespace
 from tests.runner_support import all_events
+from tests.waiting import count_polls, until
 
 pytestmark = pytest.mark.kafka
 GROUP = "runner-delivery"
@@ -57,6 +58,11 @@ async def namespace(kafka_bootstrap: str) -> str:
     return name
 
 
+@pytest.fixture
+def polls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    return count_polls(monkeypatch)
+
+
 @contextlib.asynccontextmanager
 async def runner(
     bootstrap: str, namespace: str, gate: Gate, concurrency: int
@@ -82,53 +88,51 @@ async def committed(bootstrap: str, namespace: str) -> int:
         return await consumer.committed(TopicPartition(topic_name("tasks", namespace), 0)) or 0
 
 
-async def until(condition: Any, timeout: float = 60.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not await condition():
-            await asyncio.sleep(0.1)
-
-
 async def publish(bootstrap: str, namespace: str, *records: dict[str, Any]) -> None:
     async with Publisher(bootstrap) as publisher:
         await publisher.publish_many(topic_name("tasks", namespace), list(records))
 
 
-async def test_commits_wait_for_the_oldest_running_task(kafka_bootstrap: str, namespace: str) -> None:
+async def test_commits_wait_for_the_oldest_running_task(
+    kafka_bootstrap: str, namespace: str, polls: list[int]
+) -> None:
     gate = Gate()
     gym = task("gym-2", env_config=json.dumps({"env": "x"}))
     await publish(kafka_bootstrap, namespace, task("t0"), task("t1"), gym, task("t3"))
     async with runner(kafka_bootstrap, namespace, gate, concurrency=3):
-        await until(lambda: asyncio.sleep(0, len(gate.started) == 3))
+        await until(lambda: len(gate.started) == 3, "three tasks started")
         assert gate.started == ["t0", "t1", "t3"], "the gym task is passed over"
         gate.end("t1")
         gate.end("t3")
-        await until(lambda: diff_count(kafka_bootstrap, namespace, 2))
-        await asyncio.sleep(1)  # a few polls: none may commit past t0
+        await until(lambda: diff_count(kafka_bootstrap, namespace, 2), "2 diffs")
+        ended = polls[0]
+        await until(lambda: polls[0] >= ended + 2, "two more polls, each of which would commit past t0")
         assert await committed(kafka_bootstrap, namespace) == 0
         gate.end("t0")
-        await until(lambda: commit_is(kafka_bootstrap, namespace, 4))
+        await until(lambda: commit_is(kafka_bootstrap, namespace, 4), "offset 4 committed")
     diffs = await all_events(kafka_bootstrap, namespace, "diffs")
     assert sorted(d["rollout_id"] for d in diffs) == ["t0", "t1", "t3"]
 
 
 async def test_capacity_pauses_and_a_stopped_runner_leaves_its_task_to_the_next(
-    kafka_bootstrap: str, namespace: str
+    kafka_bootstrap: str, namespace: str, polls: list[int]
 ) -> None:
     first = Gate()
     await publish(kafka_bootstrap, namespace, task("a"), task("b"))
     async with runner(kafka_bootstrap, namespace, first, concurrency=1):
-        await until(lambda: asyncio.sleep(0, first.started == ["a"]))
-        await asyncio.sleep(1.5)
+        await until(lambda: first.started == ["a"], "a started")
+        ended = polls[0]
+        await until(lambda: polls[0] >= ended + 3, "three more polls, each of which would start b")
         assert first.started == ["a"], "at capacity nothing else starts"
         first.end("a")
-        await until(lambda: asyncio.sleep(0, first.started == ["a", "b"]))
-        await until(lambda: commit_is(kafka_bootstrap, namespace, 1))
+        await until(lambda: first.started == ["a", "b"], "b started")
+        await until(lambda: commit_is(kafka_bootstrap, namespace, 1), "offset 1 committed")
     # stopped with b running: b was abandoned, its offset not committed
     assert await committed(kafka_bootstrap, namespace) == 1
     second = Gate()
     second.end("b")
     async with runner(kafka_bootstrap, namespace, second, concurrency=1):
-        await until(lambda: commit_is(kafka_bootstrap, namespace, 2))
+        await until(lambda: commit_is(kafka_bootstrap, namespace, 2), "offset 2 committed")
     assert second.started == ["b"]
     diffs = await all_events(kafka_bootstrap, namespace, "diffs")
     assert [(d["rollout_id"], d["attempt_id"]) for d in diffs] == [("a", "att-a"), ("b", "att-b")]
@@ -151,7 +155,7 @@ async def test_a_poison_task_goes_to_dead_letters_and_the_next_task_still_runs(
         await publisher.publish_bytes(topic_name("tasks", namespace), b"not an event", key=b"poison")
     await publish(kafka_bootstrap, namespace, task("after"))
     async with runner(kafka_bootstrap, namespace, gate, concurrency=1):
-        await until(lambda: commit_is(kafka_bootstrap, namespace, 2))
+        await until(lambda: commit_is(kafka_bootstrap, namespace, 2), "offset 2 committed")
     assert gate.started == ["after"]
     (letter,) = await all_events(kafka_bootstrap, namespace, "dead-letters")
     assert letter["value"] == b"not an event" and letter["service"] == "sandbox-runner"
@@ -170,7 +174,7 @@ async def test_a_task_whose_diff_is_on_the_bus_is_committed_and_not_run_again(
         await publisher.publish(topic_name("diffs", namespace), diff_event(task("a"), killed))
     await publish(kafka_bootstrap, namespace, task("a"), task("b"))
     async with runner(kafka_bootstrap, namespace, gate, concurrency=2):
-        await until(lambda: commit_is(kafka_bootstrap, namespace, 2))
+        await until(lambda: commit_is(kafka_bootstrap, namespace, 2), "offset 2 committed")
     assert gate.started == ["b"]
     diffs = await all_events(kafka_bootstrap, namespace, "diffs")
     assert [(d["rollout_id"], d["attempt_id"]) for d in diffs] == [("a", "att-a-killed"), ("b", "att-b")]
@@ -199,7 +203,7 @@ async def test_a_failed_read_of_diffs_fetches_the_task_again_and_still_skips_it(
             return await read(partitions)
 
         answers._read = read_failing_once  # type: ignore[method-assign]
-        await until(lambda: commit_is(kafka_bootstrap, namespace, 2))
+        await until(lambda: commit_is(kafka_bootstrap, namespace, 2), "offset 2 committed")
     assert failures == [{0}] and gate.started == ["b"]
 
 
@@ -218,7 +222,7 @@ async def test_an_injected_infrastructure_failure_is_rerun_as_a_new_rollout_up_t
     service, stop = SandboxRunner(settings), asyncio.Event()
     loop = asyncio.create_task(service.run(stop))
     try:
-        await until(lambda: diff_count(kafka_bootstrap, namespace, 2))
+        await until(lambda: diff_count(kafka_bootstrap, namespace, 2), "2 diffs")
     finally:
         stop.set()
         await asyncio.wait_for(loop, 60)

@@ -42,6 +42,7 @@ from rollbus.services.sandbox_runner.rollout import RunnerKit, run_task
 from rollbus.services.sandbox_runner.settings import RunnerSettings
 from rollbus.settings import SettingsError
 from tests.test_sandbox_e2b import EXAMPLE_REPO, FakeSDK, processes_named
+from tests.waiting import until
 
 PUBLIC_URL = "https://adapter.example:8443"
 NPM_CLI = Path("/usr/lib/node_modules/npm/bin/npm-cli.js")
@@ -228,24 +229,20 @@ async def test_a_timeout_kills_the_remote_agent_and_the_vm(rig: dict[str, Any]) 
     assert outcome.failure_kind == "timeout" and outcome.exit_status < 0
     [vm] = sdk.vms
     assert vm.commands.killed and any("kill -9 -- -" in c["cmd"] for c in vm.commands.calls)
-    await asyncio.sleep(0.2)
-    assert processes_named(marker) == [] and vm.kills == 1 and sessions.closed == [outcome.attempt_id]
+    await until(lambda: not processes_named(marker), "the killed agent gone")
+    assert vm.kills == 1 and sessions.closed == [outcome.attempt_id]
 
 
 async def test_a_cancelled_attempt_kills_the_remote_agent_and_the_vm(rig: dict[str, Any]) -> None:
     marker = f"rollbus-e2b-agent-{uuid.uuid4().hex[:8]}"
     kit, sdk, sessions = kit_for(rig)
     running = asyncio.ensure_future(run_task(kit, task(rig["tmp"], f"HANG:{marker}")))
-    for _ in range(1500):
-        if processes_named(marker):
-            break
-        await asyncio.sleep(0.02)
-    assert processes_named(marker), "the agent never started"
+    await until(lambda: processes_named(marker), "the agent running")
     running.cancel()
     with pytest.raises(asyncio.CancelledError):
         await running
-    await asyncio.sleep(0.2)
-    assert processes_named(marker) == [] and sdk.vms[0].kills == 1 and len(sessions.closed) == 1
+    await until(lambda: not processes_named(marker), "the cancelled agent gone")
+    assert sdk.vms[0].kills == 1 and len(sessions.closed) == 1
 
 
 async def test_an_agent_that_breaks_its_repository_is_patch_failed(rig: dict[str, Any]) -> None:

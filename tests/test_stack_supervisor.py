@@ -15,6 +15,7 @@ from rollbus.kafka.broker import EmbeddedBroker, free_port
 from rollbus.kafka.topics import create_topics, describe, topic_name
 from rollbus.polling import wait_until_async
 from rollbus.services.stack.supervisor import ServiceSpec, StackFailed, Supervisor
+from tests.waiting import until
 
 PY = sys.executable
 # a child that starts a grandchild in its own process group and records both pids
@@ -49,10 +50,7 @@ async def test_starts_after_what_it_needs_and_stops_children_and_grandchildren(t
     async with Supervisor(specs, tmp_path / "logs", on_event=lambda n, w: events.append((n, w))) as stack:
         pids = [child.proc.pid for child in stack.children]
         assert all(alive(pid) for pid in pids)
-        for _ in range(50):
-            if pid_file.exists() and pid_file.read_text():
-                break
-            await asyncio.sleep(0.1)
+        await until(lambda: pid_file.exists() and pid_file.read_text(), "the grandchild's pid")
         grandchild = int(pid_file.read_text())
         assert alive(grandchild)
     assert events[:2] == [("web", "ready"), ("family", "ready")]
@@ -77,10 +75,7 @@ async def test_a_crashed_child_is_restarted_with_backoff(tmp_path):
     try:
         first = stack["a"].proc.pid
         os.kill(first, 9)
-        for _ in range(100):
-            if stack["a"].restarts == 1 and stack["a"].running:
-                break
-            await asyncio.sleep(0.05)
+        await until(lambda: stack["a"].restarts == 1 and stack["a"].running, "a restarted")
         assert stack["a"].restarts == 1 and stack["a"].proc.pid != first and stack["a"].running
         assert stack["a"].backoff == 0.2
     finally:
@@ -111,10 +106,7 @@ async def test_interrupted_during_start_up_leaves_no_orphans(tmp_path):
     """Ctrl-C while the second service is still starting: the first, already up, is stopped too."""
     stack = Supervisor([sleeper("first", settle=0.1), sleeper("slow", settle=60)], tmp_path)
     starting = asyncio.create_task(stack.start())
-    for _ in range(100):
-        if stack["slow"].proc is not None:
-            break
-        await asyncio.sleep(0.05)
+    await until(lambda: stack["slow"].proc is not None, "slow started")
     pids = [child.proc.pid for child in stack.children]
     starting.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -123,16 +115,16 @@ async def test_interrupted_during_start_up_leaves_no_orphans(tmp_path):
 
 
 async def test_an_on_failure_service_that_exits_cleanly_is_done_not_restarted(tmp_path):
-    argv = [PY, "-c", "import time; time.sleep(0.3)"]
-    finite = ServiceSpec("trainer", argv, settle=0.1, restart="on-failure")
-    stack = Supervisor([finite], tmp_path, backoff_initial=0.01)
+    ended = tmp_path / "trainer-ended"
+    trainer = f"import pathlib, time; time.sleep(0.3); pathlib.Path({str(ended)!r}).touch()"
+    finite = ServiceSpec("trainer", [PY, "-c", trainer], settle=0.1, restart="on-failure")
+    # crashes once the trainer ended: once the loop has restarted it, it would have restarted the trainer too
+    crash = f"import pathlib, time\nwhile not pathlib.Path({str(ended)!r}).exists(): time.sleep(0.02)\n"
+    later = ServiceSpec("later", [PY, "-c", crash + "time.sleep(0.5); raise SystemExit(3)"], settle=0.1)
+    stack = Supervisor([finite, later], tmp_path / "logs", backoff_initial=0.01)
     await stack.start()
     watcher = asyncio.create_task(stack.watch(poll=0.02))
-    for _ in range(100):
-        if stack["trainer"].done:
-            break
-        await asyncio.sleep(0.05)
-    await asyncio.sleep(0.2)
+    await until(lambda: stack["later"].restarts >= 1, "the later crash restarted")
     assert stack["trainer"].done and stack["trainer"].restarts == 0
     await stack.stop()
     await watcher

@@ -22,6 +22,7 @@ from rollbus.config import recorded_bootstrap
 from rollbus.kafka.broker import free_port
 from rollbus.kafka.bus import Publisher
 from tests.event_samples import SAMPLES
+from tests.waiting import until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -94,12 +95,15 @@ async def publish_turn(bootstrap: str, rollout_id: str) -> None:
 
 
 def wait_for_text(path: Path, text: str, proc: subprocess.Popen[str], limit: float = 60) -> None:
-    """Until ``text`` is in ``path`` (the bound only stops a broken run from hanging the suite)."""
-    deadline = time.monotonic() + limit
-    while text not in path.read_text():
+    """Until ``text`` is in ``path``; fails at once if ``proc`` (which writes it) exited."""
+
+    def written() -> bool:
+        if text in path.read_text():
+            return True
         assert proc.poll() is None, path.read_text()
-        assert time.monotonic() < deadline, f"{text!r} never came: {path.read_text()}"
-        time.sleep(0.2)
+        return False
+
+    until_sync(written, repr(text), timeout=limit, interval=0.2, log=path.read_text)
 
 
 @pytest.mark.kafka

@@ -25,9 +25,9 @@ from tests.segmenter_support import (
     publish,
     read_all,
     unique_segments,
-    wait_for,
 )
 from tests.synthetic_rollouts import simple_rollout
+from tests.waiting import until
 
 pytestmark = pytest.mark.kafka
 
@@ -126,7 +126,7 @@ async def test_a_rollout_that_never_closes_times_out_and_its_late_reward_is_dead
             assert worker.proc.poll() is None, worker.log()[-3000:]
             return "rollout t-lost aborted, nothing trainable" in worker.log()
 
-        await wait_for(aborted, timeout=60, what="the abort", log=worker.log)
+        await until(aborted, "the abort", timeout=60, interval=0.3, log=worker.log)
         await publish(kafka_bootstrap, topics, [lost.events[-1]])
         letters = await read_all(kafka_bootstrap, topics["dead-letters"], until=1, timeout=60, worker=worker)
     assert "no reward" in worker.log() and '"aborted": 1' in worker.log()
