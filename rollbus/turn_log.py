@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from rollbus.codec import Scanned, Varints, number_bytes
+from rollbus.events import TurnEvent
 from rollbus.trajectory import CONTEXT_VERSION, ChainTokens, FrozenChain, Turn, aligned, segment_chain
 
 TurnKey = tuple[str, str, int]  # (attempt_id, chain_id, turn_index): a turn's identity within its rollout
@@ -43,8 +44,10 @@ def prompt_reference(prompt_ids: Sequence[int], previous: Turn | None) -> tuple[
 
 
 def turn_key(record: Mapping[str, Any]) -> TurnKey:
-    """A turn event's identity within its rollout; two events with one key describe one model call."""
-    return record.get("attempt_id", ""), record["chain_id"], record["turn_index"]
+    """A turn event's identity within its rollout (:class:`~rollbus.events.TurnEvent`'s declared key but its
+    rollout id); two events with one key describe one model call."""
+    attempt_id, chain_id, turn_index = TurnEvent.key_of(record, within=("rollout_id",))
+    return attempt_id, chain_id, turn_index
 
 
 TURN_NUMBERS = (("prompt_ids", "int"), ("output_ids", "int"), ("output_logprobs", "float"))

@@ -30,6 +30,8 @@ from typing import Any
 import httpx
 
 from rollbus.codec import CodecError
+from rollbus.events import judge as same_fact
+from rollbus.events import spec
 from rollbus.grading.rows import absolute_paths
 from rollbus.kafka.broker import answers_metadata
 from rollbus.kafka.replay import ReadPlan, read
@@ -253,6 +255,9 @@ def rebuild(stack: Stack, into: str) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+REWARD = spec("reward").identity
+
+
 def unique(segments: list[tuple[bytes, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     return {record["segment_id"]: record for _, record in segments}
 
@@ -291,9 +296,8 @@ def judge(
     verdict.rollouts = len(expected)
     by_rollout: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     for _, record in rewards:
-        kept = {k: v for k, v in record.items() if k != "at"}
-        previous = by_rollout[record["rollout_id"]].setdefault(record.get("attempt_id", ""), kept)
-        if previous != kept:
+        previous = by_rollout[record["rollout_id"]].setdefault(record.get("attempt_id", ""), record)
+        if same_fact(REWARD, previous, record) == "conflict":
             verdict.problems.append(f"rollout {record['rollout_id']}: an attempt rewarded twice, differently")
     for rollout in sorted(expected):
         attempts = by_rollout.get(rollout, {})

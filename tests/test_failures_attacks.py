@@ -117,7 +117,7 @@ async def rewarded(outcome: Any) -> dict[str, Any]:
     """The grader's reward for the attempt's diff (a failed rollout is never graded, whatever its patch)."""
     diff = diff_event(task("attacker-1"), outcome)
     result = await grade_diff(diff, ROOT, GradeConfig())
-    return reward_record(diff, result)
+    return reward_record(diff, result).to_dict()
 
 
 def segments_of(reward: dict[str, Any]) -> list[dict[str, Any]]:
@@ -181,4 +181,4 @@ async def test_a_sandbox_that_cannot_boot_is_the_infrastructures(monkeypatch) ->
     assert outcome.failure_kind == "boot_failed", outcome
     diff = diff_event(bad, outcome)
     reward = reward_record(diff, await grade_diff(diff, ROOT, GradeConfig(), grade_failed_rollouts=True))
-    assert (reward["failure_class"], reward["failure_cause"]) == (INFRASTRUCTURE, "boot_failed")
+    assert (reward.failure_class, reward.failure_cause) == (INFRASTRUCTURE, "boot_failed")

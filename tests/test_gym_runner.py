@@ -11,6 +11,7 @@ import pytest
 
 import rollbus.services.gym_runner.envs  # noqa: F401  (registers the built-ins)
 from rollbus.codec import encode
+from rollbus.events import RewardEvent
 from rollbus.kafka.broker import free_port
 from rollbus.services.adapter.app import create_app
 from rollbus.services.gym_runner import gym
@@ -45,9 +46,9 @@ def task(rollout: str, env_config: Any, **extra: Any) -> dict[str, Any]:
 
 class Collected:
     def __init__(self) -> None:
-        self.records: list[tuple[str, dict]] = []
+        self.records: list[tuple[str, RewardEvent]] = []
 
-    async def __call__(self, topic: str, record: dict) -> None:
+    async def __call__(self, topic: str, record: RewardEvent) -> None:
         self.records.append((topic, record))
 
 
@@ -76,19 +77,19 @@ async def test_python_tool_episode_through_the_adapter_and_a_real_sandbox(tmp_pa
             short, _, http = runner_for(url, max_tokens=4)
             async with http:
                 cut = await short.run_task(task("py-cut", {"name": "python_tool", "seed": 2}))
-    assert (solved["reward"], solved["step_rewards"], solved["solved"]) == (1.0, [0.0, 1.0], True)
-    assert (missed["reward"], missed["failure_kind"]) == (0.0, None)
-    details = json.loads(solved["details"])
+    assert (solved.reward, solved.step_rewards, solved.solved) == (1.0, [0.0, 1.0], True)
+    assert (missed.reward, missed.failure_kind) == (0.0, None)
+    details = json.loads(solved.details)
     assert details["loss_scope"] == "last_turn" and details["turns"] == 2
     tool = details["messages"][3]
     assert tool["role"] == "tool" and tool["content"] == "5525\n"
-    infos = json.loads(solved["infos"])
+    infos = json.loads(solved.infos)
     assert infos[1]["exit_codes"] == [0] and infos[2]["given"] == "5525"
     turns = publisher.of("turns", "py-solved")
     assert [(t["chain_id"], t["prompt_ref_turn"]) for t in turns] == [("main", None), ("main", 0)]
     assert [topic for topic, _ in published.records] == ["rewards", "rewards"]
-    cut_details = json.loads(cut["details"])  # a reply cut by max_tokens ends the episode without a step
-    assert (cut_details["stop"], cut_details["turns"], cut["failure_kind"], cut["step_rewards"]) == (
+    cut_details = json.loads(cut.details)  # a reply cut by max_tokens ends the episode without a step
+    assert (cut_details["stop"], cut_details["turns"], cut.failure_kind, cut.step_rewards) == (
         "length",
         1,
         None,
@@ -102,10 +103,10 @@ async def test_bad_env_config_fails_at_once_without_the_adapter() -> None:
     async with http:
         record = await runner.run_task(task("bad-1", "[1, 2]"))
         other = await runner.run_task(task("bad-2", {"name": "math", "seed": "seven"}))
-    assert record["failure_kind"] == other["failure_kind"] == "bad_env_config"
-    assert "must be a JSON object" in json.loads(record["details"])["error"]
-    assert "seed must be an integer" in json.loads(other["details"])["error"]
-    assert json.loads(record["details"])["attempts"] == 1 and record["reward"] == 0.0
+    assert record.failure_kind == other.failure_kind == "bad_env_config"
+    assert "must be a JSON object" in json.loads(record.details)["error"]
+    assert "seed must be an integer" in json.loads(other.details)["error"]
+    assert json.loads(record.details)["attempts"] == 1 and record.reward == 0.0
 
 
 async def test_an_unreachable_adapter_is_retried_then_fails_and_each_env_is_closed() -> None:
@@ -113,12 +114,12 @@ async def test_an_unreachable_adapter_is_retried_then_fails_and_each_env_is_clos
     async with http:
         record = await runner.run_task(task("down-1", {"name": "counted-test", "tag": "down-1"}))
     assert (
-        record["failure_kind"] == "adapter_error"
-        and "opening a session" in json.loads(record["details"])["error"]
+        record.failure_kind == "adapter_error"
+        and "opening a session" in json.loads(record.details)["error"]
     )
-    assert CLOSES.count("down-1") == 2 and record["attempt_id"].startswith("down-1.a2.")
+    assert CLOSES.count("down-1") == 2 and record.attempt_id.startswith("down-1.a2.")
     # the adapter's fault, after its in-process retries: never trained, kept out of its group's mean
-    assert (record["failure_class"], record["failure_cause"]) == ("infrastructure", "adapter_error")
+    assert (record.failure_class, record.failure_cause) == ("infrastructure", "adapter_error")
 
 
 def test_reward_record_drops_a_huge_conversation_and_falls_back_to_reward_for_solved() -> None:
@@ -126,22 +127,22 @@ def test_reward_record_drops_a_huge_conversation_and_falls_back_to_reward_for_so
                       step_rewards=[0.0, 2.0], infos=[{}, {}, {"note": 1}])  # fmt: skip
     result = EpisodeResult(episode, "r.a1", 1, None, "x")
     record = reward_record(task("r", {"name": "x"}), result, "all_turns")
-    details = json.loads(record["details"])
+    details = json.loads(record.details)
     assert details["messages"] is None and details["messages_omitted"] is True
-    assert record["solved"] is True and record["reward"] == 2.0 and record["group_size"] == 2
-    assert record["failure_class"] is None and record["failure_cause"] is None
+    assert record.solved is True and record.reward == 2.0 and record.group_size == 2
+    assert record.failure_class is None and record.failure_cause is None
 
 
 async def test_a_malformed_task_still_gets_a_reward_naming_the_failure() -> None:
     runner, published, http = runner_for(f"http://127.0.0.1:{free_port()}")
     async with http:
         record = await runner.run_task({"rollout_id": "odd", "env_config": '{"name": "math"}', "messages": 5})
-        assert record["failure_kind"] == "bad_env_config"  # messages must be a list: a config error
+        assert record.failure_kind == "bad_env_config"  # messages must be a list: a config error
         record = await runner.run_task(
             {"rollout_id": "odder", "env_config": '{"name": "math"}', "group_size": "x"}
         )
-    assert record["failure_kind"] == "runner_error" and "ValueError" in json.loads(record["details"])["error"]
-    assert [r["rollout_id"] for _, r in published.records] == ["odd", "odder"]
+    assert record.failure_kind == "runner_error" and "ValueError" in json.loads(record.details)["error"]
+    assert [r.rollout_id for _, r in published.records] == ["odd", "odder"]
 
 
 @pytest.mark.parametrize(
@@ -178,5 +179,5 @@ def test_replay_tables_show_a_gym_rewards_steps_and_infos() -> None:
     record = reward_record(
         task("r", {"name": "math"}), EpisodeResult(episode, "r.a1", 1, None, "math"), "all_turns"
     )
-    cells = {name: cell(record) for name, cell in COLUMNS["reward"]}
+    cells = {name: cell(record.to_dict()) for name, cell in COLUMNS["reward"]}
     assert cells["step rewards"] == "0,0.5" and cells["infos"].startswith('[{"q": "2+2"}, {"given": "5"}')

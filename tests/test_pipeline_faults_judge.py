@@ -47,6 +47,18 @@ def test_a_group_must_train_once_all_its_segments_are_out_and_its_rewards_differ
     assert groups(segment("g-0")) == set()  # the other rollout failed before any segment
 
 
+def test_a_reward_graded_again_after_a_grader_crash_is_one_reward_not_two() -> None:
+    """The grader published, crashed before committing and graded the same diff again: a new ``at`` and new
+    durations in ``details``, the same verdict. That is one reward; a changed verdict is two."""
+    run = clean()
+    first = {"rollout_id": "g-0", "attempt_id": "a1", "reward": 1.0, "at": 1, "details": '{"eval_s": 1.5}'}
+    run["rewards"] = raw([first, dict(first, at=9, details='{"eval_s": 2.25}'), run["rewards"][1][1]])
+    verdict = judge(**run)
+    assert verdict.problems == [] and verdict.rewards == 2
+    run["rewards"].extend(raw([dict(first, at=12, reward=0.0)]))
+    assert judge(**run).problems == ["rollout g-0: an attempt rewarded twice, differently"]
+
+
 def test_each_broken_promise_is_named() -> None:
     cases = {
         "rewarded attempts": lambda run: run["rewards"].extend(raw([{"rollout_id": "g-1", "attempt_id": "a2",

@@ -158,8 +158,8 @@ def test_the_digest_rides_from_the_diff_to_the_reward_and_defaults_to_null() -> 
     decoded = codec.decode(codec.encode("diff", {**event, "patch": b""}))
     assert decoded.record["image_digest"] == DIGEST
     graded = GradeResult(1.0, True, True, None, details={"image_digest": DIGEST})
-    assert reward_record(event, graded)["image_digest"] == DIGEST
-    assert reward_record(event, GradeResult(0.0, False, True, None))["image_digest"] is None
+    assert reward_record(event, graded).image_digest == DIGEST
+    assert reward_record(event, GradeResult(0.0, False, True, None)).image_digest is None
 
 
 def test_a_malformed_digest_on_a_diff_is_a_bad_row_not_a_crash(tmp_path: Path) -> None:
@@ -212,6 +212,6 @@ def test_a_regrade_hands_the_diffs_digest_to_the_backend_by_name(
     result = asyncio.run(grade_diff(diff, tmp_path, GradeConfig(backend="docker")))
     assert SEEN[-1].image_digest == DIGEST and SEEN[-1].container_image == "python:3.11"
     assert pinned_ref(parse_image(SEEN[-1].container_image), SEEN[-1].image_digest) == f"python@{DIGEST}"
-    assert reward_record(diff, result)["image_digest"] == DIGEST
+    assert reward_record(diff, result).image_digest == DIGEST
     local = asyncio.run(grade_diff(diff, tmp_path, GradeConfig()))  # bwrap cannot run it, and says so
-    assert local.failure_kind == v.SANDBOX_FAILED and reward_record(diff, local)["image_digest"] is None
+    assert local.failure_kind == v.SANDBOX_FAILED and reward_record(diff, local).image_digest is None

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from rollbus.events import SegmentEvent
 from rollbus.failures import INFRASTRUCTURE
 from rollbus.routed_experts import RoutesError, RoutesRef, RoutesStore, cover, load
 from rollbus.top_logprobs import PAD_ID, BadTopLogprobs, unpack
@@ -231,13 +232,13 @@ class GroupBuffer:
         # groups trained, dropped or skipped -> the event time (ms) they finished at: later segments are late
         self.finished: dict[str, int] = {}
         self.clock_ms = 0  # the newest segment time seen: finishing and forgetting replay identically
-        self._ids: set[str] = set()
+        self._ids: set[tuple[Any, ...]] = set()  # the buffered segments' identity keys
 
     def add(self, segment: Segment) -> Admission:
         group_id, rollout_id = segment["group_id"], segment["rollout_id"]
         if group_id in self.finished or any(g.group_id == group_id for g in self.complete):
             return Admission.LATE
-        if segment["segment_id"] in self._ids:
+        if SegmentEvent.key_of(segment) in self._ids:
             return Admission.DUPLICATE
         if self._is_twin(segment):
             return Admission.TWIN
@@ -253,7 +254,7 @@ class GroupBuffer:
         created = int(segment.get("created_at", 0))
         self.clock_ms = max(self.clock_ms, created)
         group.first_created_at = min(created, group.first_created_at or created)
-        self._ids.add(segment["segment_id"])
+        self._ids.add(SegmentEvent.key_of(segment))
         if self._is_complete(group):
             del self.pending[group_id]
             self.complete.append(group)
@@ -264,7 +265,7 @@ class GroupBuffer:
         """Whether :meth:`add` will drop ``segment`` unread (late, duplicate, twin): nothing to fetch."""
         group_id = segment["group_id"]
         late = group_id in self.finished or any(g.group_id == group_id for g in self.complete)
-        return late or segment["segment_id"] in self._ids or self._is_twin(segment)
+        return late or SegmentEvent.key_of(segment) in self._ids or self._is_twin(segment)
 
     def _is_twin(self, segment: Segment) -> bool:
         """A runner killed between publishing a re-run and the failed attempt's diff runs the task again:
@@ -307,7 +308,7 @@ class GroupBuffer:
     def finish(self, group: Group) -> None:
         self.finished[group.group_id] = self.clock_ms
         for segment in group.segments():
-            self._ids.discard(segment["segment_id"])
+            self._ids.discard(SegmentEvent.key_of(segment))
 
     def drop_complete(self, group: Group) -> None:
         """Remove a completed group that will not be trained (stale or without reward variance)."""

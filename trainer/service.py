@@ -34,9 +34,10 @@ from typing import Any
 from aiokafka import ConsumerRecord, TopicPartition
 
 from rollbus.codec import CodecError
-from rollbus.kafka.bus import Publisher, dead_letter, decode_message
+from rollbus.kafka.bus import Event, Publisher, decode_message
+from rollbus.kafka.dead_letters import DeadLetters
 from rollbus.kafka.read import read_partitions
-from rollbus.kafka.topics import MAX_EVENT_BYTES, dead_letters_for, describe, topic_name
+from rollbus.kafka.topics import MAX_EVENT_BYTES, describe, topic_name
 from rollbus.kafka.watermark import low_watermark
 from rollbus.routed_experts import RoutesStore
 from rollbus.trainer import checkpoint
@@ -100,6 +101,7 @@ class Trainer:
             async with Publisher(settings.bootstrap_servers, client_id="trainer") as publisher, \
                     self._refill_publisher() as refiller:  # fmt: skip
                 self.publisher, self.refiller = publisher, refiller
+                self.dead_letters = DeadLetters("trainer", publisher.send_bytes)
                 await self._recover_version()
                 await self._recover_refills()
                 feed = SegmentFeed(
@@ -133,9 +135,12 @@ class Trainer:
     async def _admit(self, message: ConsumerRecord) -> None:
         tp = TopicPartition(message.topic, message.partition)
         self.position[tp] = message.offset + 1
-        segment: dict[str, Any] | None = None
+        event = await self.dead_letters.decoded(message, _decode)
+        if event is None:
+            self.counters["dead_letters"] += 1
+            return
+        segment: dict[str, Any] = event.record
         try:
-            segment = decode_message(message, MAX_EVENT_BYTES).record
             replaying = self.learner.moe_shape if self.learner.replay is not None else None
             if self.buffer.dropped(segment):  # a redelivery after its group trained: its ids may be gone
                 replaying = None
@@ -145,10 +150,8 @@ class Trainer:
             admission = self.buffer.add(segment)
         except (CodecError, InvalidSegment) as poison:
             self.counters["dead_letters"] += 1
-            await self.publisher.publish(
-                dead_letters_for(message.topic), dead_letter(message, poison, "trainer"), key=message.key
-            )
-            if segment is not None and isinstance(poison, InvalidSegment):
+            await self.dead_letters.letter(message, poison)
+            if isinstance(poison, InvalidSegment):
                 self._abandon_poisoned(segment["group_id"])
             return
         if admission is Admission.DUPLICATE:
@@ -402,3 +405,7 @@ class Trainer:
             path = await asyncio.to_thread(self.learner.save, settings.keep_checkpoints)
         behind = published is None or published < state.version
         await self._publish(str(path.resolve()), state.version, announce=behind)
+
+
+def _decode(message: ConsumerRecord) -> Event:
+    return decode_message(message, MAX_EVENT_BYTES)

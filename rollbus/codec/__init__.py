@@ -1,6 +1,7 @@
 """The rollbus wire format (:mod:`rollbus.codec.avro`): Avro records behind a five-byte header, their schemas
 (:mod:`~rollbus.codec.registry`) and the numpy sub-codec of their arrays of numbers
-(:mod:`~rollbus.codec.number_arrays`)."""
+(:mod:`~rollbus.codec.number_arrays`). It decodes to, and encodes from, the event classes of
+:mod:`rollbus.events` (a decoded message's ``event``; ``encode_event``), their dicts as the boundary."""
 
 from rollbus.codec.avro import (
     HEADER,
@@ -9,10 +10,12 @@ from rollbus.codec.avro import (
     Decoded,
     Scanned,
     decode,
+    decode_as,
     decode_many,
     decode_scans,
     default_codec,
     encode,
+    encode_event,
     read_header,
     scan,
     schema,
@@ -24,6 +27,6 @@ from rollbus.events import EVENT_TYPES
 
 __all__ = [
     "EVENT_TYPES", "HEADER", "MAGIC", "SCHEMA_DIR", "Codec", "CodecError", "Decoded", "Scanned", "Varints",
-    "decode", "decode_many", "decode_scans", "default_codec", "encode", "number_bytes", "read_header", "scan",
-    "schema",
+    "decode", "decode_as", "decode_many", "decode_scans", "default_codec", "encode", "encode_event",
+    "number_bytes", "read_header", "scan", "schema",
 ]  # fmt: skip

@@ -19,7 +19,7 @@ import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import fastavro
 import numpy as np
@@ -40,7 +40,7 @@ from rollbus.codec.number_arrays import (
     write_number_block,
 )
 from rollbus.codec.registry import SCHEMA_DIR, Schema, load_versions
-from rollbus.events import EVENT_TYPES
+from rollbus.events import EVENT_TYPES, EventRecord, event_class
 
 MAGIC = b"RB"
 
@@ -48,13 +48,30 @@ MAGIC = b"RB"
 HEADER = struct.Struct(">2sBH")  # magic, event type id (index in EVENT_TYPES), schema version
 
 
+E = TypeVar("E", bound=EventRecord)
+
+
 @dataclass(frozen=True)
 class Decoded:
-    """A decoded message: what it is, which schema version wrote it, and its record."""
+    """A decoded message: what it is, which schema version wrote it, and its record: as its event class
+    (:attr:`event`), or as the dict the codec read (``record``, the boundary for readers not yet typed)."""
 
     event_type: str
     schema_version: int
     record: dict[str, Any]
+
+    @functools.cached_property
+    def event(self) -> EventRecord:
+        """The record as its :mod:`rollbus.events` class (built once, on first use)."""
+        return event_class(self.event_type).from_dict(self.record)
+
+    def event_as(self, cls: type[E]) -> E:
+        """The record as ``cls``; :class:`CodecError` when the message is another event type."""
+        if self.event_type != cls.event_type:
+            raise CodecError(f"{self.event_type} event where a {cls.event_type} event was expected")
+        event = self.event
+        assert isinstance(event, cls)  # event_class(cls.event_type) is cls
+        return event
 
 
 ArraySpans = tuple[tuple[str, str, "Blocks"], ...]  # (field, item type, blocks) of each array of numbers
@@ -140,8 +157,13 @@ class Codec:
         """The schema of ``event_type`` as declared (a copy); the latest version unless one is asked."""
         return copy.deepcopy(self._get(event_type, version).declared)
 
-    def encode(self, event_type: str, record: Mapping[str, Any]) -> bytes:
-        """Header plus ``record`` in Avro binary under the latest schema; ``schema_version`` is filled in."""
+    def encode(self, event_type: str, record: Mapping[str, Any] | EventRecord) -> bytes:
+        """Header plus ``record`` in Avro binary under the latest schema; ``schema_version`` is filled in.
+        ``record`` is an event (:mod:`rollbus.events`) or its dict; either gives the same bytes."""
+        if isinstance(record, EventRecord):
+            if record.event_type != event_type:
+                raise CodecError(f"a {record.event_type} event cannot be encoded as a {event_type} event")
+            record = record.to_dict()
         current = self._get(event_type, None)
         datum = {**record, "schema_version": current.version}
         vouched = self._check(event_type, current, datum)
@@ -153,6 +175,10 @@ class Codec:
             else:
                 fastavro.schemaless_writer(buffer, step[-1], datum)
         return buffer.getvalue()
+
+    def encode_event(self, event: EventRecord) -> bytes:
+        """``event`` as its own event type: :meth:`encode` with the type the class declares."""
+        return self.encode(event.event_type, event)
 
     #: messages at least this long, written with the latest schema, decode their number arrays with numpy
     fast_decode_from = 2048
@@ -317,12 +343,21 @@ def default_codec() -> Codec:
     return Codec()
 
 
-def encode(event_type: str, record: Mapping[str, Any]) -> bytes:
+def encode(event_type: str, record: Mapping[str, Any] | EventRecord) -> bytes:
     return default_codec().encode(event_type, record)
+
+
+def encode_event(event: EventRecord) -> bytes:
+    return default_codec().encode_event(event)
 
 
 def decode(data: bytes | bytearray | memoryview) -> Decoded:
     return default_codec().decode(data)
+
+
+def decode_as(cls: type[E], data: bytes | bytearray | memoryview) -> E:
+    """The event in ``data`` as ``cls``; :class:`CodecError` if it is not one (or not decodable)."""
+    return default_codec().decode(data).event_as(cls)
 
 
 def decode_many(messages: Sequence[bytes | bytearray | memoryview], *, arrays: bool = False) -> list[Decoded]:

@@ -19,20 +19,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import ConsumerRecord, TopicPartition
 from aiokafka.structs import OffsetAndMetadata, RecordMetadata
 
 from rollbus.codec import CodecError, decode, encode
-from rollbus.events import POLICY_KEY
+from rollbus.events import POLICY_KEY, EventRecord, event_class
 from rollbus.kafka import clients
-from rollbus.kafka.topics import DEAD_LETTER_MAX_BYTES, MAX_EVENT_BYTES, dead_letters_for, spec_for
+from rollbus.kafka.dead_letters import DeadLetters
+from rollbus.kafka.topics import DEAD_LETTER_MAX_BYTES, MAX_EVENT_BYTES, spec_for
 
 Key = str | bytes | None
+E = TypeVar("E", bound=EventRecord)
 
 
 class EventTooLarge(ValueError):
@@ -55,11 +57,15 @@ def encode_key(key: Key) -> bytes | None:
     return key.encode() if isinstance(key, str) else key
 
 
-def key_for(topic: str, record: Mapping[str, Any]) -> bytes | None:
+Outgoing = Mapping[str, Any] | EventRecord  # an event, or its dict (the boundary for writers not yet typed)
+
+
+def key_for(topic: str, record: Outgoing) -> bytes | None:
     """The Kafka key rollbus uses for ``record`` on ``topic``: its rollout id, or ``"policy"``."""
     spec = spec_for(topic)
     if spec.rollout_keyed:
-        return str(record["rollout_id"]).encode()
+        fields = record if isinstance(record, Mapping) else vars(record)
+        return str(fields["rollout_id"]).encode()
     return POLICY_KEY if spec.event_type == "policy" else None
 
 
@@ -99,15 +105,16 @@ class Publisher:
     async def __aexit__(self, *exc_info: object) -> None:
         await self._producer.stop()
 
-    async def publish(self, topic: str, record: Mapping[str, Any], *, key: Key = None) -> RecordMetadata:
-        """Encode ``record`` as ``topic``'s event type and wait until the broker has it (acks=all).
+    async def publish(self, topic: str, record: Outgoing, *, key: Key = None) -> RecordMetadata:
+        """Encode ``record`` (an event of ``topic``'s type, or its dict) and wait until the broker has it
+        (acks=all).
 
         The key defaults to the record's rollout id (``"policy"`` on the policy topic).
         """
         value = encode(spec_for(topic).event_type, record)
         return await self.publish_bytes(topic, value, key=key_for(topic, record) if key is None else key)
 
-    async def publish_many(self, topic: str, records: Sequence[Mapping[str, Any]]) -> list[RecordMetadata]:
+    async def publish_many(self, topic: str, records: Sequence[Outgoing]) -> list[RecordMetadata]:
         """Publish ``records`` in order, batched into as few requests as the producer can; returns once
         the broker has all of them. Much faster than awaiting :meth:`publish` one by one."""
         event_type = spec_for(topic).event_type
@@ -120,6 +127,10 @@ class Publisher:
     async def publish_bytes(self, topic: str, value: bytes, *, key: Key = None) -> RecordMetadata:
         """Send already-encoded bytes (dead letters forward originals unchanged)."""
         return await (await self._enqueue(topic, value, key))
+
+    async def send_bytes(self, topic: str, value: bytes, key: bytes | None) -> RecordMetadata:
+        """:meth:`publish_bytes` as a :data:`~rollbus.kafka.dead_letters.Send`."""
+        return await self.publish_bytes(topic, value, key=key)
 
     async def _enqueue(self, topic: str, value: bytes, key: Key) -> asyncio.Future[RecordMetadata]:
         """Check the size limit and hand the event to the producer; the future resolves when acked."""
@@ -152,7 +163,19 @@ class Event:
     key: bytes | None
     event_type: str
     schema_version: int
-    record: dict[str, Any]
+    record: dict[str, Any]  # the boundary for handlers not yet typed
+
+    @functools.cached_property
+    def event(self) -> EventRecord:
+        """The record as its :mod:`rollbus.events` class (built once, on first use)."""
+        return event_class(self.event_type).from_dict(self.record)
+
+    def event_as(self, cls: type[E]) -> E:
+        """The record as ``cls``, the class of its topic's events (:func:`decode_message` checked that)."""
+        event = self.event
+        if not isinstance(event, cls):
+            raise WrongEventType(f"{self.event_type} event where a {cls.event_type} event was expected")
+        return event
 
     @property
     def rollout_id(self) -> str | None:
@@ -177,20 +200,6 @@ def decode_message(message: ConsumerRecord, max_event_bytes: int) -> Event:
         message.topic, message.partition, message.offset, message.timestamp, message.key,
         decoded.event_type, decoded.schema_version, decoded.record,
     )  # fmt: skip
-
-
-def dead_letter(message: ConsumerRecord, error: Exception, service: str) -> dict[str, Any]:
-    """The dead-letter record for ``message``: its place, its original bytes, and why it failed."""
-    return {
-        "source_topic": message.topic,
-        "partition": message.partition,
-        "offset": message.offset,
-        "key": message.key,
-        "value": message.value or b"",
-        "error": f"{type(error).__name__}: {error}",
-        "service": service,
-        "at": int(time.time() * 1000),
-    }
 
 
 class EventConsumer:
@@ -237,6 +246,7 @@ class EventConsumer:
         )
         self._owns_publisher = publisher is None
         self.publisher = publisher or Publisher(bootstrap_servers, client_id=f"{service}-dead-letters")
+        self.dead_letters = DeadLetters(service, self.publisher.send_bytes)
 
     async def __aenter__(self) -> EventConsumer:
         if self._owns_publisher:
@@ -299,17 +309,13 @@ class EventConsumer:
                 done[partition] = message.offset + 1
 
     async def _process(self, message: ConsumerRecord) -> None:
-        try:
-            event = decode_message(message, self.max_event_bytes)
-        except CodecError as poison:
-            await self._dead_letter(message, poison)
+        event = await self.dead_letters.decoded(message, self._decode)
+        if event is None:
             return
         try:
             await self.handler(event)
         except PermanentError as poison:
-            await self._dead_letter(message, poison)
+            await self.dead_letters.letter(message, poison)
 
-    async def _dead_letter(self, message: ConsumerRecord, error: Exception) -> None:
-        """Forward ``message`` unchanged to dead-letters; only once that is acked may it be committed."""
-        record = dead_letter(message, error, self.service)
-        await self.publisher.publish(dead_letters_for(message.topic), record, key=message.key)
+    def _decode(self, message: ConsumerRecord) -> Event:
+        return decode_message(message, self.max_event_bytes)

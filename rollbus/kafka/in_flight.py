@@ -22,11 +22,11 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
-from rollbus.codec import CodecError
 from rollbus.kafka import clients
 from rollbus.kafka.answered import AnsweredRollouts
-from rollbus.kafka.bus import Event, Publisher, dead_letter, decode_message
-from rollbus.kafka.topics import MAX_EVENT_BYTES, dead_letters_for
+from rollbus.kafka.bus import Event, Publisher, decode_message
+from rollbus.kafka.dead_letters import DeadLetters
+from rollbus.kafka.topics import MAX_EVENT_BYTES
 from rollbus.kafka.watermark import OffsetTracker
 
 log = logging.getLogger("rollbus.kafka")
@@ -63,6 +63,7 @@ class InFlightConsumer:
         ``topic``, keyed by rollout id) the work publishes its one answer per rollout on, None: no check;
         ``options`` are the consumer's (aiokafka's)."""
         self.topic, self.service, self.publisher = topic, service, publisher
+        self.dead_letters = DeadLetters(service, publisher.send_bytes)
         self.start, self.capacity, self.poll_ms = start, capacity, poll_ms
         self.tracker = OffsetTracker()
         self.running: dict[tuple[TopicPartition, int], asyncio.Task[None]] = {}
@@ -119,11 +120,8 @@ class InFlightConsumer:
         if self.tracker.seen(partition, message.offset):
             return True  # redelivered after a rebalance while it runs (or ended, not yet committed)
         assignment = self.assignments
-        try:
-            event = decode_message(message, MAX_EVENT_BYTES)
-        except CodecError as poison:
-            record = dead_letter(message, poison, self.service)
-            await self.publisher.publish(dead_letters_for(message.topic), record, key=message.key)
+        event = await self.dead_letters.decoded(message, decode)
+        if event is None:
             self._done_at_once(partition, message.offset, assignment)
             return True
         if self.answers is not None:
@@ -201,3 +199,7 @@ class InFlightConsumer:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+def decode(message: ConsumerRecord) -> Event:
+    return decode_message(message, MAX_EVENT_BYTES)

@@ -37,7 +37,8 @@ from typing import Any, Protocol
 
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
-from rollbus.codec import encode
+from rollbus.codec import encode, encode_event
+from rollbus.events import DeadLetterEvent
 from rollbus.kafka.topics import dead_letters_for, spec_for, topic_name
 
 log = logging.getLogger(__name__)
@@ -188,19 +189,14 @@ class Outbox:
     async def _give_up(self, item: Pending, error: Exception) -> bool:
         """A record the bus refuses for good: to dead-letters, else to the rejected file."""
         log.error("the bus refused a %s record for good (%s: %s)", item.topic, type(error).__name__, error)
-        letter = {
-            "source_topic": item.topic,
-            "partition": -1,  # never reached its topic
-            "offset": -1,
-            "key": item.key.encode(),
-            "value": item.value,
-            "error": f"{type(error).__name__}: {error}",
-            "service": "adapter",
-            "at": int(time.time() * 1000),
-        }
+        letter = DeadLetterEvent(
+            source_topic=item.topic, partition=-1, offset=-1,  # never reached its topic
+            key=item.key.encode(), value=item.value, error=f"{type(error).__name__}: {error}",
+            service="adapter", at=int(time.time() * 1000),
+        )  # fmt: skip
         target = dead_letters_for(item.topic)
         try:
-            value = encode(spec_for(target).event_type, letter)
+            value = encode_event(letter)
             await self.publisher.publish_bytes(target, value, key=item.key)
         except Exception as exc:  # noqa: BLE001
             if retriable(exc):

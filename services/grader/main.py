@@ -20,6 +20,7 @@ import signal
 
 from aiokafka.errors import KafkaError
 
+from rollbus.events import DiffEvent
 from rollbus.kafka.bus import Event, EventConsumer, EventTooLarge, PermanentError, Publisher
 from rollbus.kafka.topics import TopicsError, check_topics, topic_name
 from rollbus.sandbox import bwrap_usable
@@ -59,12 +60,12 @@ class DiffGrader:
         self.first_diffs = FirstDiffs(settings.bootstrap_servers, diffs, client_id="rollbus-grader")
 
     async def __call__(self, event: Event) -> None:
-        diff = event.record
-        if not diff.get("rollout_id"):
+        diff = event.event_as(DiffEvent)
+        if not diff.rollout_id:
             raise PermanentError("diff without a rollout_id: no reward can be keyed to it")
         if not await self.first_diffs.is_first(event.partition, event.offset, event.key):
             log.warning("rollout %s attempt %s: not the rollout's first diff: no reward",
-                        diff["rollout_id"], diff.get("attempt_id") or "-")  # fmt: skip
+                        diff.rollout_id, diff.attempt_id or "-")  # fmt: skip
             return
         try:
             result = await grade_diff(
@@ -74,7 +75,7 @@ class DiffGrader:
                 grade_failed_rollouts=self.settings.grade_failed_rollouts,
             )
         except Exception as exc:  # a grader bug: keep the diff for replay rather than stop the group
-            log.exception("grading rollout %s crashed", diff["rollout_id"])
+            log.exception("grading rollout %s crashed", diff.rollout_id)
             raise PermanentError(f"grader crashed: {type(exc).__name__}: {exc}") from exc
         record = reward_record(diff, result)
         try:
@@ -83,7 +84,7 @@ class DiffGrader:
             await self.publisher.publish(self.rewards, without_bulk(record))
         log.info(
             "rollout %s attempt %s: reward %.1f failure %s flags %s",
-            diff["rollout_id"], diff.get("attempt_id") or "-", result.reward, result.failure_kind,
+            diff.rollout_id, diff.attempt_id or "-", result.reward, result.failure_kind,
             ",".join(result.flags) or "-",
         )  # fmt: skip
 

@@ -140,4 +140,4 @@ async def grade_batch(
             await out.publish_bytes(
                 settings.into, encode("reward", without_bulk(record)), key=diff["rollout_id"]
             )
-        ledger.regraded(record)
+        ledger.regraded(record.to_dict())  # the ledger reads dicts (the boundary)

@@ -24,6 +24,7 @@ import httpx
 from aiokafka.errors import KafkaConnectionError
 
 import rollbus.services.gym_runner.envs  # noqa: F401  (registers the built-ins before any plugin: a plugin may replace one)
+from rollbus.events import RewardEvent
 from rollbus.kafka.bus import Event, Publisher
 from rollbus.kafka.in_flight import InFlightConsumer
 from rollbus.kafka.topics import TopicsError, check_topics, topic_name
@@ -83,7 +84,7 @@ async def serve(settings: GymRunnerSettings, stop: asyncio.Event) -> None:
             busy_retries=settings.busy_retries,
         )  # fmt: skip
 
-        async def publish(topic: str, record: dict[str, Any]) -> None:
+        async def publish(topic: str, record: RewardEvent) -> None:
             await publisher.publish(topic_name(topic, ns), record)
 
         runner = GymRunner(settings, adapter, publish)

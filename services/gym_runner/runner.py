@@ -19,13 +19,13 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rollbus.failures import failure_class
+from rollbus.events import RewardEvent
+from rollbus.events.reward import reward_event
 from rollbus.services.gym_runner.adapter_client import AdapterClient, AdapterError
 from rollbus.services.gym_runner.gym import (
     BAD_ENV_CONFIG,
@@ -44,7 +44,7 @@ from rollbus.services.gym_runner.settings import GymRunnerSettings
 log = logging.getLogger(__name__)
 RETRIED = ("model_error", "timeout", "adapter_error")
 MAX_DETAILS_CHARS = 1_000_000  # the conversation is dropped from details above this (the turns have it)
-Publish = Callable[[str, dict[str, Any]], Awaitable[Any]]
+Publish = Callable[[str, RewardEvent], Awaitable[Any]]
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ class GymRunner:
     def __init__(self, settings: GymRunnerSettings, adapter: AdapterClient, publish: Publish) -> None:
         self.settings, self.adapter, self.publish = settings, adapter, publish
 
-    async def run_task(self, task: dict[str, Any]) -> dict[str, Any]:
+    async def run_task(self, task: dict[str, Any]) -> RewardEvent:
         """Run the task's attempts and publish its reward; returns the reward record. A bug in the runner
         (or a malformed task) still ends in a reward naming it (``runner_error``): nothing is dropped."""
         try:
@@ -191,7 +191,7 @@ def _plain_task(task: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def reward_record(task: dict[str, Any], outcome: EpisodeResult, loss_scope: str) -> dict[str, Any]:
+def reward_record(task: dict[str, Any], outcome: EpisodeResult, loss_scope: str) -> RewardEvent:
     episode = outcome.episode
     details: dict[str, Any] = {
         "kind": "gym",
@@ -209,22 +209,10 @@ def reward_record(task: dict[str, Any], outcome: EpisodeResult, loss_scope: str)
         text = json.dumps(details, default=str)
     said = [info["solved"] for info in episode.infos[1:] if "solved" in info]
     solved = any(s is True for s in said) if said else (episode.stop == "done" and episode.reward > 0)
-    return {
-        "rollout_id": task["rollout_id"],
-        "reward": episode.reward,
-        "solved": solved,
-        "applied_cleanly": outcome.failure_kind is None,
-        "details": text,
-        "failure_kind": outcome.failure_kind,
-        "at": int(time.time() * 1000),
-        "attempt_id": outcome.attempt_id,
-        "group_id": task.get("group_id", ""),
-        "group_size": int(task.get("group_size", 1)),
-        "flags": [],
-        "tests": [],
-        "step_rewards": [float(r) for r in episode.step_rewards],
-        "infos": json.dumps(episode.infos, default=str),
-        "failure_class": failure_class(outcome.failure_kind),  # rollbus.failures
-        "failure_cause": outcome.failure_kind,
-        "rerun_rollout_id": None,  # retried in-process (``--attempts``)
-    }
+    return reward_event(
+        rollout_id=task["rollout_id"], attempt_id=outcome.attempt_id, group_id=task.get("group_id", ""),
+        group_size=int(task.get("group_size", 1)), reward=episode.reward, solved=solved,
+        applied_cleanly=outcome.failure_kind is None, details=text, failure_kind=outcome.failure_kind,
+        cause=outcome.failure_kind, step_rewards=episode.step_rewards,
+        infos=json.dumps(episode.infos, default=str),
+    )  # fmt: skip  # no rerun_rollout_id: retried in-process (``--attempts``)

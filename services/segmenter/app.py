@@ -39,8 +39,7 @@ from typing import Any
 
 import faust
 
-from rollbus.codec import CodecError, encode
-from rollbus.kafka.bus import dead_letter
+from rollbus.kafka.dead_letters import DeadLetters
 from rollbus.kafka.topics import DEAD_LETTER_MAX_BYTES, MAX_EVENT_BYTES, dead_letters_for, topic_name
 from rollbus.services.segmenter import upstream_fixes
 from rollbus.services.segmenter.segmentation import Handled, Segmenter, decode_fact
@@ -169,6 +168,7 @@ class SegmenterHandler:
         )
         self.crash = crash
         self.last_report = 0.0
+        self.dead_letters = DeadLetters(SERVICE, self._send_letter)
 
     async def handle_or_crash(self, message: Any) -> None:
         """:meth:`handle`; if the bus fails it (a send, an ack), the worker stops with the message
@@ -186,11 +186,11 @@ class SegmenterHandler:
             self.tick(message)
             return
         timestamp = int(message.timestamp * 1000)
-        try:
-            fact = decode_fact(message.topic, message.value, message.key, timestamp)
-        except CodecError as poison:
+        fact = await self.dead_letters.decoded(
+            message, lambda m: decode_fact(m.topic, m.value, m.key, timestamp)
+        )
+        if fact is None:
             self.segmenter.count("poison")
-            await self.dead_letter(message, poison)
             return
         try:
             outcome = self.segmenter.handle(fact, bytes(message.value), message.partition)
@@ -214,9 +214,11 @@ class SegmenterHandler:
         log.info("rollout %s: %d segment(s) out", outcome.rollout_id, len(outcome.messages))
 
     async def dead_letter(self, message: Any, error: Exception) -> None:
-        record = dead_letter(message, error, SERVICE)
-        await (await self.letters.send(key=message.key, value=encode("dead_letter", record), force=True))
-        log.warning("dead letter from %s[%d]@%d: %s", message.topic, message.partition, message.offset, error)
+        await self.dead_letters.letter(message, error)
+
+    async def _send_letter(self, topic: str, value: bytes, key: bytes | None) -> object:
+        """The namespace's dead-letters (``topic``) through Faust's producer, as its ``letters`` topic."""
+        return await (await self.letters.send(key=key, value=value, force=True))
 
     def tick(self, message: Any) -> None:
         try:

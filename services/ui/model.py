@@ -3,7 +3,8 @@
 Every message read is kept with where it was (topic, partition, offset) so the topic browser needs no second
 read, and the per-rollout view is built from those records on demand. The fold is indifferent to the order
 in which *topics* arrive (the feed reads them concurrently, a rebuild one after another): per-rollout state
-is keyed by what identifies it (chain and turn index, segment id), and "latest" only ever compares events of
+is keyed by what identifies it (each event's declared identity, rollbus.events: chain and turn index, segment
+id, policy version, step), and "latest" only ever compares events of
 one partition, whose order Kafka keeps. So a model folded live equals one rebuilt from scratch.
 """
 
@@ -14,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollbus.events import PolicyEvent, SegmentEvent, TrainStepEvent, TurnEvent
 from rollbus.kafka.topics import DEAD_LETTERS, split_name
 
 
@@ -83,7 +85,8 @@ class ReadModel:
             return
         record = entry.record
         if entry.event_type == "policy":
-            self.policies.setdefault(int(record["version"]), record)
+            (version,) = PolicyEvent.key_of(record)
+            self.policies.setdefault(int(version), record)
             return
         if entry.event_type == "train_step":
             self._step(entry, record)
@@ -99,7 +102,7 @@ class ReadModel:
     def _step(self, entry: Entry, record: dict[str, Any]) -> None:
         """A restarted trainer may publish a step twice (the same record): the first is kept. A segment
         named by two steps (which the trainer never does) shows the earlier, whatever order they came in."""
-        step = int(record["step"])
+        step = int(TrainStepEvent.key_of(record)[0])
         if step in self.steps:
             return
         self.steps[step] = entry
@@ -126,7 +129,8 @@ def _task(rollout: Rollout, record: dict[str, Any]) -> None:
 
 
 def _turn(rollout: Rollout, record: dict[str, Any]) -> None:
-    rollout.turns[(record.get("attempt_id", ""), record["chain_id"], int(record["turn_index"]))] = record
+    attempt_id, chain_id, turn_index = TurnEvent.key_of(record, within=("rollout_id",))
+    rollout.turns[(attempt_id, chain_id, int(turn_index))] = record
 
 
 def _session(rollout: Rollout, record: dict[str, Any]) -> None:
@@ -142,9 +146,10 @@ def _reward(rollout: Rollout, record: dict[str, Any]) -> None:
 
 
 def _segment(rollout: Rollout, record: dict[str, Any]) -> bool:
-    if record["segment_id"] in rollout.segments:
+    (segment_id,) = SegmentEvent.key_of(record)
+    if segment_id in rollout.segments:
         return False  # a redelivery: the first one is what the trainer kept
-    rollout.segments[record["segment_id"]] = record
+    rollout.segments[segment_id] = record
     return True
 
 

@@ -10,6 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, get_args
 
+from rollbus.events import DiffEvent, Identity, RewardEvent, SessionEvent, content_digest, spec
 from rollbus.failures import INFRASTRUCTURE
 from rollbus.services.segmenter.segmentation.state import (
     TRAINABLE,
@@ -51,8 +52,8 @@ def reward_loss_scope(record: Mapping[str, Any]) -> LossScope | None:
 
 
 def _digest(record: Mapping[str, Any], leave_out: tuple[str, ...] = ("schema_version",)) -> str:
-    kept = {k: v for k, v in record.items() if k not in leave_out}
-    return hashlib.blake2b(json.dumps(kept, sort_keys=True, default=str).encode(), digest_size=12).hexdigest()
+    """Every field but ``leave_out``: what states kept before identity was declared per event type."""
+    return content_digest(Identity((), leave_out), record)
 
 
 def apply(state: RolloutState, fact: Fact) -> Step:
@@ -183,8 +184,9 @@ def _late_turn(state: RolloutState, record: Mapping[str, Any], key: TurnKey, dig
 
 
 def _session(state: RolloutState, record: Mapping[str, Any]) -> Step:
-    attempt, chain_id, kind = record.get("attempt_id", ""), record["chain_id"], record["kind"]
-    identity, digest = json.dumps([attempt, chain_id, kind]), _digest(record, ("schema_version", "at"))
+    session = SessionEvent.from_dict(record)
+    attempt, chain_id, kind = session.attempt_id, session.chain_id, session.kind
+    identity, digest = json.dumps([attempt, chain_id, kind]), content_digest(spec("session").identity, record)
     seen = state.sessions.get(identity)
     if seen == digest:
         return Step("duplicate")
@@ -197,10 +199,10 @@ def _session(state: RolloutState, record: Mapping[str, Any]) -> Step:
     if seen is not None:
         raise Conflict(f"session event {kind} of chain {chain_id} was sent twice with different content")
     state.sessions[identity] = digest
-    chain = _chain(state, attempt, chain_id, record["chain_kind"])
+    chain = _chain(state, attempt, chain_id, session.chain_kind)
     if kind == "opened":
         return Step("new")
-    count = record["turn_count"]
+    count = session.turn_count
     if chain.turn_count is not None and chain.turn_count != count:
         raise Conflict(f"chain {chain_id} ended with {chain.turn_count} turns, then with {count}")
     beyond = [int(i) for i in chain.turns if int(i) >= count]
@@ -209,7 +211,7 @@ def _session(state: RolloutState, record: Mapping[str, Any]) -> Step:
     state.seq += 1
     if chain.end is None:
         chain.end, chain.turn_count, chain.end_seq = kind, count, state.seq
-        chain.ambiguous = record.get("reason") == AMBIGUOUS
+        chain.ambiguous = session.reason == AMBIGUOUS
     if kind == "closed":
         chain.closed_seq = state.seq
         if attempt not in state.closed:
@@ -218,27 +220,19 @@ def _session(state: RolloutState, record: Mapping[str, Any]) -> Step:
 
 
 def _diff(state: RolloutState, record: Mapping[str, Any]) -> Step:
-    attempt, digest = record.get("attempt_id", ""), _digest(record)
+    diff = DiffEvent.from_dict(record)
+    attempt, digest = diff.attempt_id, content_digest(spec("diff").identity, record)
     seen = state.diffs.get(attempt)
     if seen is not None:
         return Step("duplicate" if seen[0] == digest else "late")
-    state.diffs[attempt] = [digest, record.get("group_id", ""), record.get("group_size", 1)]
+    state.diffs[attempt] = [digest, diff.group_id, diff.group_size]
     return Step("new")
 
 
 def reward_digest(record: Mapping[str, Any]) -> str:
-    """A reward's identity within its rollout: the verdict, not when or how verbosely it was written.
-
-    Why: a grader that crashed after publishing grades the same diff again; the new record differs in ``at``
-    and in ``details`` (durations, log excerpts) but says the same thing, so it is a duplicate, not a second
-    reward. ``details``' one field that changes training (``loss_scope``) stays in the identity.
-    """
-    try:
-        scope = reward_loss_scope(record)
-    except Conflict:
-        scope = "invalid"
-    kept = {k: v for k, v in record.items() if k not in ("schema_version", "at", "details")}
-    return _digest({**kept, "loss_scope": scope})
+    """A reward's content: its verdict, not when or how verbosely it was written (the reward's declared
+    :class:`~rollbus.events.Identity`: a diff graded again after a grader crash is a duplicate)."""
+    return content_digest(spec("reward").identity, record)
 
 
 def _reward(state: RolloutState, record: Mapping[str, Any]) -> Step:
@@ -253,11 +247,12 @@ def _reward(state: RolloutState, record: Mapping[str, Any]) -> Step:
         reason = f"rollout {state.rollout_id} already has a reward (attempt {first!r}); this one is ignored"
         return Step("rejected", dead_letter=reason)
     scope = reward_loss_scope(record)
+    reward = RewardEvent.from_dict(record)
     state.reward = {
-        "digest": digest, "attempt_id": record.get("attempt_id", ""), "reward": float(record["reward"]),
-        "group_id": record.get("group_id", ""), "group_size": record.get("group_size", 1), "at": record["at"],
-        "loss_scope": scope, "infos": record.get("infos") or "[]",
-        "failure_class": record.get("failure_class"), "failure_cause": record.get("failure_cause"),
-        "rerun_rollout_id": record.get("rerun_rollout_id"),
+        "digest": digest, "attempt_id": reward.attempt_id, "reward": float(reward.reward),
+        "group_id": reward.group_id, "group_size": reward.group_size, "at": reward.at,
+        "loss_scope": scope, "infos": reward.infos or "[]",
+        "failure_class": reward.failure_class, "failure_cause": reward.failure_cause,
+        "rerun_rollout_id": reward.rerun_rollout_id,
     }  # fmt: skip
     return Step("new")
