@@ -30,6 +30,7 @@ from rollbus.policy_model import DEFAULT_TOKENIZER
 if TYPE_CHECKING:  # transformers costs seconds: imported to build or load, not to find the cached directory
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
 
 TEMPLATE_NAME = "qwen3.6"
 _BUILD_VERSION = "1-markup"  # bump when the on-disk layout or the build recipe changes
@@ -95,7 +96,7 @@ def final_merge(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, bytes] | 
     return (parts[0], parts[1]) if len(parts) == 2 else None
 
 
-def _merges_converter(source: TokenizerSource) -> object:
+def _merges_converter(source: TokenizerSource) -> TikTokenConverter:
     """``TikTokenConverter`` with one merge per token (see module docstring) instead of every split."""
     from tiktoken.load import load_tiktoken_bpe
     from transformers.convert_slow_tokenizer import TikTokenConverter, bytes_to_unicode
@@ -259,9 +260,12 @@ def _load(key: str) -> PreTrainedTokenizerFast:
         from transformers import PreTrainedTokenizerFast
 
         return PreTrainedTokenizerFast.from_pretrained(tokenizer_dir(DEFAULT_TOKENIZER))
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    return AutoTokenizer.from_pretrained(Path(key))
+    loaded = AutoTokenizer.from_pretrained(Path(key))
+    if not isinstance(loaded, PreTrainedTokenizerFast):  # what the engine and the segmenter's ids need
+        raise ValueError(f"tokenizer {key!r} loads as {type(loaded).__name__}, no fast one (tokenizer.json)")
+    return loaded
 
 
 # ---------------------------------------------------------------- ids the rest of the system needs

@@ -78,4 +78,4 @@ def main(argv: list[str]) -> int:
 if __name__ == "__main__":
     code = main(sys.argv[1:])
     sys.stdout.flush()
-    os._exit(code)  # as mypy's own command does: freeing its whole graph on the way out takes longer than the check
+    os._exit(code)  # as mypy's own command does: freeing its graph on the way out takes longer than the check

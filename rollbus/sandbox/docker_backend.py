@@ -168,8 +168,8 @@ class DockerSandbox(SandboxBase):
         """The image's digest (id): the grader and a regrade run these bytes."""
         return self.layout.image
 
-    @property  # type: ignore[override]
-    def image_digest(self) -> str:
+    @property
+    def image_digest(self) -> str:  # type: ignore[override]  # the base's attribute, read-only here: the image's
         """What the diff records (:attr:`image`): the grader's container runs these bytes."""
         return self.layout.image
 
