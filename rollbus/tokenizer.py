@@ -254,6 +254,13 @@ def load_tokenizer(name_or_path: str | os.PathLike = DEFAULT_TOKENIZER) -> PreTr
     return _load(str(path.resolve()))
 
 
+def one_text(decoded: str | list[str]) -> str:
+    """What ``decode`` gives for one sequence of ids: a str (transformers' type has a batch's list too)."""
+    if not isinstance(decoded, str):
+        raise TypeError(f"decode gave a {type(decoded).__name__} for one sequence of ids")
+    return decoded
+
+
 @functools.lru_cache(maxsize=8)
 def _load(key: str) -> PreTrainedTokenizerFast:
     if key == DEFAULT_TOKENIZER:  # its config names this class: AutoTokenizer would import torch (seconds)

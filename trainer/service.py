@@ -28,7 +28,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiokafka import ConsumerRecord, TopicPartition
@@ -133,7 +133,7 @@ class Trainer:
     async def _admit(self, message: ConsumerRecord) -> None:
         tp = TopicPartition(message.topic, message.partition)
         self.position[tp] = message.offset + 1
-        segment: dict[str, Any] | None = None
+        segment: Mapping[str, Any] | None = None
         try:
             segment = decode_message(message, MAX_EVENT_BYTES).record
             replaying = self.learner.moe_shape if self.learner.replay is not None else None

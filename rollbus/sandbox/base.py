@@ -132,6 +132,9 @@ class SandboxBase:
     ) -> Completed:
         return await self.run(cmd, env, cwd, timeout)
 
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        raise NotImplementedError
+
     async def close(self) -> None:
         raise NotImplementedError
 

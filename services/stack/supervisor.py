@@ -43,7 +43,8 @@ class StackFailed(RuntimeError):
 class Broker(Protocol):
     """What the supervisor needs of a broker it watches (:class:`rollbus.kafka.broker.EmbeddedBroker`)."""
 
-    bootstrap_servers: str
+    @property
+    def bootstrap_servers(self) -> str: ...
 
     def is_running(self) -> bool: ...
 

@@ -10,7 +10,7 @@ import asyncio
 import sys
 import time
 from argparse import ArgumentTypeError
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
@@ -102,9 +102,9 @@ def _report(task: asyncio.Task[None]) -> None:
         print(f"ui: reading the topics stopped: {task.exception()!r}", file=sys.stderr, flush=True)
 
 
-def create_app(pages: Pages, feeding: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
+def create_app(pages: Pages, feeding: Callable[[], Coroutine[Any, Any, None]] | None = None) -> FastAPI:
     @asynccontextmanager
-    async def lifespan(_: FastAPI):  # type: ignore[no-untyped-def]
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         task = asyncio.create_task(feeding()) if feeding is not None else None
         if task is not None:
             task.add_done_callback(_report)

@@ -220,7 +220,7 @@ def overview(model: ReadModel) -> dict[str, Any]:
                 "version": v,
                 "rollouts": len(rs),
                 "reward_mean": sum(r.reward["reward"] for r in rs) / len(rs),  # type: ignore[index]
-                "solve_rate": sum(1 for r in rs if r.reward["solved"]) / len(rs),  # type: ignore[index]
+                "solve_rate": len([r for r in rs if r.reward["solved"]]) / len(rs),  # type: ignore[index]
             }
             for v, rs in sorted(per_version.items())
         ],

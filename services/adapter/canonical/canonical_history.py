@@ -149,7 +149,7 @@ class CanonicalHistory:
 
     def _match_resumed(self, messages: list[Message], tools: list[dict] | None) -> _Match:
         at = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
-        if at is None or not self._ours(messages[at]):
+        if at is None or self._ours is None or not self._ours(messages[at]):
             return _Match(reason="unmatched_assistant")
         if at + 1 == len(messages):
             return _Match(reason="no_new_messages")
@@ -259,7 +259,7 @@ class CanonicalHistory:
         if plan.new_chain:
             self._restart(plan)
         elif plan._adopt is not None:  # a resumed chain learns its context from the request continuing it
-            self._context = [dict(m) for m in plan._adopt] + [dict(m) for m in plan._new_messages]
+            self._context = [dict(m) for m in (*plan._adopt, *plan._new_messages)]
             self._tools = json.loads(json.dumps(plan.tools)) if plan.tools is not None else None
             self._defaults = tool_defaults(self._tools)
             self._opening = next((i for i, m in enumerate(plan._adopt) if m.get("role") != "system"), 0)

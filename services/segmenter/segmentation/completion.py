@@ -68,9 +68,10 @@ def freeze_order(state: RolloutState) -> list[tuple[str, str]]:
         for c, f in state.attempts.get(attempt, {}).items()
         if f.kind in TRAINABLE and f.turn_count and not f.ambiguous
     }
-    closed_mains = [c for c, f in chains.items() if f.kind == "main" and f.closed_seq is not None]
-    final = max(closed_mains, key=lambda c: chains[c].closed_seq) if closed_mains else None
-    order = sorted((c for c in chains if c != final), key=lambda c: chains[c].end_seq)
+    mains = ((c, f.closed_seq) for c, f in chains.items() if f.kind == "main")
+    closed_mains = {c: seq for c, seq in mains if seq is not None}
+    final = max(closed_mains, key=closed_mains.__getitem__) if closed_mains else None
+    order = sorted((c for c in chains if c != final), key=lambda c: chains[c].end_seq or 0)
     kinds = [(c, "subagent" if chains[c].kind == "subagent" else "wipe") for c in order]
     return kinds + ([(final, "final")] if final is not None else [])
 
@@ -146,9 +147,10 @@ def chain_routes(records: Sequence[Mapping[str, Any]], tokens: int) -> list[dict
     stream (:func:`~rollbus.routed_experts.cover`), else None: the trainer then routes on its own. Only the
     references are read; the ids stay in the store."""
     found = [record.get("routed_experts") for record in records]
-    if not found or any(ref is None for ref in found):
+    present = [ref for ref in found if ref is not None]
+    if not found or len(present) < len(found):
         return None
-    refs = [RoutesRef.of(ref) for ref in found]
+    refs = [RoutesRef.of(ref) for ref in present]
     return [ref.as_record() for ref in refs] if cover(refs, tokens) is not None else None
 
 

@@ -233,6 +233,7 @@ def reward_digest(record: Mapping[str, Any]) -> str:
     and in ``details`` (durations, log excerpts) but says the same thing, so it is a duplicate, not a second
     reward. ``details``' one field that changes training (``loss_scope``) stays in the identity.
     """
+    scope: str | None
     try:
         scope = reward_loss_scope(record)
     except Conflict:
