@@ -149,7 +149,7 @@ class SandboxBase:
 
         if not hasattr(self, "run_tool"):
             raise NotImplementedError(f"{type(self).__name__} cannot take a patch")
-        return await capture_patch(self, max_bytes, excluded, timeout)  # type: ignore[arg-type]
+        return await capture_patch(self, max_bytes, excluded, timeout)  # type: ignore[arg-type]  # has run_tool
 
     async def __aenter__(self) -> Self:
         return self

@@ -243,7 +243,7 @@ class DockerSandbox(SandboxBase):
             for result in filled:
                 if isinstance(result, BaseException):
                     raise result
-            box._owner = filled[0]  # type: ignore[assignment]
+            box._owner = filled[0]  # type: ignore[assignment]  # _fill's result: no exception, checked above
             return box
         except BaseException as exc:
             if box is not None:

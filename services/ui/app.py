@@ -73,6 +73,7 @@ class Pages:
         if rollout is None:
             return None
         chains = views.timeline(rollout, self.decode)
+        # a step's entry holds its record (model.ReadModel._step): never None
         steps = [(e.offset, e.record, policy_offset(self.model, int(e.record["version"])))  # type: ignore[index]
                  for e in trained_by(self.model, rollout)]  # fmt: skip
         spans = [t["model_ms"] + t["queue_ms"] + (t["tool_ms"] or 0) for c in chains for t in c["turns"]]

@@ -142,6 +142,7 @@ class CanonicalHistory:
         and only user/tool messages follow; the messages before it become the chain's context, as sent.
         """
         last = turns[-1]
+        # a resumed chain's earlier replies are unknown (None): only its turns came back from the bus
         self.turns, self.sent, self._chain_number = list(turns), [None] * len(turns), chain_number  # type: ignore[list-item]
         self._stream = array("i", [*last.prompt_ids, *last.output_ids])
         self._stream.extend(self.renderer.closing_ids(last.output_ids, self.stop_token_ids))
@@ -276,7 +277,7 @@ class CanonicalHistory:
             stream.extend(plan.prompt_ids[len(stream) :])
         start = len(stream)
         stream.extend(output_ids)
-        turn = Turn(
+        turn = Turn(  # views into the chain's stream where Turn declares lists: read, never appended to
             TokenSlice(stream, 0, start), TokenSlice(stream, start, len(stream)),  # type: ignore[arg-type]
             array("d", output_logprobs), finish_reason, policy_version,  # type: ignore[arg-type]
             chain_id=self.chain_id, turn_index=len(self.turns),
