@@ -11,7 +11,7 @@ help:
 	@echo "make test   - bootstrap, lint and run the whole test suite against a real Kafka broker"
 	@echo "make test-faults - only the whole-pipeline fault test (every part SIGKILLed once under rollbus up; ~10 min)"
 	@echo "make bench  - run the benchmarks in bench/ (BENCH_ARGS=--quick: a smoke run of each)"
-	@echo "make lint   - ruff over the code"
+	@echo "make lint   - ruff over the code, mypy over the product code (rollbus/, services/, trainer/)"
 	@echo "make broker-start / broker-stop - the embedded Kafka broker of .rollbus (any free port if 9092 is taken)"
 	@echo "make clean  - remove .rollbus (broker data, the clone's venv layer)"
 
@@ -34,7 +34,8 @@ DOCKER_BROKER_SHARE := tests/test_local_images.py tests/test_regrade.py tests/te
 
 test: bootstrap-test
 	@v="$$(cat $(VENV_FILE))"; \
-	"$$v/bin/ruff" check rollbus services trainer tests bench examples setup.py && \
+	"$$v/bin/ruff" check rollbus services trainer tests bench examples scripts setup.py && \
+	"$$v/bin/python" scripts/typecheck.py && \
 	"$$v/bin/python" -m pytest -p no:cacheprovider -ra --durations=30 $(PYTEST_ARGS) && \
 	{ [ -n "$(PYTEST_ARGS)" ] || \
 	  ROLLBUS_TEST_BROKER=docker "$$v/bin/python" -m pytest -p no:cacheprovider -ra $(DOCKER_BROKER_SHARE); }
@@ -42,8 +43,12 @@ test: bootstrap-test
 test-faults: bootstrap-test
 	@"$$(cat $(VENV_FILE))/bin/python" -m pytest -p no:cacheprovider -ra -m faults tests/integration/test_pipeline_faults.py
 
+# mypy (a dev dependency of the lock, so `make bootstrap` has it too) through scripts/typecheck.py, which names
+# services/ and trainer/ rollbus.services / rollbus.trainer; its cache is .rollbus/mypy-cache ([tool.mypy])
 lint: bootstrap
-	@"$$(cat $(VENV_FILE))/bin/ruff" check rollbus services trainer tests bench examples setup.py
+	@v="$$(cat $(VENV_FILE))"; \
+	"$$v/bin/ruff" check rollbus services trainer tests bench examples scripts setup.py && \
+	"$$v/bin/python" scripts/typecheck.py
 
 bench: bootstrap
 	@v="$$(cat $(VENV_FILE))"; for b in $$(grep -l __main__ bench/*.py); do \

@@ -124,7 +124,12 @@ def _json(value: Any, f: Callable[[str], str]) -> Any:
 
 def _strings(messages: Sequence[Message], tools: Sequence[dict] | None) -> list[str]:
     seen: list[str] = []
-    map_content(messages, tools, lambda s: seen.append(s) or s)
+
+    def keep(text: str) -> str:
+        seen.append(text)
+        return text
+
+    map_content(messages, tools, keep)
     return seen
 
 

@@ -85,9 +85,10 @@ def split_tool_calls(
     )
     rest, items = call_parser.parse_non_stream(text)
     calls = [_tool_call(item.name, item.parameters) for item in items]
-    if not calls or any(call is None for call in calls):
+    parsed = [call for call in calls if call is not None]
+    if not calls or len(parsed) < len(calls):
         return text, []
-    return rest.removesuffix("\n\n"), calls
+    return rest.removesuffix("\n\n"), parsed
 
 
 def calls_are_closed(text: str) -> bool:

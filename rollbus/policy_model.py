@@ -117,7 +117,8 @@ def qwen3_moe_config(
     force."""
     from transformers import Qwen3MoeConfig
 
-    return Qwen3MoeConfig(
+    # head_dim goes through the config's **kwargs (it is set), which transformers' typed signature leaves out
+    return Qwen3MoeConfig(  # type: ignore[call-arg]
         vocab_size=vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
         moe_intermediate_size=moe.expert_size, num_experts=moe.experts, num_experts_per_tok=moe.top_k,
         norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], router_aux_loss_coef=0.0,

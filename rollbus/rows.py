@@ -51,7 +51,7 @@ class Row:
 def graders_of(metadata: dict[str, Any]) -> list[str]:
     """Which graders the metadata names (swepro, eval_cmd, f2p_script, harbor; also under
     ``remote_env_info``)."""
-    env = metadata.get("remote_env_info") if isinstance(metadata.get("remote_env_info"), dict) else {}
+    env = info if isinstance(info := metadata.get("remote_env_info"), dict) else {}
     found = []
     for key in ("swepro", "eval_cmd", "f2p_script", "harbor"):
         value = metadata.get(key)
@@ -77,7 +77,7 @@ def parse_row(text: str, line: int, keys: RowKeys, base: Path) -> Row:
     if not isinstance(metadata, dict):
         raise RowError(f"{keys.metadata_key!r} must be a JSON object")
     metadata = absolute_paths(metadata, base)
-    env = metadata.get("remote_env_info") if isinstance(metadata.get("remote_env_info"), dict) else {}
+    env = info if isinstance(info := metadata.get("remote_env_info"), dict) else {}
     if not (metadata.get("image") or env.get("image")):
         raise RowError(
             f"no image in {keys.metadata_key!r} (a repository directory or tarball, or a container image)"

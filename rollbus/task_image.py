@@ -126,7 +126,7 @@ def row_limits(base: Limits, metadata: Mapping[str, Any]) -> Limits:
         value = asked * scale
         return value if current is None else min(current, value)
 
-    resources = metadata.get("resources") if isinstance(metadata.get("resources"), Mapping) else {}
+    resources = asked if isinstance(asked := metadata.get("resources"), Mapping) else {}
     memory = narrowed(base.memory_bytes, resources.get("memory_mb"), MIB)
     disk = narrowed(base.disk_bytes, resources.get("storage_mb"), MIB)
     return dataclasses.replace(

@@ -30,6 +30,7 @@ from rollbus.policy_model import DEFAULT_TOKENIZER
 if TYPE_CHECKING:  # transformers costs seconds: imported to build or load, not to find the cached directory
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
 
 TEMPLATE_NAME = "qwen3.6"
 _BUILD_VERSION = "1-markup"  # bump when the on-disk layout or the build recipe changes
@@ -95,7 +96,7 @@ def final_merge(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, bytes] | 
     return (parts[0], parts[1]) if len(parts) == 2 else None
 
 
-def _merges_converter(source: TokenizerSource) -> object:
+def _merges_converter(source: TokenizerSource) -> TikTokenConverter:
     """``TikTokenConverter`` with one merge per token (see module docstring) instead of every split."""
     from tiktoken.load import load_tiktoken_bpe
     from transformers.convert_slow_tokenizer import TikTokenConverter, bytes_to_unicode
@@ -253,15 +254,25 @@ def load_tokenizer(name_or_path: str | os.PathLike = DEFAULT_TOKENIZER) -> PreTr
     return _load(str(path.resolve()))
 
 
+def one_text(decoded: str | list[str]) -> str:
+    """What ``decode`` gives for one sequence of ids: a str (transformers' type has a batch's list too)."""
+    if not isinstance(decoded, str):
+        raise TypeError(f"decode gave a {type(decoded).__name__} for one sequence of ids")
+    return decoded
+
+
 @functools.lru_cache(maxsize=8)
 def _load(key: str) -> PreTrainedTokenizerFast:
     if key == DEFAULT_TOKENIZER:  # its config names this class: AutoTokenizer would import torch (seconds)
         from transformers import PreTrainedTokenizerFast
 
         return PreTrainedTokenizerFast.from_pretrained(tokenizer_dir(DEFAULT_TOKENIZER))
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    return AutoTokenizer.from_pretrained(Path(key))
+    loaded = AutoTokenizer.from_pretrained(Path(key))
+    if not isinstance(loaded, PreTrainedTokenizerFast):  # what the engine and the segmenter's ids need
+        raise ValueError(f"tokenizer {key!r} loads as {type(loaded).__name__}, no fast one (tokenizer.json)")
+    return loaded
 
 
 # ---------------------------------------------------------------- ids the rest of the system needs

@@ -177,13 +177,12 @@ def merge_turns_all(turns: Iterable[Turn]) -> list[ChainTokens]:
     sequences: list[ChainTokens] = []
     current: ChainTokens | None = None
     for turn in turns:
-        base = None if current is None else current.prompt_ids
-        if base is None or turn.prompt_ids[: len(base)] != base:
+        if current is None or turn.prompt_ids[: len(current.prompt_ids)] != current.prompt_ids:
             if current is not None:
                 sequences.append(current)
             current = ChainTokens(prompt_ids=list(turn.prompt_ids))
         else:
-            tail = turn.prompt_ids[len(base) :]
+            tail = turn.prompt_ids[len(current.prompt_ids) :]
             kept = common_prefix_length(current.response_ids, tail)
             current.truncate(kept)
             current.append_context(tail[kept:])

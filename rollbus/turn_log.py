@@ -17,7 +17,15 @@ import numpy as np
 
 from rollbus.codec import Scanned, Varints, number_bytes
 from rollbus.events import TurnEvent
-from rollbus.trajectory import CONTEXT_VERSION, ChainTokens, FrozenChain, Turn, aligned, segment_chain
+from rollbus.trajectory import (
+    CONTEXT_VERSION,
+    ChainTokens,
+    FrozenChain,
+    SegmentKind,
+    Turn,
+    aligned,
+    segment_chain,
+)
 
 TurnKey = tuple[str, str, int]  # (attempt_id, chain_id, turn_index): a turn's identity within its rollout
 
@@ -220,14 +228,14 @@ def chain_arrays(records: Sequence[Mapping[str, Any]]) -> ChainTokens:
     stitched by it, then converted."""
     if not _linked(records):
         tokens = chain_tokens([_decoded_ids(record) for record in records])
-        return ChainTokens(
+        return _finished(
             _ids(tokens.prompt_ids),
             _ids(tokens.response_ids),
             np.asarray(tokens.loss_mask, np.uint8),
             np.asarray(tokens.rollout_logprobs, np.float32),
             np.asarray(tokens.policy_versions, np.int64),
-            output_spans=tokens.output_spans,
-            misaligned_tokens=tokens.misaligned_tokens,
+            tokens.output_spans,
+            tokens.misaligned_tokens,
         )
     first = records[0]
     prompt = _ids(first["prompt_ids"])
@@ -267,15 +275,30 @@ def chain_arrays(records: Sequence[Mapping[str, Any]]) -> ChainTokens:
     zeros = np.zeros(max(lengths, default=0), np.float32)
     as_read = zip(logprobs, lengths, strict=True)
     pieces = [zeros[:n] if lp is None else np.asarray(lp, np.float32) for lp, n in as_read]
-    return ChainTokens(
+    return _finished(
         prompt,
         _joined_ids(ids),
         np.repeat(np.array(masks, np.uint8), lengths),
         np.concatenate(pieces) if pieces else np.empty(0, np.float32),
         np.repeat(np.array(versions, np.int64), lengths),
-        output_spans=spans,
-        misaligned_tokens=misaligned,
+        spans,
+        misaligned,
     )
+
+
+def _finished(
+    prompt: Varints | np.ndarray,
+    response: Varints | np.ndarray,
+    mask: np.ndarray,
+    logprobs: np.ndarray,
+    versions: np.ndarray,
+    spans: list[tuple[int, int]],
+    misaligned: int,
+) -> ChainTokens:
+    """A finished :class:`ChainTokens`, whose fields are arrays (its docstring); the class annotates them as
+    the lists a chain is built from turn by turn, which this form is never appended to."""
+    fields = (prompt, response, mask, logprobs, versions, spans, misaligned)
+    return ChainTokens(*fields)  # type: ignore[arg-type]  # the arrays above stand where lists are declared
 
 
 def _ids(ids: Any) -> Varints | np.ndarray:
@@ -288,7 +311,7 @@ def _joined_ids(pieces: list[Any]) -> Varints | np.ndarray:
     one schema version), else decoded and concatenated."""
     if pieces and all(isinstance(piece, Varints) for piece in pieces):
         return Varints.join(pieces)
-    arrays = [piece.values() if isinstance(piece, Varints) else _ids(piece) for piece in pieces]
+    arrays = [p.values() if isinstance(p, Varints) else np.asarray(p, np.int64) for p in pieces]
     return np.concatenate(arrays) if arrays else np.empty(0, np.int64)
 
 
@@ -333,7 +356,7 @@ def frozen_chains(turns: list[Turn], chain_kinds: Mapping[str, str]) -> list[Fro
         kind = chain_kinds.get(chain, "main")
         if kind == "side" or chain == final:
             continue
-        segment_kind = "subagent" if kind == "subagent" else "wipe"
+        segment_kind: SegmentKind = "subagent" if kind == "subagent" else "wipe"
         chains.append(FrozenChain(segment_kind, by_chain[chain], chain_id=chain))
     if final is not None:
         chains.append(FrozenChain("final", by_chain[final], chain_id=final))

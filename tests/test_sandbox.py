@@ -61,6 +61,14 @@ async def test_exit_code_and_output_are_propagated(sandbox: Sandbox) -> None:
     assert (done.exit_code, done.stdout, done.stderr, done.timed_out) == (7, "out\n", "err\n", False)
 
 
+async def test_an_agent_run_gets_its_secret_on_every_backend(sandbox: Sandbox) -> None:
+    """The contract's agent keywords (``rollout._attempt`` passes them to whatever backend it booted): the
+    local backend took neither and raised TypeError (mypy: its ``run`` was narrower than its base's)."""
+    command = ["sh", "-c", 'echo "token=$RB_TOKEN"']
+    done = await sandbox.run(command, ENV, timeout=30, agent=True, secret_env={"RB_TOKEN": "rb-7f3a"})
+    assert (done.exit_code, done.stdout) == (0, "token=rb-7f3a\n"), done.stderr[-2000:]
+
+
 async def test_failing_tests_of_the_example_repo_fail_inside(sandbox: Sandbox) -> None:
     done = await sandbox.run(["python3", "-m", "unittest"], ENV, timeout=60)
     assert done.exit_code != 0 and "FAILED (failures=2)" in done.stderr

@@ -52,7 +52,8 @@ class Learner:
     ) -> None:
         self.settings = settings
         self.where = placement(settings.device, settings.precision)
-        self.model = model.to(self.where.device)
+        # transformers wraps PreTrainedModel.to in a decorator whose type takes self as an argument
+        self.model = model.to(self.where.device)  # type: ignore[arg-type]
         if settings.activation_checkpointing:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         self.moe_shape = MoeShape.of(model)

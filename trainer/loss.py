@@ -30,11 +30,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch.utils.checkpoint import checkpoint
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PreTrainedConfig, PreTrainedModel
 
 if TYPE_CHECKING:
     from rollbus.trainer.routing_replay import RoutingReplay
@@ -167,7 +167,7 @@ def token_logprobs(
     ``prefix`` (which ``input_ids`` starts with) only the tokens after it run, attending to its cache."""
     targets = input_ids[positions]
     start = prefix.length if prefix is not None else 0
-    rest = {"input_ids": input_ids[None, start:]}
+    rest: dict[str, Any] = {"input_ids": input_ids[None, start:]}
     if prefix is not None:
         rest.update(past_key_values=prefix.cache(model.config), use_cache=True)
     if chunk <= 0:
@@ -196,7 +196,7 @@ class SharedPrefix:
         self.outputs = [t for layer in kv.layers for t in (layer.keys, layer.values)]
         self.leaves = [t.detach().requires_grad_(t.requires_grad) for t in self.outputs]
 
-    def cache(self, config: object) -> DynamicCache:
+    def cache(self, config: PreTrainedConfig) -> DynamicCache:
         cache = DynamicCache(config=config)
         for layer in range(len(self.leaves) // 2):
             cache.update(self.leaves[2 * layer], self.leaves[2 * layer + 1], layer)
@@ -223,7 +223,8 @@ def shared_prefixes(
     """
     order = sorted(range(len(inputs)), key=lambda i: inputs[i].tolist())
     bundles: list[tuple[int, list[int]]] = []
-    length, members = 0, []
+    length = 0
+    members: list[int] = []
     for i in order:
         cap = firsts[i] - 1
         if members:

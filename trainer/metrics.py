@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +109,7 @@ def console_line(row: dict[str, Any]) -> str:
     return "trainer: " + " ".join(parts)
 
 
-def info_rows(segments: Iterable[dict[str, Any]], step: int, version: int) -> list[dict[str, Any]]:
+def info_rows(segments: Iterable[Mapping[str, Any]], step: int, version: int) -> list[dict[str, Any]]:
     """The ``infos.jsonl`` lines of one step: each rollout's ``final`` segment's infos (the segmenter puts
     them there and nowhere else), in the batch's order. "[]" (coding-agent rollouts, writers before segment
     v3) writes nothing. Infos that are not a JSON list are logged as the raw string with ``malformed``, never

@@ -41,7 +41,10 @@ def shard(root: PolicyForward, where: Placement) -> None:
     """``fully_shard`` every decoder layer, then the root, in place, over all ranks."""
     mesh = init_device_mesh(where.device.type, (dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=where.compute_dtype, reduce_dtype=torch.float32)
-    units = [*decoder_of(root.policy).layers, root]
+    layers = decoder_of(root.policy).get_submodule("layers")
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise TypeError(f"the decoder's layers are a {type(layers).__name__}, not a ModuleList")
+    units = [*layers, root]
     for unit in units:
         fully_shard(unit, mesh=mesh, mp_policy=policy)
     for unit in units:  # shares are weighted globally already: sum the gradients, do not average them
@@ -54,7 +57,10 @@ def full_model_state(model: PreTrainedModel) -> dict[str, torch.Tensor]:
     (gathered copies no longer share storage, by which ``save_pretrained`` would recognise the tie); every
     rank must call it."""
     if distributed():
-        weights = get_model_state_dict(model, options=FULL)
+        state = get_model_state_dict(model, options=FULL)
+        weights = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+        if len(weights) != len(state):
+            raise TypeError("a full state dict held values that are no tensors")
     else:
         weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     first: dict[int, str] = {}

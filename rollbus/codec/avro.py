@@ -29,6 +29,7 @@ from rollbus.codec.errors import BODY_ERRORS, CodecError
 from rollbus.codec.number_arrays import (
     INT_RANGES,
     Blocks,
+    Varints,
     as_varints,
     decode_numbers,
     listed,
@@ -39,7 +40,7 @@ from rollbus.codec.number_arrays import (
     vouch,
     write_number_block,
 )
-from rollbus.codec.registry import SCHEMA_DIR, Schema, load_versions
+from rollbus.codec.registry import SCHEMA_DIR, Schema, as_record, load_versions
 from rollbus.events import EVENT_TYPES, EventRecord, event_class
 
 MAGIC = b"RB"
@@ -192,7 +193,7 @@ class Codec:
         body = io.BytesIO(data)
         body.seek(HEADER.size)
         try:
-            record = fastavro.schemaless_reader(body, writer.parsed, reader.parsed)
+            record = as_record(fastavro.schemaless_reader(body, writer.parsed, reader.parsed))
         except BODY_ERRORS as exc:
             raise _undecodable(event_type, version, exc) from exc
         _check_consumed(event_type, version, body, data)
@@ -238,7 +239,9 @@ class Codec:
             raise CodecError(f"unknown {event_type} schema version {version} (known: {sorted(versions)})")
         return versions[key]
 
-    def _check(self, event_type: str, current: Schema, datum: dict[str, Any]) -> dict[str, np.ndarray]:
+    def _check(
+        self, event_type: str, current: Schema, datum: dict[str, Any]
+    ) -> dict[str, np.ndarray | Varints]:
         """Reject records fastavro would silently coerce or truncate, naming the offending field; returns
         the number arrays a C-speed check vouched for (the validator never walked them)."""
         fields = current.declared["fields"]
@@ -274,7 +277,7 @@ def _scan_plan(data: bytes, body: io.BytesIO, schema: Schema) -> tuple[dict[str,
     stops = varint_stops(data)
     for step in schema.plan:
         if step[0] == "run":
-            record.update(fastavro.schemaless_reader(body, step[1], None))
+            record.update(as_record(fastavro.schemaless_reader(body, step[1], None)))
         else:
             blocks, end = locate_numbers(data, stops, body.tell(), step[2])
             spans.append((step[1], step[2], blocks))

@@ -181,7 +181,7 @@ def _varints_end(stops: Stops, pos: int, count: int) -> int:
 def locate_numbers(data: bytes, stops: Stops, pos: int, items: str) -> tuple[Blocks, int]:
     """Where an Avro array of numbers lies (any number of blocks, a negative count carrying its byte size),
     checked as decoding it would check it but not decoded: (its blocks, the position after it)."""
-    blocks = []
+    blocks: list[tuple[int, int, int]] = []
     while True:
         count, pos = _read_long(data, pos)
         if count == 0:
@@ -225,12 +225,12 @@ def number_bytes(values: Sequence[int | float], items: str) -> bytes:
     return _varints(np.asarray(values, np.int64)) if len(values) else b""
 
 
-def vouch(value: Any, items: str) -> np.ndarray | None:
-    """``value`` as a numpy array if a C-speed check shows it valid for ``array<items>`` as fastavro's
-    validator would judge it (ints, not bools, in range; ints or floats for float/double, a float within
-    32 bits); None means "not sure": the caller then runs the full validation, which decides and names the
-    problem, and fastavro writes the field. A numpy array (what the segmenter stitches) is judged by its
-    dtype and range, so none of its items becomes a Python object."""
+def vouch(value: Any, items: str) -> np.ndarray | Varints | None:
+    """``value`` as a numpy array (:class:`Varints` as they are) if a C-speed check shows it valid for
+    ``array<items>`` as fastavro's validator would judge it (ints, not bools, in range; ints or floats for
+    float/double, a float within 32 bits); None means "not sure": the caller then runs the full validation,
+    which decides and names the problem, and fastavro writes the field. A numpy array (what the segmenter
+    stitches) is judged by its dtype and range, so none of its items becomes a Python object."""
     if isinstance(value, np.ndarray):
         return _vouch_array(value, items)
     if isinstance(value, Varints):

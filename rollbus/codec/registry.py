@@ -58,7 +58,7 @@ def _encode_plan(declared: dict[str, Any]) -> tuple[tuple[Any, ...], ...]:
     def part(fields: list[dict[str, Any]]) -> dict[str, Any]:
         name = f"{declared['name']}Part{len(steps)}"
         record = {"type": "record", "name": name, "namespace": declared.get("namespace"), "fields": fields}
-        return fastavro.parse_schema(copy.deepcopy(record), named_schemas=named)
+        return as_record(fastavro.parse_schema(copy.deepcopy(record), named_schemas=named))
 
     for field in declared["fields"]:
         if field["name"] not in arrays:
@@ -85,6 +85,14 @@ def _load(path: Path) -> dict[str, Any]:
     return declared
 
 
+def as_record(value: object) -> dict[str, Any]:
+    """What fastavro returns for a record (a parsed record schema, a record read): a dict, where its return
+    types cover every Avro schema and datum."""
+    if not isinstance(value, dict):
+        raise CodecError(f"fastavro gave a {type(value).__name__} for a record")
+    return value
+
+
 def _history_paths(schema_dir: Path, event_type: str) -> list[Path]:
     history = schema_dir / "history"
     if not history.is_dir():
@@ -100,7 +108,8 @@ def load_versions(schema_dir: Path, event_type: str) -> dict[int, Schema]:
     for path in _history_paths(schema_dir, event_type):
         declared = _load(path)
         version = declared["version"]
-        if version != int(_HISTORY_NAME.match(path.name)["version"]):
+        named = _HISTORY_NAME.match(path.name)  # it matched to be listed
+        if named is None or version != int(named["version"]):
             raise CodecError(f"{path} declares version {version}, its name says otherwise")
         if version in versions:
             raise CodecError(f"{event_type} schema version {version} is defined twice ({path})")
@@ -109,8 +118,8 @@ def load_versions(schema_dir: Path, event_type: str) -> dict[int, Schema]:
         versions[version] = declared
     try:
         return {
-            v: Schema(v, d, fastavro.parse_schema(copy.deepcopy(d)), number_array_fields(d), _encode_plan(d),
-                       tuple(f["name"] for f in d["fields"]))  # fmt: skip
+            v: Schema(v, d, as_record(fastavro.parse_schema(copy.deepcopy(d))), number_array_fields(d),
+                      _encode_plan(d), tuple(f["name"] for f in d["fields"]))  # fmt: skip
             for v, d in versions.items()
         }
     except SchemaParseException as exc:

@@ -90,9 +90,10 @@ async def _grade(
             if log is not None:
                 return failed(verdict.GRADING_SETUP_FAILED, f"solution/solve.sh: {log[-2000:]}")
         else:
-            method, log = await run.apply(base, repo, sanitized, deadline, spec.workdir)
-            if method is None:
+            applied, log = await run.apply(base, repo, sanitized, deadline, spec.workdir)
+            if applied is None:
                 return failed(verdict.PATCH_FAILED, log[-2000:], flags=run.stripped_flags(sanitized))
+            method = applied
             changed = trees.changes(base, pristine, repo)
             raised = run.raise_flags(spec, sanitized, changed, repo, base)
         run.restore_git(base, repo)

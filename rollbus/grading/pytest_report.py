@@ -15,13 +15,15 @@ summary's verdict. Runs under the sandbox's Python and pytest (7 and later); imp
 import ast
 import os
 import types
+from typing import Any
 
 import pytest
 import rollbus_channel as _channel
 
 _config = _channel.claim() or {}
-_framework = []  # pytest, pluggy, unittest's classes as the session started
-_canary_items = {}  # id(item) -> item
+# pytest, pluggy, unittest's classes as the session started
+_framework: list[tuple[type, dict[str, Any]]] = []
+_canary_items: dict[int, pytest.Item] = {}  # id(item) -> item
 _canaries_seen = [0]
 
 
@@ -71,7 +73,7 @@ def _canaries(session, items):
     spec = _config.get("canaries")
     if not spec:
         return []
-    parents = {}
+    parents: dict[str, pytest.Collector] = {}
     for item in items:
         for node in item.listchain():
             path = getattr(node, "path", None)
@@ -110,7 +112,7 @@ def outside_test_files(func):
     return not (base == "conftest.py" or base.startswith("test_") or base.endswith("_test.py"))
 
 
-_fixtures_seen = set()
+_fixtures_seen: set[int] = set()
 
 
 @pytest.hookimpl(tryfirst=True)

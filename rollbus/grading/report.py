@@ -132,9 +132,10 @@ def audit(text: str) -> list[AuditEvent]:
         except json.JSONDecodeError:
             continue
         if isinstance(record, dict) and record.get("event") == "audit":
-            values = [record.get(k) for k in ("kind", "actor", "detail")]
-            if all(isinstance(v, str) for v in values):
-                out.append(AuditEvent(*(v[:MAX_NAME] for v in values)))
+            fields = (record.get(k) for k in ("kind", "actor", "detail"))
+            values = [v[:MAX_NAME] for v in fields if isinstance(v, str)]
+            if len(values) == 3:
+                out.append(AuditEvent(*values))
     return out
 
 

@@ -51,14 +51,9 @@ from rollbus.grading.channel import Channel, ReportListener
 from rollbus.grading.patches import PatchRejected, Sanitized, sanitize
 from rollbus.grading.rows import EvalCmd, F2PScript, GradingSpec, Harbor, Swepro
 from rollbus.grading.verdict import Evidence, GradeResult, Verdict, failed
-from rollbus.sandbox import BwrapSandbox, Completed, SandboxUnavailable
+from rollbus.sandbox import BwrapSandbox, Completed, SandboxError, SandboxUnavailable
 from rollbus.sandbox.images import agent_workspace
 from rollbus.sandbox.scratch import GRADE_SCRATCH_PREFIX, SCRATCH_BYTES, capped_scratch
-
-try:  # the hardened sandbox contract (branch `sandbox`) names start-up failures; before it, only these exist
-    from rollbus.sandbox import SandboxError  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - depends on which sandbox package is merged
-    SandboxError = SandboxUnavailable  # type: ignore[misc,assignment]
 
 EVAL_DIR = "/eval"  # read-only bind of the eval-only scripts inside the grading sandbox
 PATCH_NAME = "rollbus.patch"
@@ -615,8 +610,9 @@ async def _run_swepro(
         raise TimeoutError
     if limit := sandbox_failure(ran):
         return Verdict(False, limit, (), f"the tests hit a sandbox limit: {limit}"), log
-    evidence: Evidence | None = evidence_of(ran, channel, canaries)
-    if not evidence.test_runs and not verdict.runs_pytest(grader.run_script.read_text(errors="replace")):
+    found = evidence_of(ran, channel, canaries)
+    evidence: Evidence | None = found
+    if not found.test_runs and not verdict.runs_pytest(grader.run_script.read_text(errors="replace")):
         evidence = None  # no pytest (a Go or JavaScript row): the parser's reading of the log alone
     return await parse_swepro(grader, ran, eval_dir, scratch, deadline, evidence, sandbox.workdir), log
 

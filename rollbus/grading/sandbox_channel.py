@@ -15,8 +15,9 @@ Runs under the sandbox's Python; imports nothing of rollbus.
 
 import json
 import os
+from typing import Any
 
-_state = {}
+_state: dict[str, Any] = {}
 
 
 def claim():
@@ -70,7 +71,7 @@ def write(record):
 
 def release():
     """Give the configuration back for the command's next run; this process reports no more."""
-    config, raw = _state.get("config"), _state.get("raw")
+    config, raw = _state.get("config"), _state.get("raw", b"")
     _state["config"] = None
     if not config:
         return
@@ -99,7 +100,7 @@ FRAME_ATTRIBUTES = frozenset({"f_back", "f_code", "f_locals", "f_globals", "tb_f
 NATIVE = ("gc.get_objects", "gc.get_referrers", "gc.get_referents", "ctypes.")
 FRAMEWORKS = ("_pytest", "pytest", "unittest", "pluggy")
 STACK_READERS = ("inspect.py", "traceback.py", "linecache.py")  # stdlib helpers that read frames for a caller
-_audit = {"pending": [], "seen": set(), "busy": False}
+_audit: dict[str, Any] = {"pending": [], "seen": set(), "busy": False}
 
 
 def _stdlib():
@@ -416,7 +417,7 @@ def framework_classes():
     are not audited by CPython (only a few special ones are), so the plugin compares before and after."""
     import sys
 
-    state = []
+    state: list[tuple[type, dict[str, Any]]] = []
     for name, module in list(sys.modules.items()):
         if module is None or not name.startswith(FRAMEWORKS):
             continue

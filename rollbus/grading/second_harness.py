@@ -27,8 +27,13 @@ under the sandbox's Python; imports nothing of rollbus.
 import json
 import os
 import sys
+from typing import Any
 
-_claim = {"pid": None, "pending": []}
+# written above this text when shipped (second_run.py); declared here, not assigned
+REPORT_PATH: str
+AUDIT_MODULE: str
+
+_claim: dict[str, Any] = {"pid": None, "pending": []}
 
 
 def emit(record):
@@ -55,7 +60,7 @@ def claim():
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(10)
-            conn.connect(REPORT_PATH)  # noqa: F821 - written above this text
+            conn.connect(REPORT_PATH)  # noqa: F821 - declared above, written above this text
             conn.settimeout(None)
             _claim["fd"] = conn.detach()
     except OSError:
@@ -108,7 +113,7 @@ def report_object(kind, obj, detail):
 
 # -- pytest --------------------------------------------------------------------------------------------------
 
-_session = {"framework": [], "fixtures": set(), "claimed": False}
+_session: dict[str, Any] = {"framework": [], "fixtures": set(), "claimed": False}
 
 
 def _from_test_file(func):
@@ -143,7 +148,7 @@ def pytest_fixture_setup(fixturedef, request):
 
 # ``@pytest.hookimpl(tryfirst=True)`` without importing pytest (this module loads in every interpreter): a
 # first-result hook, so a conftest's implementation answering first would otherwise hide the fixture from us
-pytest_fixture_setup.pytest_impl = {
+pytest_fixture_setup.pytest_impl = {  # type: ignore[attr-defined]  # pluggy reads this marker
     "wrapper": False, "hookwrapper": False, "optionalhook": False, "tryfirst": True, "trylast": False,
     "specname": None,
 }  # fmt: skip

@@ -259,7 +259,9 @@ def parse(text: str) -> list[SecondRun]:
             raise ValueError(f"second report line {number}: {kind} outside a running test run")
         if kind == "case":
             name, file, phase, result = (record.get(k) for k in ("id", "file", "phase", "result"))
-            if not all(isinstance(v, str) for v in (name, file, phase)) or result not in RESULTS:
+            if not (isinstance(name, str) and isinstance(file, str) and isinstance(phase, str)) or not (
+                isinstance(result, str) and result in RESULTS
+            ):
                 raise ValueError(f"second report line {number}: malformed case")
             seen = run.phases.setdefault((file, name[: report.MAX_NAME]), {})
             if phase not in seen or RESULTS.index(result) > RESULTS.index(seen[phase]):

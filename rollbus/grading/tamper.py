@@ -152,9 +152,9 @@ class _Scanner:
                     yield target.id, value
         elif isinstance(node, ast.For | ast.AsyncFor | ast.comprehension):
             if any(_reaches_objects(q) for q in map(self.qual, ast.walk(node.iter)) if q is not None):
-                for target in ast.walk(node.target):  # what a loop over modules or frameworks yields: unknown
-                    if isinstance(target, ast.Name):
-                        yield target.id, DYNAMIC
+                for bound in ast.walk(node.target):  # what a loop over modules or frameworks yields: unknown
+                    if isinstance(bound, ast.Name):
+                        yield bound.id, DYNAMIC
 
     def qual(self, node: ast.AST) -> str | None:
         """The dotted name an expression stands for (``_u.TestResult`` -> ``unittest.TestResult``), with

@@ -144,9 +144,9 @@ def checkout_files(image: Path, ref: str, paths: tuple[str, ...], dest: Path) ->
         if not record:
             continue
         meta, _, name = record.partition(b"\t")
-        mode, kind, oid = meta.split(b" ")
-        if kind == b"blob" and mode in GIT_MODES:
-            entries.append((os.fsdecode(name), GIT_MODES[mode], oid.decode()))
+        git_mode, kind, oid = meta.split(b" ")
+        if kind == b"blob" and git_mode in GIT_MODES:
+            entries.append((os.fsdecode(name), GIT_MODES[git_mode], oid.decode()))
     names = [e[0] for e in entries]
     missing = [p for p in paths if not any(n == p or n.startswith(p.rstrip("/") + "/") for n in names)]
     if missing:
@@ -202,7 +202,7 @@ def protected_dirs(root: Path, test_files: set[str]) -> list[str]:
         if not parts or Path(rel).is_absolute() or ".." in parts:
             continue
         wanted.add(str(Path(*parts[:-1])) if len(parts) > 1 else parts[0])
-    kept = []
+    kept: list[str] = []
     for rel in sorted(wanted, key=lambda r: (len(Path(r).parts), r)):
         if any(Path(rel).is_relative_to(k) for k in kept):
             continue

@@ -28,7 +28,7 @@ def write(record):
 
 def is_must_fail(test):
     spec = CONFIG.get("canaries") or {}
-    module = spec.get("module")
+    module = spec.get("module") or ""
     name = test.id().rsplit(".", 1)[-1]
     return bool(module) and name in CONFIG.get("must_fail", ()) and test.id().startswith(module + ".")
 
@@ -96,10 +96,14 @@ class Recording(unittest.TextTestResult):
 
 
 class Runner(unittest.TextTestRunner):
-    resultclass = Recording
+    # typeshed's TextTestResult defaults its stream type to the runner's decorator, narrower than the runner's
+    # own declared stream (and TextTestResult[...] is no runtime subscript before Python 3.12)
+    resultclass = Recording  # type: ignore[assignment]
 
 
 class Program(unittest.TestProgram):
+    test: unittest.TestSuite | unittest.TestCase  # made by createTests (typeshed does not declare it)
+
     def createTests(self, *args, **kwargs):
         super().createTests(*args, **kwargs)
         module = canary_module()

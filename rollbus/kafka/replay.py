@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import base64
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -214,7 +214,7 @@ async def _assign(consumer: AIOKafkaConsumer, bootstrap_servers: str, plan: Read
     counts = await describe(bootstrap_servers, [plan.topic])
     if plan.topic not in counts:
         raise LookupError(f"topic {plan.topic!r} does not exist")
-    numbers = range(counts[plan.topic])
+    numbers: Sequence[int] = range(counts[plan.topic])
     if plan.key is not None:  # every rollbus producer keys with the default partitioner
         numbers = [key_partition(plan.key, counts[plan.topic])]
     partitions = [TopicPartition(plan.topic, p) for p in numbers]

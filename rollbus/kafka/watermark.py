@@ -10,8 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
+from typing import overload
 
 
+@overload
+def low_watermark(next_offset: int, unfinished: Iterable[int]) -> int: ...
+@overload
+def low_watermark(next_offset: int | None, unfinished: Iterable[int]) -> int | None: ...
 def low_watermark(next_offset: int | None, unfinished: Iterable[int]) -> int | None:
     """The offset safe to commit on one partition (Kafka's convention: the next one to read): the oldest
     unfinished offset, else one past everything read (``next_offset``); None if nothing was read."""

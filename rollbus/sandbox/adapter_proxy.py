@@ -232,7 +232,8 @@ class AdapterProxy:
             agent = await asyncio.wait_for(asyncio.shield(self.agent), AGENT_WAIT_S)
             return await asyncio.to_thread(attribute, agent, client[:2], server[:2], known=known)
         except asyncio.CancelledError:
-            if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+            task = asyncio.current_task()  # this coroutine runs as a task: never None here
+            if task is not None and task.cancelling():
                 raise
             return "tool"  # the agent's run ended
         except TimeoutError:

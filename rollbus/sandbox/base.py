@@ -132,6 +132,9 @@ class SandboxBase:
     ) -> Completed:
         return await self.run(cmd, env, cwd, timeout)
 
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        raise NotImplementedError
+
     async def close(self) -> None:
         raise NotImplementedError
 
@@ -146,7 +149,7 @@ class SandboxBase:
 
         if not hasattr(self, "run_tool"):
             raise NotImplementedError(f"{type(self).__name__} cannot take a patch")
-        return await capture_patch(self, max_bytes, excluded, timeout)  # type: ignore[arg-type]
+        return await capture_patch(self, max_bytes, excluded, timeout)  # type: ignore[arg-type]  # has run_tool
 
     async def __aenter__(self) -> Self:
         return self

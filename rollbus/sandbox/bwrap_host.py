@@ -115,7 +115,7 @@ def prepare_host(
             sources["tmp"] = tmp
         forwarder = network == "adapter" and dup is None
         if forwarder:
-            sources["adapter"] = Path(adapter_socket)  # type: ignore[arg-type]
+            sources["adapter"] = Path(adapter_socket)  # type: ignore[arg-type]  # a str when network="adapter"
         if toolchain is not None:
             sources["toolchain"] = Path(toolchain).resolve()
         staged_binds: list[tuple[str, str]] = []

@@ -168,8 +168,8 @@ class DockerSandbox(SandboxBase):
         """The image's digest (id): the grader and a regrade run these bytes."""
         return self.layout.image
 
-    @property  # type: ignore[override]
-    def image_digest(self) -> str:
+    @property
+    def image_digest(self) -> str:  # type: ignore[override]  # the base's attribute, read-only here: the image's
         """What the diff records (:attr:`image`): the grader's container runs these bytes."""
         return self.layout.image
 
@@ -243,7 +243,7 @@ class DockerSandbox(SandboxBase):
             for result in filled:
                 if isinstance(result, BaseException):
                     raise result
-            box._owner = filled[0]  # type: ignore[assignment]
+            box._owner = filled[0]  # type: ignore[assignment]  # _fill's result: no exception, checked above
             return box
         except BaseException as exc:
             if box is not None:

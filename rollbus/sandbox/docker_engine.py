@@ -26,7 +26,7 @@ from typing import Any
 from rollbus.config import cache_dir
 
 START_TIMEOUT_S = 60.0  # a cold dockerd answers within seconds; past this it is not coming
-PING_TIMEOUT_S = 5.0
+PING_TIMEOUT_S = 5  # whole seconds: docker's client takes an int
 API_TIMEOUT_S = 600  # image imports and waits are long; a ping is not
 SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes, NUL included
 

@@ -28,8 +28,18 @@ class LocalSubprocessSandbox(SandboxBase):
         self._mounts = {self.workdir: self._workdir, self.home: self._home}
 
     async def run(
-        self, cmd: Sequence[str], env: Mapping[str, str], cwd: str | None = None, timeout: float = 600.0
+        self,
+        cmd: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str | None = None,
+        timeout: float = 600.0,
+        *,
+        agent: bool = False,
+        secret_env: Mapping[str, str] | None = None,
     ) -> Completed:
+        """The contract's ``run``, agent keywords included (as E2B's): ``agent`` changes nothing (no proxy
+        stamps requests), ``secret_env`` joins the environment (nothing here isolates the agent anyway)."""
+        env = {**env, **(secret_env or {})}
         return await run_process(cmd, env=env, cwd=cwd or self.workdir, timeout=timeout)
 
     async def write_file(self, path: str, data: bytes | str) -> None:

@@ -118,7 +118,8 @@ async def run_process(
         kill_process_group(proc)
 
     read_out = _collect(proc.stdout, out) if stdout is None else _capture(proc.stdout, stdout, stop)
-    readers = [asyncio.ensure_future(read_out), asyncio.ensure_future(_collect(proc.stderr, err))]
+    read_err = _collect(proc.stderr, err)
+    readers: list[asyncio.Future[None]] = [asyncio.ensure_future(read_out), asyncio.ensure_future(read_err)]
     timed_out = False
     try:
         await asyncio.wait_for(proc.wait(), timeout)  # on 3.11 this also waits for the pipes to close

@@ -62,7 +62,7 @@ def install_drain(server: uvicorn.Server, state: AdapterState, timeout: float) -
 
         loop.call_soon_threadsafe(start)  # signal handlers run between bytecodes: wake the loop properly
 
-    server.handle_exit = drain_then_exit  # type: ignore[method-assign]
+    server.handle_exit = drain_then_exit  # type: ignore[method-assign]  # uvicorn's signal hook, replaced
 
 
 def run(args: argparse.Namespace) -> int:

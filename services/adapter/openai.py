@@ -159,7 +159,7 @@ def _assistant(message: ChatMessage, index: int) -> dict[str, Any]:
         out["reasoning_content"] = message.reasoning_content
     calls = []
     for j, call in enumerate(message.tool_calls or ()):
-        arguments = call.function.arguments
+        arguments: str | dict[str, Any] | None = call.function.arguments
         if isinstance(arguments, str):  # JSON inside JSON: as hostile as the body, checked the same way
             try:
                 arguments = json.loads(arguments) if arguments.strip() else {}

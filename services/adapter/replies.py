@@ -6,7 +6,7 @@ aborts a generation still running and releases the request's admission.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -36,6 +36,8 @@ async def answer(
     events = run_turn(state.kit, agent, turn)
     try:
         started = await anext(events)  # the prompt is planned: a too-long prompt is still a plain 400
+        if not isinstance(started, Started):
+            raise RuntimeError(f"a turn began with {type(started).__name__}, not Started")
     except BaseException:
         await events.aclose()
         state.release()
@@ -53,7 +55,10 @@ class TurnStream(StreamingResponse):
     response ends (finished, failed, cut)."""
 
     def __init__(
-        self, events: AsyncIterator[TurnEvent], body: AsyncIterator[bytes], on_close: Callable[[], None]
+        self,
+        events: AsyncGenerator[TurnEvent, None],
+        body: AsyncIterator[bytes],
+        on_close: Callable[[], None],
     ) -> None:
         self.events = events
         self.on_close = on_close
@@ -85,7 +90,7 @@ async def anthropic_events(events: AsyncIterator[TurnEvent], started: Started) -
 
 
 async def collect(
-    events: AsyncIterator[TurnEvent],
+    events: AsyncGenerator[TurnEvent, None],
     request: Request,
     render: Callable[[dict[str, Any]], dict[str, Any]] = lambda message: message,
 ) -> JSONResponse:

@@ -119,7 +119,8 @@ def parse_request(body: bytes) -> ResponsesRequest:
 def offered_tools(tools: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], frozenset[str]]:
     """Codex's tools as chat-template functions, and the names of the freeform (custom) ones; a namespace's
     functions are offered by their own names (:func:`namespaces` says which namespace each came from)."""
-    functions, custom = [], set()
+    functions: list[dict[str, Any]] = []
+    custom: set[str] = set()
     for i, tool in _flat_tools(tools):
         kind, name = tool.get("type"), tool.get("name")
         if kind not in ("function", "custom"):
@@ -161,11 +162,11 @@ def _flat_tools(tools: list[Any]) -> list[tuple[str, dict[str, Any]]]:
 
 def namespaces(tools: list[dict[str, Any]]) -> dict[str, str]:
     """Function name -> the namespace it was offered in, for the functions inside ``namespace`` tools."""
-    found = {}
+    found: dict[str, str] = {}
     for tool in tools:
         if tool.get("type") == "namespace" and isinstance(tool.get("name"), str):
             inner = [t for t in tool.get("tools") or () if isinstance(t, dict)]
-            found.update((t.get("name"), tool["name"]) for t in inner)
+            found.update((t["name"], tool["name"]) for t in inner if isinstance(t.get("name"), str))
     return found
 
 
@@ -177,7 +178,7 @@ def to_chat(request: ResponsesRequest) -> ChatPrompt:
     while lead < len(items) and items[lead].type == "message" and items[lead].role in ("system", "developer"):
         lead += 1
     system = "\n\n".join(
-        [request.instructions] * bool(request.instructions) + [i.text() for i in items[:lead]]
+        [request.instructions or ""] * bool(request.instructions) + [i.text() for i in items[:lead]]
     )
     chat: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     turn: dict[str, Any] | None = None  # the assistant message being gathered
@@ -226,7 +227,7 @@ def _gather(turn: dict[str, Any], item: Item, index: int, pending: set[str]) -> 
         arguments: Any = {FREEFORM_PARAMETER: item.input or ""}
     else:
         try:  # JSON inside JSON: as hostile as the body, checked the same way
-            arguments = json.loads(item.arguments) if (item.arguments or "").strip() else {}
+            arguments = json.loads(item.arguments) if item.arguments and item.arguments.strip() else {}
         except (ValueError, RecursionError):
             arguments = None
         else:

@@ -37,7 +37,7 @@ def content_events(blocks: list[dict[str, Any]]) -> Iterator[bytes]:
             )
             yield _delta(index, {"type": "text_delta", "text": block["text"]})
         elif kind == "thinking":
-            start = {"type": "thinking", "thinking": "", "signature": ""}
+            start: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}
             yield event("content_block_start", {"index": index, "content_block": start})
             yield _delta(index, {"type": "thinking_delta", "thinking": block["thinking"]})
             yield _delta(index, {"type": "signature_delta", "signature": block["signature"]})

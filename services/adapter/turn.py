@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,7 +97,7 @@ class Prepared:
     routes_from: int | None = None  # the routed experts asked for start here (None: not asked)
 
 
-async def run_turn(kit: TurnKit, agent: Agent, turn: TurnInput) -> AsyncIterator[TurnEvent]:
+async def run_turn(kit: TurnKit, agent: Agent, turn: TurnInput) -> AsyncGenerator[TurnEvent, None]:
     """Started (prompt planned) -> Ping... (engine working) -> Done (turn published)."""
     clock = time.monotonic()
     async with agent.lock:
@@ -162,7 +162,7 @@ def routes_start(prompt_ids: Any, previous: Turn | None) -> int:
 
 async def generate(
     kit: TurnKit, agent: Agent, prepared: Prepared, turn: TurnInput
-) -> AsyncIterator[Ping | Generation]:
+) -> AsyncGenerator[Ping | Generation, None]:
     """Wait for the engine, yielding a :class:`Ping` every ``ping_interval``; last, the generation."""
     params = {
         **turn.sampling,

@@ -10,12 +10,12 @@ decode steps.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from transformers import PreTrainedTokenizerBase, Qwen3ForCausalLM
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from rollbus.services.engine.model import context_length, load_model, new_kv
 from rollbus.services.engine.policies import ChainRoute, Policy, ScriptedTurn
@@ -30,9 +30,9 @@ from rollbus.services.engine.protocol import (
 )
 from rollbus.services.engine.routes import RouteRecorder
 from rollbus.services.engine.sampling import logprob_temperature, sample_token, token_logprobs, top_logprobs
-from rollbus.tokenizer import SpecialIds
+from rollbus.tokenizer import SpecialIds, one_text
 
-TokenCallback = Callable[[Generation], None]
+TokenCallback = Callable[[Generation], object]
 FORCED_CHUNK = 64  # scripted tokens scored per forward: 64 x vocab float32 logits, ~64 MB
 
 
@@ -111,8 +111,8 @@ class Engine:
 
     def __init__(
         self,
-        model: Qwen3ForCausalLM,
-        tokenizer: PreTrainedTokenizerBase,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerFast,
         policy: Policy,
         *,
         model_path: str,
@@ -196,7 +196,7 @@ class Engine:
             return self._result(decode, abort_reason())
         turn = self.policy.scripted_turn(route)
         if turn is not None and turn.fill:
-            turn = turn.filled(self.tokenizer.decode(prompt, skip_special_tokens=False))
+            turn = turn.filled(one_text(self.tokenizer.decode(prompt, skip_special_tokens=False)))
         entry = self.prefix_cache.acquire(prompt)
         decode.cached = len(entry.token_ids)
         logits = self._prefill(entry, prompt, request.rid)
@@ -310,7 +310,9 @@ class Engine:
             chunk = forced[position : position + len(scores)]
             chunk_ids = torch.tensor(chunk, dtype=torch.long)
             logprobs = token_logprobs(scores[: len(chunk)], chunk_ids, decode.temperature).tolist()
-            tops = decode.alternatives(scores[: len(chunk)]) or [None] * len(chunk)
+            tops: Sequence[list[tuple[float, int]] | None] = (
+                decode.alternatives(scores[: len(chunk)]) or [None] * len(chunk)
+            )
             for token, logprob, top in zip(chunk, logprobs, tops, strict=True):
                 finish = decode.emit(token, logprob, top)
                 if finish is not None:
@@ -330,7 +332,7 @@ class Engine:
 
     def decode(self, request: GenerateRequest, ids: list[int]) -> str:
         """``ids`` as text, with the request's special-token setting."""
-        return self.tokenizer.decode(ids, skip_special_tokens=request.params.skip_special_tokens)
+        return one_text(self.tokenizer.decode(ids, skip_special_tokens=request.params.skip_special_tokens))
 
     # ------------------------------------------------------------ weights and cache
 

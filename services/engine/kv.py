@@ -28,7 +28,9 @@ class GrowingLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         length = self.get_seq_length()
         needed = length + key_states.shape[-2]
-        if self.key_buffer is None or needed > self.key_buffer.shape[-2]:
+        if self.key_buffer is None or self.value_buffer is None or needed > self.key_buffer.shape[-2]:
+            if self.keys is None or self.values is None:  # lazy_initialization made both
+                raise RuntimeError("a growing layer without its keys and values")
             self.key_buffer = _grown(self.keys, key_states, length, needed)
             self.value_buffer = _grown(self.values, value_states, length, needed)
         self.key_buffer[..., length:needed, :] = key_states

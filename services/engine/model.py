@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel, Qwen3ForCausalLM
+from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from rollbus.policy_model import ModelSpec, MoeSpec, random_qwen3, random_qwen3_moe
 from rollbus.services.engine.attention import use_prefix_attention
@@ -24,6 +24,7 @@ def random_model(
 ) -> PreTrainedModel:
     """A freshly initialised model (a Qwen3-MoE with ``moe``); the same ``seed`` always gives the same
     weights, the trainer's version 0."""
+    model: PreTrainedModel
     if moe is None:
         model = random_qwen3(spec, vocab_size, stop_token_ids, seed)
     else:
@@ -48,9 +49,9 @@ def load_model(path: str | Path, min_vocab_size: int) -> PreTrainedModel:
     return model.eval()
 
 
-def new_kv(model: Qwen3ForCausalLM) -> DynamicCache:
+def new_kv(model: PreTrainedModel) -> DynamicCache:
     return growing_cache(model.config)
 
 
-def context_length(model: Qwen3ForCausalLM) -> int:
+def context_length(model: PreTrainedModel) -> int:
     return int(model.config.max_position_embeddings)

@@ -368,7 +368,7 @@ async def _loop(
             episode.stop = "length"
             return
         result = await _env_call(env.step, as_decoded(episode.messages), what="step")
-        observation, reward, done, info = _step_result(result)
+        step_observation, reward, done, info = _step_result(result)
         episode.step_rewards.append(reward)
         episode.infos.append(_plain(info))
         if done:
@@ -377,7 +377,7 @@ async def _loop(
         if episode.turns >= max_turns:
             episode.stop = "max_turns"
             return
-        episode.messages.extend(_observation_messages(observation))
+        episode.messages.extend(_observation_messages(step_observation))
 
 
 async def _env_call(method: Callable[..., Any], *args: Any, what: str) -> Any:

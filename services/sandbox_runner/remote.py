@@ -124,7 +124,7 @@ def agent_path(settings: RunnerSettings) -> str:
 
 def remote_spec(settings: RunnerSettings, metadata: dict[str, Any], sandbox_id: str) -> SandboxSpec:
     """The agent's VM: the image (a template routing key, not a host path) and the adapter's public URL."""
-    env = metadata.get("remote_env_info") if isinstance(metadata.get("remote_env_info"), dict) else {}
+    env = info if isinstance(info := metadata.get("remote_env_info"), dict) else {}
     image = metadata.get("image") or env.get("image")
     if not isinstance(image, str) or not image:
         raise AttemptFailed(kinds.BAD_TASK, "the task's metadata names no image")

@@ -282,7 +282,7 @@ def sandbox_spec(
     settings: RunnerSettings, metadata: dict[str, Any], ro_binds: dict[str, str], sandbox_id: str
 ) -> SandboxSpec:
     """The agent's sandbox: the image's base commit, the adapter as its only way out, the CLI read-only."""
-    env = metadata.get("remote_env_info") if isinstance(metadata.get("remote_env_info"), dict) else {}
+    env = info if isinstance(info := metadata.get("remote_env_info"), dict) else {}
     try:
         image = parse_image(metadata.get("image") or env.get("image"))
         user = parse_user(metadata.get("user") or env.get("user"))

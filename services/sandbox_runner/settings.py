@@ -125,10 +125,10 @@ class RunnerSettings(BusSettings):
     @field_validator("agent")
     @classmethod
     def _known_agent(cls, value: str) -> str:
-        from rollbus.services.sandbox_runner.harnesses import AGENTS
+        from rollbus.services.sandbox_runner.harnesses import registry
 
-        if value not in AGENTS:
-            raise ValueError(f"one of {', '.join(AGENTS)}")
+        if value not in registry():
+            raise ValueError(f"one of {', '.join(registry())}")
         return value
 
     @field_validator("cli_args")
@@ -180,7 +180,7 @@ class RunnerSettings(BusSettings):
             "output_bytes": self.output_mb * MIB,
             **overrides,
         }
-        return E2BOptions.from_env(os.environ, **given)  # type: ignore[arg-type]
+        return E2BOptions.from_env(os.environ, **given)
 
     def e2b_base_url(self) -> str:
         """``ANTHROPIC_BASE_URL`` in an E2B VM: the adapter's public address (no forwarder there)."""

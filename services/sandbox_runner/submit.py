@@ -78,7 +78,10 @@ def split_rows(
     rows: list[Row] = []
     bad: list[tuple[str, RowError]] = []
     for item in read_dataset(path, keys, fmt, revision):
-        (rows if isinstance(item, Row) else bad).append(item)  # type: ignore[arg-type]
+        if isinstance(item, Row):
+            rows.append(item)
+        else:
+            bad.append(item)
     return rows, bad
 
 

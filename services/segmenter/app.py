@@ -50,7 +50,9 @@ SERVICE = "segmenter"
 INPUTS = ("turns", "sessions", "diffs", "rewards")
 TICKS = "segmenter-ticks"
 TABLES = ("rollouts", "turn-bodies")
-RAW = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
+RAW: dict[str, Any] = {
+    "key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"
+}  # fmt: skip
 
 
 def app_id(namespace: str) -> str:
@@ -121,12 +123,12 @@ def build_app(settings: SegmenterSettings, partitions: int) -> faust.App:
         for partition in range(partitions):
             await ticks.send(key=b"tick", value=now, partition=partition)
 
-    @app.on_partitions_assigned.connect
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # faust awaits async receivers; its types say sync
     async def reindex(sender: Any, assigned: Any, **kwargs: Any) -> None:
         """Changelog recovery may now rewrite the tables: the tick's clock index is rebuilt from them."""
         segmenter.reindex()
 
-    app.segmenter = segmenter  # type: ignore[attr-defined]
+    app.segmenter = segmenter  # type: ignore[attr-defined]  # faust's App takes attributes; tests reach it
     return app
 
 
@@ -136,7 +138,9 @@ def table(app: faust.App, namespace: str, name: str, partitions: int) -> Any:
     Faust derives a ``json`` key codec from ``key_type=str``; the changelog is given here instead, raw both
     ways, so its records are the keys' and values' own bytes (and recovery reads back ``str`` keys)."""
     big = {"max.message.bytes": str(MAX_EVENT_BYTES + 64 * 1024)}
-    codecs = {"key_type": str, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
+    codecs: dict[str, Any] = {
+        "key_type": str, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"
+    }  # fmt: skip
     changelog = app.topic(
         changelog_name(namespace, name), **codecs, partitions=partitions, compacting=True, acks=False,
         internal=True, config=big, maxsize=131_072, allow_empty=True,
@@ -145,7 +149,8 @@ def table(app: faust.App, namespace: str, name: str, partitions: int) -> Any:
         name, key_type=str, value_type=bytes, partitions=partitions, changelog_topic=changelog,
         extra_topic_configs=big,
     )  # fmt: skip
-    created.key_serializer = created.value_serializer = "raw"  # what its writes and its store encode with
+    # what its writes and its store encode with (attributes of the faust.Table made, which TableT leaves out)
+    created.key_serializer = created.value_serializer = "raw"  # type: ignore[attr-defined]
     return created
 
 

@@ -62,9 +62,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def rebuild(settings: SegmenterSettings, into: str | None = None) -> dict[str, Any]:
+async def rebuild(settings: RebuildSettings, into: str | None = None) -> dict[str, Any]:
     """Replay, cut, publish into ``into`` (default ``settings.into``); returns counts."""
-    into = into or settings.into  # type: ignore[attr-defined]
+    into = into or settings.into
     counts = await check_topics(settings.bootstrap_servers, settings.namespace)
     partitions = next(n for name, n in counts.items() if spec_for(name).rollout_keyed)
     await create_fresh(settings.bootstrap_servers, into, partitions, like="segments")

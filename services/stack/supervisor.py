@@ -43,7 +43,8 @@ class StackFailed(RuntimeError):
 class Broker(Protocol):
     """What the supervisor needs of a broker it watches (:class:`rollbus.kafka.broker.EmbeddedBroker`)."""
 
-    bootstrap_servers: str
+    @property
+    def bootstrap_servers(self) -> str: ...
 
     def is_running(self) -> bool: ...
 
@@ -65,6 +66,7 @@ class ServiceSpec:
     @classmethod
     def rollbus(cls, name: str, args: Sequence[str], **kwargs: object) -> ServiceSpec:
         """``python -m rollbus <name> <args>``, exactly as a user would start it."""
+        # the other fields' keywords, passed through as given
         return cls(name, [sys.executable, "-m", "rollbus", name, *args], **kwargs)  # type: ignore[arg-type]
 
 
@@ -188,8 +190,8 @@ class Supervisor:
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
-                if task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
+                if (failure := task.exception()) is not None:
+                    raise failure
         except BaseException:
             for task in tasks:
                 task.cancel()

@@ -10,7 +10,7 @@ import asyncio
 import sys
 import time
 from argparse import ArgumentTypeError
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
@@ -73,6 +73,7 @@ class Pages:
         if rollout is None:
             return None
         chains = views.timeline(rollout, self.decode)
+        # a step's entry holds its record (model.ReadModel._step): never None
         steps = [(e.offset, e.record, policy_offset(self.model, int(e.record["version"])))  # type: ignore[index]
                  for e in trained_by(self.model, rollout)]  # fmt: skip
         spans = [t["model_ms"] + t["queue_ms"] + (t["tool_ms"] or 0) for c in chains for t in c["turns"]]
@@ -102,9 +103,9 @@ def _report(task: asyncio.Task[None]) -> None:
         print(f"ui: reading the topics stopped: {task.exception()!r}", file=sys.stderr, flush=True)
 
 
-def create_app(pages: Pages, feeding: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
+def create_app(pages: Pages, feeding: Callable[[], Coroutine[Any, Any, None]] | None = None) -> FastAPI:
     @asynccontextmanager
-    async def lifespan(_: FastAPI):  # type: ignore[no-untyped-def]
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         task = asyncio.create_task(feeding()) if feeding is not None else None
         if task is not None:
             task.add_done_callback(_report)

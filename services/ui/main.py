@@ -74,10 +74,10 @@ def decoder(tokenizer: str) -> Callable[[list[int]], str] | None:
     """The tokenizer's decode (special tokens shown, so template tokens stay visible), or None for ids."""
     if not tokenizer:
         return None
-    from rollbus.tokenizer import load_tokenizer
+    from rollbus.tokenizer import load_tokenizer, one_text
 
     loaded = load_tokenizer(tokenizer)
-    return lambda ids: loaded.decode(ids, skip_special_tokens=False)
+    return lambda ids: one_text(loaded.decode(ids, skip_special_tokens=False))
 
 
 def open_demo(settings: UiSettings, stack: ExitStack) -> tuple[str, str]:

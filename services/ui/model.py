@@ -224,8 +224,9 @@ def overview(model: ReadModel) -> dict[str, Any]:
             {
                 "version": v,
                 "rollouts": len(rs),
+                # rs: rewarded rollouts only, whose reward mypy still sees as Optional
                 "reward_mean": sum(r.reward["reward"] for r in rs) / len(rs),  # type: ignore[index]
-                "solve_rate": sum(1 for r in rs if r.reward["solved"]) / len(rs),  # type: ignore[index]
+                "solve_rate": len([r for r in rs if r.reward["solved"]]) / len(rs),  # type: ignore[index]
             }
             for v, rs in sorted(per_version.items())
         ],
@@ -258,6 +259,7 @@ def throughput(model: ReadModel, now_ms: int, window_ms: int = 60_000) -> dict[s
 
 def step_facts(model: ReadModel) -> list[dict[str, Any]]:
     """The trainer's facts on ``train-steps``, one per step, in step order."""
+    # a step's entry is made from its record (ReadModel._step): never None here
     return [model.steps[step].record for step in sorted(model.steps)]  # type: ignore[misc]
 
 

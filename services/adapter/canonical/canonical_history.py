@@ -142,6 +142,7 @@ class CanonicalHistory:
         and only user/tool messages follow; the messages before it become the chain's context, as sent.
         """
         last = turns[-1]
+        # a resumed chain's earlier replies are unknown (None): only its turns came back from the bus
         self.turns, self.sent, self._chain_number = list(turns), [None] * len(turns), chain_number  # type: ignore[list-item]
         self._stream = array("i", [*last.prompt_ids, *last.output_ids])
         self._stream.extend(self.renderer.closing_ids(last.output_ids, self.stop_token_ids))
@@ -149,7 +150,7 @@ class CanonicalHistory:
 
     def _match_resumed(self, messages: list[Message], tools: list[dict] | None) -> _Match:
         at = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
-        if at is None or not self._ours(messages[at]):
+        if at is None or self._ours is None or not self._ours(messages[at]):
             return _Match(reason="unmatched_assistant")
         if at + 1 == len(messages):
             return _Match(reason="no_new_messages")
@@ -259,7 +260,7 @@ class CanonicalHistory:
         if plan.new_chain:
             self._restart(plan)
         elif plan._adopt is not None:  # a resumed chain learns its context from the request continuing it
-            self._context = [dict(m) for m in plan._adopt] + [dict(m) for m in plan._new_messages]
+            self._context = [dict(m) for m in (*plan._adopt, *plan._new_messages)]
             self._tools = json.loads(json.dumps(plan.tools)) if plan.tools is not None else None
             self._defaults = tool_defaults(self._tools)
             self._opening = next((i for i, m in enumerate(plan._adopt) if m.get("role") != "system"), 0)
@@ -276,7 +277,7 @@ class CanonicalHistory:
             stream.extend(plan.prompt_ids[len(stream) :])
         start = len(stream)
         stream.extend(output_ids)
-        turn = Turn(
+        turn = Turn(  # views into the chain's stream where Turn declares lists: read, never appended to
             TokenSlice(stream, 0, start), TokenSlice(stream, start, len(stream)),  # type: ignore[arg-type]
             array("d", output_logprobs), finish_reason, policy_version,  # type: ignore[arg-type]
             chain_id=self.chain_id, turn_index=len(self.turns),

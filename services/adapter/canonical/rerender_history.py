@@ -108,6 +108,7 @@ class RerenderHistory:
         self, turns: Sequence[Turn], chain_number: int, is_ours: Callable[[Message], bool] | None = None
     ) -> None:
         """Continue a live chain known only from the bus: every turn is a full render anyway."""
+        # a resumed chain's earlier replies are unknown (None): only its turns came back from the bus
         self.turns, self.sent = list(turns), [None] * len(turns)  # type: ignore[list-item]
         self._chain_number, self._last, self._commits = chain_number, None, self._commits + 1
 

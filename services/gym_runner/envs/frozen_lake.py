@@ -94,7 +94,7 @@ class FrozenLakeEnv(Env):
     async def step(self, messages: list[dict[str, Any]]) -> tuple[str, float, bool, dict[str, Any]]:
         found = _MOVE.findall(message_text(last_assistant(messages)))
         if not found:
-            info = {"move": None, "pos": list(self.pos), "tile": None, "solved": False}
+            info: dict[str, Any] = {"move": None, "pos": list(self.pos), "tile": None, "solved": False}
             return "No move found; answer with <move>left|right|up|down</move>.", 0.0, False, info
         wanted = found[-1].lower()
         move = self._slide(wanted)

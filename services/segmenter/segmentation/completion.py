@@ -11,7 +11,7 @@ from rollbus.routed_experts import RoutesRef, cover
 from rollbus.services.segmenter.segmentation.merge import infrastructure_failed
 from rollbus.services.segmenter.segmentation.state import TRAINABLE, RolloutState
 from rollbus.top_logprobs import chain_top_logprobs
-from rollbus.trajectory import ChainTokens, FrozenChain, LossScope, Segment, fan_out, trains
+from rollbus.trajectory import ChainTokens, FrozenChain, LossScope, Segment, SegmentKind, fan_out, trains
 from rollbus.turn_log import (
     TurnKey,
     chain_arrays,
@@ -56,7 +56,7 @@ def complete(state: RolloutState) -> bool:
     return True
 
 
-def freeze_order(state: RolloutState) -> list[tuple[str, str]]:
+def freeze_order(state: RolloutState) -> list[tuple[str, SegmentKind]]:
     """``(chain id, segment kind)`` of the rewarded attempt's trainable chains in the order they froze.
 
     The ``sessions`` events give the order; the main chain closed last is the ``final`` tail, every other
@@ -68,18 +68,21 @@ def freeze_order(state: RolloutState) -> list[tuple[str, str]]:
         for c, f in state.attempts.get(attempt, {}).items()
         if f.kind in TRAINABLE and f.turn_count and not f.ambiguous
     }
-    closed_mains = [c for c, f in chains.items() if f.kind == "main" and f.closed_seq is not None]
-    final = max(closed_mains, key=lambda c: chains[c].closed_seq) if closed_mains else None
-    order = sorted((c for c in chains if c != final), key=lambda c: chains[c].end_seq)
-    kinds = [(c, "subagent" if chains[c].kind == "subagent" else "wipe") for c in order]
+    mains = ((c, f.closed_seq) for c, f in chains.items() if f.kind == "main")
+    closed_mains = {c: seq for c, seq in mains if seq is not None}
+    final = max(closed_mains, key=closed_mains.__getitem__) if closed_mains else None
+    order = sorted((c for c in chains if c != final), key=lambda c: chains[c].end_seq or 0)
+    kinds: list[tuple[str, SegmentKind]] = [
+        (c, "subagent" if chains[c].kind == "subagent" else "wipe") for c in order
+    ]
     return kinds + ([(final, "final")] if final is not None else [])
 
 
 class _Stitched(FrozenChain):
     """A frozen chain whose token sequences were already stitched from the reference encoding."""
 
-    def __init__(self, kind: str, chain_id: str, sequences: list[ChainTokens]) -> None:
-        super().__init__(kind, [], chain_id=chain_id)  # type: ignore[arg-type]
+    def __init__(self, kind: SegmentKind, chain_id: str, sequences: list[ChainTokens]) -> None:
+        super().__init__(kind, [], chain_id=chain_id)
         self._sequences = sequences
 
     def sequences(self) -> list[ChainTokens]:
@@ -126,7 +129,7 @@ def cut(
         count = state.attempts[attempt][chain_id].turn_count or 0
         records = [by_key[(attempt, chain_id, i)] for i in range(count)]
         if history_mode == "rerender":
-            rerendered = FrozenChain(kind, resolve_turns(records), "rerender", chain_id)  # type: ignore[arg-type]
+            rerendered = FrozenChain(kind, resolve_turns(records), "rerender", chain_id)
             sequences = rerendered.sequences()
         else:
             tokens = chain_arrays(records)
@@ -146,9 +149,10 @@ def chain_routes(records: Sequence[Mapping[str, Any]], tokens: int) -> list[dict
     stream (:func:`~rollbus.routed_experts.cover`), else None: the trainer then routes on its own. Only the
     references are read; the ids stay in the store."""
     found = [record.get("routed_experts") for record in records]
-    if not found or any(ref is None for ref in found):
+    present = [ref for ref in found if ref is not None]
+    if not found or len(present) < len(found):
         return None
-    refs = [RoutesRef.of(ref) for ref in found]
+    refs = [RoutesRef.of(ref) for ref in present]
     return [ref.as_record() for ref in refs] if cover(refs, tokens) is not None else None
 
 
