@@ -139,7 +139,7 @@ class Trainer:
         if event is None:
             self.counters["dead_letters"] += 1
             return
-        segment: dict[str, Any] = event.record
+        segment: Mapping[str, Any] = event.record
         try:
             replaying = self.learner.moe_shape if self.learner.replay is not None else None
             if self.buffer.dropped(segment):  # a redelivery after its group trained: its ids may be gone

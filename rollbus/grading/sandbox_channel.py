@@ -236,7 +236,7 @@ def agreement(value, probes, depth=0):
     if isinstance(value, ITEMS) and kind in ITEMS:
         if depth >= 2:
             return None
-        items = value.values() if kind is dict else value
+        items = value.values() if isinstance(value, dict) else value
         for n, item in enumerate(items):
             if n >= 64:
                 break
@@ -270,7 +270,7 @@ def module_agreement(namespace, probes):
             if value in PLAIN or not _forgeable(value):
                 continue
             try:
-                value = value.__new__(value)
+                value = value.__new__(value)  # type: ignore[call-overload]  # the class's own __new__ (mypy sees type.__new__): a bare instance
             except BaseException:
                 continue
         found = agreement(value, probes)
@@ -307,7 +307,7 @@ def install_agreement_probe(root, record):
     token = os.urandom(8).hex()
     number = int(token[:12], 16) + 7919
     probes = (f"{token}-{token[:5]} {token[5:]}", number, number / 7.0, token.encode())
-    ours = {}
+    ours: dict[Any, Any] = {}
 
     probing = [False]  # not the audit hook's busy flag: what an ``__eq__`` does while probed is audited
 
@@ -357,7 +357,7 @@ def install_agreement_probe(root, record):
     _probe.update(tracer=called, modules=modules)
 
 
-_probe = {"tracer": None, "modules": None}
+_probe: dict[str, Any] = {"tracer": None, "modules": None}
 
 
 def probe_on():
