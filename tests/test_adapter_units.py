@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 from rollbus.cli import main as cli_main
 from rollbus.services.adapter import sse
 from rollbus.services.adapter.anthropic import Message, parse_messages_request
+from rollbus.services.adapter.assistant import stop_reason
 from rollbus.services.adapter.canonical import CanonicalHistory
 from rollbus.services.adapter.errors import overloaded
 from rollbus.services.adapter.main import add_arguments, settings_from
-from rollbus.services.adapter.response import (
+from rollbus.services.adapter.provenance import (
     TurnRef,
     signed_turn,
-    stop_reason,
     thinking_signature,
     tool_use_id,
 )
@@ -135,16 +135,16 @@ def test_tool_use_ids_and_signatures_name_their_turn() -> None:
 
 
 @pytest.mark.parametrize(
-    "finish, blocks, matched, expected",
+    "finish, calls, matched, expected",
     [
-        ("length", [{"type": "tool_use"}], None, ("max_tokens", None)),
-        ("stop", [{"type": "text"}, {"type": "tool_use"}], 1, ("tool_use", None)),
-        ("stop", [{"type": "text"}], "END", ("stop_sequence", "END")),
-        ("stop", [], 248046, ("end_turn", None)),
+        ("length", True, None, ("max_tokens", None)),
+        ("stop", True, 1, ("tool_use", None)),
+        ("stop", False, "END", ("stop_sequence", "END")),
+        ("stop", False, 248046, ("end_turn", None)),
     ],
 )
-def test_stop_reason(finish, blocks, matched, expected) -> None:
-    assert stop_reason(finish, blocks, matched) == expected
+def test_stop_reason(finish, calls, matched, expected) -> None:
+    assert stop_reason(finish, calls, matched) == expected
 
 
 def test_sse_frames_name_their_type_and_errors_keep_the_anthropic_shape() -> None:

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from rollbus.services.adapter.assistant import AssistantTurn, ToolCall
 from rollbus.services.adapter.canonical import CanonicalHistory, TemplateRenderer, canonical_history
 from rollbus.services.adapter.responses import (
     ResponsesRequest,
@@ -49,13 +50,11 @@ def test_a_namespaces_functions_are_offered_by_name_and_their_calls_carry_the_na
     assert custom == frozenset()
     spaces = namespaces([EXEC, NAMESPACE])
     assert spaces == {"spawn_agent": "multi_agent_v1", "wait_agent": "multi_agent_v1"}
-    message = {
-        "id": "msg_ab",
-        "content": [
-            {"type": "tool_use", "id": "c1", "name": "spawn_agent", "input": {"message": PROMPT}},
-            {"type": "tool_use", "id": "c2", "name": "exec_command", "input": {"cmd": "ls"}},
-        ],
-    }
+    calls = (
+        ToolCall("c1", "spawn_agent", {"message": PROMPT}),
+        ToolCall("c2", "exec_command", {"cmd": "ls"}),
+    )
+    message = AssistantTurn("ab", "m", tool_calls=calls)
     spawn, shell = output_items(message, custom, spaces)
     assert (spawn["type"], spawn["namespace"], spawn["name"]) == (
         "function_call",
