@@ -4,7 +4,7 @@ The request is validated strictly (:mod:`rollbus.services.adapter.anthropic`) an
 messages (:mod:`rollbus.services.adapter.translate`); a turn is rendered as content blocks (thinking, text,
 tool_use, in the order written), streamed as :mod:`rollbus.services.adapter.sse` frames. Which agent sent it:
 the CLI's ``x-claude-code-agent-id``, else its history and system prompt
-(:meth:`~rollbus.services.adapter.sessions.Session.route`); a main request answering an ``Agent`` call
+(:func:`rollbus.services.adapter.attribution.claude_code`); a main request answering an ``Agent`` call
 completes the sub-agents that answered. Errors are ``{"type": "error", "error": {"type", "message"}}`` with
 the retry hints the CLI obeys (:mod:`rollbus.services.adapter.errors`).
 """
@@ -20,8 +20,9 @@ from starlette.responses import JSONResponse, Response
 from rollbus.services.adapter import sse
 from rollbus.services.adapter.anthropic import MessagesRequest, parse_messages_request
 from rollbus.services.adapter.assistant import AssistantTurn, Reasoning, Text, ToolCall
+from rollbus.services.adapter.attribution import answers_agent_call, claude_code
 from rollbus.services.adapter.errors import ApiError
-from rollbus.services.adapter.sessions import CLAUDE_CODE, Agent, Session, answers_agent_call
+from rollbus.services.adapter.sessions import CLAUDE_CODE, Agent, Session
 from rollbus.services.adapter.settings import AdapterSettings
 from rollbus.services.adapter.translate import to_chat
 from rollbus.services.adapter.turn import Done, Ping, Started, TurnEvent, TurnInput
@@ -79,7 +80,7 @@ class Messages(WireProtocol[MessagesRequest]):
         return Call(request, turn, request.stream)
 
     def agent(self, session: Session, call: Call[MessagesRequest], request: Request) -> Agent:
-        return session.route(shape(call.turn.chat, request, request.headers.get(AGENT_HEADER)))
+        return claude_code(session, shape(call.turn.chat, request, request.headers.get(AGENT_HEADER)))
 
     def finished_subagents(self, session: Session, call: Call[MessagesRequest]) -> list[Agent]:
         return session.finished_subagents() if answers_agent_call(call.turn.chat.messages) else []

@@ -16,7 +16,7 @@ offered (the runner's Codex config disables them).
 
 Each Codex thread is its own conversation (``thread-id``; the root thread's id is the ``session-id``): the
 root is the main agent, a sub-agent's thread becomes a ``subagent`` chain when it answers a ``spawn_agent``
-call of main's (:meth:`~rollbus.services.adapter.sessions.Session.thread_agent`), and its chain is complete
+call of main's (:func:`rollbus.services.adapter.attribution.codex_thread`), and its chain is complete
 once main's request carries Codex's ``<subagent_notification>`` for it.
 
 The stream is the one Codex reads (docs/codex-wire.md): ``response.created``, ``response.in_progress`` while
@@ -39,6 +39,7 @@ from starlette.responses import Response, StreamingResponse
 
 from rollbus.services.adapter import stream_retry
 from rollbus.services.adapter.assistant import AssistantTurn, Reasoning, Text
+from rollbus.services.adapter.attribution import codex_thread, notified_subagents
 from rollbus.services.adapter.bodies import check_json, decode_json
 from rollbus.services.adapter.errors import ApiError, invalid_request
 from rollbus.services.adapter.openai import error_response
@@ -304,10 +305,10 @@ class Responses(WireProtocol[ResponsesRequest]):
 
     def agent(self, session: Session, call: Call[ResponsesRequest], request: Request) -> Agent:
         thread, root = request.headers.get(THREAD_HEADER), request.headers.get(ROOT_HEADER)
-        return session.thread_agent(shape(call.turn.chat, request), thread, root)
+        return codex_thread(session, shape(call.turn.chat, request), thread, root)
 
     def finished_subagents(self, session: Session, call: Call[ResponsesRequest]) -> list[Agent]:
-        return session.notified_subagents(call.turn.chat.messages)
+        return notified_subagents(session, call.turn.chat.messages)
 
     def replay(self, agent: Agent, call: Call[ResponsesRequest]) -> Response | None:
         """A cut stream retried: the rest of the recorded turn, nothing sampled again (stream_retry.py)."""

@@ -21,6 +21,7 @@ from starlette.responses import Response
 
 from rollbus.services.adapter import edge
 from rollbus.services.adapter.assistant import AssistantTurn
+from rollbus.services.adapter.attribution import one_per_token
 from rollbus.services.adapter.errors import ApiError
 from rollbus.services.adapter.replies import answer
 from rollbus.services.adapter.sessions import MAIN, Agent, RequestShape, Session
@@ -53,7 +54,7 @@ class WireProtocol(ABC, Generic[R]):
 
     def agent(self, session: Session, call: Call[R], request: Request) -> Agent:
         """The conversation of the rollout the request belongs to; by default one per session token."""
-        return session.main_agent(shape(call.turn.chat, request))
+        return one_per_token(session, shape(call.turn.chat, request))
 
     def finished_subagents(self, session: Session, call: Call[R]) -> list[Agent]:
         """Sub-agents whose result main's request carries (their chains are complete); none by default."""
