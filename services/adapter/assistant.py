@@ -74,7 +74,7 @@ class AssistantTurn:
                 {
                     "id": call.id,
                     "type": "function",
-                    "function": {"name": call.name, "arguments": call.arguments},
+                    "function": {"name": call.name, "arguments": dict(call.arguments)},
                 }
                 for call in self.tool_calls
             ]
