@@ -104,6 +104,7 @@ async def test_an_engine_4xx_is_a_400_the_cli_does_not_retry() -> None:
 async def test_closing_a_turn_aborts_the_engine_call_before_the_agent_is_free() -> None:
     """The engine call is closed with the turn (``aclosing``), not whenever the collector gets to it."""
     from rollbus.services.adapter.anthropic import parse_messages_request
+    from rollbus.services.adapter.attribution import claude_code
     from rollbus.services.adapter.sessions import RequestShape
     from rollbus.services.adapter.translate import to_chat
     from rollbus.services.adapter.turn import Ping, Started, TurnInput, run_turn
@@ -113,8 +114,8 @@ async def test_closing_a_turn_aborts_the_engine_call_before_the_agent_is_free() 
             state = client.app.state.adapter
             request = parse_messages_request(json.dumps(body("hi")).encode())
             chat = to_chat(request.system, request.messages, request.tools)
-            agent = state.sessions.get("r-close").route(
-                RequestShape(None, chat.system, chat.messages, chat.tools)
+            agent = claude_code(
+                state.sessions.get("r-close"), RequestShape(None, chat.system, chat.messages, chat.tools)
             )
             events = run_turn(state.kit, agent, TurnInput(chat, "m", 64, {}))
             assert isinstance(await anext(events), Started)

@@ -292,7 +292,7 @@ def test_a_token_carries_its_harness_across_a_restart_and_old_tokens_are_claude_
     import base64
     import json
 
-    from rollbus.services.adapter.sessions import SessionTokens
+    from rollbus.services.adapter.tokens import SessionTokens
 
     key = b"k" * 32
     gym = SessionTokens(key).issue("r-g", "a", "gym")

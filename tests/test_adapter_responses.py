@@ -15,10 +15,9 @@ import uuid
 import httpx
 import pytest
 
-from rollbus.services.adapter.anthropic import Message
 from rollbus.services.adapter.app import create_app
+from rollbus.services.adapter.assistant import AssistantTurn, Reasoning, ToolCall
 from rollbus.services.adapter.responses import ResponsesRequest, output_items, to_chat
-from rollbus.services.adapter.translate import assistant_message
 from tests.test_adapter_support import (
     BusPublisher,
     adapter_client,
@@ -154,21 +153,18 @@ async def test_shell_call_then_freeform_patch_then_answer_extend_one_chain(adapt
 
 def test_every_item_it_emits_translates_back_to_what_was_committed() -> None:
     """The stitching invariant: output items echoed as input render to the committed assistant message."""
-    blocks = [
-        {"type": "thinking", "thinking": "why", "signature": "s"},
-        {"type": "text", "text": "so"},
-        {"type": "tool_use", "id": "toolu_1", "name": "exec_command", "input": {"cmd": "ls", "tty": False}},
-        {"type": "tool_use", "id": "toolu_2", "name": "apply_patch", "input": {"input": "*** Begin Patch\n"}},
-    ]
-    message = {"id": "msg_x", "model": "m", "content": blocks, "usage": {}}
-    items = output_items(message, frozenset({"apply_patch"}))
+    calls = (
+        ToolCall("toolu_1", "exec_command", {"cmd": "ls", "tty": False}),
+        ToolCall("toolu_2", "apply_patch", {"input": "*** Begin Patch\n"}),
+    )
+    turn = AssistantTurn("x", "m", Reasoning("why", "s"), "so", calls)
+    items = output_items(turn, frozenset({"apply_patch"}))
     assert [i["type"] for i in items] == ["reasoning", "message", "function_call", "custom_tool_call"]
     outputs = [{"type": "function_call_output", "call_id": "toolu_1", "output": "a"},
                {"type": "custom_tool_call_output", "call_id": "toolu_2", "output": "b"}]  # fmt: skip
     request = ResponsesRequest.model_validate({"model": "m", "input": [*opening(), *items, *outputs]})
     chat = to_chat(request).messages
-    committed = assistant_message(Message.model_validate({"role": "assistant", "content": blocks}))
-    assert chat[2] == committed
+    assert chat[2] == turn.chat_message()  # what the turn core committed
     assert chat[3:] == [{"role": "tool", "tool_call_id": "toolu_1", "content": "a"},
                         {"role": "tool", "tool_call_id": "toolu_2", "content": "b"}]  # fmt: skip
 

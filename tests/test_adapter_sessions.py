@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from rollbus.services.adapter.sessions import SessionTokens
+from rollbus.services.adapter.tokens import SessionTokens
 from tests.test_adapter_protocol import assert_error
 from tests.test_adapter_support import BusPublisher, StalledEngine, adapter_client, body, settings
 

@@ -12,13 +12,14 @@ from hypothesis import strategies as st
 from rollbus.cli import main as cli_main
 from rollbus.services.adapter import sse
 from rollbus.services.adapter.anthropic import Message, parse_messages_request
+from rollbus.services.adapter.assistant import stop_reason
+from rollbus.services.adapter.attribution import answers_agent_call, claude_code
 from rollbus.services.adapter.canonical import CanonicalHistory
 from rollbus.services.adapter.errors import overloaded
 from rollbus.services.adapter.main import add_arguments, settings_from
-from rollbus.services.adapter.response import (
+from rollbus.services.adapter.provenance import (
     TurnRef,
     signed_turn,
-    stop_reason,
     thinking_signature,
     tool_use_id,
 )
@@ -28,11 +29,10 @@ from rollbus.services.adapter.sessions import (
     UNATTRIBUTED,
     RequestShape,
     Sessions,
-    SessionTokens,
-    answers_agent_call,
 )
 from rollbus.services.adapter.settings import AdapterSettings
 from rollbus.services.adapter.sglang_client import EngineError, parse_generation
+from rollbus.services.adapter.tokens import SessionTokens
 from rollbus.services.adapter.translate import IMAGE_PLACEHOLDER, to_chat
 from rollbus.services.adapter.turn import policy_version
 from rollbus.tokenizer import load_tokenizer
@@ -135,16 +135,16 @@ def test_tool_use_ids_and_signatures_name_their_turn() -> None:
 
 
 @pytest.mark.parametrize(
-    "finish, blocks, matched, expected",
+    "finish, calls, matched, expected",
     [
-        ("length", [{"type": "tool_use"}], None, ("max_tokens", None)),
-        ("stop", [{"type": "text"}, {"type": "tool_use"}], 1, ("tool_use", None)),
-        ("stop", [{"type": "text"}], "END", ("stop_sequence", "END")),
-        ("stop", [], 248046, ("end_turn", None)),
+        ("length", True, None, ("max_tokens", None)),
+        ("stop", True, 1, ("tool_use", None)),
+        ("stop", False, "END", ("stop_sequence", "END")),
+        ("stop", False, 248046, ("end_turn", None)),
     ],
 )
-def test_stop_reason(finish, blocks, matched, expected) -> None:
-    assert stop_reason(finish, blocks, matched) == expected
+def test_stop_reason(finish, calls, matched, expected) -> None:
+    assert stop_reason(finish, calls, matched) == expected
 
 
 def test_sse_frames_name_their_type_and_errors_keep_the_anthropic_shape() -> None:
@@ -172,13 +172,13 @@ def test_routing_main_subagent_and_side() -> None:
     sessions = Sessions(lambda name: CanonicalHistory(tokenizer, chain_name=name))
     session = sessions.get("r1")
     tools = [{"type": "function", "function": {"name": "Read", "parameters": {}}}]
-    main = session.route(RequestShape(None, "sys", [{"role": "user", "content": "a"}], tools))
+    main = claude_code(session, RequestShape(None, "sys", [{"role": "user", "content": "a"}], tools))
     assert (main.kind, main.chain_id) == (MAIN, "main")
-    by_header = session.route(RequestShape("ab12", "other", [{"role": "user", "content": "b"}], tools))
+    by_header = claude_code(session, RequestShape("ab12", "other", [{"role": "user", "content": "b"}], tools))
     assert (by_header.kind, by_header.chain_id, by_header.parent) == (UNATTRIBUTED, "agent-ab12", main)
-    side = session.route(RequestShape(None, "title please", [{"role": "user", "content": "c"}], []))
+    side = claude_code(session, RequestShape(None, "title please", [{"role": "user", "content": "c"}], []))
     assert side.kind == SIDE and side.chain_id == "side-0" and "side-0" not in session.agents
-    assert session.route(RequestShape(None, "sys", [{"role": "user", "content": "d"}], tools)) is main
+    assert claude_code(session, RequestShape(None, "sys", [{"role": "user", "content": "d"}], tools)) is main
 
 
 class HandClock:
@@ -197,7 +197,7 @@ async def test_sessions_expire_after_no_request_and_no_turn_in_flight() -> None:
     sessions = Sessions(lambda name: CanonicalHistory(tokenizer, chain_name=name), clock)
     tools = [{"type": "function", "function": {"name": "Read", "parameters": {}}}]
     quiet, asked, working = (sessions.get(r) for r in ("quiet", "asked", "working"))
-    agent = working.route(RequestShape(None, "sys", [{"role": "user", "content": "a"}], tools))
+    agent = claude_code(working, RequestShape(None, "sys", [{"role": "user", "content": "a"}], tools))
     clock.now += 60
     sessions.get("asked")
     async with agent.lock:  # a turn longer than the timeout is not idleness

@@ -9,6 +9,8 @@ import json
 
 import pytest
 
+from rollbus.services.adapter.assistant import AssistantTurn, ToolCall
+from rollbus.services.adapter.attribution import codex_thread, notified_subagents, notified_thread
 from rollbus.services.adapter.canonical import CanonicalHistory, TemplateRenderer, canonical_history
 from rollbus.services.adapter.responses import (
     ResponsesRequest,
@@ -27,7 +29,6 @@ from rollbus.services.adapter.sessions import (
     RequestShape,
     Session,
     Sessions,
-    notified_thread,
 )
 from rollbus.tokenizer import load_tokenizer
 
@@ -49,13 +50,11 @@ def test_a_namespaces_functions_are_offered_by_name_and_their_calls_carry_the_na
     assert custom == frozenset()
     spaces = namespaces([EXEC, NAMESPACE])
     assert spaces == {"spawn_agent": "multi_agent_v1", "wait_agent": "multi_agent_v1"}
-    message = {
-        "id": "msg_ab",
-        "content": [
-            {"type": "tool_use", "id": "c1", "name": "spawn_agent", "input": {"message": PROMPT}},
-            {"type": "tool_use", "id": "c2", "name": "exec_command", "input": {"cmd": "ls"}},
-        ],
-    }
+    calls = (
+        ToolCall("c1", "spawn_agent", {"message": PROMPT}),
+        ToolCall("c2", "exec_command", {"cmd": "ls"}),
+    )
+    message = AssistantTurn("ab", "m", tool_calls=calls)
     spawn, shell = output_items(message, custom, spaces)
     assert (spawn["type"], spawn["namespace"], spawn["name"]) == (
         "function_call",
@@ -105,7 +104,7 @@ def opening(prompt: str) -> list[dict]:
 
 def spawn_turn(session: Session, *calls: tuple[str, str]) -> None:
     """Main commits one turn (on top of what it has) calling ``spawn_agent`` with each (call id, message)."""
-    main = session.thread_agent(RequestShape(None, "You code.", [], []), ROOT, ROOT)
+    main = codex_thread(session, RequestShape(None, "You code.", [], []), ROOT, ROOT)
     messages = opening("Use a sub-agent.")
     for i, sent in enumerate(main.history.sent):
         messages += [_assistant(sent.tool_calls), *_outputs(sent.tool_calls, i)]
@@ -129,7 +128,7 @@ def _outputs(calls, turn: int) -> list[dict]:
 
 def child(session: Session, thread: str, prompt: str = PROMPT, peer: str | None = None):
     shape = RequestShape(None, "You code.", opening(prompt), chat_tools([EXEC]), peer)
-    return session.thread_agent(shape, thread, ROOT)
+    return codex_thread(session, shape, thread, ROOT)
 
 
 @pytest.fixture
@@ -140,7 +139,7 @@ def session(tokenizer, shared_renderer) -> Session:
 def test_the_root_thread_is_main_and_a_child_answering_a_spawn_call_is_a_subagent(session) -> None:
     spawn_turn(session, ("call_a", PROMPT))
     main = session.agents[MAIN]
-    assert session.thread_agent(RequestShape(None, "", [], []), None, None) is main  # no thread: main
+    assert codex_thread(session, RequestShape(None, "", [], []), None, None) is main  # no thread: main
     agent = child(session, "t-child")
     assert (agent.kind, agent.name, agent.agent_id) == (SUBAGENT, "agent-t-child", "t-child")
     assert (agent.parent, agent.parent_tool_use_id) == (main, "call_a")
@@ -201,9 +200,9 @@ def test_a_notification_after_mains_last_turn_ends_that_childs_chain_only(sessio
         plan = agent.history.plan(opening(PROMPT), chat_tools([EXEC]))
         agent.history.commit(plan, [7], [-0.1], "stop", 0, {"role": "assistant", "content": "report"})
     history = [*opening("go"), {"role": "assistant", "content": "waiting"}]
-    assert session.notified_subagents(history + [notification("t-done")]) == [done]
-    assert session.notified_subagents([*opening("go"), notification("t-done"), history[-1]]) == []  # older
-    assert session.notified_subagents(history + [notification("t-nobody")]) == []
+    assert notified_subagents(session, history + [notification("t-done")]) == [done]
+    assert notified_subagents(session, [*opening("go"), notification("t-done"), history[-1]]) == []  # older
+    assert notified_subagents(session, history + [notification("t-nobody")]) == []
 
 
 @pytest.mark.parametrize(

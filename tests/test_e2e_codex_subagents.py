@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rollbus.services.adapter.response import TurnRef, tool_use_id
+from rollbus.services.adapter.provenance import TurnRef, tool_use_id
 from tests.e2e_support import SCRIPTS, Rig, play_codex, stream_events
 from tests.test_e2e_claude_code import assert_trains_every_sampled_token, decoded_outputs, session_kinds
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rollbus.services.adapter.sessions import SessionTokens
 from rollbus.services.adapter.settings import AdapterSettings
+from rollbus.services.adapter.tokens import SessionTokens
 from rollbus.services.stack.up import EXAMPLES, Stack, StackSettings, service_specs
 
 

@@ -1,5 +1,6 @@
-"""The adapter's HTTP surface: the Anthropic Messages API the Claude Code CLI talks to, plus admin,
-health and metrics. Routes only; the work is in :mod:`rollbus.services.adapter.turn`."""
+"""The adapter's HTTP surface: one route per wire protocol (:data:`PROTOCOLS`, each served by
+:func:`rollbus.services.adapter.wire.endpoint`), Anthropic's ``count_tokens``, admin, health and metrics.
+Routes only; the work is in :mod:`rollbus.services.adapter.turn`."""
 
 from __future__ import annotations
 
@@ -20,45 +21,29 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from rollbus.markup import ContentFormsMarkup
-from rollbus.services.adapter import anthropic, edge, openai, responses
+from rollbus.services.adapter import anthropic, edge
 from rollbus.services.adapter.bodies import decode_json
 from rollbus.services.adapter.errors import ApiError, forbidden, invalid_request, not_found, unauthenticated
 from rollbus.services.adapter.expiry import idle_expiry
+from rollbus.services.adapter.messages import Messages
 from rollbus.services.adapter.metrics import CountRequests
+from rollbus.services.adapter.openai import ChatCompletions
 from rollbus.services.adapter.publisher import BytePublisher
-from rollbus.services.adapter.replies import ClientGone, answer, anthropic_events
+from rollbus.services.adapter.replies import ClientGone
+from rollbus.services.adapter.responses import Responses
 from rollbus.services.adapter.restore import Records, load, restore
-from rollbus.services.adapter.sessions import CLAUDE_CODE, HARNESSES, MAIN, RequestShape, answers_agent_call
+from rollbus.services.adapter.sessions import CLAUDE_CODE, HARNESSES
 from rollbus.services.adapter.settings import AdapterSettings
 from rollbus.services.adapter.state import AdapterState, build_state, shutdown, warm_up
 from rollbus.services.adapter.translate import to_chat
-from rollbus.services.adapter.turn import TurnInput, close_chains, hand_back, settle_contests
+from rollbus.services.adapter.turn import close_chains
+from rollbus.services.adapter.wire import WireProtocol, route
 
-AGENT_HEADER = "x-claude-code-agent-id"
 log = logging.getLogger(__name__)
-
-
-async def messages(request: Request) -> Response:
-    state: AdapterState = request.app.state.adapter
-    state.refuse_if_draining()
-    edge.grant(request, state.tokens, CLAUDE_CODE)
-    body = anthropic.parse_messages_request(
-        await edge.read_body(request, state.kit.settings.body_limit, state.kit.settings.body_timeout)
-    )
-    chat = to_chat(body.system, body.messages, body.tools)
-    granted = edge.grant(request, state.tokens, CLAUDE_CODE)  # again: it may have closed meanwhile
-    session = state.sessions.get(granted.rollout_id, granted.attempt_id)
-    agent = session.route(
-        RequestShape(
-            request.headers.get(AGENT_HEADER), chat.system, chat.messages, chat.tools, edge.peer(request)
-        )
-    )
-    settle_contests(state.kit, session.contenders())
-    if agent.kind == MAIN and answers_agent_call(chat.messages):
-        hand_back(state.kit, session.finished_subagents())
-    state.kit.metrics.count_route(agent)
-    turn = TurnInput(chat, body.model, body.max_tokens, body.sampling(), CLAUDE_CODE)
-    return await answer(state, request, agent, turn, stream=anthropic_events if body.stream else None)
+#: every wire protocol the adapter serves, by route; a route outside it (count_tokens, admin, a 404) answers
+#: errors in Anthropic's shape, the default
+PROTOCOLS: dict[str, WireProtocol[Any]] = {p.path: p for p in (Messages(), ChatCompletions(), Responses())}
+DEFAULT_PROTOCOL = PROTOCOLS[Messages.path]
 
 
 async def count_tokens(request: Request) -> Response:
@@ -147,14 +132,9 @@ async def metrics(request: Request) -> Response:
     return Response(generate_latest(state.kit.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-#: the routes whose clients read OpenAI's error shape (Codex, gym episodes, mini-swe-agent); every other
-#: route answers in Anthropic's
-OPENAI_SHAPED = frozenset({"/v1/chat/completions", "/v1/responses"})
-
-
 def shaped(request: Request, err: ApiError) -> Response:
     """``err`` in the error shape of the wire protocol the request's route speaks, whoever raised it."""
-    return err.openai_response() if request.scope.get("path") in OPENAI_SHAPED else err.response()
+    return PROTOCOLS.get(request.scope.get("path", ""), DEFAULT_PROTOCOL).error(err)
 
 
 async def api_error(request: Request, exc: Exception) -> Response:
@@ -185,10 +165,8 @@ ROUTES: list[tuple[str, Callable[[Request], Any], list[str]]] = [
     ("/", root, ["GET", "HEAD"]),
     ("/healthz", healthz, ["GET"]),
     ("/metrics", metrics, ["GET"]),
-    ("/v1/messages", messages, ["POST"]),
+    *((path, route(protocol), ["POST"]) for path, protocol in PROTOCOLS.items()),
     ("/v1/messages/count_tokens", count_tokens, ["POST"]),
-    ("/v1/chat/completions", openai.chat_completions, ["POST"]),
-    ("/v1/responses", responses.responses, ["POST"]),
     ("/admin/sessions", open_session, ["POST"]),
     ("/admin/sessions/{rollout_id}/close", close_session, ["POST"]),
 ]

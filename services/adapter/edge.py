@@ -14,7 +14,8 @@ from rollbus.services.adapter.errors import (
     too_large,
     unauthenticated,
 )
-from rollbus.services.adapter.sessions import AGENT_PEER, PEER_HEADER, ROUTES, TOOL_PEER, Grant, SessionTokens
+from rollbus.services.adapter.sessions import AGENT_PEER, PEER_HEADER, ROUTES, TOOL_PEER
+from rollbus.services.adapter.tokens import Grant, SessionTokens
 
 
 async def read_body(request: Request, limit: int, timeout: float) -> bytes:

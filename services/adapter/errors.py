@@ -1,19 +1,18 @@
-"""Errors in the Anthropic shape, and the retry hints the Claude Code CLI obeys.
+"""Errors as the adapter raises them, and the retry hints the agents' CLIs obey.
 
 The CLI retries 401/408/429/5xx/529 with backoff and honours ``retry-after``; ``x-should-retry: false``
-stops it. So every error here says whether a retry can help, and the edge turns it into a response.
+stops it. So every error here says whether a retry can help; each wire protocol renders it in its own
+shape (``WireProtocol.error``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from starlette.responses import JSONResponse
-
 
 @dataclass
 class ApiError(Exception):
-    """An error answer: HTTP status, Anthropic error type, message and retry hints."""
+    """An error answer: HTTP status, error type (Anthropic's names), message and retry hints."""
 
     status: int
     error_type: str
@@ -24,9 +23,6 @@ class ApiError(Exception):
     def __str__(self) -> str:
         return f"{self.status} {self.error_type}: {self.message}"
 
-    def body(self) -> dict:
-        return {"type": "error", "error": {"type": self.error_type, "message": self.message}}
-
     def headers(self) -> dict[str, str]:
         headers: dict[str, str] = {}
         if self.retry_after is not None:
@@ -34,14 +30,6 @@ class ApiError(Exception):
         if self.should_retry is not None:
             headers["x-should-retry"] = "true" if self.should_retry else "false"
         return headers
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers())
-
-    def openai_response(self) -> JSONResponse:
-        """OpenAI's error shape (the Chat Completions and Responses routes), same status and retry hints."""
-        body = {"error": {"message": self.message, "type": self.error_type, "param": None, "code": None}}
-        return JSONResponse(body, status_code=self.status, headers=self.headers())
 
 
 class ClientGone(Exception):

@@ -1,4 +1,4 @@
-"""``POST /v1/chat/completions``: the OpenAI Chat Completions API over the same turn core as ``/v1/messages``.
+"""``POST /v1/chat/completions``: the OpenAI Chat Completions API as one wire protocol over the turn core.
 
 Any OpenAI client can use it (``base_url=<adapter>/v1``, ``api_key=<session token>``); the gym runner does.
 A request is translated to the same chat messages the Anthropic route produces and runs through
@@ -24,16 +24,16 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
-from rollbus.services.adapter import edge
+from rollbus.services.adapter.assistant import AssistantTurn
 from rollbus.services.adapter.bodies import check_json, decode_json
 from rollbus.services.adapter.errors import ApiError, invalid_request
-from rollbus.services.adapter.replies import answer
-from rollbus.services.adapter.sessions import GYM, RequestShape
+from rollbus.services.adapter.sessions import GYM, Agent
+from rollbus.services.adapter.settings import AdapterSettings
 from rollbus.services.adapter.translate import ChatPrompt
 from rollbus.services.adapter.turn import Done, Ping, Started, TurnEvent, TurnInput
+from rollbus.services.adapter.wire import Call, WireProtocol
 
 _MODEL = ConfigDict(extra="ignore", frozen=True)
 FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls"}
@@ -181,89 +181,88 @@ def _assistant(message: ChatMessage, index: int) -> dict[str, Any]:
     return out
 
 
-def completion(message: dict[str, Any]) -> dict[str, Any]:
-    """The turn core's final message (Anthropic blocks) as an OpenAI ``chat.completion``."""
-    blocks = message["content"]
-    reply: dict[str, Any] = {
-        "role": "assistant",
-        "content": "\n\n".join(b["text"] for b in blocks if b["type"] == "text") or None,
-    }
-    reasoning = "\n\n".join(b["thinking"] for b in blocks if b["type"] == "thinking")
-    if reasoning:
-        reply["reasoning_content"] = reasoning
+def completion(turn: AssistantTurn) -> dict[str, Any]:
+    """The finished turn as an OpenAI ``chat.completion``."""
+    reply: dict[str, Any] = {"role": "assistant", "content": turn.text or None}
+    if turn.reasoning is not None:
+        reply["reasoning_content"] = turn.reasoning.text
     calls = [
         {
-            "id": b["id"],
+            "id": call.id,
             "type": "function",
-            "function": {"name": b["name"], "arguments": json.dumps(b["input"])},
+            "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
         }
-        for b in blocks
-        if b["type"] == "tool_use"
+        for call in turn.tool_calls
     ]
     if calls:
         reply["tool_calls"] = calls
-    usage = message["usage"]
     return {
-        "id": "chatcmpl-" + message["id"].removeprefix("msg_"),
+        "id": f"chatcmpl-{turn.id}",
         "object": "chat.completion",
         "created": int(time.time()),
-        "model": message["model"],
+        "model": turn.model,
         "choices": [
             {
                 "index": 0,
                 "message": reply,
-                "finish_reason": FINISH.get(message["stop_reason"], "stop"),
+                "finish_reason": FINISH.get(turn.stop_reason or "", "stop"),
                 "logprobs": None,
             }
         ],
         "usage": {
-            "prompt_tokens": usage["input_tokens"],
-            "completion_tokens": usage["output_tokens"],
-            "total_tokens": usage["input_tokens"] + usage["output_tokens"],
+            "prompt_tokens": turn.input_tokens,
+            "completion_tokens": turn.output_tokens,
+            "total_tokens": turn.input_tokens + turn.output_tokens,
         },
     }
 
 
-async def chat_completions(request: Request) -> Response:
-    state = request.app.state.adapter
-    try:
-        state.refuse_if_draining()
-        edge.grant(request, state.tokens, GYM)
-        settings = state.kit.settings
-        body = parse_request(await edge.read_body(request, settings.body_limit, settings.body_timeout))
-        chat = to_chat(body)
-        granted = edge.grant(request, state.tokens, GYM)  # again: it may have closed during the upload
-        shape = RequestShape(None, chat.system, chat.messages, chat.tools, edge.peer(request))
-        agent = state.sessions.get(granted.rollout_id, granted.attempt_id).main_agent(shape)
-        state.kit.metrics.count_route(agent)
-        max_tokens = body.max_completion_tokens or body.max_tokens or state.kit.settings.max_new_tokens
-        turn = TurnInput(chat, body.model, max_tokens, body.sampling(), GYM)
-        return await answer(
-            state, request, agent, turn, stream=completion_chunks if body.stream else None, render=completion
-        )
-    except ApiError as err:
-        return err.openai_response()
+def error_response(err: ApiError) -> JSONResponse:
+    """OpenAI's error shape (Chat Completions and Responses), with the retry hints."""
+    body = {"error": {"message": err.message, "type": err.error_type, "param": None, "code": None}}
+    return JSONResponse(body, status_code=err.status, headers=err.headers())
 
 
-async def completion_chunks(events: AsyncIterator[TurnEvent], _started: Started) -> AsyncIterator[bytes]:
-    """``chat.completion.chunk`` events: the whole reply, then the finish; SSE comments as pings."""
-    try:
-        async for item in events:
-            if isinstance(item, Ping):
-                yield b": ping\n\n"
-            elif isinstance(item, Done):
-                full = completion(item.message)
-                choice = full["choices"][0]
-                base = {k: full[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
-                delta = {k: v for k, v in choice["message"].items() if v is not None}
-                for call_index, call in enumerate(delta.get("tool_calls", ())):
-                    call["index"] = call_index
-                yield _sse(base | {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
-                end = {"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}
-                yield _sse(base | {"choices": [end], "usage": full["usage"]})
-    except ApiError as err:  # the status line is gone: the error travels as an event
-        yield _sse({"error": {"message": err.message, "type": err.error_type, "param": None, "code": None}})
-    yield b"data: [DONE]\n\n"
+class ChatCompletions(WireProtocol[ChatRequest]):
+    path = "/v1/chat/completions"
+    harness = GYM  # and mini_swe_agent: sessions.ROUTES gives both this route
+
+    def parse(self, body: bytes, settings: AdapterSettings) -> Call[ChatRequest]:
+        request = parse_request(body)
+        max_tokens = request.max_completion_tokens or request.max_tokens or settings.max_new_tokens
+        turn = TurnInput(to_chat(request), request.model, max_tokens, request.sampling(), GYM)
+        return Call(request, turn, request.stream)
+
+    def body(self, call: Call[ChatRequest], turn: AssistantTurn) -> dict[str, Any]:
+        return completion(turn)
+
+    async def events(
+        self, call: Call[ChatRequest], agent: Agent, events: AsyncIterator[TurnEvent], started: Started
+    ) -> AsyncIterator[bytes]:
+        """``chat.completion.chunk`` events: the whole reply, then the finish; SSE comments as pings."""
+        try:
+            async for item in events:
+                if isinstance(item, Ping):
+                    yield b": ping\n\n"
+                elif isinstance(item, Done):
+                    full = completion(item.turn)
+                    choice = full["choices"][0]
+                    base = {k: full[k] for k in ("id", "created", "model")} | {
+                        "object": "chat.completion.chunk"
+                    }
+                    delta = {k: v for k, v in choice["message"].items() if v is not None}
+                    for call_index, tool_call in enumerate(delta.get("tool_calls", ())):
+                        tool_call["index"] = call_index
+                    yield _sse(base | {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+                    end = {"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}
+                    yield _sse(base | {"choices": [end], "usage": full["usage"]})
+        except ApiError as err:  # the status line is gone: the error travels as an event
+            error = {"message": err.message, "type": err.error_type, "param": None, "code": None}
+            yield _sse({"error": error})
+        yield b"data: [DONE]\n\n"
+
+    def error(self, err: ApiError) -> Response:
+        return error_response(err)
 
 
 def _sse(payload: dict[str, Any]) -> bytes:

@@ -13,11 +13,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from rollbus.services.adapter import sse
-from rollbus.services.adapter.errors import ApiError, ClientGone
+from rollbus.services.adapter.assistant import AssistantTurn
+from rollbus.services.adapter.errors import ClientGone
 from rollbus.services.adapter.turn import Done, Ping, Started, TurnEvent, TurnInput, run_turn
 
-Events = Callable[[AsyncIterator[TurnEvent], Started], AsyncIterator[bytes]]  # a route's SSE for one turn
+Events = Callable[[AsyncIterator[TurnEvent], Started], AsyncIterator[bytes]]  # a protocol's SSE for one turn
+Render = Callable[[AssistantTurn], dict[str, Any]]  # a protocol's JSON body for one finished turn
 
 
 async def answer(
@@ -27,7 +28,7 @@ async def answer(
     turn: TurnInput,
     *,
     stream: Events | None,
-    render: Callable[[dict[str, Any]], dict[str, Any]] = lambda message: message,
+    render: Render,
 ) -> Response:
     """Admit the request, run its turn and reply, the same for every route: with the route's ``stream`` (an
     SSE body over the turn's events), or one JSON body ``render`` shapes. A prompt refused before the turn's
@@ -73,35 +74,15 @@ class TurnStream(StreamingResponse):
             self.on_close()
 
 
-async def anthropic_events(events: AsyncIterator[TurnEvent], started: Started) -> AsyncIterator[bytes]:
-    """The Anthropic Messages stream of one turn."""
-    yield sse.message_start(started.message)
-    try:
-        async for item in events:
-            if isinstance(item, Ping):
-                yield sse.ping()
-            elif isinstance(item, Done):
-                for chunk in sse.content_events(item.message["content"]):
-                    yield chunk
-                for chunk in sse.message_end(item.message):
-                    yield chunk
-    except ApiError as err:  # the status line is gone: the error travels as an event
-        yield sse.error(err)
-
-
-async def collect(
-    events: AsyncGenerator[TurnEvent, None],
-    request: Request,
-    render: Callable[[dict[str, Any]], dict[str, Any]] = lambda message: message,
-) -> JSONResponse:
+async def collect(events: AsyncIterator[TurnEvent], request: Request, render: Render) -> JSONResponse:
     """Run a turn to its end for a non-streaming request, watching for the client leaving; ``render``
-    shapes the finished message for the API front that asked (Anthropic as is, OpenAI as a completion)."""
+    shapes the finished turn in the protocol that asked."""
     try:
         async for item in events:
             if isinstance(item, Ping) and await request.is_disconnected():
                 raise ClientGone("client disconnected during generation")
             if isinstance(item, Done):
-                return JSONResponse(render(item.message))
+                return JSONResponse(render(item.turn))
         raise RuntimeError("turn ended without a message")
     finally:
         await events.aclose()

@@ -1,4 +1,4 @@
-"""``POST /v1/responses``: the OpenAI Responses API as the Codex CLI uses it, over the same turn core.
+"""``POST /v1/responses``: the OpenAI Responses API as the Codex CLI uses it, one wire protocol.
 
 Codex sends its whole history every call (``store: false``): developer instructions, user messages, and our
 own earlier output items echoed verbatim (``reasoning``, ``message``, ``function_call``, ``custom_tool_call``)
@@ -16,7 +16,7 @@ offered (the runner's Codex config disables them).
 
 Each Codex thread is its own conversation (``thread-id``; the root thread's id is the ``session-id``): the
 root is the main agent, a sub-agent's thread becomes a ``subagent`` chain when it answers a ``spawn_agent``
-call of main's (:meth:`~rollbus.services.adapter.sessions.Session.thread_agent`), and its chain is complete
+call of main's (:func:`rollbus.services.adapter.attribution.codex_thread`), and its chain is complete
 once main's request carries Codex's ``<subagent_notification>`` for it.
 
 The stream is the one Codex reads (docs/codex-wire.md): ``response.created``, ``response.in_progress`` while
@@ -37,21 +37,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from rollbus.services.adapter import edge, stream_retry
+from rollbus.services.adapter import stream_retry
+from rollbus.services.adapter.assistant import AssistantTurn, Reasoning, Text
+from rollbus.services.adapter.attribution import codex_thread, notified_subagents
 from rollbus.services.adapter.bodies import check_json, decode_json
 from rollbus.services.adapter.errors import ApiError, invalid_request
-from rollbus.services.adapter.replies import answer
-from rollbus.services.adapter.sessions import CODEX, MAIN, RequestShape
+from rollbus.services.adapter.openai import error_response
+from rollbus.services.adapter.sessions import CODEX, Agent, Session
+from rollbus.services.adapter.settings import AdapterSettings
 from rollbus.services.adapter.translate import ChatPrompt
-from rollbus.services.adapter.turn import (
-    Done,
-    Ping,
-    Started,
-    TurnEvent,
-    TurnInput,
-    hand_back,
-    settle_contests,
-)
+from rollbus.services.adapter.turn import Done, Ping, Started, TurnEvent, TurnInput
+from rollbus.services.adapter.wire import Call, WireProtocol, shape
 
 _MODEL = ConfigDict(extra="ignore", frozen=True)
 FREEFORM_PARAMETER = "input"  # the one string parameter a custom tool is offered with
@@ -240,105 +236,107 @@ def _gather(turn: dict[str, Any], item: Item, index: int, pending: set[str]) -> 
 
 
 def output_items(
-    message: dict[str, Any], custom: frozenset[str], spaces: Mapping[str, str] = MappingProxyType({})
+    turn: AssistantTurn, custom: frozenset[str], spaces: Mapping[str, str] = MappingProxyType({})
 ) -> list[dict[str, Any]]:
-    """The turn core's final message (Anthropic blocks) as Responses output items, in the order written.
+    """The turn's parts as Responses output items, in the order written.
 
     Each item translates back (:func:`to_chat`) to what was committed: the reasoning text, the text, and
-    each call with our tool_use id as its ``call_id`` and its arguments; a call of a namespace's function
+    each call with our tool call id as its ``call_id`` and its arguments; a call of a namespace's function
     (``spaces``, from :func:`namespaces`) carries that ``namespace``."""
     items: list[dict[str, Any]] = []
-    suffix = message["id"].removeprefix("msg_")
-    for i, block in enumerate(message["content"]):
-        kind = block["type"]
-        if kind == "thinking":
+    for i, part in enumerate(turn.parts()):
+        if isinstance(part, Reasoning):
             items.append(
-                {"type": "reasoning", "id": f"rs_{suffix}_{i}", "summary": [],
-                 "content": [{"type": "reasoning_text", "text": block["thinking"]}]}
+                {"type": "reasoning", "id": f"rs_{turn.id}_{i}", "summary": [],
+                 "content": [{"type": "reasoning_text", "text": part.text}]}
             )  # fmt: skip
-        elif kind == "text":
+        elif isinstance(part, Text):
             items.append(
-                {"type": "message", "id": f"msg_{suffix}_{i}", "role": "assistant", "status": "completed",
-                 "content": [{"type": "output_text", "text": block["text"], "annotations": []}]}
+                {"type": "message", "id": f"msg_{turn.id}_{i}", "role": "assistant", "status": "completed",
+                 "content": [{"type": "output_text", "text": part.text, "annotations": []}]}
             )  # fmt: skip
-        elif kind == "tool_use" and block["name"] in custom:
-            raw = block["input"].get(FREEFORM_PARAMETER, "")
+        elif part.name in custom:
+            raw = part.arguments.get(FREEFORM_PARAMETER, "")
             raw = raw if isinstance(raw, str) else json.dumps(raw)
             items.append(
-                {"type": "custom_tool_call", "id": f"ctc_{suffix}_{i}", "status": "completed",
-                 "call_id": block["id"], "name": block["name"], "input": raw}
+                {"type": "custom_tool_call", "id": f"ctc_{turn.id}_{i}", "status": "completed",
+                 "call_id": part.id, "name": part.name, "input": raw}
             )  # fmt: skip
-        elif kind == "tool_use":
+        else:
             items.append(
-                {"type": "function_call", "id": f"fc_{suffix}_{i}", "status": "completed",
-                 "call_id": block["id"], "name": block["name"], "arguments": json.dumps(block["input"])}
+                {"type": "function_call", "id": f"fc_{turn.id}_{i}", "status": "completed",
+                 "call_id": part.id, "name": part.name, "arguments": json.dumps(part.arguments)}
             )  # fmt: skip
-            if block["name"] in spaces:
-                items[-1]["namespace"] = spaces[block["name"]]
+            if part.name in spaces:
+                items[-1]["namespace"] = spaces[part.name]
     return items
 
 
 def response_body(
-    message: dict[str, Any],
+    turn: AssistantTurn,
     custom: frozenset[str],
     status: str = "completed",
     spaces: Mapping[str, str] = MappingProxyType({}),
 ) -> dict[str, Any]:
-    usage = message["usage"]
     return {
-        "id": "resp_" + message["id"].removeprefix("msg_"),
+        "id": f"resp_{turn.id}",
         "object": "response",
         "status": status,
-        "model": message["model"],
-        "output": output_items(message, custom, spaces) if status == "completed" else [],
+        "model": turn.model,
+        "output": output_items(turn, custom, spaces) if status == "completed" else [],
         "usage": {
-            "input_tokens": usage["input_tokens"],
+            "input_tokens": turn.input_tokens,
             "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": usage["output_tokens"],
+            "output_tokens": turn.output_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": usage["input_tokens"] + usage["output_tokens"],
+            "total_tokens": turn.input_tokens + turn.output_tokens,
         },
     }
 
 
-async def responses(request: Request) -> Response:
-    state = request.app.state.adapter
-    try:
-        state.refuse_if_draining()
-        edge.grant(request, state.tokens, CODEX)
-        settings = state.kit.settings
-        body = parse_request(await edge.read_body(request, settings.body_limit, settings.body_timeout))
-        chat = to_chat(body)
-        _, custom = offered_tools(body.tools or [])
-        granted = edge.grant(request, state.tokens, CODEX)  # again: it may have closed during the upload
-        shape = RequestShape(None, chat.system, chat.messages, chat.tools, edge.peer(request))
-        session = state.sessions.get(granted.rollout_id, granted.attempt_id)
+class Responses(WireProtocol[ResponsesRequest]):
+    path = "/v1/responses"
+    harness = CODEX
+
+    def parse(self, body: bytes, settings: AdapterSettings) -> Call[ResponsesRequest]:
+        request = parse_request(body)
+        max_tokens = request.max_output_tokens or settings.max_new_tokens
+        turn = TurnInput(to_chat(request), request.model, max_tokens, request.sampling(), CODEX)
+        return Call(request, turn, request.stream)
+
+    def agent(self, session: Session, call: Call[ResponsesRequest], request: Request) -> Agent:
         thread, root = request.headers.get(THREAD_HEADER), request.headers.get(ROOT_HEADER)
-        agent = session.thread_agent(shape, thread, root)
-        settle_contests(state.kit, session.contenders())
-        if agent.kind == MAIN:
-            hand_back(state.kit, session.notified_subagents(chat.messages))
-        state.kit.metrics.count_route(agent)
+        return codex_thread(session, shape(call.turn.chat, request), thread, root)
+
+    def finished_subagents(self, session: Session, call: Call[ResponsesRequest]) -> list[Agent]:
+        return notified_subagents(session, call.turn.chat.messages)
+
+    def replay(self, agent: Agent, call: Call[ResponsesRequest]) -> Response | None:
+        """A cut stream retried: the rest of the recorded turn, nothing sampled again (stream_retry.py)."""
+        if not call.stream:
+            return None
+        history = agent.history
         owed = stream_retry.rest(
-            agent.answered, body.items(), body.tools, agent.history.chain_id, len(agent.history.turns)
+            agent.answered, call.request.items(), call.request.tools, history.chain_id, len(history.turns)
         )
-        if body.stream and owed is not None:  # a cut stream retried: the rest of the turn, not a new one
-            state.kit.metrics.stream_retries.inc()
-            replay = replay_events(agent.answered.response, owed)
-            return StreamingResponse(replay, media_type=EVENT_STREAM, headers={"cache-control": "no-cache"})
-        max_tokens = body.max_output_tokens or settings.max_new_tokens
-        turn = TurnInput(chat, body.model, max_tokens, body.sampling(), CODEX)
-        spaces = namespaces(body.tools or [])
-        remember = functools.partial(_remember, agent, body)
-        stream = (
-            functools.partial(response_events, custom=custom, spaces=spaces, remember=remember)
-            if body.stream
-            else None
-        )
-        render = functools.partial(response_body, custom=custom, spaces=spaces)
-        return await answer(state, request, agent, turn, stream=stream, render=render)
-    except ApiError as err:
-        return err.openai_response()
+        if owed is None:
+            return None
+        replay = replay_events(agent.answered.response, owed)
+        return StreamingResponse(replay, media_type=EVENT_STREAM, headers={"cache-control": "no-cache"})
+
+    def body(self, call: Call[ResponsesRequest], turn: AssistantTurn) -> dict[str, Any]:
+        tools = call.request.tools or []
+        return response_body(turn, offered_tools(tools)[1], spaces=namespaces(tools))
+
+    def events(
+        self, call: Call[ResponsesRequest], agent: Agent, events: AsyncIterator[TurnEvent], started: Started
+    ) -> AsyncIterator[bytes]:
+        tools = call.request.tools or []
+        remember = functools.partial(_remember, agent, call.request)
+        return response_events(events, started, offered_tools(tools)[1], remember, namespaces(tools))
+
+    def error(self, err: ApiError) -> Response:
+        return error_response(err)
 
 
 async def response_events(
@@ -350,14 +348,14 @@ async def response_events(
 ) -> AsyncIterator[bytes]:
     """The turn's stream; ``remember`` gets the completed body (the turn is committed) before any item is
     sent, so a retry after a cut finds it."""
-    head = response_body(started.message, custom, status="in_progress")
+    head = response_body(started.turn, custom, status="in_progress")
     yield _sse("response.created", {"response": head})
     try:
         async for item in events:
             if isinstance(item, Ping):
                 yield _sse("response.in_progress", {"response": head})
             elif isinstance(item, Done):
-                body = response_body(item.message, custom, spaces=spaces)
+                body = response_body(item.turn, custom, spaces=spaces)
                 remember(body)
                 for chunk in _items_and_completion(body):
                     yield chunk

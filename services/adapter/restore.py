@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollbus.services.adapter.response import TurnRef, tool_use_id
+from rollbus.services.adapter.provenance import TurnRef, tool_use_id
 from rollbus.services.adapter.sessions import MAIN, Agent, Session
 from rollbus.trajectory import Turn
 

@@ -62,4 +62,4 @@ def message_end(message: dict[str, Any]) -> Iterator[bytes]:
 
 
 def error(err: ApiError) -> bytes:
-    return event("error", {"error": err.body()["error"]})
+    return event("error", {"error": {"type": err.error_type, "message": err.message}})

@@ -13,9 +13,10 @@ from rollbus.routed_experts import RoutesStore
 from rollbus.services.adapter.errors import overloaded, unavailable
 from rollbus.services.adapter.metrics import AdapterMetrics
 from rollbus.services.adapter.publisher import BacklogFull, BytePublisher, Outbox
-from rollbus.services.adapter.sessions import Sessions, SessionTokens
+from rollbus.services.adapter.sessions import Sessions
 from rollbus.services.adapter.settings import AdapterSettings
 from rollbus.services.adapter.sglang_client import SGLangClient
+from rollbus.services.adapter.tokens import SessionTokens
 from rollbus.services.adapter.turn import TurnKit
 
 log = logging.getLogger(__name__)

@@ -22,10 +22,11 @@ from typing import Any
 
 from rollbus.markup import ContentFormsMarkup
 from rollbus.routed_experts import RoutesError, RoutesStore, from_sglang
-from rollbus.services.adapter import records, response
-from rollbus.services.adapter.anthropic import Message
+from rollbus.services.adapter import records
+from rollbus.services.adapter.assistant import AssistantTurn, stop_reason
 from rollbus.services.adapter.errors import invalid_request, prompt_too_long, unauthenticated, upstream_failed
 from rollbus.services.adapter.metrics import AdapterMetrics
+from rollbus.services.adapter.provenance import TurnRef, signed_parts
 from rollbus.services.adapter.publisher import Outbox
 from rollbus.services.adapter.sessions import CONTESTED_CALL, SIDE, UNATTRIBUTED, Agent
 from rollbus.services.adapter.settings import AdapterSettings
@@ -36,7 +37,7 @@ from rollbus.services.adapter.sglang_client import (
     SGLangClient,
     TurnHeaders,
 )
-from rollbus.services.adapter.translate import ChatPrompt, assistant_message
+from rollbus.services.adapter.translate import ChatPrompt
 from rollbus.trajectory import AMBIGUOUS, Turn
 from rollbus.turn_log import prompt_reference
 
@@ -56,7 +57,7 @@ class TurnInput:
 
 @dataclass(frozen=True)
 class Started:
-    message: dict[str, Any]  # the envelope: id, model, usage.input_tokens
+    turn: AssistantTurn  # no parts yet: its id, model and input_tokens
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class Ping:
 
 @dataclass(frozen=True)
 class Done:
-    message: dict[str, Any]
+    turn: AssistantTurn
 
 
 TurnEvent = Started | Ping | Done
@@ -92,7 +93,7 @@ class Prepared:
     generate."""
 
     plan: Any
-    message_id: str
+    turn_id: str  # the AssistantTurn's id
     max_new_tokens: int
     routes_from: int | None = None  # the routed experts asked for start here (None: not asked)
 
@@ -102,14 +103,7 @@ async def run_turn(kit: TurnKit, agent: Agent, turn: TurnInput) -> AsyncGenerato
     clock = time.monotonic()
     async with agent.lock:
         prepared = await prepare(kit, agent, turn)
-        head = response.message_body(
-            prepared.message_id,
-            turn.model,
-            [],
-            (None, None),
-            response.usage(len(prepared.plan.prompt_ids), 0),
-        )
-        yield Started(head)
+        yield Started(AssistantTurn(prepared.turn_id, turn.model, input_tokens=len(prepared.plan.prompt_ids)))
         started_at = records.now_ms()
         generation = None
         # aclosing: a turn closed early cancels (and aborts) the engine call before the lock is let go
@@ -120,9 +114,9 @@ async def run_turn(kit: TurnKit, agent: Agent, turn: TurnInput) -> AsyncGenerato
                 else:
                     yield item
         assert generation is not None, "generate() ends with the generation"
-        message = await finish(kit, agent, prepared, turn, generation, started_at)
+        answer = await finish(kit, agent, prepared, turn, generation, started_at)
         kit.metrics.turn_seconds.observe(time.monotonic() - clock)
-        yield Done(message)
+        yield Done(answer)
 
 
 async def prepare(kit: TurnKit, agent: Agent, turn: TurnInput) -> Prepared:
@@ -140,7 +134,7 @@ async def prepare(kit: TurnKit, agent: Agent, turn: TurnInput) -> Prepared:
         raise invalid_request(f"this rollout has opened {session.chains_opened} chains, the most allowed")
     max_new = min(kit.settings.max_new_tokens, turn.max_tokens, context - prompt_len)
     routes_from = routes_start(plan.prompt_ids, previous_turn(agent, plan)) if kit.routes else None
-    return Prepared(plan, f"msg_{uuid.uuid4().hex}", max_new, routes_from)
+    return Prepared(plan, uuid.uuid4().hex, max_new, routes_from)
 
 
 def previous_turn(agent: Agent, plan: Any) -> Turn | None:
@@ -174,7 +168,11 @@ async def generate(
     headers = TurnHeaders(agent.rollout_id, prepared.plan.chain_id, agent.kind, turn.harness)
     call = asyncio.create_task(
         kit.engine.generate(
-            list(prepared.plan.prompt_ids), params, rid, headers, prepared.routes_from,
+            list(prepared.plan.prompt_ids),
+            params,
+            rid,
+            headers,
+            prepared.routes_from,
             kit.settings.top_logprobs,
         )  # fmt: skip
     )
@@ -201,8 +199,8 @@ async def generate(
 
 async def finish(
     kit: TurnKit, agent: Agent, prepared: Prepared, turn: TurnInput, generation: Generation, started_at: int
-) -> dict[str, Any]:
-    """Parse, build the content blocks, commit the turn and publish it; returns the final message."""
+) -> AssistantTurn:
+    """Parse, sign the parts, commit the turn and publish it; returns the finished turn."""
     settings, plan = kit.settings, prepared.plan
     text = kit.tokenizer.decode(generation.output_ids, skip_special_tokens=False)
     parsed = await asyncio.to_thread(
@@ -212,9 +210,14 @@ async def finish(
         tool_parser=settings.tool_parser,
         reasoning_parser=settings.reasoning_parser or None,
     )
-    ref = response.TurnRef(agent.rollout_id, plan.chain_id, plan.turn_index)
-    blocks = response.content_blocks(parsed, ref, settings.signing_key)
-    sent = assistant_message(Message.model_validate({"role": "assistant", "content": blocks}))
+    ref = TurnRef(agent.rollout_id, plan.chain_id, plan.turn_index)
+    reasoning, text, calls = signed_parts(parsed, ref, settings.signing_key)
+    stop, stop_sequence = stop_reason(generation.finish_type, bool(calls), generation.matched)
+    answer = AssistantTurn(
+        prepared.turn_id, turn.model, reasoning, text, calls, stop, stop_sequence,
+        len(plan.prompt_ids), len(generation.output_ids),
+    )  # fmt: skip
+    sent = answer.chat_message()
     version = policy_version(generation.weight_version, settings.policy_version)
     sampled = Turn(
         plan.prompt_ids, generation.output_ids, generation.output_logprobs, generation.finish_type, version,
@@ -228,9 +231,14 @@ async def finish(
     previous = previous_turn(agent, plan)
     routes = await store_routes(kit, prepared, generation)
     outbound = [("sessions", event) for event in chain_changes(agent, plan)]
-    outbound.append(("turns", records.turn_record(
-        agent, sampled, previous, generation.rid, timings, routes, generation.top_logprobs
-    )))
+    outbound.append(
+        (
+            "turns",
+            records.turn_record(
+                agent, sampled, previous, generation.rid, timings, routes, generation.top_logprobs
+            ),
+        )
+    )
     if agent.kind == SIDE:  # a side call is one turn: its chain ends with it
         side_end = records.session_record(agent, plan.chain_id, "frozen", turn_count=1, reason="side")
         outbound.append(("sessions", side_end))
@@ -247,10 +255,8 @@ async def finish(
         _demote(kit, agent)
     kit.metrics.backlog.set(len(kit.outbox.backlog))
     await asyncio.wait({delivered}, timeout=settings.publish_wait)  # never cancels the delivery
-    stop = response.stop_reason(generation.finish_type, blocks, generation.matched)
-    _count(kit.metrics, agent, plan, generation, stop[0])
-    usage = response.usage(len(plan.prompt_ids), len(generation.output_ids))
-    return response.message_body(prepared.message_id, turn.model, blocks, stop, usage)
+    _count(kit.metrics, agent, plan, generation, stop)
+    return answer
 
 
 async def store_routes(kit: TurnKit, prepared: Prepared, generation: Generation) -> dict[str, Any] | None:
