@@ -74,7 +74,7 @@ class TurnStream(StreamingResponse):
             self.on_close()
 
 
-async def collect(events: AsyncIterator[TurnEvent], request: Request, render: Render) -> JSONResponse:
+async def collect(events: AsyncGenerator[TurnEvent, None], request: Request, render: Render) -> JSONResponse:
     """Run a turn to its end for a non-streaming request, watching for the client leaving; ``render``
     shapes the finished turn in the protocol that asked."""
     try:
