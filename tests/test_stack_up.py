@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,15 @@ def test_injected_infrastructure_failures_and_over_sampling_reach_the_runner_and
     assert flag(service_argv(tmp_path, "trainer"), "--refill-dataset") is None  # off: not named
     rows = tmp_path / "rows.jsonl"
     assert flag(service_argv(tmp_path, "trainer", refill_dataset=rows), "--refill-dataset") == str(rows)
+
+
+def test_the_sandbox_backend_reaches_the_runner_and_the_grader(tmp_path: Path):
+    """``--sandbox-backend docker``: the agent and the grade both run in containers of each row's image (the
+    runner's --backend docker, the grader's --backend docker); bwrap, the default, passes neither."""
+    for name in ("sandbox-runner", "grader"):
+        assert flag(service_argv(tmp_path, name, sandbox_backend="docker"), "--backend") == "docker"
+        assert "--backend" not in service_argv(tmp_path, name)
+    for settings in ("sandbox_runner.settings:RunnerSettings", "grader.settings:GraderSettings"):
+        module, _, cls = settings.partition(":")
+        backend = getattr(importlib.import_module(f"rollbus.services.{module}"), cls).model_fields["backend"]
+        assert "docker" in backend.annotation.__args__  # the value the stack passes is one each accepts

@@ -334,10 +334,32 @@ def test_harbor_folders_load_as_one_task_or_a_dataset_of_them(tmp_path: Path) ->
     assert items[0][0].endswith("gpu")
     with pytest.raises(FormatError, match="no Harbor task"):
         load_dataset(tmp_path / "ds" / "notes")
-    with pytest.raises(FormatError, match="only the harbor format"):
+    with pytest.raises(FormatError, match="without \\*.jsonl files: its swebench rows"):
         load_dataset(tmp_path / "ds", "swebench")
     with pytest.raises(FormatError, match="unknown format"):
         load_dataset(one, "csv")
+
+
+def test_a_folder_of_task_folders_and_jsonl_files_is_one_dataset(tmp_path: Path) -> None:
+    """``rollbus submit`` / ``demo --tasks`` / ``validate`` given one folder read its Harbor tasks, then every
+    ``*.jsonl`` file's rows, numbered through the folder (a row with no instance id is named by it);
+    ``--format`` picks one kind."""
+    write_harbor(tmp_path / "ds", "hello", harbor_files())
+    own = {"prompt": "p", "metadata": {"image": "repo", "workdir": "/w", "eval_cmd": "true"}}
+    (tmp_path / "ds" / "a.jsonl").write_text(json.dumps(swepro_row()) + "\n" + json.dumps(own) + "\n")
+    (tmp_path / "ds" / "b.jsonl").write_text(json.dumps(own) + "\n")
+    (tmp_path / "ds" / "notes.txt").write_text("not a dataset\n")
+    loaded = load_dataset(tmp_path / "ds")
+    assert [Path(x.where).name for x in loaded] == ["hello", "a.jsonl:1", "a.jsonl:2", "b.jsonl:1"]
+    assert [x.line for x in loaded] == [1, 2, 3, 4] and all(x.error is None for x in loaded)
+    rows, bad = split_rows(tmp_path / "ds", RowKeys())
+    assert [r.instance_id for r in rows] == ["hello", "instance_ansible__ansible-123", "row3", "row4"]
+    assert not bad and rows[2].metadata["image"] == str(tmp_path / "ds" / "repo")  # beside the files
+    formats = [json.loads(x.text)["metadata"]["source"]["format"] for x in loaded]
+    assert formats == ["harbor", "swepro", "rollbus", "rollbus"]
+    assert [Path(x.where).name for x in load_dataset(tmp_path / "ds", "harbor")] == ["hello"]
+    forced = load_dataset(tmp_path / "ds", "swepro")
+    assert [x.error is None for x in forced] == [True, False, False]  # every .jsonl row read as that format
 
 
 def test_a_converted_row_passes_submits_own_checks(tmp_path: Path) -> None:

@@ -4,11 +4,13 @@ One module per format, each a pure reader over plain data: :mod:`.swebench` (SWE
 kin), :mod:`.swepro` (SWE-bench Pro as published), :mod:`.harbor` (Harbor task directories). Every row keeps
 ``metadata.source``: the format it came in, the dataset revision (if given) and its row hash.
 :func:`load_dataset` is the I/O edge ``rollbus submit`` and ``rollbus validate`` share: a JSONL file of any
-of them (rollbus's own rows included), a Harbor task folder, or a folder of task folders.
+of them (rollbus's own rows included), a Harbor task folder, or a folder of tasks (task folders and JSONL
+files: one dataset of several formats).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -84,16 +86,46 @@ def load_dataset(
     revision: str | None = None,
     own_keys: tuple[str, str] = ("prompt", "metadata"),
 ) -> list[Loaded]:
-    """Every task of ``path``: a JSONL file, a Harbor task folder, or a folder of task folders (``own_keys``:
-    the prompt and metadata keys of rollbus's own rows)."""
+    """Every task of ``path``: a JSONL file, a Harbor task folder, or a folder of tasks (Harbor task folders
+    and JSONL files; ``own_keys``: the prompt and metadata keys of rollbus's own rows)."""
     if fmt is not None and fmt not in FORMATS:
         raise FormatError(f"unknown format {fmt!r} (one of {', '.join(FORMATS)})")
     if path.is_dir():
-        if fmt not in (None, harbor.FORMAT):
-            raise FormatError(f"{path} is a folder: only the harbor format comes as folders")
-        return load_harbor(path, revision)
+        return load_folder(path, fmt, revision, own_keys)
     if fmt == harbor.FORMAT:
         raise FormatError(f"{path} is a file: a Harbor dataset is a task folder or a folder of them")
+    return load_jsonl(path, fmt, revision, own_keys)
+
+
+def load_folder(path: Path, fmt: str | None, revision: str | None, own_keys: tuple[str, str]) -> list[Loaded]:
+    """A Harbor task folder; or a folder of tasks: its Harbor task folders, then the rows of its ``*.jsonl``
+    files (one dataset of several formats; ``fmt``, when given, picks the one kind read)."""
+    names = {p.name for p in path.iterdir()}
+    if harbor.is_task_dir(names):
+        if fmt not in (None, harbor.FORMAT):
+            raise FormatError(f"{path} is a Harbor task folder, not {fmt} rows")
+        return load_harbor(path, revision)
+    files = sorted(p for p in path.glob("*.jsonl") if p.is_file()) if fmt != harbor.FORMAT else []
+    folders = [] if fmt not in (None, harbor.FORMAT) else task_folders(path)
+    if fmt not in (None, harbor.FORMAT) and not files:
+        raise FormatError(f"{path} is a folder without *.jsonl files: its {fmt} rows would come in those")
+    if not files and not folders:
+        raise FormatError(
+            f"{path} holds no Harbor task (a folder with task.toml and instruction.md) and no *.jsonl file"
+        )
+    out = load_harbor(path, revision) if folders else []
+    for file in files:
+        out += load_jsonl(file, fmt, revision, own_keys)
+    # numbered through the whole folder: a row without an instance id is named by its number (row<N>)
+    return [dataclasses.replace(loaded, line=number) for number, loaded in enumerate(out, start=1)]
+
+
+def task_folders(path: Path) -> list[Path]:
+    return sorted(p for p in path.iterdir() if p.is_dir() and (p / "task.toml").is_file())
+
+
+def load_jsonl(path: Path, fmt: str | None, revision: str | None, own_keys: tuple[str, str]) -> list[Loaded]:
+    """Every row of a JSONL file, converted from its format (``fmt``, else detected per row)."""
     out = []
     with path.open(encoding="utf-8", errors="replace") as lines:
         for number, text in enumerate(lines, start=1):
@@ -118,7 +150,7 @@ def load_harbor(path: Path, revision: str | None = None) -> list[Loaded]:
     if harbor.is_task_dir({p.name for p in path.iterdir()}):
         folders = [path]
     else:
-        folders = sorted(p for p in path.iterdir() if p.is_dir() and (p / "task.toml").is_file())
+        folders = task_folders(path)
         if not folders:
             raise FormatError(f"{path} holds no Harbor task (a folder with task.toml and instruction.md)")
     out = []

@@ -37,6 +37,11 @@ class StackSettings(BusSettings):
     agent: Literal["claude_code", "codex"] = Field(
         "claude_code", description="the sandbox runner's agent harness for rows without metadata.agent"
     )
+    sandbox_backend: Literal["bwrap", "docker"] = Field(
+        "bwrap",
+        description="sandbox backend of the agent and of the grader (docker: each row's metadata.image, a "
+        "container image the engine has or, for a Harbor task, builds; the runner's and grader's --backend)",
+    )
     engine_port: int = Field(0, ge=0, le=65535, description="engine port (0: a free one)")
     adapter_port: int = Field(0, ge=0, le=65535, description="adapter port (0: a free one)")
     group_size: int = Field(2, ge=1, description="rollouts per group the trainer waits for")
@@ -94,6 +99,12 @@ class StackSettings(BusSettings):
 
     def starts_broker(self) -> bool:
         return self.embedded_broker if self.embedded_broker is not None else not self.bootstrap_given()
+
+    def backend_flags(self) -> dict[str, list[str]]:
+        """The sandbox runner's and the grader's ``--backend`` for ``--sandbox-backend``."""
+        if self.sandbox_backend == "docker":
+            return {"sandbox-runner": ["--backend", "docker"], "grader": ["--backend", "docker"]}
+        return {"sandbox-runner": [], "grader": []}
 
     def engine_scripts(self) -> list[str]:
         """The engine's script flags: ``--script`` for every request and, unless ``--script`` alone was given

@@ -79,11 +79,14 @@ def service_specs(settings: StackSettings, stack: Stack) -> list[ServiceSpec]:
             "sandbox-runner",
             ["--adapter-url", stack.adapter_url, "--concurrency", str(settings.runner_concurrency),
              "--agent", settings.agent, "--state-dir", str(state), *bus,
+             *settings.backend_flags()["sandbox-runner"],
              *(["--inject-infra-failures", str(settings.inject_infra_failures)]
                if settings.inject_infra_failures else [])],
             env={"ROLLBUS_SANDBOX_RUNNER_ADMIN_TOKEN": stack.admin_token}, settle=2.0,
         ),
-        ServiceSpec.rollbus("grader", ["--state-dir", str(state), *bus], settle=2.0),
+        ServiceSpec.rollbus(
+            "grader", ["--state-dir", str(state), *bus, *settings.backend_flags()["grader"]], settle=2.0
+        ),
     ]  # fmt: skip
     if settings.gym:
         specs.append(ServiceSpec.rollbus(
