@@ -154,9 +154,56 @@ def local_broker(state_dir: os.PathLike[str]) -> Iterator[str]:
         broker.stop()
 
 
+# The whole suite on the embedded broker (``make test``: no paths given, so pytest collects its testpaths):
+# the broker's JVM starts in a thread at the session's start, on the second core while pytest collects for
+# half a minute on the first, so the first test that needs it does not wait for its start. A run of chosen
+# files starts it on first use, as before; a run that turns out to use none stops it at the end.
+_early_broker: dict[str, Any] = {}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    config = session.config
+    if config.args_source is not pytest.Config.ArgsSource.TESTPATHS or config.option.collectonly:
+        return
+    try:
+        if broker_kind() != "local":
+            return
+    except pytest.UsageError:
+        return  # the fixture says so where a test needs a broker
+    from concurrent.futures import ThreadPoolExecutor
+
+    state = Path(tempfile.mkdtemp(prefix="rollbus-test-broker-"))
+    broker = local_broker(state)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="early-broker")
+    started = pool.submit(next, broker)
+    pool.shutdown(wait=False)  # the start runs on; the fixture waits for it
+    _early_broker.update(broker=broker, state=state, started=started)
+
+
+def stop_early_broker() -> None:
+    if not _early_broker:
+        return
+    try:
+        _early_broker["started"].exception()  # a start still running is waited for before its stop
+        _early_broker["broker"].close()  # local_broker's finally: the broker stops
+    finally:
+        shutil.rmtree(_early_broker["state"], ignore_errors=True)
+        _early_broker.clear()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    stop_early_broker()
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Bootstrap servers of the session's Kafka broker (see the module docstring for which)."""
+    if _early_broker:
+        try:
+            yield _early_broker["started"].result()
+        finally:
+            stop_early_broker()
+        return
     kind = broker_kind()
     if kind == "docker":
         yield from docker_broker()

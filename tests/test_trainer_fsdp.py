@@ -15,6 +15,8 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -140,13 +142,57 @@ def load_model(path: Path) -> torch.nn.Module:
 # --------------------------------------------------------------------------- the tests
 
 
-def run(out: Path, kind: str, steps: int, ranks: int, **env: str) -> subprocess.CompletedProcess:
+def start(out: Path, kind: str, steps: int, ranks: int, **env: str) -> tuple[subprocess.Popen, list]:
+    """The worker in the background: runs that do not depend on each other overlap (the machine has two
+    cores and each process trains on one thread, so the results are those of runs made one at a time).
+    Its output goes to files, not pipes: a run nobody reads yet must not block on a full pipe."""
     command = [sys.executable, __file__, str(out), kind, str(steps)]
     if ranks > 1:
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
                    "--master-port", str(free_port()), *command[1:]]  # fmt: skip
     environment = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **env)
-    return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=900)
+    output = [tempfile.TemporaryFile("w+") for _ in range(2)]
+    return subprocess.Popen(command, env=environment, stdout=output[0], stderr=output[1], text=True), output
+
+
+def finish(started: tuple[subprocess.Popen, list]) -> subprocess.CompletedProcess:
+    proc, output = started
+    try:
+        proc.wait(timeout=900)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    for file in output:
+        file.seek(0)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, output[0].read(), output[1].read())
+
+
+def run(out: Path, kind: str, steps: int, ranks: int, **env: str) -> subprocess.CompletedProcess:
+    return finish(start(out, kind, steps, ranks, **env))
+
+
+@pytest.fixture(scope="module")
+def moe_two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], Path]]:
+    """Two MoE steps on two ranks, uninterrupted: its v1 is the sharded step the MoE case of
+    test_two_sharded_ranks_take_the_step_of_one_process compares, its v2 the reference the kill test
+    resumes to (one torchrun instead of two). Started on first use; calling the result waits for it."""
+    out = tmp_path_factory.mktemp("moe-two-ranks")
+    proc = start(out, "moe", 2, 2)
+    done: list[subprocess.CompletedProcess] = []
+
+    def wait() -> Path:
+        if not done:
+            done.append(finish(proc))
+        assert done[0].returncode == 0, done[0].stderr[-4000:]
+        return out
+
+    try:
+        yield wait
+    finally:
+        if proc[0].poll() is None:
+            proc[0].kill()
+            proc[0].wait()
 
 
 def weights(path: Path) -> dict[str, torch.Tensor]:
@@ -154,14 +200,22 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("kind", ["dense", "moe"])
-def test_two_sharded_ranks_take_the_step_of_one_process(kind: str, tmp_path: Path) -> None:
-    one, two = tmp_path / "one", tmp_path / "two"
-    for out, ranks in ((one, 1), (two, 2)):
-        done = run(out, kind, 1, ranks)
+def test_two_sharded_ranks_take_the_step_of_one_process(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    one = tmp_path / "one"
+    single_run = start(one, kind, 1, 1)
+    if kind == "moe":  # the first of the shared run's two steps
+        two, steps = request.getfixturevalue("moe_two_ranks")(), 2
+    else:
+        two, steps = tmp_path / "two", 1
+        done = run(two, kind, 1, 2)
         assert done.returncode == 0, done.stderr[-4000:]
+    done = finish(single_run)
+    assert done.returncode == 0, done.stderr[-4000:]
     single, sharded = (
         json.loads((one / "result-1.json").read_text()),
-        json.loads((two / "result-1.json").read_text()),
+        json.loads((two / f"result-{steps}.json").read_text()),
     )
     assert sharded[0]["tokens"] == single[0]["tokens"] > 0
     for key in ("loss", "grad_norm", "abs_diff", "approx_kl", "abs_diff_max"):
@@ -180,16 +234,16 @@ def test_two_sharded_ranks_take_the_step_of_one_process(kind: str, tmp_path: Pat
     assert torch.equal(loaded.model.embed_tokens.weight, after["model.embed_tokens.weight"])
 
 
-def test_a_kill_inside_a_sharded_step_resumes_to_the_uninterrupted_weights(tmp_path: Path) -> None:
-    ref, killed = tmp_path / "ref", tmp_path / "killed"
-    done = run(ref, "moe", 2, 2)
-    assert done.returncode == 0, done.stderr[-4000:]
+def test_a_kill_inside_a_sharded_step_resumes_to_the_uninterrupted_weights(
+    tmp_path: Path, moe_two_ranks: Callable[[], Path]
+) -> None:
+    killed = tmp_path / "killed"
     dead = run(killed, "moe", 2, 2, KILL_AT="2")
     assert dead.returncode != 0 and "SIGKILL" in dead.stderr, dead.stderr[-4000:]
     assert checkpoint.versions(killed) == [0, 1], "the kill came inside step 2, after v1 was written"
     again = run(killed, "moe", 2, 2)
     assert again.returncode == 0, again.stderr[-4000:]
-    expected, got = weights(ref / "v00000002"), weights(killed / "v00000002")
+    expected, got = weights(moe_two_ranks() / "v00000002"), weights(killed / "v00000002")
     for key in expected:
         torch.testing.assert_close(got[key], expected[key], rtol=0, atol=0, msg=key)
 

@@ -300,11 +300,17 @@ def test_two_ranks_reach_the_weights_of_one_process(kafka_bootstrap: str, tmp_pa
     for namespace in spaces:
         asyncio.run(publish(kafka_bootstrap, namespace, batches()))
     one, two = tmp_path / "one", tmp_path / "two"
-    subprocess.run([sys.executable, "-m", "rollbus.trainer"],
-                   env=trainer_env(kafka_bootstrap, spaces[0], one), check=True, timeout=600)  # fmt: skip
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                str(free_port()), "-m", "rollbus.trainer"]  # fmt: skip
-    subprocess.run(torchrun, env=trainer_env(kafka_bootstrap, spaces[1], two), check=True, timeout=600)
+    # side by side: each trains on one thread, so neither's weights depend on the other running
+    single = subprocess.Popen([sys.executable, "-m", "rollbus.trainer"],
+                              env=trainer_env(kafka_bootstrap, spaces[0], one))  # fmt: skip
+    try:
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                    str(free_port()), "-m", "rollbus.trainer"]  # fmt: skip
+        subprocess.run(torchrun, env=trainer_env(kafka_bootstrap, spaces[1], two), check=True, timeout=600)
+        assert single.wait(timeout=600) == 0
+    finally:
+        single.kill()
+        single.wait()
     single, ranks = weights(one / "v00000001"), weights(two / "v00000001")
     moved = weights(one / "v00000000")
     assert any(not torch.equal(single[k], moved[k]) for k in single)
@@ -337,9 +343,10 @@ def test_sigkill_mid_run_then_restart_reaches_the_uninterrupted_weights(
     for namespace in spaces:
         asyncio.run(publish(kafka_bootstrap, namespace, batches()))
     ref, killed = tmp_path / "ref", tmp_path / "killed"
-    env = trainer_env(kafka_bootstrap, spaces[0], ref) | THREE_STEPS
-    subprocess.run([sys.executable, "-m", "rollbus.trainer"], env=env, check=True, timeout=600)
-
+    # the uninterrupted reference runs beside the one to be killed (one thread each: neither's weights
+    # depend on the other running)
+    ref_env = trainer_env(kafka_bootstrap, spaces[0], ref) | THREE_STEPS
+    reference = subprocess.Popen([sys.executable, "-m", "rollbus.trainer"], env=ref_env)
     env = trainer_env(kafka_bootstrap, spaces[1], killed) | THREE_STEPS
     proc = subprocess.Popen([sys.executable, "-m", "rollbus.trainer"], env=env, start_new_session=True)
     try:
@@ -348,9 +355,11 @@ def test_sigkill_mid_run_then_restart_reaches_the_uninterrupted_weights(
             time.sleep(0.05)
         assert proc.poll() is None, "the trainer finished before it could be killed"
         os.killpg(proc.pid, signal.SIGKILL)
+        assert reference.wait(timeout=600) == 0
     finally:
-        proc.kill()
-        proc.wait()
+        for started in (proc, reference):
+            started.kill()
+            started.wait()
     assert not (killed / "v00000003").exists()
     subprocess.run([sys.executable, "-m", "rollbus.trainer"], env=env, check=True, timeout=600)
     expected, got = weights(ref / "v00000003"), weights(killed / "v00000003")
