@@ -54,6 +54,7 @@ from rollbus.grading.verdict import Evidence, GradeResult, Verdict, failed
 from rollbus.sandbox import BwrapSandbox, Completed, SandboxUnavailable
 from rollbus.sandbox.images import agent_workspace
 from rollbus.sandbox.scratch import GRADE_SCRATCH_PREFIX, SCRATCH_BYTES, capped_scratch
+from rollbus.tar_extract import extract_tar
 
 try:  # the hardened sandbox contract (branch `sandbox`) names start-up failures; before it, only these exist
     from rollbus.sandbox import SandboxError  # type: ignore[attr-defined]
@@ -301,7 +302,7 @@ def materialize(image: Path, dest: Path) -> Path:
         raise FileNotFoundError(f"image {image} does not exist (build it first?)")
     dest.mkdir(parents=True)
     with tarfile.open(image) as archive:
-        archive.extractall(dest, filter="tar")
+        extract_tar(archive, dest)
     entries = list(dest.iterdir())
     return entries[0] if len(entries) == 1 and entries[0].is_dir() else dest
 

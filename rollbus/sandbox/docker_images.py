@@ -24,6 +24,7 @@ from typing import Any
 
 from rollbus.config import cache_dir
 from rollbus.local_images.build import alias, ensure_made, has_image
+from rollbus.tar_extract import extract_tar
 
 BUILD_TIMEOUT_S = 900.0
 
@@ -104,7 +105,7 @@ def export_tree(client: Any, image: str, path: str, dest: Path) -> Path:
             spool.seek(0)
             dest.mkdir(parents=True, exist_ok=True)
             with tarfile.open(fileobj=spool) as archive:
-                archive.extractall(dest, filter="tar")
+                extract_tar(archive, dest)
     finally:
         client.api.remove_container(cid, force=True)
     return dest

@@ -36,9 +36,10 @@ POLL_MARGIN_S = 120.0  # beyond one batch's grading, before the group would evic
 def run(args: argparse.Namespace) -> int:
     settings = GraderSettings.from_args(args)  # a bad flag or variable: one line, exit 2 (rollbus.cli)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if not bwrap_usable():
+    if settings.backend == "local" and not bwrap_usable():  # the docker backend's sandboxes are containers
         raise SystemExit(
-            "rollbus grader: bubblewrap cannot create sandboxes here (apt-get install bubblewrap)"
+            "rollbus grader: bubblewrap cannot create sandboxes here "
+            "(apt-get install bubblewrap; or --backend docker)"
         )
     try:
         asyncio.run(serve(settings, stop_on_signals=True))
