@@ -11,6 +11,7 @@ per rollout. ``down -v`` leaves no container, network, volume or sandbox behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -18,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -110,6 +112,10 @@ def stack() -> Iterator[Stack]:
         subprocess.run(["rm", "-rf", shared], check=False)
 
 
+def mounts_from(container: Any, shared: str) -> bool:
+    return any(str(m.get("Source", "")).startswith(shared) for m in container.attrs.get("Mounts", []))
+
+
 def leftovers(project: str, shared: str) -> list[str]:
     """What of the project the engine still holds, and any sandbox container its services started."""
     from rollbus.sandbox.docker_backend import LABEL
@@ -129,6 +135,7 @@ def leftovers(project: str, shared: str) -> list[str]:
 
 
 def test_compose_runs_the_loop_survives_a_crash_and_leaves_nothing_behind(stack: Stack) -> None:
+    sandboxes = SandboxWatch(stack.env["SHARED_DIR"])
     stack.rollbus("submit", "examples/swe-mini/demo.jsonl", "--n-samples-per-prompt", "2")
     wait_for("a reward on the bus", lambda: stack.events("rewards"))
 
@@ -153,34 +160,55 @@ def test_compose_runs_the_loop_survives_a_crash_and_leaves_nothing_behind(stack:
     trained = wait_for("a trained step", lambda: max((int(p["version"]) for p in stack.events("policy")),
                                                      default=0))  # fmt: skip
     assert wait_for("the engine serving it", lambda: served_version(stack) >= trained) and trained >= 1
-    no_sandbox_has_the_socket(stack.env["SHARED_DIR"])
+    sandboxes.close()
+    sandboxes.check()
 
     project, shared = stack.project, stack.env["SHARED_DIR"]
     stack.compose("down", "-v", "--remove-orphans", "-t", "5", timeout=300)
     assert leftovers(project, shared) == []
 
 
-def mounts_from(container: Any, shared: str) -> bool:
-    return any(str(m.get("Source", "")).startswith(shared) for m in container.attrs.get("Mounts", []))
+class SandboxWatch:
+    """Every sandbox container the stack's services create, inspected as it is created (the engine's event
+    stream, filtered by the sandboxes' label), so the threat model's line is checked on live containers."""
 
+    def __init__(self, shared: str) -> None:
+        from rollbus.sandbox.docker_backend import LABEL
+        from rollbus.sandbox.docker_engine import client
 
-def no_sandbox_has_the_socket(shared: str) -> None:
-    """The threat model's line under Compose: no sandbox container of this stack was given the engine's
-    socket, a capability, a network other than none or its holder's, or a host path outside the shared
-    directory."""
-    from rollbus.sandbox.docker_backend import LABEL
-    from rollbus.sandbox.docker_engine import client
+        self.shared, self.engine, self.seen = shared, client(), []
+        self.stream = self.engine.events(decode=True, filters={"type": "container", "event": "create",
+                                                               "label": LABEL})  # fmt: skip
+        self.thread = threading.Thread(target=self._collect, daemon=True)
+        self.thread.start()
 
-    for box in client().containers.list(all=True, filters={"label": LABEL}):
-        mounts = box.attrs.get("Mounts", [])
-        if not mounts_from(box, shared):
-            continue  # another stack's or test's sandbox on the shared engine
-        host = box.attrs["HostConfig"]
-        assert not any("docker.sock" in str(m.get("Source")) for m in mounts), box.name
-        assert all(str(m["Source"]).startswith(shared) for m in mounts if m.get("Type") == "bind"), mounts
-        assert not host.get("Privileged") and not host.get("CapAdd") and host.get("CapDrop") == ["ALL"]
-        network = host["NetworkMode"]
-        assert network == "none" or network.startswith("container:"), network
+    def _collect(self) -> None:
+        import docker
+
+        for event in self.stream:
+            with contextlib.suppress(docker.errors.NotFound):
+                attrs = self.engine.api.inspect_container(event["id"])
+                if any(str(m.get("Source", "")).startswith(self.shared) for m in attrs.get("Mounts", [])):
+                    self.seen.append(attrs)  # this stack's (the engine is shared with other tests)
+
+    def close(self) -> None:
+        self.stream.close()
+
+    def check(self) -> None:
+        """No sandbox got the engine's socket, a capability, a network but none or its holder's, or a host
+        path outside the shared directory; the agent's command containers joined a holder's network."""
+        assert self.seen, "no sandbox container of the stack was seen"
+        for attrs in self.seen:
+            host, mounts = attrs["HostConfig"], attrs.get("Mounts", [])
+            assert not any("docker.sock" in str(m.get("Source")) for m in mounts), attrs["Name"]
+            assert all(str(m["Source"]).startswith(self.shared) for m in mounts if m.get("Type") == "bind"), (
+                mounts
+            )
+            assert not host.get("Privileged") and not host.get("CapAdd") and host.get("CapDrop") == ["ALL"]
+            assert host["NetworkMode"] == "none" or host["NetworkMode"].startswith("container:"), attrs[
+                "Name"
+            ]
+        assert any(a["HostConfig"]["NetworkMode"].startswith("container:") for a in self.seen)
 
 
 def served_version(stack: Stack) -> int:
