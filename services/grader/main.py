@@ -111,6 +111,7 @@ async def serve(
             max_poll_interval_ms=poll_interval_ms,
         )  # fmt: skip
         async with consumer:
-            log.info("grading diffs as group %s (bwrap sandboxes, no network)", settings.consumer_group)
+            sandboxes = "bwrap sandboxes" if settings.backend == "local" else f"{settings.backend} sandboxes"
+            log.info("grading diffs as group %s (%s, no network)", settings.consumer_group, sandboxes)
             with contextlib.suppress(asyncio.CancelledError):
                 await consumer.run(stop)
