@@ -159,16 +159,17 @@ def test_secrets_reach_only_the_services_that_need_them() -> None:
 
 
 def test_no_service_is_privileged_and_only_the_sandboxing_services_reach_the_engine() -> None:
-    """Sandboxes are sibling containers: the engine's socket goes to the runner and the grader alone; the
-    host's pids, CAP_SYS_ADMIN and CAP_SYS_PTRACE (the adapter's listener in the agent's network namespace)
-    to the runner alone; what a sandbox mounts lives in SHARED_DIR, mounted at the one path the engine
-    resolves."""
+    """Sandboxes are sibling containers: the engine's socket and the host's pids (their sandboxes' owner
+    stamps) go to the runner and the grader alone; CAP_SYS_ADMIN and CAP_SYS_PTRACE (the adapter's listener
+    in the agent's network namespace) to the runner alone; what a sandbox mounts lives in SHARED_DIR,
+    mounted at the one path the engine resolves."""
     resolved = _resolved()
     assert not {name for name, s in resolved.items() if s.get("privileged")}
     mounts = {name: " ".join(str(v) for v in s.get("volumes", [])) for name, s in resolved.items()}
     sockets = {name for name, text in mounts.items() if ":/var/run/docker.sock:" in text}
     assert sockets == {"sandbox-runner", "grader"}
-    assert {name for name, s in resolved.items() if s.get("pid") or s.get("cap_add")} == {"sandbox-runner"}
+    assert {name for name, s in resolved.items() if s.get("pid")} == sockets  # owner stamps: host pids
+    assert {name for name, s in resolved.items() if s.get("cap_add")} == {"sandbox-runner"}
     assert resolved["sandbox-runner"]["cap_add"] == ["SYS_ADMIN", "SYS_PTRACE"]
     for name in sockets:
         shared = [str(v).split(":")[:2] for v in resolved[name]["volumes"] if "rollbus-shared" in str(v)]

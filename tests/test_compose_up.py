@@ -168,7 +168,7 @@ def test_compose_runs_the_loop_survives_a_crash_and_leaves_nothing_behind(stack:
     sandboxes.check()
 
     project, shared = stack.project, stack.env["SHARED_DIR"]
-    stack.compose("down", "-v", "--remove-orphans", "-t", "5", timeout=300)
+    stack.compose("down", "-v", "--remove-orphans", "-t", "30", timeout=300)  # time to close their sandboxes
     assert leftovers(project, shared) == []
 
 

@@ -96,6 +96,12 @@ async def serve(
     await check_topics(settings.bootstrap_servers, settings.namespace)
     for path in sweep_scratch(GRADE_SCRATCH_PREFIX, settings.grade_config().scratch_dir):
         log.info("removed the grading scratch of a dead grader: %s", path)  # its capped tmpfs, killed -9
+    if settings.backend == "docker":  # a grader killed -9 left its sandboxes' containers sleeping forever
+        from rollbus.sandbox import docker_backend, docker_engine
+
+        client = await asyncio.to_thread(docker_engine.client)
+        if swept := await asyncio.to_thread(docker_backend.sweep_stale, client):
+            log.info("swept %d docker sandboxes of dead graders and runners", len(swept))
     stop = stop or asyncio.Event()
     if stop_on_signals:
         loop = asyncio.get_running_loop()
