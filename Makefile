@@ -4,7 +4,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 VENV_FILE := .rollbus/venv-path
 
-.PHONY: help bootstrap bootstrap-test demo test test-faults lint bench broker-start broker-stop clean
+.PHONY: help bootstrap bootstrap-test demo test test-compose test-faults lint bench broker-start broker-stop clean
 
 help:
 	@echo "make demo   - the closed loop on embedded defaults: roll out, grade, segment, train, serve the new policy"
@@ -39,6 +39,9 @@ test: bootstrap-test
 	"$$v/bin/python" -m pytest -p no:cacheprovider -ra --durations=30 $(PYTEST_ARGS) && \
 	{ [ -n "$(PYTEST_ARGS)" ] || \
 	  ROLLBUS_TEST_BROKER=docker "$$v/bin/python" -m pytest -p no:cacheprovider -ra $(DOCKER_BROKER_SHARE); }
+
+test-compose: bootstrap-test
+	@"$$(cat $(VENV_FILE))/bin/python" -m pytest -p no:cacheprovider -ra -m compose tests/test_compose_up.py
 
 test-faults: bootstrap-test
 	@"$$(cat $(VENV_FILE))/bin/python" -m pytest -p no:cacheprovider -ra -m faults tests/integration/test_pipeline_faults.py

@@ -49,6 +49,7 @@ def pytest_ignore_collect(collection_path: Path) -> bool | None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "kafka: needs a real Kafka broker (the kafka_bootstrap fixture)")
     config.addinivalue_line("markers", "docker: a Docker engine (the project starts its own if none answers)")
+    config.addinivalue_line("markers", "compose: brings the Compose stack up (alone: pytest -m compose)")
     config.addinivalue_line(
         "markers", "faults: the whole-pipeline fault test (part of make test; alone: make test-faults)"
     )

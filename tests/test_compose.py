@@ -130,7 +130,8 @@ def test_every_rollbus_variable_named_anywhere_in_the_file_is_set_on_a_container
     """Compose-level variables carry no ROLLBUS_ prefix: a ROLLBUS_ name is always a service's setting."""
     named = set(re.findall(r"\bROLLBUS_[A-Z0-9_]*[A-Z0-9]", COMPOSE.read_text()))
     on_containers = {var for s in _resolved().values() for var in s.get("environment", {})}
-    assert named - on_containers == set()
+    # the one process-wide variable (rollbus.config.cache_dir), which the runner's entrypoint sets itself
+    assert named - on_containers == {"ROLLBUS_CACHE"}
 
 
 def test_every_value_set_is_one_the_settings_class_accepts() -> None:
@@ -157,9 +158,27 @@ def test_secrets_reach_only_the_services_that_need_them() -> None:
     assert SECRETS["ENGINE_API_KEY"] not in COMPOSE.read_text()
 
 
-def test_only_the_sandboxing_services_run_privileged() -> None:
-    privileged = {name for name, s in _resolved().items() if s.get("privileged")}
-    assert privileged == {"sandbox-runner", "grader"}
+def test_no_service_is_privileged_and_only_the_sandboxing_services_reach_the_engine() -> None:
+    """Sandboxes are sibling containers: the engine's socket and the host's pids (their sandboxes' owner
+    stamps) go to the runner and the grader alone; CAP_SYS_ADMIN and CAP_SYS_PTRACE (the adapter's listener
+    in the agent's network namespace) to the runner alone; what a sandbox mounts lives in SHARED_DIR,
+    mounted at the one path the engine resolves."""
+    resolved = _resolved()
+    assert not {name for name, s in resolved.items() if s.get("privileged")}
+    mounts = {name: " ".join(str(v) for v in s.get("volumes", [])) for name, s in resolved.items()}
+    sockets = {name for name, text in mounts.items() if ":/var/run/docker.sock:" in text}
+    assert sockets == {"sandbox-runner", "grader"}
+    assert {name for name, s in resolved.items() if s.get("pid")} == sockets  # owner stamps: host pids
+    assert {name for name, s in resolved.items() if s.get("cap_add")} == {"sandbox-runner"}
+    assert resolved["sandbox-runner"]["cap_add"] == ["SYS_ADMIN", "SYS_PTRACE"]
+    for name in sockets:
+        shared = [str(v).split(":")[:2] for v in resolved[name]["volumes"] if "rollbus-shared" in str(v)]
+        assert shared == [["/var/lib/rollbus-shared"] * 2], (name, shared)
+    env = {name: resolved[name]["environment"] for name in sockets}
+    assert env["sandbox-runner"]["ROLLBUS_SANDBOX_RUNNER_BACKEND"] == "docker"
+    assert env["sandbox-runner"]["ROLLBUS_SANDBOX_RUNNER_SANDBOX_ROOT"].startswith("/var/lib/rollbus-shared/")
+    assert env["grader"]["ROLLBUS_GRADER_BACKEND"] == "docker"
+    assert env["grader"]["ROLLBUS_GRADER_SCRATCH_DIR"].startswith("/var/lib/rollbus-shared/")
 
 
 def test_the_engine_loads_checkpoints_at_the_path_the_trainer_writes_them() -> None:

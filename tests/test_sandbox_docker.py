@@ -292,6 +292,51 @@ async def test_a_missing_image_is_an_image_error(engine: Any) -> None:
     assert raised.value.failure_kind == "image_error"
 
 
+async def test_a_path_rows_tree_runs_in_an_image_of_it_built_once_with_its_history_scrubbed(
+    engine: Any, tmp_path: Path
+) -> None:
+    """A row whose image is a host repository (the swe-mini rows) runs on the docker backend in the base
+    image with the tree at its workdir, tagged by content (built once); the fix on a later branch stays
+    unseen; a path that is no directory is an image error."""
+    from rollbus.sandbox.spec import SandboxSpec, create_sandbox
+
+    tree = tmp_path / "Calc Repo"
+    tree.mkdir()
+    git = ["git", "-C", str(tree), "-c", "user.name=a", "-c", "user.email=a@b"]
+    (tree / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    for argv in (
+        ["init", "-q", "-b", "main"],
+        ["add", "."],
+        ["commit", "-qm", "base"],
+        ["checkout", "-qb", "fix"],
+    ):
+        await asyncio.to_thread(subprocess_run, [*git, *argv])
+    (tree / "calc.py").write_text("def add(a, b):\n    return a + b  # FIX_MARKER\n")
+    for argv in (["commit", "-qam", "fix"], ["checkout", "-q", "main"]):
+        await asyncio.to_thread(subprocess_run, [*git, *argv])
+    spec = SandboxSpec(
+        image=tree, role="grader", workdir="/testbed", limits=SMALL, sandbox_id=uuid.uuid4().hex[:12]
+    )
+    async with await create_sandbox(spec, "docker", client=engine, scratch_root=tmp_path) as box:
+        done = await box.run(
+            ["sh", "-c", "cat calc.py; git log --all --format=%s; grep -rl FIX_MARKER . | wc -l"], ENV
+        )
+        image = engine.images.get(box.image_digest)
+    assert done.stdout.split() == ["def", "add(a,", "b):", "return", "a", "-", "b", "base", "0"], done.stderr
+    tag = next(t for t in image.tags if t.startswith(f"{docker_images.TREE_REPOSITORY}/calc-repo:"))
+    assert docker_images.ensure_tree_image(engine, tree, "/testbed") == tag  # cached: the same tag, no build
+    with pytest.raises(SandboxError) as raised:
+        bad = SandboxSpec(image=tmp_path / "absent", role="grader", sandbox_id=uuid.uuid4().hex[:12])
+        await create_sandbox(bad, "docker", client=engine, scratch_root=tmp_path)
+    assert raised.value.failure_kind == "image_error"
+
+
+def subprocess_run(argv: list[str]) -> None:
+    import subprocess
+
+    subprocess.run(argv, check=True, capture_output=True)
+
+
 def test_the_base_image_is_built_once_and_answers_to_its_public_name(engine: Any) -> None:
     base = docker_images.BASE
     before = engine.images.get(base.tag).id

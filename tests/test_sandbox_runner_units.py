@@ -203,3 +203,14 @@ def test_the_samples_of_a_row_listing_two_harnesses_run_one_each(tmp_path: Path)
     assert len({t["group_id"] for t in tasks}) == 1
     with pytest.raises(AttemptFailed, match="metadata.agent"):
         chosen_agent({"agent": ["codex", "aider"]}, settings, tasks[0])
+
+
+def test_none_unsets_a_limit_that_has_a_default_and_anything_else_is_still_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ROLLBUS_SANDBOX_RUNNER_DISK_MB", "none")
+    settings = RunnerSettings.load({"memory_mb": "None"})
+    assert (settings.disk_mb, settings.memory_mb, settings.limits().disk_bytes) == (None, None, None)
+    assert settings.pids == 1024
+    with pytest.raises(ValueError):
+        RunnerSettings.load({"disk_mb": "nothing"})

@@ -215,3 +215,15 @@ def test_a_regrade_hands_the_diffs_digest_to_the_backend_by_name(
     assert reward_record(diff, result).image_digest == DIGEST
     local = asyncio.run(grade_diff(diff, tmp_path, GradeConfig()))  # bwrap cannot run it, and says so
     assert local.failure_kind == v.SANDBOX_FAILED and reward_record(diff, local).image_digest is None
+
+
+def test_on_docker_a_path_row_keeps_its_tree_and_an_untagged_name_is_a_container_image(
+    tmp_path: Path,
+) -> None:
+    """A host directory stays a path (the docker backend runs it in an image of that tree); a name that is no
+    host path (``ubuntu``, untagged) is the engine's image, as before."""
+    settings = RunnerSettings.load({"backend": "docker"})
+    tree = sandbox_spec(settings, {"image": str(tmp_path)}, {}, "s-1")
+    assert (tree.container_image, tree.image) == (None, tmp_path)
+    named = sandbox_spec(settings, {"image": "ubuntu"}, {}, "s-2")
+    assert named.container_image == "ubuntu"

@@ -124,9 +124,12 @@ class ContainerSandboxes:
         ro = {str(host): inside for host, inside in binds.items()}
         if isinstance(channel, SocketChannel):
             ro[channel.directory] = CHANNEL_DIR
+        # HOME and the sandbox's other host files beside the tree, on the grade's scratch: one directory the
+        # engine must resolve (under Compose, the grader's scratch dir in the directory shared with it)
         box = await DockerSandbox.create(
             self.image, client=self.client, workdir=workdir, limits=self.limits, ro_binds=ro,
             workspace=repo, rw_binds={str(h): i for h, i in (rw_binds or {}).items()},
+            scratch_root=repo.parent,
         )  # fmt: skip
         return GradingContainer(box, self.path, isinstance(channel, SocketChannel))
 

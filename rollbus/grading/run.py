@@ -54,6 +54,7 @@ from rollbus.grading.verdict import Evidence, GradeResult, Verdict, failed
 from rollbus.sandbox import BwrapSandbox, Completed, SandboxError, SandboxUnavailable
 from rollbus.sandbox.images import agent_workspace
 from rollbus.sandbox.scratch import GRADE_SCRATCH_PREFIX, SCRATCH_BYTES, capped_scratch
+from rollbus.tar_extract import extract_tar
 
 EVAL_DIR = "/eval"  # read-only bind of the eval-only scripts inside the grading sandbox
 PATCH_NAME = "rollbus.patch"
@@ -296,7 +297,7 @@ def materialize(image: Path, dest: Path) -> Path:
         raise FileNotFoundError(f"image {image} does not exist (build it first?)")
     dest.mkdir(parents=True)
     with tarfile.open(image) as archive:
-        archive.extractall(dest, filter="tar")
+        extract_tar(archive, dest)
     entries = list(dest.iterdir())
     return entries[0] if len(entries) == 1 and entries[0].is_dir() else dest
 

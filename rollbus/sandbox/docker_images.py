@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import tarfile
@@ -23,6 +24,7 @@ from typing import Any
 
 from rollbus.config import cache_dir
 from rollbus.local_images.build import alias, ensure_made, has_image
+from rollbus.tar_extract import extract_tar
 
 BUILD_TIMEOUT_S = 900.0
 
@@ -103,7 +105,7 @@ def export_tree(client: Any, image: str, path: str, dest: Path) -> Path:
             spool.seek(0)
             dest.mkdir(parents=True, exist_ok=True)
             with tarfile.open(fileobj=spool) as archive:
-                archive.extractall(dest, filter="tar")
+                extract_tar(archive, dest)
     finally:
         client.api.remove_container(cid, force=True)
     return dest
@@ -128,3 +130,31 @@ def ensure_harbor_image(client: Any, task_dir: Path, harbor: Mapping[str, Any]) 
         return ensure_image(client, tag, context)
     except ImageError as exc:
         raise ImageBuildError(str(exc)) from exc
+
+
+TREE_REPOSITORY = "rollbus-tree"
+
+
+def ensure_tree_image(client: Any, tree: Path, workdir: str) -> str:
+    """A container image of a row whose image is a host directory (a repository, as the swe-mini rows name
+    theirs): the base image with ``tree`` at ``workdir``, tagged by the tree's content, so the docker backend
+    runs path rows as it runs container rows (the agent's image digest is what the grader grades in). Built
+    once per content; what the sandbox scrubs of the repository's history it scrubs here too."""
+    from rollbus.local_images.build import build, content_key, ensure_made
+
+    if not tree.is_dir():
+        raise ImageBuildError(
+            f"{tree}: not a directory (the docker backend makes images of directories only)"
+        )
+    base = ensure_base_image(client)
+    name = re.sub(r"[^a-z0-9._-]+", "-", tree.name.lower()).strip("._-") or "tree"
+    tag = f"{TREE_REPOSITORY}/{name}:{content_key(base, workdir, tree)}"
+
+    def make() -> None:
+        with tempfile.TemporaryDirectory(prefix="rollbus-tree-", dir=cache_dir()) as tmp:
+            context = Path(tmp)
+            shutil.copytree(tree, context / "tree", symlinks=True)
+            (context / "Dockerfile").write_text(f"FROM {base}\nCOPY tree {workdir}\nWORKDIR {workdir}\n")
+            build(client, context, tag, {})
+
+    return ensure_made(client, tag, make)

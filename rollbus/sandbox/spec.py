@@ -182,13 +182,25 @@ async def create_docker(spec: SandboxSpec, **options: Any) -> SandboxBase:
     if isinstance(harbor, dict) and harbor.get("build_image"):  # a Harbor task: environment/ built here
         await _harbor_image(harbor, options.get("client"))
     user = spec.user or spec.metadata.get("user")
+    image = spec.container_image or await _tree_image(spec.image, spec.workdir, options.get("client"))
     return await DockerSandbox.create(
-        spec.container_image or str(spec.image), workdir=spec.workdir, limits=spec.limits,
+        image, workdir=spec.workdir, limits=spec.limits,
         ro_binds=spec.ro_binds,
         network=spec.network, adapter_url=spec.adapter_url,
         forward_port=spec.forward_port if spec.network == "adapter" else None,
         user=str(user) if user else None, sandbox_id=spec.sandbox_id, **options,
     )  # fmt: skip
+
+
+async def _tree_image(tree: Path, workdir: str, client: Any) -> str:
+    """A path row's image on the docker backend: the base image with the row's tree at its workdir."""
+    from rollbus.sandbox import docker_engine, docker_images
+
+    try:
+        client = client or await asyncio.to_thread(docker_engine.client)
+        return await asyncio.to_thread(docker_images.ensure_tree_image, client, Path(tree), workdir)
+    except (docker_engine.EngineUnavailable, docker_images.ImageBuildError) as exc:
+        raise SandboxError(f"docker: {exc}", "image_error") from exc
 
 
 async def _harbor_image(harbor: dict[str, Any], client: Any) -> None:

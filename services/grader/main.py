@@ -37,9 +37,10 @@ POLL_MARGIN_S = 120.0  # beyond one batch's grading, before the group would evic
 def run(args: argparse.Namespace) -> int:
     settings = GraderSettings.from_args(args)  # a bad flag or variable: one line, exit 2 (rollbus.cli)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if not bwrap_usable():
+    if settings.backend == "local" and not bwrap_usable():  # the docker backend's sandboxes are containers
         raise SystemExit(
-            "rollbus grader: bubblewrap cannot create sandboxes here (apt-get install bubblewrap)"
+            "rollbus grader: bubblewrap cannot create sandboxes here "
+            "(apt-get install bubblewrap; or --backend docker)"
         )
     try:
         asyncio.run(serve(settings, stop_on_signals=True))
@@ -96,6 +97,12 @@ async def serve(
     await check_topics(settings.bootstrap_servers, settings.namespace)
     for path in sweep_scratch(GRADE_SCRATCH_PREFIX, settings.grade_config().scratch_dir):
         log.info("removed the grading scratch of a dead grader: %s", path)  # its capped tmpfs, killed -9
+    if settings.backend == "docker":  # a grader killed -9 left its sandboxes' containers sleeping forever
+        from rollbus.sandbox import docker_backend, docker_engine
+
+        client = await asyncio.to_thread(docker_engine.client)
+        if swept := await asyncio.to_thread(docker_backend.sweep_stale, client):
+            log.info("swept %d docker sandboxes of dead graders and runners", len(swept))
     stop = stop or asyncio.Event()
     if stop_on_signals:
         loop = asyncio.get_running_loop()
@@ -111,6 +118,7 @@ async def serve(
             max_poll_interval_ms=poll_interval_ms,
         )  # fmt: skip
         async with consumer:
-            log.info("grading diffs as group %s (bwrap sandboxes, no network)", settings.consumer_group)
+            sandboxes = "bwrap sandboxes" if settings.backend == "local" else f"{settings.backend} sandboxes"
+            log.info("grading diffs as group %s (%s, no network)", settings.consumer_group, sandboxes)
             with contextlib.suppress(asyncio.CancelledError):
                 await consumer.run(stop)

@@ -288,8 +288,10 @@ def sandbox_spec(
         user = parse_user(metadata.get("user") or env.get("user"))
     except ImageFieldError as exc:
         raise AttemptFailed(kinds.BAD_TASK, str(exc)) from exc
-    # docker: a container image the engine has, by name; bwrap: a host directory or tarball
-    container = image.text if image.kind == "container" or settings.backend == "docker" else None
+    # a container image the engine has, by name; a host directory or tarball (bwrap's; on docker the sandbox
+    # runs it in an image of that tree: rollbus.sandbox.docker_images.ensure_tree_image)
+    on_host = image.kind == "path" and (settings.backend != "docker" or Path(image.text).exists())
+    container = None if on_host else image.text
     return SandboxSpec(
         image=Path(image.text) if container else resolve_image(image.text), container_image=container,
         user=user, role="agent", workdir=str(metadata.get("workdir") or WORKSPACE),

@@ -115,6 +115,13 @@ class RunnerSettings(BusSettings):
         description="seconds a new attempt waits for an adapter that does not answer, then session_failed",
     )  # fmt: skip
 
+    @field_validator("memory_mb", "pids", "cpus", "tmp_mb", "disk_mb", mode="before")
+    @classmethod
+    def _none_unsets(cls, value: object) -> object:
+        """``none`` unsets a limit that has a default (under Compose the workspace's tmpfs would be this
+        container's mount, which the engine starting the sandbox never sees: ``--disk-mb none``)."""
+        return None if isinstance(value, str) and value.strip().lower() == "none" else value
+
     @field_validator("prompt_template")
     @classmethod
     def _has_prompt(cls, value: str) -> str:

@@ -1,0 +1,232 @@
+"""`docker compose up` for real: the design card's deployment, on the project's own Docker engine.
+
+The images come from ``rollbus images build`` (no registry needed; cached, so a run with nothing changed
+builds nothing); Compose is Debian's v1.29. One stack for the module, started as a user would start it
+(``compose/docker-compose.yml`` with ``compose/demo.yml``): the demo's tasks go in, every rollout runs in a
+sibling container the runner starts through the engine's socket and is graded in another, rewards and
+segments come out, the trainer takes a step and the engine serves the new policy version. A service killed
+mid-run (SIGKILL of its process: a crash) is restarted by its restart policy and nothing is lost: one reward
+per rollout. ``down -v`` leaves no container, network, volume or sandbox behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# a cold build of the images (a fresh machine, a changed lock) takes about ten minutes before the stack starts
+pytestmark = [pytest.mark.compose, pytest.mark.docker, pytest.mark.timeout(1800)]
+
+ROOT = Path(__file__).resolve().parents[1]
+FILES = ["-f", str(ROOT / "compose" / "docker-compose.yml"), "-f", str(ROOT / "compose" / "demo.yml")]
+DEADLINE_S = 420.0  # the whole loop, once the stack is up; on a quiet machine it takes about a minute
+POLL_S = 3.0
+
+
+class Stack:
+    """One Compose project: its name, its environment, and the commands a user would type."""
+
+    def __init__(self, project: str, env: dict[str, str]) -> None:
+        self.project, self.env = project, env
+
+    def compose(self, *args: str, timeout: float = 300.0, check: bool = True) -> subprocess.CompletedProcess:
+        exe = shutil.which("docker-compose")
+        assert exe, "docker-compose is not installed: scripts/bootstrap.sh --test installs Debian's"
+        done = subprocess.run(
+            [exe, "-p", self.project, *FILES, *args], env=self.env, capture_output=True, text=True,
+            timeout=timeout, check=False, cwd=ROOT,
+        )  # fmt: skip
+        if check:
+            assert done.returncode == 0, f"docker-compose {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+        return done
+
+    def rollbus(self, *args: str, timeout: float = 120.0) -> str:
+        """``rollbus ARGS`` in the running segmenter's container (what a user runs to submit or inspect)."""
+        return self.compose("exec", "-T", "segmenter", "rollbus", *args, timeout=timeout).stdout
+
+    def events(self, topic: str) -> list[dict[str, Any]]:
+        out = self.rollbus("replay", topic, "--from-beginning", "--format", "json")
+        return [record_of(json.loads(line)) for line in out.splitlines() if line.startswith("{")]
+
+    def container(self, service: str) -> Any:
+        from rollbus.sandbox.docker_engine import client
+
+        labels = [f"com.docker.compose.project={self.project}", f"com.docker.compose.service={service}"]
+        (found,) = client().containers.list(filters={"label": labels})
+        return found
+
+
+def record_of(row: dict[str, Any]) -> dict[str, Any]:
+    """The event's fields, whatever envelope ``rollbus replay --format json`` prints around them."""
+    for key in ("event", "record", "value"):
+        if isinstance(row.get(key), dict):
+            return record_of(row[key])
+    return row
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout: float = DEADLINE_S) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(POLL_S)
+    raise AssertionError(f"not within {timeout:.0f} s: {what}")
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    from rollbus.local_images.cli import build_all
+    from rollbus.sandbox.docker_engine import client, docker_host
+
+    host = docker_host()
+    tags = build_all(client())
+    # what sibling containers mount is named by host paths: one directory, at the same path on both sides
+    shared = tempfile.mkdtemp(prefix="rollbus-compose-up-")
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "DOCKER_HOST": host,
+        "DOCKER_SOCKET": host.removeprefix("unix://"), "SHARED_DIR": shared, "KAFKA_IMAGE": tags["kafka"],
+        "ENGINE_API_KEY": secrets.token_hex(16), "ADAPTER_ADMIN_TOKEN": secrets.token_hex(16),
+        "ADAPTER_SIGNING_KEY": secrets.token_hex(32), "GROUP_SIZE": "2", "ROLLOUT_BATCH_SIZE": "2",
+    }  # fmt: skip
+    up = Stack(f"rollbus-test-{secrets.token_hex(4)}", env)
+    try:
+        up.compose("up", "-d", "--no-build", timeout=600)
+        yield up
+    finally:
+        logs = up.compose("logs", "--no-color", "--tail", "60", check=False).stdout
+        up.compose("down", "-v", "--remove-orphans", "-t", "5", check=False, timeout=300)
+        print(logs[-12000:])
+        subprocess.run(["rm", "-rf", shared], check=False)
+
+
+def mounts_from(container: Any, shared: str) -> bool:
+    return any(str(m.get("Source", "")).startswith(shared) for m in container.attrs.get("Mounts", []))
+
+
+def leftovers(project: str, shared: str) -> list[str]:
+    """What of the project the engine still holds, and any sandbox container its services started."""
+    from rollbus.sandbox.docker_backend import LABEL
+    from rollbus.sandbox.docker_engine import client
+
+    engine = client()
+    label = {"label": f"com.docker.compose.project={project}"}
+    sandboxes = [
+        c for c in engine.containers.list(all=True, filters={"label": LABEL}) if mounts_from(c, shared)
+    ]
+    return [
+        *(f"container {c.name}" for c in engine.containers.list(all=True, filters=label)),
+        *(f"sandbox {c.name}" for c in sandboxes),
+        *(f"network {n.name}" for n in engine.networks.list(filters=label)),
+        *(f"volume {v.name}" for v in engine.volumes.list(filters=label)),
+    ]
+
+
+def test_compose_runs_the_loop_survives_a_crash_and_leaves_nothing_behind(stack: Stack) -> None:
+    sandboxes = SandboxWatch(stack.env["SHARED_DIR"])
+    stack.rollbus("submit", "examples/swe-mini/demo.jsonl", "--n-samples-per-prompt", "2")
+    wait_for("a reward on the bus", lambda: stack.events("rewards"))
+
+    # a crash mid-run: the grader's process SIGKILLed from the host; Compose's restart policy brings it back
+    grader = stack.container("grader")
+    os.kill(int(grader.attrs["State"]["Pid"]), signal.SIGKILL)
+    wait_for("the grader restarted", lambda: grader.reload() or grader.attrs["RestartCount"] >= 1, 120)
+
+    # each of the 4 samples ends graded by the policy's work: on itself, or on the runner's re-run of it
+    # (rollout id ``.r<N>``) where the infrastructure failed it (a slow start, the crash)
+    def graded() -> list[dict[str, Any]] | None:
+        rewards = stack.events("rewards")
+        return rewards if sum(e["failure_class"] != "infrastructure" for e in rewards) >= 4 else None
+
+    rewards = graded() or wait_for("every sample graded", graded)
+    by_rollout = Counter(e["rollout_id"] for e in rewards)
+    assert set(by_rollout.values()) == {1}, f"one reward per rollout: {by_rollout}"
+    policy = {e["rollout_id"]: e["reward"] for e in rewards if e["failure_class"] != "infrastructure"}
+    assert len(policy) == 4 and 1.0 in policy.values(), policy
+    assert {sample_of(r) for r in policy} == {sample_of(r) for r in by_rollout}, (policy, by_rollout)
+    segments = wait_for("segments of every graded rollout", lambda: (s := stack.events("segments")) and
+                        {e["rollout_id"] for e in s} >= set(policy) and s)  # fmt: skip
+    assert {e["rollout_id"] for e in segments} <= set(by_rollout)
+    trained = wait_for("a trained step", lambda: max((int(p["version"]) for p in stack.events("policy")),
+                                                     default=0))  # fmt: skip
+    assert wait_for("the engine serving it", lambda: served_version(stack) >= trained) and trained >= 1
+    sandboxes.close()
+    sandboxes.check()
+
+    project, shared = stack.project, stack.env["SHARED_DIR"]
+    stack.compose("down", "-v", "--remove-orphans", "-t", "30", timeout=300)  # time to close their sandboxes
+    assert leftovers(project, shared) == []
+
+
+def sample_of(rollout_id: str) -> str:
+    """The sample a rollout id runs: ``G-1`` and its re-runs ``G.r2-1`` are the same sample."""
+    group, _, index = rollout_id.rpartition("-")
+    return f"{group.partition('.r')[0]}-{index}"
+
+
+class SandboxWatch:
+    """Every sandbox container the stack's services create, inspected as it is created (the engine's event
+    stream, filtered by the sandboxes' label), so the threat model's line is checked on live containers."""
+
+    def __init__(self, shared: str) -> None:
+        from rollbus.sandbox.docker_backend import LABEL
+        from rollbus.sandbox.docker_engine import client
+
+        self.shared, self.engine, self.seen = shared, client(), []
+        self.stream = self.engine.events(decode=True, filters={"type": "container", "event": "create",
+                                                               "label": LABEL})  # fmt: skip
+        self.thread = threading.Thread(target=self._collect, daemon=True)
+        self.thread.start()
+
+    def _collect(self) -> None:
+        import docker
+
+        for event in self.stream:
+            with contextlib.suppress(docker.errors.NotFound):
+                attrs = self.engine.api.inspect_container(event["id"])
+                if any(str(m.get("Source", "")).startswith(self.shared) for m in attrs.get("Mounts", [])):
+                    self.seen.append(attrs)  # this stack's (the engine is shared with other tests)
+
+    def close(self) -> None:
+        self.stream.close()
+
+    def check(self) -> None:
+        """No sandbox got the engine's socket, a capability, a network but none or its holder's, or a host
+        path outside the shared directory; the agent's command containers joined a holder's network."""
+        assert self.seen, "no sandbox container of the stack was seen"
+        for attrs in self.seen:
+            host, mounts = attrs["HostConfig"], attrs.get("Mounts", [])
+            assert not any("docker.sock" in str(m.get("Source")) for m in mounts), attrs["Name"]
+            assert all(str(m["Source"]).startswith(self.shared) for m in mounts if m.get("Type") == "bind"), (
+                mounts
+            )
+            assert not host.get("Privileged") and not host.get("CapAdd") and host.get("CapDrop") == ["ALL"]
+            assert host["NetworkMode"] == "none" or host["NetworkMode"].startswith("container:"), attrs[
+                "Name"
+            ]
+        assert any(a["HostConfig"]["NetworkMode"].startswith("container:") for a in self.seen)
+
+
+def served_version(stack: Stack) -> int:
+    key = stack.env["ENGINE_API_KEY"]
+    probe = (
+        "import json, urllib.request as u; r = u.Request('http://engine:30000/get_model_info', "
+        f"headers={{'authorization': 'Bearer {key}'}}); print(json.load(u.urlopen(r))['weight_version'])"
+    )
+    done = stack.compose("exec", "-T", "segmenter", "python", "-c", probe, check=False)
+    value = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    return int(value) if value.isdigit() else -1
