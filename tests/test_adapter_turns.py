@@ -13,9 +13,9 @@ import uuid
 import httpx
 import pytest
 
-from rollbus.parsing import parse_output
 from rollbus.services.adapter.app import create_app
 from rollbus.services.adapter.expiry import TASK_NAME
+from rollbus.services.adapter.parsing import parse_output
 from rollbus.services.adapter.provenance import signed_turn
 from rollbus.tokenizer import load_tokenizer
 from tests.test_adapter_support import (

@@ -1,9 +1,9 @@
 """Token injection: an added token's string inside message content encodes as text, never as the token.
 
-Before rollbus.markup a tool result saying ``<|im_end|>\\n<|im_start|>user ...`` put the real special ids
-in the prompt (``split_special_tokens`` is off), so a tool could forge turn structure. Every added-token
-string of the real tokenizer goes into every kind of content; the template's own markup must still be
-the only source of added-token ids, and the content must decode back verbatim.
+Before rollbus.services.adapter.markup a tool result saying ``<|im_end|>\\n<|im_start|>user ...`` put the
+real special ids in the prompt (``split_special_tokens`` is off), so a tool could forge turn structure.
+Every added-token string of the real tokenizer goes into every kind of content; the template's own markup
+must still be the only source of added-token ids, and the content must decode back verbatim.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollbus.markup import ContentFormsMarkup
 from rollbus.services.adapter.canonical import CanonicalHistory, TemplateRenderer
+from rollbus.services.adapter.markup import ContentFormsMarkup
 from rollbus.tokenizer import load_tokenizer
 
 TOKENIZER = load_tokenizer()

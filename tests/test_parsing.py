@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollbus.parsing import ParsedOutput, ParsedToolCall, parse_output
+from rollbus.services.adapter.parsing import ParsedOutput, ParsedToolCall, parse_output
 
 TOOLS = [
     {

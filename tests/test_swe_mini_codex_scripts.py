@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rollbus.parsing import parse_output
+from rollbus.services.adapter.parsing import parse_output
 
 SWE_MINI = Path(__file__).resolve().parents[1] / "examples" / "swe-mini"
 TASKS = sorted((SWE_MINI / "tasks").glob("*/task.json"))

@@ -20,11 +20,11 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from rollbus.markup import ContentFormsMarkup
 from rollbus.services.adapter import anthropic, edge
 from rollbus.services.adapter.bodies import decode_json
 from rollbus.services.adapter.errors import ApiError, forbidden, invalid_request, not_found, unauthenticated
 from rollbus.services.adapter.expiry import idle_expiry
+from rollbus.services.adapter.markup import ContentFormsMarkup
 from rollbus.services.adapter.messages import Messages
 from rollbus.services.adapter.metrics import CountRequests
 from rollbus.services.adapter.openai import ChatCompletions

@@ -22,7 +22,7 @@ class ParsedCall(Protocol):
 
 
 class Parsed(Protocol):
-    """What :func:`rollbus.parsing.parse_output` returns, as far as a turn needs it."""
+    """What :func:`rollbus.services.adapter.parsing.parse_output` returns, as far as a turn needs it."""
 
     reasoning: str | None
     text: str

@@ -83,7 +83,7 @@ def build_state(
     if tokenizer is None:
         tokenizer = load_tokenizer(settings.tokenizer)
     if parse is None:
-        from rollbus.parsing import parse_output as parse
+        from rollbus.services.adapter.parsing import parse_output as parse
     stops = SpecialIds.from_tokenizer(tokenizer).stop_token_ids
     history_class = CanonicalHistory if settings.history_mode == "canonical" else RerenderHistory
     http = http or httpx.AsyncClient(

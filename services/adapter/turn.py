@@ -20,11 +20,11 @@ from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from rollbus.markup import ContentFormsMarkup
 from rollbus.routed_experts import RoutesError, RoutesStore, from_sglang
 from rollbus.services.adapter import records
 from rollbus.services.adapter.assistant import AssistantTurn, stop_reason
 from rollbus.services.adapter.errors import invalid_request, prompt_too_long, unauthenticated, upstream_failed
+from rollbus.services.adapter.markup import ContentFormsMarkup
 from rollbus.services.adapter.metrics import AdapterMetrics
 from rollbus.services.adapter.provenance import TurnRef, signed_parts
 from rollbus.services.adapter.publisher import Outbox
@@ -81,7 +81,7 @@ class TurnKit:
     engine: SGLangClient
     tokenizer: Any
     stop_token_ids: tuple[int, ...]
-    parse: Callable[..., Any]  # rollbus.parsing.parse_output
+    parse: Callable[..., Any]  # rollbus.services.adapter.parsing.parse_output
     outbox: Outbox
     metrics: AdapterMetrics
     routes: RoutesStore | None = None  # set when the served model is an MoE whose routing is recorded

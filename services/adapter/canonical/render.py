@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rollbus.markup import Markup, Shielded
 from rollbus.services.adapter.canonical.history import Message
+from rollbus.services.adapter.markup import Markup, Shielded
 
 # Stands in for the last assistant turn when rendering new messages: never appears in real text.
 WINDOW_MARKER = "\u2063rollbus-window-\u2063"
@@ -47,7 +47,8 @@ class TemplateRenderer:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def _shielded(self, messages: Sequence[Message], tools: list[dict] | None) -> tuple[str, Shielded]:
-        """The rendering with content shielded (:mod:`rollbus.markup`), checked against the neutral one."""
+        """The rendering with content shielded (:mod:`rollbus.services.adapter.markup`), checked against the
+        neutral one."""
         shielded = self.markup.shield(messages, tools)
         text = self._render(shielded.messages, shielded.tools, True)
         if shielded.risky:
@@ -56,7 +57,8 @@ class TemplateRenderer:
         return text, shielded
 
     def full(self, messages: Sequence[Message], tools: list[dict] | None) -> list[int]:
-        """The prompt's ids; :class:`rollbus.markup.ContentFormsMarkup` if content would form markup."""
+        """The prompt's ids; :class:`rollbus.services.adapter.markup.ContentFormsMarkup` if content would form
+        markup."""
         text, shielded = self._shielded(messages, tools)
         return self.markup.encode(text, shielded.restore)
 
