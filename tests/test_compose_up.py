@@ -6,7 +6,8 @@ builds nothing); Compose is Debian's v1.29. One stack for the module, started as
 sibling container the runner starts through the engine's socket and is graded in another, rewards and
 segments come out, the trainer takes a step and the engine serves the new policy version. A service killed
 mid-run (SIGKILL of its process: a crash) is restarted by its restart policy and nothing is lost: one reward
-per rollout. ``down -v`` leaves no container, network, volume or sandbox behind.
+per rollout, and the live segments equal a rebuild from the raw topics. ``down -v`` leaves no container,
+network, volume or sandbox behind.
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ class Stack:
         """``rollbus ARGS`` in the running segmenter's container (what a user runs to submit or inspect)."""
         return self.compose("exec", "-T", "segmenter", "rollbus", *args, timeout=timeout).stdout
 
-    def events(self, topic: str) -> list[dict[str, Any]]:
-        out = self.rollbus("replay", topic, "--from-beginning", "--format", "json")
+    def events(self, topic: str, full: bool = False) -> list[dict[str, Any]]:
+        full_arrays = ["--full"] if full else []
+        out = self.rollbus("replay", topic, "--from-beginning", "--format", "json", *full_arrays)
         return [record_of(json.loads(line)) for line in out.splitlines() if line.startswith("{")]
 
     def container(self, service: str) -> Any:
@@ -161,6 +163,16 @@ def test_compose_runs_the_loop_survives_a_crash_and_leaves_nothing_behind(stack:
     segments = wait_for("segments of every graded rollout", lambda: (s := stack.events("segments")) and
                         {e["rollout_id"] for e in s} >= set(policy) and s)  # fmt: skip
     assert {e["rollout_id"] for e in segments} <= set(by_rollout)
+
+    # event sourcing's promise, through the crash: the live segments equal a rebuild from the raw topics
+    attempts = iter(range(1, 1000))
+
+    def rebuilt_equals_live() -> bool:
+        into = f"rebuilt-{next(attempts)}"
+        stack.rollbus("rebuild", "segments", "--into", into, timeout=300)
+        return by_id(stack.events(into, full=True)) == by_id(stack.events("segments", full=True))
+
+    wait_for("the live segments equal to a rebuild from the raw topics", rebuilt_equals_live)
     trained = wait_for("a trained step", lambda: max((int(p["version"]) for p in stack.events("policy")),
                                                      default=0))  # fmt: skip
     assert wait_for("the engine serving it", lambda: served_version(stack) >= trained) and trained >= 1
@@ -170,6 +182,11 @@ def test_compose_runs_the_loop_survives_a_crash_and_leaves_nothing_behind(stack:
     project, shared = stack.project, stack.env["SHARED_DIR"]
     stack.compose("down", "-v", "--remove-orphans", "-t", "30", timeout=300)  # time to close their sandboxes
     assert leftovers(project, shared) == []
+
+
+def by_id(segments: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Segments by id: a segment published twice (a retry) is one segment, and its contents must agree."""
+    return {e["segment_id"]: e for e in segments}
 
 
 def sample_of(rollout_id: str) -> str:
