@@ -278,8 +278,8 @@ async def test_an_env_constructor_raising_is_a_config_error_logged_with_its_trac
                 )
     finally:
         del gym.envs["needs-board-test"]
-    error = json.loads(record["details"])["error"]
-    assert record["failure_kind"] == "bad_env_config" and "needs_a_board: KeyError: 'board'" in error
+    error = json.loads(record.details)["error"]
+    assert record.failure_kind == "bad_env_config" and "needs_a_board: KeyError: 'board'" in error
     (logged,) = [r for r in caplog.records if "nb-1" in r.getMessage()]
     assert logged.exc_info is not None and logged.exc_info[1].args == ("board",)
 
