@@ -53,7 +53,7 @@ async def sandbox_sample(adapter_url: str, backend: str = "bwrap") -> tuple[floa
     """(create -> first command returned, the same with close included)."""
     spec = SandboxSpec(image=REPO, adapter_url=adapter_url, base_url="http://127.0.0.1:4000", limits=Limits())
     if backend == "docker":
-        spec = dataclasses.replace(spec, image=Path(REPO_IMAGE))
+        spec = dataclasses.replace(spec, container_image=REPO_IMAGE)
     start = time.perf_counter()
     box = await create_sandbox(spec, backend)
     try:
