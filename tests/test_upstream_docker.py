@@ -12,7 +12,6 @@ attempt 0, Codex's fix 1; every sampled token of each is trained (loss mask 1), 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -27,10 +26,10 @@ from rollbus.services.grader.core import grade_diff
 from rollbus.services.sandbox_runner.main import run_one
 from rollbus.services.sandbox_runner.settings import RunnerSettings
 from tests.e2e_support import Rig, Rollout, rollout_events
+from tests.test_upstream_task import UPSTREAM, load_build
 
 pytestmark = [pytest.mark.kafka, pytest.mark.docker]
 
-UPSTREAM = Path(__file__).resolve().parents[1] / "examples" / "upstream"
 WORKDIR = "/testbed"
 PYTEST = "pytest==8.3.5"  # the image's test runner (and its dependencies), from PyPI
 DOCKERFILE = f"""ARG PYTHON_BASE
@@ -77,14 +76,6 @@ def codex_script() -> dict[str, Any]:
     return {"turns": [f"Find the parser.\n</think>\n\n{find}",
                       f"Patch it.\n</think>\n\n{tool_call('apply_patch', input=patch)}",
                       "Done.\n</think>\n\nHyphenated field names now parse."]}  # fmt: skip
-
-
-def load_build() -> Any:
-    spec = importlib.util.spec_from_file_location("upstream_build", UPSTREAM / "build.py")
-    assert spec is not None and spec.loader is not None
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
-    return build
 
 
 @pytest.fixture(scope="module")

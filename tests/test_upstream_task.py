@@ -23,13 +23,18 @@ UPSTREAM = Path(__file__).resolve().parents[1] / "examples" / "upstream"
 NEW_TESTS = {"test_hyphen_inside_field_name", "test_hyphen_inside_field_name_collision_handling"}
 
 
-@pytest.fixture(scope="module")
-def row() -> dict[str, Any]:
+def load_build() -> Any:
+    """``examples/upstream/build.py`` as a module (it is a script, not a package)."""
     spec = importlib.util.spec_from_file_location("upstream_build", UPSTREAM / "build.py")
     assert spec is not None and spec.loader is not None
     build = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build)
-    (only,) = build.build()  # tasks.jsonl checked against what the sdists build
+    return build
+
+
+@pytest.fixture(scope="module")
+def row() -> dict[str, Any]:
+    (only,) = load_build().build()  # tasks.jsonl checked against what the sdists build
     return only
 
 
