@@ -13,19 +13,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 
 from aiokafka.errors import KafkaError
 
-from rollbus.kafka.reach import BrokerUnreachable
+from rollbus.kafka.reach import BrokerUnreachable, require_broker
 from rollbus.kafka.topics import TopicsError, check_topics
 from rollbus.settings import BusSettings
 
 # what a service may meet at start-up through no fault of its own code: said in one line, not a traceback
 KNOWN_ERRORS: tuple[type[Exception], ...] = (TopicsError, BrokerUnreachable, KafkaError)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# how long a broker may take to answer the start-up probe (one refusing connections fails at once)
+PROBE_TIMEOUT_S = 30.0
 
 Main = Callable[[asyncio.Event], Awaitable[int | None]]
 
@@ -55,10 +58,25 @@ def stop_on_signals(stop: asyncio.Event) -> None:
         loop.add_signal_handler(sig, stop.set)
 
 
+async def ready_topics(bus: BusSettings) -> dict[str, int]:
+    """The topics' partition counts once a broker answers at ``bus`` and its topics are all there, on one
+    count (:func:`~rollbus.kafka.topics.check_topics`); else :class:`BrokerUnreachable` or
+    :class:`TopicsError`. The probe is quiet: aiokafka's own lines about a refused connection would precede
+    the one line said about it."""
+    chatter = logging.getLogger("aiokafka")
+    level = chatter.level
+    chatter.setLevel(logging.CRITICAL + 1)
+    try:
+        await require_broker(bus.bootstrap_servers, PROBE_TIMEOUT_S)
+    finally:
+        chatter.setLevel(level)
+    return await check_topics(bus.bootstrap_servers, bus.namespace)
+
+
 def check_topics_now(bus: BusSettings) -> dict[str, int]:
-    """:func:`~rollbus.kafka.topics.check_topics` from synchronous code (before a slow start-up: torch, a
-    model, a Faust worker), so a wrong bus is refused in seconds, not after minutes."""
-    return asyncio.run(check_topics(bus.bootstrap_servers, bus.namespace))
+    """:func:`ready_topics` from synchronous code (before a slow start-up: torch, a model, a Faust worker),
+    so a wrong bus is refused in seconds, not after minutes."""
+    return asyncio.run(ready_topics(bus))
 
 
 def run_service(
@@ -78,7 +96,7 @@ def run_service(
 
 async def _started(main: Main, bus: BusSettings | None, signals: bool) -> int | None:
     if bus is not None:  # refuse missing or mismatched topics: a rollout's events must meet in one partition
-        await check_topics(bus.bootstrap_servers, bus.namespace)
+        await ready_topics(bus)
     stop = asyncio.Event()
     if signals:
         stop_on_signals(stop)

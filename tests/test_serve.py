@@ -1,15 +1,18 @@
 """The one start-up every service shares (rollbus/serve.py): a known error is one line and exit 1, anything
-else keeps its traceback, SIGTERM and SIGINT stop the service cleanly. No broker needed: ``bus=None``."""
+else keeps its traceback, SIGTERM and SIGINT stop the service cleanly. No broker needed: ``bus=None``, or a
+port where nothing listens."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 
 import pytest
 from aiokafka.errors import KafkaConnectionError
 
+from rollbus.kafka.broker import free_port
 from rollbus.kafka.reach import BrokerUnreachable
 from rollbus.kafka.topics import TopicsError
 from rollbus.serve import one_line_errors, refusal, run_service
@@ -54,6 +57,24 @@ def test_a_broker_error_names_the_address_it_was_asked_at(capsys) -> None:
         raise KafkaConnectionError("Unable to bootstrap")
     assert stopped.value.code == 1
     assert capsys.readouterr().err.startswith("rollbus trainer: 10.0.0.9:9092: ")
+
+
+def test_no_broker_is_one_line_naming_the_address_and_the_service_never_starts(capsys, caplog) -> None:
+    address = f"127.0.0.1:{free_port()}"  # nobody listens: connections are refused
+    started: list[bool] = []
+
+    async def main(stop: asyncio.Event) -> None:
+        started.append(True)
+
+    caplog.set_level(logging.DEBUG, logger="aiokafka")
+    with pytest.raises(SystemExit) as stopped:
+        run_service("grader", main, bus=BusSettings(bootstrap_servers=address, namespace="t"))
+    assert stopped.value.code == 1 and started == []
+    err = capsys.readouterr().err
+    assert err.startswith(f"rollbus grader: no Kafka broker answers at {address}") and err.count("\n") == 1
+    assert "rollbus broker start" in err
+    assert not [r for r in caplog.records if r.name.startswith("aiokafka") and r.levelno >= logging.WARNING]
+    assert logging.getLogger("aiokafka").level == logging.DEBUG  # the probe's silence ends with the probe
 
 
 def test_an_unknown_error_keeps_its_traceback(capsys) -> None:

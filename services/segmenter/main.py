@@ -14,8 +14,8 @@ from aiokafka.admin import NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from rollbus.kafka import clients
-from rollbus.kafka.topics import TopicsError, check_topics, describe, spec_for, topic_name, wait_visible
-from rollbus.serve import one_line_errors
+from rollbus.kafka.topics import TopicsError, describe, spec_for, topic_name, wait_visible
+from rollbus.serve import one_line_errors, ready_topics
 from rollbus.services.segmenter.app import TICKS, build_app, internal_topics
 from rollbus.services.segmenter.settings import SegmenterSettings
 from rollbus.services.segmenter.upstream_fixes import UnprovenUpstream, check_versions
@@ -26,7 +26,7 @@ add_arguments = SegmenterSettings.add_arguments
 async def preflight(settings: SegmenterSettings) -> int:
     """The inputs' common partition count; TopicsError if topics are missing or counts differ anywhere,
     including the app's own changelog and tick topics (a table on other partitions joins nothing)."""
-    counts = await check_topics(settings.bootstrap_servers, settings.namespace)
+    counts = await ready_topics(settings)
     partitions = next(n for name, n in counts.items() if spec_for(name).rollout_keyed)
     existing = await describe(settings.bootstrap_servers, internal_topics(settings.namespace))
     wrong = {name: n for name, n in existing.items() if n != partitions}
