@@ -155,7 +155,7 @@ def test_turns_of_an_infra_failed_rollout_arriving_after_its_marker_are_late_not
         kind = {"turns": "turn", "sessions": "session"}[topic]
         raw = codec.encode(kind, record)
         late = segmenter.handle(Fact(kind, codec.decode(raw).record, AT), raw)
-        assert late.verdict == "late" and late.dead_letter is None and not late.messages
+        assert late.admission == "late" and late.dead_letter is None and not late.messages
 
 
 def test_an_over_sampled_group_trains_its_first_valid_samples_and_the_rest_arrive_late() -> None:

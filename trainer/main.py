@@ -8,36 +8,24 @@ rank 0 consumes and commits, every rank trains a share of each batch on its shar
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
-import signal
-import sys
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
-from rollbus.kafka.topics import TopicsError, check_topics
+from rollbus.serve import check_topics_now, one_line_errors, run_service
 from rollbus.trainer.refill import RefillError, load_refills
 from rollbus.trainer.settings import TrainerSettings
-
-if TYPE_CHECKING:
-    from rollbus.trainer.service import Trainer
 
 add_arguments = TrainerSettings.add_arguments
 
 
 def run(args: argparse.Namespace) -> int:
     settings = TrainerSettings.from_args(args)
-    try:  # refuse missing/mismatched topics before the minutes torch and the model take to load
-        asyncio.run(check_topics(settings.bootstrap_servers, settings.namespace))
-    except TopicsError as exc:
-        print(f"rollbus trainer: {exc}", file=sys.stderr)
-        return 1
-    try:  # a refill dataset that cannot be read is refused before the model loads too
+    # refuse missing/mismatched topics, and a refill dataset that cannot be read, before the minutes torch
+    # and the model take to load: one line, exit 1
+    with one_line_errors("trainer", RefillError, bus=settings):
+        check_topics_now(settings)
         load_refills(settings.refill_dataset, 1, settings.refill_max_depth)
-    except RefillError as exc:
-        print(f"rollbus trainer: {exc}", file=sys.stderr)
-        return 1
     # torch and transformers load here, not at import: `rollbus trainer --help` stays fast
     import torch
     import torch.distributed as dist
@@ -59,16 +47,8 @@ def run(args: argparse.Namespace) -> int:
         learner = Learner.resume(settings)
         if dist.is_initialized() and dist.get_rank() != 0:
             return follow(learner)
-        return asyncio.run(serve(Trainer(learner)))
+        # until --steps are done or SIGINT/SIGTERM; a stop loses nothing uncommitted
+        return run_service("trainer", Trainer(learner).run, bus=None)  # topics checked above
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-async def serve(trainer: Trainer) -> int:
-    """Run until ``--steps`` are done or SIGINT/SIGTERM; a stop loses nothing uncommitted."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    return await trainer.run(stop)

@@ -14,7 +14,7 @@ from rollbus.events.catalogue import (
     event_class,
     spec,
 )
-from rollbus.events.identity import Identity, Verdict, content_digest, judge
+from rollbus.events.identity import Identity, IdentityMatch, content_digest, judge
 from rollbus.events.record import BadRecord, EventRecord, Record
 from rollbus.events.records import (
     EVENT_CLASSES,
@@ -37,8 +37,8 @@ from rollbus.events.records import (
 
 __all__ = [
     "CLASSES", "EVENTS", "EVENT_CLASSES", "EVENT_TYPES", "POLICY_KEY", "TOPICS", "BadRecord", "ChainKind",
-    "DeadLetterEvent", "DiffEvent", "EventRecord", "EventSpec", "Identity", "PolicyEvent", "Record",
-    "RewardEvent", "RoutedExperts", "SegmentEvent", "SegmentKind", "SessionEvent", "SessionKind", "TaskEvent",
-    "TestResult", "TrainStepEvent", "TurnEvent", "TurnTimings", "Verdict", "content_digest", "event_class",
+    "DeadLetterEvent", "DiffEvent", "EventRecord", "EventSpec", "Identity", "IdentityMatch", "PolicyEvent",
+    "Record", "RewardEvent", "RoutedExperts", "SegmentEvent", "SegmentKind", "SessionEvent", "SessionKind",
+    "TaskEvent", "TestResult", "TrainStepEvent", "TurnEvent", "TurnTimings", "content_digest", "event_class",
     "judge", "spec",
 ]  # fmt: skip

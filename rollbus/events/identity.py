@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Verdict = Literal["new", "duplicate", "conflict"]
+# what a second event with a rule is to the first: another fact, a retry of it, or a disagreement about it
+IdentityMatch = Literal["new", "duplicate", "conflict"]
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def content_digest(rule: Identity, record: Mapping[str, Any]) -> str:
     return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
 
-def judge(rule: Identity, first: Mapping[str, Any], second: Mapping[str, Any]) -> Verdict:
+def judge(rule: Identity, first: Mapping[str, Any], second: Mapping[str, Any]) -> IdentityMatch:
     """``second`` against ``first``: another fact (new), a retry of it (duplicate), or a disagreement."""
     if tuple(first.get(k) for k in rule.key) != tuple(second.get(k) for k in rule.key):
         return "new"

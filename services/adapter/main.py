@@ -13,7 +13,7 @@ from types import FrameType
 
 import uvicorn
 
-from rollbus.kafka.topics import TopicsError, check_topics
+from rollbus.serve import run_service
 from rollbus.services.adapter.settings import AdapterSettings
 from rollbus.services.adapter.state import AdapterState
 
@@ -27,12 +27,11 @@ def settings_from(args: argparse.Namespace) -> AdapterSettings:
 
 
 async def serve(settings: AdapterSettings) -> None:
+    """Publish and serve until uvicorn stops (the topics are checked already: :func:`run`)."""
     from rollbus.kafka.bus import Publisher
     from rollbus.services.adapter.app import create_app
     from rollbus.services.adapter.restore import bus_records
 
-    # refuse to run on missing or mismatched topics: a rollout's events must meet in one partition
-    await check_topics(settings.bootstrap_servers, settings.topic_namespace)
     timeout_ms = int(settings.bus_request_timeout * 1000)
     records = await bus_records(settings.bootstrap_servers) if settings.restore_sessions else None
     async with Publisher(
@@ -68,8 +67,5 @@ def install_drain(server: uvicorn.Server, state: AdapterState, timeout: float) -
 def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)  # before logging, a port or the bus: a bad value is one line, exit 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        asyncio.run(serve(settings))
-    except TopicsError as exc:
-        raise SystemExit(f"rollbus adapter: {exc}") from exc
-    return 0
+    # topics checked first; uvicorn owns the signals (install_drain): no stop event
+    return run_service("adapter", lambda _stop: serve(settings), bus=settings, signals=False)

@@ -25,7 +25,7 @@ def attempt_of(record: Mapping[str, Any]) -> Attempt:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class RewardSummary:
     """What a reward said, in the words the comparison needs."""
 
     reward: float
@@ -34,7 +34,7 @@ class Verdict:
     flags: tuple[str, ...]
 
     @classmethod
-    def of(cls, reward: Mapping[str, Any]) -> Verdict:
+    def of(cls, reward: Mapping[str, Any]) -> RewardSummary:
         return cls(
             float(reward["reward"]), bool(reward["solved"]), reward.get("failure_kind"),
             tuple(sorted(reward.get("flags") or ())),
@@ -54,8 +54,8 @@ class Change:
     rollout_id: str
     attempt_id: str
     policy_version: str
-    was: Verdict | None
-    now: Verdict
+    was: RewardSummary | None
+    now: RewardSummary
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -93,7 +93,7 @@ class Ledger:
     what changed. Problems are lines naming where in the log something could not be regraded, and why."""
 
     versions: dict[Attempt, int] = field(default_factory=dict)
-    published: dict[Attempt, Verdict] = field(default_factory=dict)
+    published: dict[Attempt, RewardSummary] = field(default_factory=dict)
     tallies: dict[str, VersionTally] = field(default_factory=dict)
     changes: list[Change] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -107,7 +107,7 @@ class Ledger:
 
     def reward_published(self, reward: Mapping[str, Any]) -> None:
         """A reward from the log; a later one for the same attempt (a redelivered grade) replaces it."""
-        self.published[attempt_of(reward)] = Verdict.of(reward)
+        self.published[attempt_of(reward)] = RewardSummary.of(reward)
 
     def problem(self, where: str, why: str) -> None:
         self.problems.append(f"{where}: {why}")
@@ -128,7 +128,7 @@ class Ledger:
         version = str(self.versions[key]) if key in self.versions else UNKNOWN
         tally = self.tallies.setdefault(version, VersionTally())
         tally.regraded += 1
-        was, now = self.published.get(key), Verdict.of(reward)
+        was, now = self.published.get(key), RewardSummary.of(reward)
         if was is not None and was.reward == now.reward:
             tally.reflagged += was.flags != now.flags
             return

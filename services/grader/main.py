@@ -16,15 +16,13 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import signal
-
-from aiokafka.errors import KafkaError
 
 from rollbus.events import DiffEvent
 from rollbus.kafka.bus import Event, EventConsumer, EventTooLarge, PermanentError, Publisher
-from rollbus.kafka.topics import TopicsError, check_topics, topic_name
+from rollbus.kafka.topics import topic_name
 from rollbus.sandbox import bwrap_usable
 from rollbus.sandbox.scratch import GRADE_SCRATCH_PREFIX, sweep_scratch
+from rollbus.serve import run_service
 from rollbus.services.grader.core import grade_diff, reward_record, without_bulk
 from rollbus.services.grader.first_diffs import FirstDiffs
 from rollbus.services.grader.settings import GraderSettings
@@ -42,11 +40,8 @@ def run(args: argparse.Namespace) -> int:
             "rollbus grader: bubblewrap cannot create sandboxes here "
             "(apt-get install bubblewrap; or --backend docker)"
         )
-    try:
-        asyncio.run(serve(settings, stop_on_signals=True))
-    except (TopicsError, KafkaError) as exc:  # no topics, or no broker: one line, not a traceback
-        raise SystemExit(f"rollbus grader: {exc}") from exc
-    return 0
+    # no topics, or no broker: one line, not a traceback; SIGTERM/SIGINT stop the consumer
+    return run_service("grader", lambda stop: serve(settings, stop), bus=settings)
 
 
 class DiffGrader:
@@ -90,11 +85,8 @@ class DiffGrader:
         )  # fmt: skip
 
 
-async def serve(
-    settings: GraderSettings, stop: asyncio.Event | None = None, *, stop_on_signals: bool = False
-) -> None:
-    """Consume ``diffs`` until ``stop`` is set (or SIGTERM/SIGINT with ``stop_on_signals``)."""
-    await check_topics(settings.bootstrap_servers, settings.namespace)
+async def serve(settings: GraderSettings, stop: asyncio.Event) -> None:
+    """Consume ``diffs`` until ``stop`` is set (the topics are checked already: :func:`run`)."""
     for path in sweep_scratch(GRADE_SCRATCH_PREFIX, settings.grade_config().scratch_dir):
         log.info("removed the grading scratch of a dead grader: %s", path)  # its capped tmpfs, killed -9
     if settings.backend == "docker":  # a grader killed -9 left its sandboxes' containers sleeping forever
@@ -103,11 +95,6 @@ async def serve(
         client = await asyncio.to_thread(docker_engine.client)
         if swept := await asyncio.to_thread(docker_backend.sweep_stale, client):
             log.info("swept %d docker sandboxes of dead graders and runners", len(swept))
-    stop = stop or asyncio.Event()
-    if stop_on_signals:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
     poll_interval_ms = int((settings.grade_timeout * settings.max_batch + POLL_MARGIN_S) * 1000)
     async with Publisher(settings.bootstrap_servers, client_id="rollbus-grader") as publisher:
         handler = DiffGrader(settings, publisher)

@@ -16,18 +16,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 from collections.abc import Coroutine
 from typing import Any
 
 import httpx
-from aiokafka.errors import KafkaConnectionError
 
 import rollbus.services.gym_runner.envs  # noqa: F401  (registers the built-ins before any plugin: a plugin may replace one)
 from rollbus.events import RewardEvent
 from rollbus.kafka.bus import Event, Publisher
 from rollbus.kafka.in_flight import InFlightConsumer
-from rollbus.kafka.topics import TopicsError, check_topics, topic_name
+from rollbus.kafka.topics import topic_name
+from rollbus.serve import run_service
 from rollbus.services.gym_runner.adapter_client import AdapterClient
 from rollbus.services.gym_runner.gym import GymConfigError, context_managers, envs, load_plugins
 from rollbus.services.gym_runner.runner import GymRunner
@@ -53,20 +52,7 @@ def run(args: argparse.Namespace) -> int:
         if name and name not in registry:
             known = ", ".join(sorted(registry))
             raise SettingsError(f"{flag}: {name!r} is not registered; registered: {known}")
-    try:
-        asyncio.run(_main(settings))
-    except (TopicsError, KafkaConnectionError) as exc:
-        raise SystemExit(f"rollbus gym-runner: {exc}") from None
-    return 0
-
-
-async def _main(settings: GymRunnerSettings) -> None:
-    await check_topics(settings.bootstrap_servers, settings.namespace)  # refuse missing/mismatched topics
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await serve(settings, stop)
+    return run_service("gym-runner", lambda stop: serve(settings, stop), bus=settings)
 
 
 async def serve(settings: GymRunnerSettings, stop: asyncio.Event) -> None:

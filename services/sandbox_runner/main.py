@@ -10,14 +10,11 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import sys
 from typing import Any
 
-from aiokafka.errors import KafkaError
-
-from rollbus.kafka.topics import TopicsError, check_topics
 from rollbus.sandbox import bwrap_usable
+from rollbus.serve import run_service
 from rollbus.services.sandbox_runner.outcome import diff_event
 from rollbus.services.sandbox_runner.rollout import AdapterSessions, RunnerKit, run_task
 from rollbus.services.sandbox_runner.service import SandboxRunner
@@ -53,14 +50,7 @@ def run(args: argparse.Namespace) -> int:
     if settings.backend == "e2b" and (problem := e2b_unusable()):
         print(f"rollbus sandbox-runner: --backend e2b: {problem}", file=sys.stderr)
         return 2
-    try:
-        return asyncio.run(_serve(settings))
-    except KafkaError as exc:  # the broker is away: one line, not a traceback
-        print(f"rollbus sandbox-runner: {settings.bootstrap_servers}: {exc}", file=sys.stderr)
-        return 1
-    except TopicsError as exc:
-        print(f"rollbus sandbox-runner: {exc}", file=sys.stderr)
-        return 1
+    return run_service("sandbox-runner", lambda stop: _serve(settings, stop), bus=settings)
 
 
 def docker_unusable() -> str | None:
@@ -89,12 +79,7 @@ def e2b_unusable() -> str | None:
     return None
 
 
-async def _serve(settings: RunnerSettings) -> int:
-    await check_topics(settings.bootstrap_servers, settings.namespace)  # refuse missing/mismatched topics
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+async def _serve(settings: RunnerSettings, stop: asyncio.Event) -> int:
     if settings.backend == "docker":  # what a runner killed -9 left: containers that sleep forever, mounts
         from rollbus.sandbox import docker_backend, docker_engine
 

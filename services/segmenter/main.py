@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 
 from aiokafka.admin import NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from rollbus.kafka import clients
-from rollbus.kafka.topics import TopicsError, check_topics, describe, spec_for, topic_name, wait_visible
+from rollbus.kafka.topics import TopicsError, describe, spec_for, topic_name, wait_visible
+from rollbus.serve import one_line_errors, ready_topics
 from rollbus.services.segmenter.app import TICKS, build_app, internal_topics
 from rollbus.services.segmenter.settings import SegmenterSettings
 from rollbus.services.segmenter.upstream_fixes import UnprovenUpstream, check_versions
@@ -26,7 +26,7 @@ add_arguments = SegmenterSettings.add_arguments
 async def preflight(settings: SegmenterSettings) -> int:
     """The inputs' common partition count; TopicsError if topics are missing or counts differ anywhere,
     including the app's own changelog and tick topics (a table on other partitions joins nothing)."""
-    counts = await check_topics(settings.bootstrap_servers, settings.namespace)
+    counts = await ready_topics(settings)
     partitions = next(n for name, n in counts.items() if spec_for(name).rollout_keyed)
     existing = await describe(settings.bootstrap_servers, internal_topics(settings.namespace))
     wrong = {name: n for name, n in existing.items() if n != partitions}
@@ -55,12 +55,9 @@ async def create_ticks(settings: SegmenterSettings, partitions: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = SegmenterSettings.from_args(args)  # a bad value: rollbus.cli prints one line, exit 2
-    try:
+    with one_line_errors("segmenter", UnprovenUpstream, bus=settings):  # one line, exit 1
         check_versions()
         partitions = asyncio.run(preflight(settings))
-    except (UnprovenUpstream, TopicsError) as error:
-        print(f"rollbus segmenter: {error}", file=sys.stderr)
-        return 1
     asyncio.set_event_loop(asyncio.new_event_loop())
     import faust
 
@@ -69,5 +66,5 @@ def run(args: argparse.Namespace) -> int:
     # Faust's terminal spinner, at --log-level warning or error, sets the root logger to DEBUG so it can
     # spin on every record: aiokafka then builds a discarded LogRecord per message sent (~7% of the CPU).
     worker.spinner = None
-    worker.execute_from_commandline()  # returns only by SystemExit
+    worker.execute_from_commandline()  # returns only by SystemExit; Faust's worker owns the signals
     return 0

@@ -12,7 +12,7 @@ from rollbus.codec import CodecError, Scanned, decode_scans, encode, scan
 from rollbus.kafka.topics import MAX_EVENT_BYTES, spec_for, split_name
 from rollbus.services.segmenter.segmentation.completion import complete, cut, expire
 from rollbus.services.segmenter.segmentation.merge import apply, kill, seal
-from rollbus.services.segmenter.segmentation.state import FACT_KINDS, Fact, RolloutState, Status
+from rollbus.services.segmenter.segmentation.state import FACT_KINDS, Admission, Fact, RolloutState, Status
 from rollbus.trajectory import ChainBroken, LossScope
 from rollbus.turn_log import (
     TurnKey,
@@ -36,7 +36,7 @@ class Handled:
     acknowledged before :meth:`Segmenter.settle`."""
 
     rollout_id: str
-    verdict: str
+    admission: Admission
     segments: list[dict[str, Any]] = field(default_factory=list)
     messages: list[bytes] = field(default_factory=list)
     dead_letter: str | None = None
@@ -124,13 +124,13 @@ class Segmenter:
         state = self.load(rollout_id, partition)
         was_open = state.open
         step = apply(state, fact)
-        self.count(step.verdict)
+        self.count(step.admission)
         if step.store is not None:
             key = body_key(rollout_id, step.store)
             self.bodies[key] = raw
             if fact.scanned is not None and fact.scanned.data == raw:
                 self._scans[key] = fact.scanned
-        outcome = Handled(rollout_id, step.verdict, dead_letter=step.dead_letter)
+        outcome = Handled(rollout_id, step.admission, dead_letter=step.dead_letter)
         if complete(state):
             self._cut(state, outcome)
         if was_open and state.status == "dead":
@@ -180,14 +180,14 @@ class Segmenter:
         """Abort rollouts idle past the timeout (returned, for counting) and forget old sealed states."""
         aborted = []
         for state in self._due(now, partition):
-            verdict = expire(state, now, self.options.timeout_ms, self.options.forget_after_ms)
-            if verdict == "abort":
+            due = expire(state, now, self.options.timeout_ms, self.options.forget_after_ms)
+            if due == "abort":
                 self._drop_bodies(state)
                 seal(state)
                 self._store(state)
                 self.count("aborted")
                 aborted.append(state)
-            elif verdict == "forget":
+            elif due == "forget":
                 self._forget(state)
         return aborted
 

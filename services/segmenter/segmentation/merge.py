@@ -71,7 +71,7 @@ def apply(state: RolloutState, fact: Fact) -> Step:
     except (Conflict, ConflictingTurn) as conflict:
         kill(state, str(conflict))
         return Step("rejected", dead_letter=f"rollout {state.rollout_id} dead-lettered: {conflict}")
-    if step.verdict == "duplicate":
+    if step.admission == "duplicate":
         state.duplicates += 1
     return step
 

@@ -19,6 +19,8 @@ FactKind = Literal["turn", "session", "diff", "reward"]
 
 
 Status = Literal["open", "emitted", "aborted", "dead"]
+# how a rollout's state took one fact: kept, dropped as a retry, too late (after the cut), or refused
+Admission = Literal["new", "duplicate", "late", "rejected"]
 
 
 TRAINABLE = ("main", "subagent")
@@ -116,9 +118,9 @@ class RolloutState:
 
 @dataclass
 class Step:
-    """What one fact did (``new|duplicate|late|rejected``), a turn body to keep, why to dead-letter it."""
+    """How the fact was admitted (:data:`Admission`), a turn body to keep, why to dead-letter it."""
 
-    verdict: str
+    admission: Admission
     store: TurnKey | None = None
     dead_letter: str | None = None
 
