@@ -22,7 +22,7 @@ import pytest
 
 from rollbus import codec
 from rollbus.codec import HEADER, MAGIC
-from rollbus.events import EVENT_TYPES
+from rollbus.events import EVENT_TYPES, DiffEvent
 from rollbus.grading import grade, parse_row
 from rollbus.sandbox import BwrapSandbox, Limits, SandboxSpec, bwrap_usable, create_local
 from rollbus.sandbox.bwrap_host import SCRATCH_ROOT
@@ -165,7 +165,7 @@ async def test_a_latin1_edit_reaches_the_grader_byte_for_byte(tmp_path: Path) ->
     outcome = attempt_outcome("att-1", done, captured, CAP)
     assert outcome.failure_kind is None and b"+# caf\xe9 cr\xe8me\n" in outcome.patch
     event = diff_event({"rollout_id": "r-1"}, AttemptResult("att-1", outcome.patch), now_ms=1)
-    received = diff_patch(codec.decode(codec.encode("diff", event)).record)
+    received = diff_patch(codec.decode(codec.encode("diff", event)).event_as(DiffEvent))
     assert received == outcome.patch
     fresh = tmp_path / "fresh"
     subprocess.run(["cp", "-r", str(EXAMPLE_REPO), str(fresh)], check=True)
@@ -184,7 +184,7 @@ def test_a_diff_written_before_v3_reads_back_as_its_utf8_bytes() -> None:
     fastavro.schemaless_writer(buffer, fastavro.parse_schema(codec.schema("diff", 2)), record)
     decoded = codec.decode(buffer.getvalue())
     assert decoded.schema_version == 2 and decoded.record["patch"] == "+café\n".encode()
-    assert diff_patch(decoded.record) == "+café\n".encode()
+    assert diff_patch(decoded.event_as(DiffEvent)) == "+café\n".encode()
 
 
 # --- 16: the grader's disk -----------------------------------------------------------------------------

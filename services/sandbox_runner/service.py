@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from rollbus.events import DiffEvent
 from rollbus.kafka.bus import Event, Publisher
 from rollbus.kafka.in_flight import InFlightConsumer
 from rollbus.kafka.topics import topic_name
@@ -43,7 +44,10 @@ async def publish_outcome(
     await publish_retrying(publisher, topic, diff_event(task, outcome, rerun_rollout_id=rerun), "diff")
 
 
-async def publish_retrying(publisher: Publisher, topic: str, event: dict[str, Any], what: str) -> None:
+async def publish_retrying(
+    publisher: Publisher, topic: str, event: DiffEvent | dict[str, Any], what: str
+) -> None:
+    rollout_id = event.rollout_id if isinstance(event, DiffEvent) else event["rollout_id"]
     for attempt in range(PUBLISH_TRIES):
         try:
             await publisher.publish(topic, event)
@@ -51,7 +55,7 @@ async def publish_retrying(publisher: Publisher, topic: str, event: dict[str, An
         except Exception:
             if attempt == PUBLISH_TRIES - 1:
                 raise
-            log.warning("publishing the %s of %s failed; retrying", what, event["rollout_id"], exc_info=True)
+            log.warning("publishing the %s of %s failed; retrying", what, rollout_id, exc_info=True)
             await asyncio.sleep(2**attempt)
 
 
