@@ -11,7 +11,7 @@ import pytest
 
 import rollbus.services.gym_runner.envs  # noqa: F401  (registers the built-ins)
 from rollbus.codec import encode
-from rollbus.events import RewardEvent
+from rollbus.events import RewardEvent, TaskEvent
 from rollbus.kafka.broker import free_port
 from rollbus.services.adapter.app import create_app
 from rollbus.services.gym_runner import gym
@@ -38,10 +38,11 @@ class Counted(gym.Env):
         CLOSES.append(self.env_config["tag"])
 
 
-def task(rollout: str, env_config: Any, **extra: Any) -> dict[str, Any]:
+def task(rollout: str, env_config: Any, **extra: Any) -> TaskEvent:
     raw = env_config if isinstance(env_config, str) else json.dumps(env_config)
-    return {"rollout_id": rollout, "group_id": "g", "group_size": 2, "prompt": "", "messages": None,
-            "env_config": raw, **extra}  # fmt: skip
+    fields = {"rollout_id": rollout, "group_id": "g", "sample_index": 0, "group_size": 2, "prompt": "",
+              "metadata": "{}", "submitted_at": 0, "env_config": raw, **extra}  # fmt: skip
+    return TaskEvent(**fields)
 
 
 class Collected:
@@ -136,13 +137,13 @@ def test_reward_record_drops_a_huge_conversation_and_falls_back_to_reward_for_so
 async def test_a_malformed_task_still_gets_a_reward_naming_the_failure() -> None:
     runner, published, http = runner_for(f"http://127.0.0.1:{free_port()}")
     async with http:
-        record = await runner.run_task({"rollout_id": "odd", "env_config": '{"name": "math"}', "messages": 5})
+        record = await runner.run_task(task("odd", {"name": "math"}, messages="5"))
         assert record.failure_kind == "bad_env_config"  # messages must be a list: a config error
-        record = await runner.run_task(
-            {"rollout_id": "odder", "env_config": '{"name": "math"}', "group_size": "x"}
-        )
-    assert record.failure_kind == "runner_error" and "ValueError" in json.loads(record.details)["error"]
-    assert [r.rollout_id for _, r in published.records] == ["odd", "odder"]
+        record = await runner.run_task(task("odder", {"name": "math"}, messages="[1"))
+    assert record.failure_kind == "bad_env_config" and "not valid JSON" in json.loads(record.details)["error"]
+    assert [(r.rollout_id, r.group_id, r.group_size) for _, r in published.records] == [
+        ("odd", "g", 2), ("odder", "g", 2),
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
