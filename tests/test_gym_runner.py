@@ -173,6 +173,24 @@ def test_gym_submit_keeps_the_ms_swift_row_and_makes_a_group() -> None:
     encode("task", first)  # a valid v2 task event
 
 
+def test_export_writes_a_gym_reward_with_its_tasks_configs_and_skips_a_coding_reward() -> None:
+    from rollbus.commands.export import completion_record
+
+    row = task("r", {"name": "math", "seed": 3}, ctx_config="not json")
+    asked = [{"role": "user", "content": "q"}]
+    episode = Episode(messages=asked, step_rewards=[0.0, 0.5], infos=[{}, {}, {"a": 1}])
+    reward = reward_record(row, EpisodeResult(episode, "r.a1", 1, None, "math"), "all_turns")
+    line = completion_record(reward, row)
+    assert line is not None and line["messages"] == asked
+    assert (line["reward"], line["step_rewards"], line["trajectory_infos"][-1]) == (0.5, [0.0, 0.5], {"a": 1})
+    assert (line["env_config"], line["ctx_config"]) == ({"name": "math", "seed": 3}, "not json")
+    assert (line["group_id"], line["attempt_id"], line["failure_kind"]) == ("g", "r.a1", None)
+    gone = completion_record(reward, None)  # the task is no longer on ``tasks``
+    assert gone is not None and (gone["env_config"], gone["ctx_config"]) == (None, None)
+    coding = RewardEvent(rollout_id="c", reward=1.0, solved=True, applied_cleanly=True, details="{}", at=1)
+    assert completion_record(coding, None) is None
+
+
 def test_replay_tables_show_a_gym_rewards_steps_and_infos() -> None:
     from rollbus.tables import COLUMNS
 
