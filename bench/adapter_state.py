@@ -28,6 +28,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from rollbus.events import SessionEvent, TurnEvent, TurnTimings  # noqa: E402
 from rollbus.services.adapter.canonical import CanonicalHistory  # noqa: E402
 from rollbus.services.adapter.restore import load, restore  # noqa: E402
 from rollbus.services.adapter.settings import AdapterSettings  # noqa: E402
@@ -103,26 +104,29 @@ def memory(sessions: int, turns: int, context: int) -> None:
 def bus(
     finished: int, open_rollouts: int, turns: int, prompt: int
 ) -> tuple[dict[str, list], dict[str, list]]:
-    """Session and turn records, oldest first; each record stamped with the time the broker got it."""
-    sessions: list[tuple[int, dict]] = []
-    turn_records: list[tuple[int, dict]] = []
+    """Session and turn events, oldest first; each stamped with the time the broker got it."""
+    sessions: list[tuple[int, SessionEvent]] = []
+    turn_records: list[tuple[int, TurnEvent]] = []
     clock = 1_700_000_000_000
     for n in range(finished + open_rollouts):
         rollout, at = f"r-{n}", clock + n * 1000
-        base = {"rollout_id": rollout, "chain_id": "main", "chain_kind": "main", "attempt_id": "", "at": at}
-        sessions.append((at, {**base, "kind": "opened", "agent_id": None, "parent_tool_use_id": None}))
+        base = {"rollout_id": rollout, "chain_id": "main", "chain_kind": "main", "attempt_id": "", "at": at,
+                "turn_count": 0}  # fmt: skip
+        sessions.append((at, SessionEvent.from_dict({**base, "kind": "opened"})))
+        timings = TurnTimings(started_at=at, finished_at=at, generation_ms=0)
         for i in range(turns):
             suffix = list(range(prompt if i == 0 else 40))
             output = list(range(100, 130))
-            record = {
-                "rollout_id": rollout, "chain_id": "main", "turn_index": i,
-                "prompt_ref_turn": None if i == 0 else i - 1,
-                "prompt_ids": suffix, "output_ids": output, "output_logprobs": [-0.5] * 30,
-                "finish_reason": "stop", "policy_version": 0,
-            }  # fmt: skip
+            record = TurnEvent(
+                rollout_id=rollout, chain_id="main", chain_kind="main", turn_index=i,
+                prompt_ref_turn=None if i == 0 else i - 1, prompt_ids=suffix, prompt_tokens=len(suffix),
+                output_ids=output, output_logprobs=[-0.5] * 30, finish_reason="stop", policy_version=0,
+                request_id=f"{rollout}-{i}", timings=timings,
+            )  # fmt: skip
             turn_records.append((at + i, record))
         if n < finished:
-            sessions.append((at + turns, {**base, "kind": "closed", "at": at + turns}))
+            closed = {**base, "kind": "closed", "at": at + turns, "turn_count": turns}
+            sessions.append((at + turns, SessionEvent.from_dict(closed)))
     return {"sessions": sessions, "turns": turn_records}, {}
 
 

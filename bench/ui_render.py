@@ -74,7 +74,7 @@ def main() -> None:
     pages = Pages(read, "bench")
     html = pages.rollout("r-big")
     assert html is not None and html.count('title="drift at') == SEGMENTS
-    segments = list(read.rollouts["r-big"].segments.values())
+    segments = [s.to_dict() for s in read.rollouts["r-big"].segments.values()]
 
     def baseline() -> str:
         plain = [{k: list(v) if isinstance(v, bytes) else v for k, v in s.items()} for s in segments]

@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from rollbus.events import RoutedExperts
+
 DTYPES = ("uint8", "uint16", "int32")  # narrowest first; int32 is SGLang's own
 STORE_DIR = "routed-experts"  # under the state directory, unless a setting says where
 
@@ -66,7 +68,10 @@ class RoutesRef:
         return asdict(self)
 
     @classmethod
-    def of(cls, record: Mapping[str, Any]) -> RoutesRef:
+    def of(cls, record: Mapping[str, Any] | RoutedExperts) -> RoutesRef:
+        """The reference in ``record``: a turn's or segment's ``routed_experts`` event field, or its dict."""
+        if isinstance(record, RoutedExperts):
+            record = record.to_dict()
         return cls(str(record["digest"]), str(record["dtype"]), int(record["start"]), int(record["rows"]),
                    int(record["width"]))  # fmt: skip
 

@@ -4,8 +4,12 @@ real-broker path is the same reader over Kafka, exercised by the end-to-end test
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from typing import Any
 
+from rollbus.events import SessionEvent, TurnEvent, TurnTimings, event_class
+from rollbus.kafka.topics import spec_for
 from rollbus.services.adapter.app import create_app
 from rollbus.services.adapter.restore import BusLog, read_sessions, read_turns, split_chain
 from rollbus.tokenizer import load_tokenizer
@@ -25,7 +29,7 @@ def records_of(publisher: BusPublisher):
     async def records(topic: str, since_ms: int | None):
         for name, _, record in list(publisher.events):
             if name == topic:
-                yield record
+                yield event_class(spec_for(topic).event_type).from_dict(record)
 
     return records
 
@@ -101,16 +105,23 @@ async def test_a_closed_rollout_stays_closed_across_a_restart() -> None:
             assert "r-2" not in after.app.state.adapter.sessions
 
 
-def session_event(rollout: str, chain: str, kind: str, at: int = 1000, chain_kind: str = "main") -> dict:
-    return {"rollout_id": rollout, "chain_id": chain, "kind": kind, "chain_kind": chain_kind, "at": at}
+def session_event(
+    rollout: str, chain: str, kind: Any, at: int = 1000, chain_kind: Any = "main"
+) -> SessionEvent:
+    return SessionEvent(
+        rollout_id=rollout, chain_id=chain, kind=kind, chain_kind=chain_kind, turn_count=0, at=at
+    )
 
 
-def turn_event(rollout: str, chain: str, index: int, prompt: list[int], output: list[int], ref=None) -> dict:
-    return {
-        "rollout_id": rollout, "chain_id": chain, "turn_index": index, "prompt_ref_turn": ref,
-        "prompt_ids": prompt, "output_ids": output, "output_logprobs": [-0.5] * len(output),
-        "finish_reason": "stop", "policy_version": 1,
-    }  # fmt: skip
+def turn_event(
+    rollout: str, chain: str, index: int, prompt: list[int], output: list[int], ref=None
+) -> TurnEvent:
+    return TurnEvent(
+        rollout_id=rollout, chain_id=chain, chain_kind="main", turn_index=index, prompt_ref_turn=ref,
+        prompt_ids=prompt, prompt_tokens=len(prompt), output_ids=output, output_logprobs=[-0.5] * len(output),
+        finish_reason="stop", policy_version=1, request_id=f"req-{index}",
+        timings=TurnTimings(started_at=0, finished_at=0, generation_ms=0),
+    )  # fmt: skip
 
 
 def test_only_live_chains_of_open_rollouts_are_kept() -> None:
@@ -146,7 +157,7 @@ def test_a_duplicated_turn_is_read_once_and_a_conflicting_one_ends_the_chain() -
     read_turns(log, [first, second, second, turn_event("r", "main", 2, [5], [6], ref=1)])
     assert log.chains[("r", "main")].live and log.chains[("r", "main")].turns == 3
     other = turn_event("r", "agent-x", 0, [1], [2])
-    read_turns(log, [other, {**other, "output_ids": [9]}])
+    read_turns(log, [other, dataclasses.replace(other, output_ids=[9])])
     assert not log.chains[("r", "agent-x")].resumable  # kept, so the agent's next chain is agent-x.1
 
 

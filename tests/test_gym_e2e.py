@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from rollbus.commands.export import ExportSettings, export_completions
+from rollbus.events import TaskEvent
 from rollbus.kafka.broker import free_port
 from rollbus.kafka.bus import Publisher
 from rollbus.kafka.replay import ReadPlan, read
@@ -64,15 +65,15 @@ async def stack(bootstrap: str, namespace: str, engine_url: str, **runner: Any):
                 await task
 
 
-def task(rollout_id: str, env_config: dict | None, **extra: Any) -> dict[str, Any]:
-    return {
+def task(rollout_id: str, env_config: dict | None, **extra: Any) -> TaskEvent:
+    return TaskEvent(**{
         "rollout_id": rollout_id, "group_id": extra.pop("group_id", "g-" + rollout_id), "sample_index": 0,
         "group_size": extra.pop("group_size", 1), "prompt": "", "label": None, "metadata": "{}",
         "submitted_at": int(time.time() * 1000),
         "env_config": json.dumps(env_config) if env_config is not None else None,
         "ctx_config": json.dumps(extra.pop("ctx_config")) if "ctx_config" in extra else None,
         "messages": json.dumps([{"role": "user", "content": "play"}]),
-    }  # fmt: skip
+    })  # fmt: skip
 
 
 async def events(bootstrap: str, topic: str) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ import pytest
 
 import rollbus.services.gym_runner.envs  # noqa: F401  (registers the built-ins)
 from rollbus.codec import encode
-from rollbus.events import RewardEvent
+from rollbus.events import RewardEvent, TaskEvent
 from rollbus.kafka.broker import free_port
 from rollbus.services.adapter.app import create_app
 from rollbus.services.gym_runner import gym
@@ -38,10 +38,11 @@ class Counted(gym.Env):
         CLOSES.append(self.env_config["tag"])
 
 
-def task(rollout: str, env_config: Any, **extra: Any) -> dict[str, Any]:
+def task(rollout: str, env_config: Any, **extra: Any) -> TaskEvent:
     raw = env_config if isinstance(env_config, str) else json.dumps(env_config)
-    return {"rollout_id": rollout, "group_id": "g", "group_size": 2, "prompt": "", "messages": None,
-            "env_config": raw, **extra}  # fmt: skip
+    fields = {"rollout_id": rollout, "group_id": "g", "sample_index": 0, "group_size": 2, "prompt": "",
+              "metadata": "{}", "submitted_at": 0, "env_config": raw, **extra}  # fmt: skip
+    return TaskEvent(**fields)
 
 
 class Collected:
@@ -136,13 +137,13 @@ def test_reward_record_drops_a_huge_conversation_and_falls_back_to_reward_for_so
 async def test_a_malformed_task_still_gets_a_reward_naming_the_failure() -> None:
     runner, published, http = runner_for(f"http://127.0.0.1:{free_port()}")
     async with http:
-        record = await runner.run_task({"rollout_id": "odd", "env_config": '{"name": "math"}', "messages": 5})
+        record = await runner.run_task(task("odd", {"name": "math"}, messages="5"))
         assert record.failure_kind == "bad_env_config"  # messages must be a list: a config error
-        record = await runner.run_task(
-            {"rollout_id": "odder", "env_config": '{"name": "math"}', "group_size": "x"}
-        )
-    assert record.failure_kind == "runner_error" and "ValueError" in json.loads(record.details)["error"]
-    assert [r.rollout_id for _, r in published.records] == ["odd", "odder"]
+        record = await runner.run_task(task("odder", {"name": "math"}, messages="[1"))
+    assert record.failure_kind == "bad_env_config" and "not valid JSON" in json.loads(record.details)["error"]
+    assert [(r.rollout_id, r.group_id, r.group_size) for _, r in published.records] == [
+        ("odd", "g", 2), ("odder", "g", 2),
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -170,6 +171,24 @@ def test_gym_submit_keeps_the_ms_swift_row_and_makes_a_group() -> None:
     assert json.loads(first["messages"])[0] == {"role": "system", "content": "s"}
     assert json.loads(first["metadata"]) == {"answer": 3}
     encode("task", first)  # a valid v2 task event
+
+
+def test_export_writes_a_gym_reward_with_its_tasks_configs_and_skips_a_coding_reward() -> None:
+    from rollbus.commands.export import completion_record
+
+    row = task("r", {"name": "math", "seed": 3}, ctx_config="not json")
+    asked = [{"role": "user", "content": "q"}]
+    episode = Episode(messages=asked, step_rewards=[0.0, 0.5], infos=[{}, {}, {"a": 1}])
+    reward = reward_record(row, EpisodeResult(episode, "r.a1", 1, None, "math"), "all_turns")
+    line = completion_record(reward, row)
+    assert line is not None and line["messages"] == asked
+    assert (line["reward"], line["step_rewards"], line["trajectory_infos"][-1]) == (0.5, [0.0, 0.5], {"a": 1})
+    assert (line["env_config"], line["ctx_config"]) == ({"name": "math", "seed": 3}, "not json")
+    assert (line["group_id"], line["attempt_id"], line["failure_kind"]) == ("g", "r.a1", None)
+    gone = completion_record(reward, None)  # the task is no longer on ``tasks``
+    assert gone is not None and (gone["env_config"], gone["ctx_config"]) == (None, None)
+    coding = RewardEvent(rollout_id="c", reward=1.0, solved=True, applied_cleanly=True, details="{}", at=1)
+    assert completion_record(coding, None) is None
 
 
 def test_replay_tables_show_a_gym_rewards_steps_and_infos() -> None:

@@ -21,12 +21,14 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import rollbus.services.stack.demo
 import rollbus.services.stack.up
 from rollbus.cli import command_parser
+from rollbus.events import TaskEvent
 from rollbus.services.gym_runner.gym import RolloutInferRequest, as_decoded
 from rollbus.services.gym_runner.runner import request_for
 from rollbus.services.stack.demo import DemoSettings
@@ -274,7 +276,7 @@ async def test_an_env_constructor_raising_is_a_config_error_logged_with_its_trac
         async with http:
             with caplog.at_level("ERROR"):
                 record = await runner.run_task(
-                    {"rollout_id": "nb-1", "env_config": '{"name": "needs-board-test"}', "messages": None}
+                    task(rollout_id="nb-1", env_config='{"name": "needs-board-test"}', messages=None)
                 )
     finally:
         del gym.envs["needs-board-test"]
@@ -298,8 +300,11 @@ def test_the_runner_refuses_to_start_on_a_default_env_nobody_registered(tmp_path
 # ---------------------------------------------------------------- the request and the step's view
 
 
-def task(**fields) -> dict:
-    return {"rollout_id": "r-1", "messages": json.dumps([{"role": "user", "content": "q"}]), **fields}
+def task(**fields: Any) -> TaskEvent:
+    messages = json.dumps([{"role": "user", "content": "q"}])
+    row = {"rollout_id": "r-1", "group_id": "g", "sample_index": 0, "group_size": 1, "prompt": "",
+           "metadata": "{}", "submitted_at": 0, "messages": messages, **fields}  # fmt: skip
+    return TaskEvent(**row)
 
 
 @pytest.mark.parametrize(

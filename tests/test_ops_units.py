@@ -7,13 +7,16 @@ import json
 import re
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from rollbus.config import recorded_bootstrap
+from rollbus.events import RewardEvent
 from rollbus.kafka.broker import DEFAULT_PORT, EmbeddedBroker, start_port
 from rollbus.polling import WaitTimeout, wait_until, wait_until_async
 from rollbus.services.stack.demo import failure_note, failure_shown, replay_hint
+from tests.event_samples import SAMPLES
 from tests.waiting import until, until_sync
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,19 +120,23 @@ def test_demo_hint_names_the_broker_the_demo_used() -> None:
     assert external.endswith("--bootstrap-servers kafka.example:9093") and "broker start" not in external
 
 
+def reward(**fields: Any) -> RewardEvent:
+    return RewardEvent.from_dict({**SAMPLES["reward"], **fields})
+
+
 def test_demo_names_the_runners_failure_and_its_last_words() -> None:
     """What failed: a CI demo showed only `rollout_failed` for a rollout the Codex CLI ended, and nothing of
     why. The table now names the runner's kind and prints the tail of what the CLI said."""
     said = "x" * 900 + " codex: stream disconnected\n  before completion"
-    failed = {"failure_kind": "rollout_failed",
-              "details": json.dumps({"note": f"the rollout ended with agent_crashed: {said}",
-                                     "rollout_failure": "agent_crashed"})}  # fmt: skip
+    failed = reward(failure_kind="rollout_failed",
+                    details=json.dumps({"note": f"the rollout ended with agent_crashed: {said}",
+                                        "rollout_failure": "agent_crashed"}))  # fmt: skip
     assert failure_shown(failed) == "rollout_failed (agent_crashed)"
     note = failure_note(failed)
     assert note.endswith("codex: stream disconnected before completion") and len(note) == 600
-    graded = {"failure_kind": "tests_failed", "details": json.dumps({"note": "2 tests failed"})}
+    graded = reward(failure_kind="tests_failed", details=json.dumps({"note": "2 tests failed"}))
     assert (failure_shown(graded), failure_note(graded)) == ("tests_failed", "")
-    for odd in ({"details": "not json"}, {"details": "[1]"}, {}):
+    for odd in (reward(details="not json"), reward(details="[1]"), reward(details="")):
         assert (failure_shown(odd), failure_note(odd)) == ("", "")
 
 

@@ -7,18 +7,28 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rollbus.events import DiffEvent, RewardEvent, TurnEvent
 from rollbus.services.grader.changes import UNKNOWN, Ledger, report_lines
+from tests.event_samples import turn as sample_turn
 
 
-def reward(rollout: str, value: float, attempt: str = "a-1", flags: tuple[str, ...] = (), kind: Any = None):
-    return {
-        "rollout_id": rollout, "attempt_id": attempt, "reward": value, "solved": value == 1.0,
-        "failure_kind": kind, "flags": list(flags),
-    }  # fmt: skip
+def reward(
+    rollout: str, value: float, attempt: str = "a-1", flags: tuple[str, ...] = (), kind: Any = None
+) -> RewardEvent:
+    return RewardEvent(
+        rollout_id=rollout, attempt_id=attempt, reward=value, solved=value == 1.0, applied_cleanly=True,
+        details="{}", failure_kind=kind, flags=list(flags), at=0,
+    )  # fmt: skip
 
 
-def turn(rollout: str, version: int, attempt: str = "a-1") -> dict[str, Any]:
-    return {"rollout_id": rollout, "attempt_id": attempt, "policy_version": version}
+def diff(rollout: str, attempt: str = "a-1") -> DiffEvent:
+    return DiffEvent(
+        rollout_id=rollout, attempt_id=attempt, patch=b"", exit_status=0, wall_time_s=1.0, turns=1, at=0
+    )
+
+
+def turn(rollout: str, version: int, attempt: str = "a-1") -> TurnEvent:
+    return TurnEvent.from_dict(sample_turn(rollout_id=rollout, attempt_id=attempt, policy_version=version))
 
 
 def test_an_attempt_counts_under_the_latest_version_of_its_turns_or_unknown() -> None:
@@ -63,8 +73,8 @@ def test_a_redelivered_reward_replaces_the_earlier_and_a_redelivered_diff_is_gra
     ledger = Ledger()
     ledger.reward_published(reward("r", 0.0))
     ledger.reward_published(reward("r", 1.0))
-    assert ledger.first_time(reward("r", 0.0)) and not ledger.first_time(reward("r", 0.0))
-    assert ledger.first_time(reward("r", 0.0, attempt="a-2"))
+    assert ledger.first_time(diff("r")) and not ledger.first_time(diff("r"))
+    assert ledger.first_time(diff("r", attempt="a-2"))
     ledger.regraded(reward("r", 1.0))
     assert ledger.report()["changed"] == 0 and ledger.report()["repeated_diffs"] == 1
 

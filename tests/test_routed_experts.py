@@ -167,7 +167,7 @@ def two_turn_chain(tmp_path):
         "prompt_ids": prompt, "response_ids": ids[5:], "loss_mask": mask,
         "rollout_logprobs": [lp if m else 0.0 for lp, m in zip(sampled.tolist(), mask, strict=True)],
         "policy_versions": [0] * 20, "trajectory_reward": 1.0, "reward": 1.0, "attempt_id": "a",
-        "routed_experts": wire,
+        "routed_experts": [ref.to_dict() for ref in wire],  # as the trainer decodes them
     }  # fmt: skip
     return trainer_model, store, seg, routes
 

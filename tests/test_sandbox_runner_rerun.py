@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from rollbus.events import TaskEvent
 from rollbus.services.sandbox_runner.rerun import rerun_rollout_id, rerun_task
 
 
@@ -21,24 +22,23 @@ def test_a_reruns_id_is_derived_from_the_first_rollouts(rollout_id, sample, atte
     assert rerun_rollout_id(rollout_id, sample, attempt) == expected
 
 
-def task(**extra) -> dict:
-    return {"rollout_id": "row-g-3", "group_id": "row-g", "sample_index": 3, "group_size": 4, "prompt": "p",
-            "metadata": "{}", "submitted_at": 1, "schema_version": 3, **extra}  # fmt: skip
+def task(**extra) -> TaskEvent:
+    return TaskEvent(**{"rollout_id": "row-g-3", "group_id": "row-g", "sample_index": 3, "group_size": 4,
+                        "prompt": "p", "metadata": "{}", "submitted_at": 1, **extra})  # fmt: skip
 
 
 def test_an_infrastructure_failure_is_rerun_as_the_same_sample_with_the_next_attempt() -> None:
     rerun = rerun_task(task(), "boot_failed", retries=2, now_ms=9)
-    first = {k: v for k, v in task().items() if k != "schema_version"}  # the codec writes its own
-    assert rerun == {**first, "rollout_id": "row-g.r1-3", "attempt": 1, "submitted_at": 9}
+    assert rerun == task(rollout_id="row-g.r1-3", attempt=1, submitted_at=9)  # the rest as the task's
     again = rerun_task(rerun, "session_failed", retries=2, now_ms=10)
-    assert again is not None and (again["rollout_id"], again["attempt"]) == ("row-g.r2-3", 2)
+    assert again is not None and (again.rollout_id, again.attempt) == ("row-g.r2-3", 2)
     assert rerun_task(again, "boot_failed", retries=2) is None  # the budget is spent
 
 
 def test_the_same_failed_task_always_submits_the_same_rerun() -> None:
     """A runner killed between the re-run and the diff runs the task again: the same rollout, run once."""
     one, two = rerun_task(task(), "boot_failed", 2, now_ms=1), rerun_task(task(), "runner_error", 2)
-    assert one is not None and two is not None and one["rollout_id"] == two["rollout_id"]
+    assert one is not None and two is not None and one.rollout_id == two.rollout_id
 
 
 @pytest.mark.parametrize("kind", [None, "timeout", "agent_crashed", "sandbox_broken", "bad_task", "unknown"])

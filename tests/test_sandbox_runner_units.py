@@ -106,11 +106,13 @@ def test_diff_event_copies_what_the_grader_needs() -> None:
         "label": "L",
     }
     event = diff_event(task, AttemptResult("att-1", b"p\xe9", 0, 2.5, 3), now_ms=7)
-    assert event["patch"] == b"p\xe9"
-    assert event["task_metadata"] == '{"image": "/i"}' and event["label"] == "L" and event["group_size"] == 4
-    assert (event["attempt_id"], event["failure_kind"], event["patch_truncated"], event["at"]) == (
+    assert event.patch == b"p\xe9"
+    assert event.task_metadata == '{"image": "/i"}' and event.label == "L" and event.group_size == 4
+    assert (event.attempt_id, event.failure_kind, event.patch_truncated, event.at) == (
         "att-1", None, False, 7,
     )  # fmt: skip
+    bare = diff_event({"rollout_id": "r-2"}, AttemptResult("att-2"), now_ms=7)  # what it lacks: the default
+    assert (bare.group_id, bare.group_size, bare.task_metadata, bare.label) == ("", 1, "{}", None)
 
 
 def test_prompt_is_the_problem_statement_in_the_template() -> None:

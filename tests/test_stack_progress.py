@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
-from rollbus.services.stack.progress import fold
+from typing import Any
+
+from rollbus.events import EventRecord, event_class
+from rollbus.services.stack.progress import Progress
+from rollbus.services.stack.progress import fold as fold_events
 from tests.event_samples import SAMPLES, segment, turn
+
+
+def fold(events: list[tuple[str, dict[str, Any]]]) -> Progress:
+    """The fold of ``events``, each written as its event type and the record a reader decodes."""
+    return fold_events(typed(t, r) for t, r in events)
+
+
+def typed(event_type: str, record: dict[str, Any]) -> EventRecord:
+    return event_class(event_type).from_dict(record)
 
 
 def test_a_run_folds_into_its_summary():
@@ -48,12 +61,12 @@ def test_a_continued_run_counts_only_its_own_events_and_steps_from_the_earlier_p
         ("policy", {**SAMPLES["policy"], "version": 1}),
         ("policy", {**SAMPLES["policy"], "version": 2}),
     ]:
-        progress.earlier(event_type, record)
+        progress.earlier(typed(event_type, record))
     assert progress.policy_base == progress.policy_version == 2 and progress.summary(train_steps=0)[
         "rollouts_submitted"] == 0  # fmt: skip
-    progress.add("task", {**SAMPLES["task"], "rollout_id": "new"})
-    progress.add("policy", {**SAMPLES["policy"], "version": 2})  # republished at a restart: no step
-    progress.add("policy", {**SAMPLES["policy"], "version": 3})
+    progress.add(typed("task", {**SAMPLES["task"], "rollout_id": "new"}))
+    progress.add(typed("policy", {**SAMPLES["policy"], "version": 2}))  # republished at a restart: no step
+    progress.add(typed("policy", {**SAMPLES["policy"], "version": 3}))
     summary = progress.summary(train_steps=progress.policy_updates)
     assert (summary["rollouts_submitted"], summary["train_steps"], summary["policy_version"]) == (1, 1, 3)
 

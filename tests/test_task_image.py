@@ -152,10 +152,10 @@ def test_the_local_grader_names_a_container_image_it_cannot_grade(tmp_path: Path
 
 def test_the_digest_rides_from_the_diff_to_the_reward_and_defaults_to_null() -> None:
     task = {"rollout_id": "r", "metadata": "{}"}
-    assert diff_event(task, AttemptResult("a"))["image_digest"] is None  # bwrap: no container digest
+    assert diff_event(task, AttemptResult("a")).image_digest is None  # bwrap: no container digest
     event = diff_event(task, AttemptResult("a", image_digest=DIGEST))
-    assert event["image_digest"] == DIGEST
-    decoded = codec.decode(codec.encode("diff", {**event, "patch": b""}))
+    assert event.image_digest == DIGEST
+    decoded = codec.decode(codec.encode("diff", event))
     assert decoded.record["image_digest"] == DIGEST
     graded = GradeResult(1.0, True, True, None, details={"image_digest": DIGEST})
     assert reward_record(event, graded).image_digest == DIGEST
@@ -207,8 +207,8 @@ def test_a_regrade_hands_the_diffs_digest_to_the_backend_by_name(
 ) -> None:
     monkeypatch.setitem(GRADE_BACKENDS, "docker", f"{__name__}:recording_grade")
     metadata = {"image": "python:3.11", "workdir": "/testbed", "eval_cmd": "pytest"}
-    diff = {**diff_event({"rollout_id": "r", "metadata": json.dumps(metadata)},
-                         AttemptResult("a", b"", image_digest=DIGEST)), "patch": b""}  # fmt: skip
+    task = {"rollout_id": "r", "metadata": json.dumps(metadata)}
+    diff = diff_event(task, AttemptResult("a", image_digest=DIGEST))
     result = asyncio.run(grade_diff(diff, tmp_path, GradeConfig(backend="docker")))
     assert SEEN[-1].image_digest == DIGEST and SEEN[-1].container_image == "python:3.11"
     assert pinned_ref(parse_image(SEEN[-1].container_image), SEEN[-1].image_digest) == f"python@{DIGEST}"

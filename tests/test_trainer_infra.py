@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rollbus import codec
+from rollbus.events import TaskEvent
 from rollbus.services.segmenter.segmentation import Segmenter
 from rollbus.services.segmenter.segmentation.state import Fact
 from rollbus.trainer.batch import (
@@ -196,10 +197,11 @@ def twin_ids() -> tuple[str, str]:
     """The first rollout of sample 1 and its re-run, named as the runner names them."""
     from rollbus.services.sandbox_runner.rerun import rerun_task
 
-    task = {"rollout_id": "bug-g7-1", "group_id": "bug-g7", "sample_index": 1, "attempt": 0}
+    task = TaskEvent(rollout_id="bug-g7-1", group_id="bug-g7", sample_index=1, group_size=2, prompt="p",
+                     metadata="{}", submitted_at=0)  # fmt: skip
     rerun = rerun_task(task, "boot_failed", retries=2, now_ms=0)
     assert rerun is not None
-    return task["rollout_id"], rerun["rollout_id"]
+    return task.rollout_id, rerun.rollout_id
 
 
 @pytest.mark.parametrize("first", ["original", "rerun"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from html import escape
 
+from rollbus.events import SegmentEvent
 from rollbus.services.ui.app import Pages
 from rollbus.services.ui.main import decoder
 from rollbus.services.ui.model import fold
@@ -23,6 +24,7 @@ def test_turns_and_token_runs_are_shown_as_the_tokenizer_decodes_them() -> None:
         assert f'<pre class="text">{escape(decode(turn["output_ids"]))}</pre>' in page
     segments = [r for t, r in events if t == "segments" and r["rollout_id"] == "r-0"]
     final = next(s for s in segments if s["kind"] == "final")
-    for cls, start, end in token_runs(final):  # every run of one colour reads as its tokens' text
+    runs = token_runs(SegmentEvent.from_dict(final))
+    for cls, start, end in runs:  # every run of one colour reads as its tokens' text
         ids = final["response_ids"][start:end]
         assert f'<span class="tok {cls}" data-n="{len(ids)}">{escape(decode(ids))}</span>' in page

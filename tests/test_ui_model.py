@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
+from rollbus.events import SegmentEvent
 from rollbus.services.ui.app import Pages
 from rollbus.services.ui.model import (
     Entry,
@@ -15,7 +17,19 @@ from rollbus.services.ui.model import (
     trained_by,
 )  # fmt: skip
 from rollbus.services.ui.views import Browse, browse, folded_html, segment_rows, token_runs
+from tests.event_samples import SAMPLES
 from tests.ui_support import AT, entries, run_events, train_step
+
+
+def diff(rollout_id: str, failure_kind: str) -> dict[str, Any]:
+    return {**SAMPLES["diff"], "rollout_id": rollout_id, "failure_kind": failure_kind}
+
+
+def masked(mask: bytes, versions: list[int]) -> SegmentEvent:
+    """A segment whose response has ``mask`` and ``versions`` (the rest of it as the sample's)."""
+    n = len(mask)
+    return SegmentEvent.from_dict({**SAMPLES["segment"], "response_ids": [1] * n, "loss_mask": mask,
+                                   "rollout_logprobs": [0.0] * n, "policy_versions": versions})  # fmt: skip
 
 
 def test_the_overview_counts_what_the_events_say() -> None:
@@ -46,8 +60,9 @@ def test_a_rollout_in_flight_and_one_whose_run_failed() -> None:
         entries([e for e in run_events() if e[0] in ("tasks", "turns") and e[1]["rollout_id"] == "r-0"])
     )
     assert overview(model)["rollouts"] == {"submitted": 1, "running": 1, "finished": 0, "failed": 0}
-    model.add(Entry("diffs", 0, 0, AT, "r-0", "diff", {"rollout_id": "r-0", "failure_kind": "timeout"}))
-    failed = {"rollout_id": "r-0", "reward": 0.0, "solved": False, "failure_kind": "timeout"}
+    model.add(Entry("diffs", 0, 0, AT, "r-0", "diff", diff("r-0", "timeout")))
+    failed = {**SAMPLES["reward"], "rollout_id": "r-0", "reward": 0.0, "solved": False,
+              "failure_kind": "timeout"}  # fmt: skip
     model.add(Entry("rewards", 0, 0, AT, "r-0", "reward", failed))
     o = overview(model)
     assert o["rollouts"]["failed"] == 1 and o["failure_kinds"] == {"timeout": 1}
@@ -56,14 +71,15 @@ def test_a_rollout_in_flight_and_one_whose_run_failed() -> None:
 
 def test_infrastructure_failures_and_reruns_are_counted_apart_from_the_policys() -> None:
     model = fold(entries([e for e in run_events() if e[0] == "tasks" and e[1]["rollout_id"] == "r-0"]))
-    infra = {"rollout_id": "r-0", "reward": 0.0, "solved": False, "failure_kind": "rollout_failed",
-             "failure_class": "infrastructure", "failure_cause": "boot_failed", "rerun_rollout_id": "r.r1-0"}
-    model.add(Entry("diffs", 0, 0, AT, "r-0", "diff", {"rollout_id": "r-0", "failure_kind": "boot_failed"}))
+    infra = {**SAMPLES["reward"], "rollout_id": "r-0", "reward": 0.0, "solved": False,
+             "failure_kind": "rollout_failed", "failure_class": "infrastructure",
+             "failure_cause": "boot_failed", "rerun_rollout_id": "r.r1-0"}  # fmt: skip
+    model.add(Entry("diffs", 0, 0, AT, "r-0", "diff", diff("r-0", "boot_failed")))
     model.add(Entry("rewards", 0, 0, AT, "r-0", "reward", infra))
     rerun = {**next(e[1] for e in run_events() if e[0] == "tasks"), "rollout_id": "r.r1-0", "attempt": 1}
     model.add(Entry("tasks", 0, 1, AT, "r.r1-0", "task", rerun))
-    timeout = {"rollout_id": "r.r1-0", "reward": 0.0, "solved": False, "failure_kind": "timeout",
-               "failure_class": "policy", "failure_cause": "timeout"}
+    timeout = {**SAMPLES["reward"], "rollout_id": "r.r1-0", "reward": 0.0, "solved": False,
+               "failure_kind": "timeout", "failure_class": "policy", "failure_cause": "timeout"}  # fmt: skip
     model.add(Entry("rewards", 0, 1, AT, "r.r1-0", "reward", timeout))
     o = overview(model)
     assert o["failure_classes"] == {"infrastructure": 1, "policy": 1} and o["reruns"] == 1
@@ -105,7 +121,7 @@ def test_a_rollout_is_trained_by_the_step_whose_fact_names_its_segments() -> Non
     assert step.record is not None and step.record["step"] == 1 and step.topic == "train-steps"
     assert trained_by(model, model.rollouts["r-1"]) == [step]
     assert trained_by(model, model.rollouts["r-2"]) == []  # a policy came after it, but no step named it
-    later = [s for r in ("r-2", "r-3") for s in model.rollouts[r].segments.values()]
+    later = [s.to_dict() for r in ("r-2", "r-3") for s in model.rollouts[r].segments.values()]
     _, fact = train_step(2, ["g1"], later, AT + 5000)
     model.add(Entry("train-steps", 0, 1, AT, None, "train_step", fact))
     assert [e.record["step"] for e in trained_by(model, model.rollouts["r-2"])] == [2]  # type: ignore[index]
@@ -126,10 +142,10 @@ def test_the_rollout_page_shows_the_step_that_trained_it_with_its_figures() -> N
 
 
 def test_token_runs_cover_the_response_in_order_one_colour_each() -> None:
-    segment = {"loss_mask": bytes([0, 0, 1, 1, 0, 0, 1, 0]), "policy_versions": [-1, -1, 3, 3, 3, 3, 4, -1]}
+    segment = masked(bytes([0, 0, 1, 1, 0, 0, 1, 0]), [-1, -1, 3, 3, 3, 3, 4, -1])
     assert token_runs(segment) == [("ctx", 0, 2), ("trained", 2, 4), ("drift", 4, 6), ("trained", 6, 7),
                                    ("ctx", 7, 8)]  # fmt: skip
-    assert token_runs({"loss_mask": b"", "policy_versions": []}) == []
+    assert token_runs(masked(b"", [])) == []
 
 
 def test_segment_rows_carry_counts_a_drift_mark_and_the_freeze_reason() -> None:

@@ -3,13 +3,14 @@ gym info dicts the step's rollouts carried go to ``infos.jsonl`` beside them."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rollbus.codec import schema
+from rollbus.events import BadRecord, TrainStepEvent
 from rollbus.trainer.loss import LossStats
 
 CONSOLE_KEYS = (
@@ -17,7 +18,6 @@ CONSOLE_KEYS = (
     "clip_fraction", "approx_kl", "logprob_diff_max", "ratio_outside_fraction", "entropy", "grad_norm",
     "staleness_mean", "wait_s", "step_s",
 )  # fmt: skip
-STEP_FACT_OPTIONAL = frozenset({"routing_agreement"})
 
 
 def mismatch(stats: LossStats) -> dict[str, float]:
@@ -47,14 +47,18 @@ def mismatch(stats: LossStats) -> dict[str, float]:
     return row
 
 
-def step_fact(row: dict[str, Any]) -> dict[str, Any] | None:
-    """The step's record on ``train-steps`` (schema ``train_step``): the fields of its log row the schema
-    names, so the bus and ``metrics.jsonl`` never disagree; ``routing_agreement`` is null when nothing was
-    replayed. None for a row without them: a checkpoint written before the trainer published its steps."""
-    names = [f["name"] for f in schema("train_step")["fields"] if f["name"] != "schema_version"]
-    if any(name not in row for name in names if name not in STEP_FACT_OPTIONAL):
+def step_fact(row: Mapping[str, Any]) -> TrainStepEvent | None:
+    """The step's record on ``train-steps``: the fields of its log row the event names, so the bus and
+    ``metrics.jsonl`` never disagree; a field the row lacks takes the event's default (``routing_agreement``:
+    null when nothing was replayed). None for a row missing a field with no default: a checkpoint written
+    before the trainer published its steps."""
+    try:
+        return TrainStepEvent.from_dict({name: row[name] for name in _STEP_FIELDS if name in row})
+    except BadRecord:
         return None
-    return {name: row.get(name) for name in names}
+
+
+_STEP_FIELDS = tuple(f.name for f in dataclasses.fields(TrainStepEvent))
 
 
 class MetricsLog:

@@ -34,6 +34,7 @@ from typing import Any
 from aiokafka import ConsumerRecord, TopicPartition
 
 from rollbus.codec import CodecError
+from rollbus.events import PolicyEvent
 from rollbus.kafka.bus import Event, Publisher, decode_message
 from rollbus.kafka.dead_letters import DeadLetters
 from rollbus.kafka.read import read_partitions
@@ -377,7 +378,7 @@ class Trainer:
             if fact is not None:
                 await self.publisher.publish(self.steps_topic, fact)
                 self.fault("after_step_fact")
-            record = {"version": version, "location": location, "published_at": int(time.time() * 1000)}
+            record = PolicyEvent(version=version, location=location, published_at=int(time.time() * 1000))
             await self.publisher.publish(self.policy_topic, record)
         settings = self.settings
         if settings.engine_url:

@@ -18,13 +18,16 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import Field
 
+from rollbus.events import EventRecord, RewardEvent, TaskEvent
 from rollbus.kafka.replay import ReadPlan, read
 from rollbus.kafka.topics import topic_name
 from rollbus.settings import BusSettings
+
+E = TypeVar("E", bound=EventRecord)
 
 
 class ExportSettings(BusSettings):
@@ -47,23 +50,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _records(bootstrap: str, topic: str) -> list[dict[str, Any]]:
+async def _events(bootstrap: str, topic: str, cls: type[E]) -> list[E]:
     found = []
     async for _, decoded in read(bootstrap, ReadPlan(topic, "beginning")):
-        if not isinstance(decoded, Exception):  # poison is the dead-letter tooling's business
-            found.append(decoded.record)
+        # poison (or another event type) is the dead-letter tooling's business
+        if not isinstance(decoded, Exception) and decoded.event_type == cls.event_type:
+            found.append(decoded.event_as(cls))
     return found
 
 
 async def export_completions(settings: ExportSettings) -> tuple[int, int]:
     ns = settings.namespace
-    tasks = {
-        t["rollout_id"]: t
-        for t in reversed(await _records(settings.bootstrap_servers, topic_name("tasks", ns)))
-    }
-    rewards = {
-        r["rollout_id"]: r for r in await _records(settings.bootstrap_servers, topic_name("rewards", ns))
-    }
+    bootstrap = settings.bootstrap_servers
+    tasks = {t.rollout_id: t for t in reversed(await _events(bootstrap, topic_name("tasks", ns), TaskEvent))}
+    rewards = {r.rollout_id: r for r in await _events(bootstrap, topic_name("rewards", ns), RewardEvent)}
     lines, skipped = [], 0
     for rollout, reward in rewards.items():
         record = completion_record(reward, tasks.get(rollout))
@@ -76,30 +76,29 @@ async def export_completions(settings: ExportSettings) -> tuple[int, int]:
     return len(lines), skipped
 
 
-def completion_record(reward: dict[str, Any], task: dict[str, Any] | None) -> dict[str, Any] | None:
+def completion_record(reward: RewardEvent, task: TaskEvent | None) -> dict[str, Any] | None:
     """The ms-swift-style line for a gym reward (and its task, when still on ``tasks``); None if not gym."""
     try:
-        details = json.loads(reward["details"])
+        details = json.loads(reward.details)
     except json.JSONDecodeError:
         return None
     if not isinstance(details, dict) or details.get("kind") != "gym":
         return None
     return {
         "messages": details.get("messages") or [],
-        "reward": reward["reward"],
-        "step_rewards": list(reward["step_rewards"]),
-        "trajectory_infos": json.loads(reward["infos"] or "[]"),
-        "env_config": _json(task, "env_config"),
-        "ctx_config": _json(task, "ctx_config"),
-        "rollout_id": reward["rollout_id"],
-        "group_id": reward["group_id"],
-        "attempt_id": reward["attempt_id"],
-        "failure_kind": reward["failure_kind"],
+        "reward": reward.reward,
+        "step_rewards": list(reward.step_rewards),
+        "trajectory_infos": json.loads(reward.infos or "[]"),
+        "env_config": _json(task.env_config if task else None),
+        "ctx_config": _json(task.ctx_config if task else None),
+        "rollout_id": reward.rollout_id,
+        "group_id": reward.group_id,
+        "attempt_id": reward.attempt_id,
+        "failure_kind": reward.failure_kind,
     }
 
 
-def _json(task: dict[str, Any] | None, name: str) -> Any:
-    raw = (task or {}).get(name)
+def _json(raw: str | None) -> Any:
     try:
         return json.loads(raw) if raw else None
     except json.JSONDecodeError:

@@ -30,7 +30,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -39,6 +39,7 @@ from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from rollbus.codec import encode, encode_event
 from rollbus.events import DeadLetterEvent
+from rollbus.kafka.bus import Outgoing
 from rollbus.kafka.topics import dead_letters_for, spec_for, topic_name
 
 log = logging.getLogger(__name__)
@@ -122,7 +123,7 @@ class Outbox:
     def release(self) -> None:
         self.reserved = max(0, self.reserved - 1)
 
-    def enqueue(self, records: Iterable[tuple[str, Mapping[str, Any], str]]) -> asyncio.Future[None]:
+    def enqueue(self, records: Iterable[tuple[str, Outgoing, str]]) -> asyncio.Future[None]:
         """Encode ``(topic, record, key)`` records and queue them in order; never awaits.
 
         All are encoded before any is queued, so a record that cannot be encoded or is too large
@@ -137,7 +138,7 @@ class Outbox:
             last.set_result(None)
         return last
 
-    def _encoded(self, topic: str, record: Mapping[str, Any], key: str) -> Pending:
+    def _encoded(self, topic: str, record: Outgoing, key: str) -> Pending:
         spec = spec_for(topic)
         value = encode(spec.event_type, record)
         limit = self.max_event_bytes or spec.max_message_bytes
@@ -158,7 +159,7 @@ class Outbox:
         done, _ = await asyncio.wait({self.backlog[-1].delivered}, timeout=timeout)
         return bool(done)
 
-    async def publish(self, topic: str, record: Mapping[str, Any], key: str) -> None:
+    async def publish(self, topic: str, record: Outgoing, key: str) -> None:
         """Queue one record and wait until the bus has it (or it was dead-lettered)."""
         await asyncio.shield(self.enqueue([(topic, record, key)]))
 

@@ -18,11 +18,12 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollbus.events import EventRecord, SessionEvent, TurnEvent
 from rollbus.services.adapter.provenance import TurnRef, tool_use_id
 from rollbus.services.adapter.sessions import MAIN, Agent, Session
 from rollbus.trajectory import Turn
 
-Records = Callable[[str, int | None], AsyncIterator[Mapping[str, Any]]]  # (topic, since_ms) -> records
+Records = Callable[[str, int | None], AsyncIterator[EventRecord]]  # (topic, since_ms) -> events
 SINCE_SLACK_MS = 60_000  # clock skew between the adapter's `at` stamps and the broker's timestamps
 
 
@@ -30,7 +31,7 @@ SINCE_SLACK_MS = 60_000  # clock skew between the adapter's `at` stamps and the 
 class ChainLog:
     """What the bus says about one chain."""
 
-    opened: Mapping[str, Any]  # its `opened` session record
+    opened: SessionEvent  # its `opened` session event
     live: bool = True
     resumable: bool = True  # False: its turns on the bus conflict or start mid-chain; the next request
     # then starts the agent's next chain rather than continue this one
@@ -53,71 +54,72 @@ class BusLog:
         live = self.live()
         if not live:
             return None
-        return max(0, min(int(c.opened["at"]) for c in live.values()) - SINCE_SLACK_MS)
+        return max(0, min(c.opened.at for c in live.values()) - SINCE_SLACK_MS)
 
 
-def read_sessions(records: Iterable[Mapping[str, Any]]) -> BusLog:
-    """Fold ``session`` records (bus order) into the chains still live and the rollouts closed."""
+def read_sessions(events: Iterable[EventRecord]) -> BusLog:
+    """Fold ``session`` events (bus order) into the chains still live and the rollouts closed."""
     log = BusLog()
-    for record in records:
-        rollout, chain = record["rollout_id"], record["chain_id"]
-        if record["kind"] == "opened":
-            log.chains[(rollout, chain)] = ChainLog(record)
+    for event in events:
+        if not isinstance(event, SessionEvent):
+            continue  # another event type on the topic: not ours
+        rollout, chain = event.rollout_id, event.chain_id
+        if event.kind == "opened":
+            log.chains[(rollout, chain)] = ChainLog(event)
             log.opened_chains[rollout] = log.opened_chains.get(rollout, 0) + 1
         elif (rollout, chain) in log.chains:
             log.chains[(rollout, chain)].live = False
-        if record["kind"] == "closed":
-            log.closed[rollout] = max(log.closed.get(rollout, 0), int(record["at"]))
+        if event.kind == "closed":
+            log.closed[rollout] = max(log.closed.get(rollout, 0), event.at)
     for rollout in log.closed:  # only open rollouts are rebuilt: drop the rest now
         log.opened_chains.pop(rollout, None)
     log.chains = log.live()
     return log
 
 
-def read_turns(log: BusLog, records: Iterable[Mapping[str, Any]]) -> None:
+def read_turns(log: BusLog, events: Iterable[EventRecord]) -> None:
     """Keep each live chain's newest turn, resolving prompt references against the one before it."""
-    for record in records:
-        chain = log.chains.get((record["rollout_id"], record["chain_id"]))
+    for turn in events:
+        if not isinstance(turn, TurnEvent):
+            continue  # another event type on the topic: not ours
+        chain = log.chains.get((turn.rollout_id, turn.chain_id))
         if chain is None:
             continue
-        if chain.last is not None and record["turn_index"] <= chain.last.turn_index:
-            if (
-                record["turn_index"] < chain.last.turn_index
-                or list(record["output_ids"]) != chain.last.output_ids
-            ):
+        seen = chain.last.turn_index if chain.last is not None else None
+        if chain.last is not None and seen is not None and turn.turn_index <= seen:
+            if turn.turn_index < seen or list(turn.output_ids) != chain.last.output_ids:
                 chain.resumable = False  # a conflicting copy: which one the client saw is unknown
             continue  # an exact duplicate (a spill replayed after a crash): the same turn
-        prompt = list(record["prompt_ids"])
-        if record["prompt_ref_turn"] is not None:
+        prompt = list(turn.prompt_ids)
+        if turn.prompt_ref_turn is not None:
             base = chain.last
-            if base is None or base.turn_index != record["prompt_ref_turn"]:
+            if base is None or base.turn_index != turn.prompt_ref_turn:
                 chain.resumable = False  # the chain's start is not on the bus: it cannot be continued
             else:
                 prompt = base.prompt_ids + base.output_ids + prompt
         chain.last = Turn(
-            prompt, list(record["output_ids"]), [float(x) for x in record["output_logprobs"]],
-            record["finish_reason"], int(record["policy_version"]),
-            chain_id=record["chain_id"], turn_index=record["turn_index"],
+            prompt, list(turn.output_ids), [float(x) for x in turn.output_logprobs], turn.finish_reason,
+            turn.policy_version, chain_id=turn.chain_id, turn_index=turn.turn_index,
         )  # fmt: skip
-        chain.turns = record["turn_index"] + 1
+        chain.turns = turn.turn_index + 1
 
 
 async def bus_records(bootstrap_servers: str) -> Records:
-    """A :data:`Records` reader of the real bus (records that do not decode are skipped: not ours)."""
+    """A :data:`Records` reader of the real bus (messages that do not decode are skipped: not ours)."""
     from rollbus.codec import CodecError
     from rollbus.kafka.replay import ReadPlan, read
 
-    async def records(topic: str, since_ms: int | None) -> AsyncIterator[Mapping[str, Any]]:
+    async def records(topic: str, since_ms: int | None) -> AsyncIterator[EventRecord]:
         plan = ReadPlan(topic, start="beginning" if since_ms is None else "since", since_ms=since_ms or 0)
         async for _, decoded in read(bootstrap_servers, plan):
             if not isinstance(decoded, CodecError):
-                yield decoded.record
+                yield decoded.event
 
     return records
 
 
 async def load(records: Records, namespace: str = "") -> BusLog:
-    """Read the bus: every session record, then the turns since the oldest live chain opened."""
+    """Read the bus: every session event, then the turns since the oldest live chain opened."""
     from rollbus.kafka.topics import topic_name
 
     log = read_sessions([r async for r in records(topic_name("sessions", namespace), None)])
@@ -151,20 +153,20 @@ def restore(state: Any, log: BusLog) -> int:
     sessions: dict[str, Session] = {}
     mains_first = sorted(log.chains.items(), key=lambda item: split_chain(item[0][1])[0] != MAIN)
     for (rollout, chain_id), chain in mains_first:
-        if not chain.live or chain.last is None or chain.opened["chain_kind"] == "side":
+        if not chain.live or chain.last is None or chain.opened.chain_kind == "side":
             continue
         opened = chain.opened
         session = sessions.get(rollout)
         if session is None:
-            session = sessions[rollout] = state.sessions.get(rollout, opened.get("attempt_id", ""))
+            session = sessions[rollout] = state.sessions.get(rollout, opened.attempt_id)
             session.chains_opened = log.opened_chains.get(rollout, 0)
         name, number = split_chain(chain_id)
         history = state.sessions.new_history(name)
         is_ours = echoes_turn(rollout, chain_id, chain.turns - 1) if chain.resumable else _never
         history.resume(_turns(chain), number, is_ours)
         parent = session.agents.get(MAIN) if name != MAIN else None
-        agent = Agent(rollout, name, opened["chain_kind"], history, None, parent, session=session)
-        agent.agent_id, agent.parent_tool_use_id = opened.get("agent_id"), opened.get("parent_tool_use_id")
+        agent = Agent(rollout, name, opened.chain_kind, history, None, parent, session=session)
+        agent.agent_id, agent.parent_tool_use_id = opened.agent_id, opened.parent_tool_use_id
         if agent.parent_tool_use_id:
             session.claimed.add(agent.parent_tool_use_id)
         session.agents[name] = agent

@@ -37,9 +37,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollbus.events import ChainKind
 from rollbus.services.adapter.canonical import History
 
-MAIN, SUBAGENT, SIDE, UNATTRIBUTED = "main", "subagent", "side", "unattributed"
+MAIN: ChainKind = "main"
+SUBAGENT: ChainKind = "subagent"
+SIDE: ChainKind = "side"
+UNATTRIBUTED: ChainKind = "unattributed"
 #: which harness a rollout runs, and so the one API its token opens: the Claude Code CLI speaks
 #: Anthropic's ``/v1/messages``, Codex the Responses API, a gym episode and mini-swe-agent OpenAI's
 #: ``/v1/chat/completions``. A new harness that speaks one of them is one entry in ``ROUTES``.
@@ -74,7 +78,7 @@ class Agent:
 
     rollout_id: str
     name: str
-    kind: str
+    kind: ChainKind
     history: History
     system: str | None = ""  # None: unknown (rebuilt from the bus, which does not keep it)
     parent: Agent | None = None
@@ -175,7 +179,7 @@ class Session:
         """A fresh name for a side call (side calls are not kept)."""
         return f"side-{next(self._side_serial)}"
 
-    def new(self, name: str, kind: str, shape: RequestShape, *, keep: bool) -> Agent:
+    def new(self, name: str, kind: ChainKind, shape: RequestShape, *, keep: bool) -> Agent:
         """A new conversation of this rollout (``keep``: routed to again by name)."""
         parent = self.agents.get(MAIN) if kind != MAIN else None
         agent = Agent(self.rollout_id, name, kind, self.new_history(name), shape.system, parent, session=self)

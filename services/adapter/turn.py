@@ -20,6 +20,7 @@ from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from rollbus.events import EventRecord, RoutedExperts, SessionEvent, TurnTimings
 from rollbus.routed_experts import RoutesError, RoutesStore, from_sglang
 from rollbus.services.adapter import records
 from rollbus.services.adapter.assistant import AssistantTurn, stop_reason
@@ -223,14 +224,12 @@ async def finish(
         plan.prompt_ids, generation.output_ids, generation.output_logprobs, generation.finish_type, version,
         chain_id=plan.chain_id, turn_index=plan.turn_index,
     )  # fmt: skip
-    timings = {
-        "started_at": started_at,
-        "finished_at": records.now_ms(),
-        "generation_ms": generation.generation_ms,
-    }
+    timings = TurnTimings(
+        started_at=started_at, finished_at=records.now_ms(), generation_ms=generation.generation_ms
+    )
     previous = previous_turn(agent, plan)
     routes = await store_routes(kit, prepared, generation)
-    outbound = [("sessions", event) for event in chain_changes(agent, plan)]
+    outbound: list[tuple[str, EventRecord]] = [("sessions", event) for event in chain_changes(agent, plan)]
     outbound.append(
         (
             "turns",
@@ -259,7 +258,7 @@ async def finish(
     return answer
 
 
-async def store_routes(kit: TurnKit, prepared: Prepared, generation: Generation) -> dict[str, Any] | None:
+async def store_routes(kit: TurnKit, prepared: Prepared, generation: Generation) -> RoutedExperts | None:
     """The turn's routed experts put in the store; the reference its event carries. Routes that are missing
     or do not fit the sampled tokens are logged and left out: the turn still trains, on the trainer's own
     routing, rather than failing an agent over a side channel."""
@@ -275,10 +274,10 @@ async def store_routes(kit: TurnKit, prepared: Prepared, generation: Generation)
         kit.metrics.routes_missing.inc()
         log.warning("request %s: routed experts not recorded: %s", generation.rid, exc)
         return None
-    return ref.as_record()
+    return RoutedExperts.from_dict(ref.as_record())
 
 
-def chain_changes(agent: Agent, plan: Any) -> list[dict[str, Any]]:
+def chain_changes(agent: Agent, plan: Any) -> list[SessionEvent]:
     """Session events a committed plan implies: the live chain frozen (if rewritten), a chain opened."""
     if not plan.new_chain:
         return []

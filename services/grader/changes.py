@@ -1,5 +1,5 @@
 """What a regrade changed: the rewards published then against the ones the current grader gives, per policy
-version. Plain functions over plain records; ``rollbus regrade`` (``regrade.py``) feeds them from the topics.
+version. Plain functions over the events; ``rollbus regrade`` (``regrade.py``) feeds them from the topics.
 
 A rollout attempt belongs to the latest policy version among its turns (the policy that finished it; a
 rollout whose turns span an update counts once, under the newer version), or to ``unknown`` when the log
@@ -15,13 +15,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollbus.events import DiffEvent, RewardEvent, TurnEvent
+
 UNKNOWN = "unknown"  # the policy version of an attempt with no turns in the log
 
 Attempt = tuple[str, str]  # (rollout id, attempt id)
 
 
-def attempt_of(record: Mapping[str, Any]) -> Attempt:
-    return str(record.get("rollout_id") or ""), str(record.get("attempt_id") or "")
+def attempt_of(event: DiffEvent | RewardEvent | TurnEvent) -> Attempt:
+    return event.rollout_id, event.attempt_id
 
 
 @dataclass(frozen=True)
@@ -34,11 +36,8 @@ class RewardSummary:
     flags: tuple[str, ...]
 
     @classmethod
-    def of(cls, reward: Mapping[str, Any]) -> RewardSummary:
-        return cls(
-            float(reward["reward"]), bool(reward["solved"]), reward.get("failure_kind"),
-            tuple(sorted(reward.get("flags") or ())),
-        )  # fmt: skip
+    def of(cls, reward: RewardEvent) -> RewardSummary:
+        return cls(reward.reward, reward.solved, reward.failure_kind, tuple(sorted(reward.flags)))
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -101,18 +100,18 @@ class Ledger:
     diffs: int = 0
     repeated: int = 0
 
-    def turn(self, turn: Mapping[str, Any]) -> None:
-        key, version = attempt_of(turn), int(turn["policy_version"])
+    def turn(self, turn: TurnEvent) -> None:
+        key, version = attempt_of(turn), turn.policy_version
         self.versions[key] = max(version, self.versions.get(key, version))
 
-    def reward_published(self, reward: Mapping[str, Any]) -> None:
+    def reward_published(self, reward: RewardEvent) -> None:
         """A reward from the log; a later one for the same attempt (a redelivered grade) replaces it."""
         self.published[attempt_of(reward)] = RewardSummary.of(reward)
 
     def problem(self, where: str, why: str) -> None:
         self.problems.append(f"{where}: {why}")
 
-    def first_time(self, diff: Mapping[str, Any]) -> bool:
+    def first_time(self, diff: DiffEvent) -> bool:
         """False for a diff whose attempt was already regraded (a redelivered diff): it is counted, not graded
         twice."""
         key = attempt_of(diff)
@@ -122,7 +121,7 @@ class Ledger:
         self.regraded_attempts.add(key)
         return True
 
-    def regraded(self, reward: Mapping[str, Any]) -> None:
+    def regraded(self, reward: RewardEvent) -> None:
         """The current grader's reward for one attempt."""
         key = attempt_of(reward)
         version = str(self.versions[key]) if key in self.versions else UNKNOWN

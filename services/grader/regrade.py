@@ -25,6 +25,7 @@ from aiokafka.errors import KafkaError
 from pydantic import Field
 
 from rollbus.codec import CodecError, Decoded, encode
+from rollbus.events import DiffEvent, RewardEvent, TurnEvent
 from rollbus.kafka.bus import EventTooLarge, Publisher
 from rollbus.kafka.reach import BrokerUnreachable, quiet_kafka_logs
 from rollbus.kafka.replay import ReadPlan, read
@@ -68,19 +69,19 @@ async def regrade(settings: RegradeSettings) -> dict[str, Any]:
     ledger = Ledger()
     async for where, decoded in events(settings, "turns"):
         if isinstance(decoded, Decoded) and decoded.event_type == "turn":
-            ledger.turn(decoded.record)
+            ledger.turn(decoded.event_as(TurnEvent))
         else:
             ledger.problem(where, "not a turn, so its attempt may count under an older or unknown version")
     async for where, decoded in events(settings, "rewards"):
         if isinstance(decoded, Decoded) and decoded.event_type == "reward":
-            ledger.reward_published(decoded.record)
+            ledger.reward_published(decoded.event_as(RewardEvent))
         else:
             ledger.problem(where, "not a reward, so its attempt may count as never graded")
     max_bytes = spec_for("rewards").max_message_bytes
     async with Publisher(
         settings.bootstrap_servers, client_id="rollbus-regrade", max_event_bytes=max_bytes
     ) as out:
-        batch: list[tuple[str, dict[str, Any]]] = []
+        batch: list[tuple[str, DiffEvent]] = []
         async for where, decoded in events(settings, "diffs"):
             ledger.diffs += 1
             diff = usable_diff(ledger, where, decoded)
@@ -101,22 +102,23 @@ async def events(settings: RegradeSettings, base: str) -> AsyncIterator[tuple[st
         yield f"{base}[{message.partition}]@{message.offset}", decoded
 
 
-def usable_diff(ledger: Ledger, where: str, decoded: Decoded | CodecError) -> dict[str, Any] | None:
-    """The diff record, or None with the reason in the ledger's problems."""
+def usable_diff(ledger: Ledger, where: str, decoded: Decoded | CodecError) -> DiffEvent | None:
+    """The diff, or None with the reason in the ledger's problems."""
     if isinstance(decoded, CodecError):
         ledger.problem(where, f"undecodable diff, not regraded ({decoded})")
         return None
     if decoded.event_type != "diff":
         ledger.problem(where, f"a {decoded.event_type} event on diffs, not regraded")
         return None
-    if not decoded.record.get("rollout_id"):
+    diff = decoded.event_as(DiffEvent)
+    if not diff.rollout_id:
         ledger.problem(where, "diff without a rollout_id, not regraded: no reward can be keyed to it")
         return None
-    return decoded.record
+    return diff
 
 
 async def grade_batch(
-    settings: RegradeSettings, ledger: Ledger, out: Publisher, batch: list[tuple[str, dict[str, Any]]]
+    settings: RegradeSettings, ledger: Ledger, out: Publisher, batch: list[tuple[str, DiffEvent]]
 ) -> None:
     """Grade ``batch`` at once, then publish and tally in log order (a crash is a problem, not a stop)."""
     config = settings.grade_config()
@@ -135,9 +137,8 @@ async def grade_batch(
             continue
         record = reward_record(diff, result)
         try:
-            await out.publish_bytes(settings.into, encode("reward", record), key=diff["rollout_id"])
+            await out.publish_bytes(settings.into, encode("reward", record), key=diff.rollout_id)
         except EventTooLarge:
-            await out.publish_bytes(
-                settings.into, encode("reward", without_bulk(record)), key=diff["rollout_id"]
-            )
-        ledger.regraded(record.to_dict())  # the ledger reads dicts (the boundary)
+            smaller = encode("reward", without_bulk(record))
+            await out.publish_bytes(settings.into, smaller, key=diff.rollout_id)
+        ledger.regraded(record)

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 import rollbus.services.gym_runner.envs  # noqa: F401  (registers the built-ins before any plugin: a plugin may replace one)
-from rollbus.events import RewardEvent
+from rollbus.events import RewardEvent, TaskEvent
 from rollbus.kafka.bus import Event, Publisher
 from rollbus.kafka.in_flight import InFlightConsumer
 from rollbus.kafka.topics import topic_name
@@ -76,9 +76,10 @@ async def serve(settings: GymRunnerSettings, stop: asyncio.Event) -> None:
         runner = GymRunner(settings, adapter, publish)
 
         def start(event: Event) -> Coroutine[Any, Any, Any] | None:
-            if not event.record.get("env_config"):
+            task = event.event_as(TaskEvent)
+            if not task.env_config:
                 return None  # a coding-agent task: the sandbox runner's
-            return runner.run_task(event.record)
+            return runner.run_task(task)
 
         tasks = InFlightConsumer(
             settings.bootstrap_servers, topic_name("tasks", ns), consumer_group=settings.consumer_group,

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rollbus.events import RewardEvent
+from rollbus.events import RewardEvent, TaskEvent
 from rollbus.events.reward import reward_event
 from rollbus.services.gym_runner.adapter_client import AdapterClient, AdapterError
 from rollbus.services.gym_runner.gym import (
@@ -56,14 +56,14 @@ class GymRow:
     request: RolloutInferRequest
 
     @classmethod
-    def from_task(cls, task: dict[str, Any]) -> GymRow:
-        env_config = parse_config(task.get("env_config"), "env_config")
-        ctx_config = parse_config(task.get("ctx_config"), "ctx_config")
+    def from_task(cls, task: TaskEvent) -> GymRow:
+        env_config = parse_config(task.env_config, "env_config")
+        ctx_config = parse_config(task.ctx_config, "ctx_config")
         return cls(env_config, ctx_config, request_for(task, env_config, ctx_config))
 
 
 def request_for(
-    task: dict[str, Any], env_config: dict[str, Any] | None, ctx_config: dict[str, Any] | None
+    task: TaskEvent, env_config: dict[str, Any] | None, ctx_config: dict[str, Any] | None
 ) -> RolloutInferRequest:
     """The row back from the task, as ms-swift turns a row into a request: its request columns (media,
     ``tools``, ``objects``) become fields, every other column (the task's ``metadata``: what ``gym-submit``
@@ -71,7 +71,7 @@ def request_for(
     values dropped, a ``data_dict`` column merged over them; a trailing assistant message (the dataset's
     response) is not part of the prompt. Only a row's ``uuid`` differs: the request's is the rollout id,
     so the row's stays in ``data_dict``."""
-    row = parse_config(task.get("metadata"), "metadata") or {}
+    row = parse_config(task.metadata, "metadata") or {}
     columns = {"env_config": env_config or None, "ctx_config": ctx_config or None, **row}
     data = {k: v for k, v in columns.items() if v is not None and k != "data_dict"}
     fields = {k: data.pop(k) for k in REQUEST_FIELDS if k in data and k not in ("uuid", "messages")}
@@ -88,15 +88,14 @@ def request_for(
     messages = _messages(task)
     if messages and messages[-1].get("role") == "assistant":
         messages = messages[:-1]
-    return RolloutInferRequest(messages, data_dict=data, uuid=task["rollout_id"], **fields)
+    return RolloutInferRequest(messages, data_dict=data, uuid=task.rollout_id, **fields)
 
 
-def _messages(task: dict[str, Any]) -> list[dict[str, Any]]:
-    raw = task.get("messages")
-    if raw is None:
-        return [{"role": "user", "content": task.get("prompt", "")}]
+def _messages(task: TaskEvent) -> list[dict[str, Any]]:
+    if task.messages is None:
+        return [{"role": "user", "content": task.prompt}]
     try:
-        messages = json.loads(raw) if isinstance(raw, str) else raw
+        messages = json.loads(task.messages)
     except json.JSONDecodeError as exc:
         raise GymConfigError(f"messages is not valid JSON: {exc}") from None
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
@@ -117,20 +116,21 @@ class GymRunner:
     def __init__(self, settings: GymRunnerSettings, adapter: AdapterClient, publish: Publish) -> None:
         self.settings, self.adapter, self.publish = settings, adapter, publish
 
-    async def run_task(self, task: dict[str, Any]) -> RewardEvent:
+    async def run_task(self, task: TaskEvent) -> RewardEvent:
         """Run the task's attempts and publish its reward; returns the reward record. A bug in the runner
-        (or a malformed task) still ends in a reward naming it (``runner_error``): nothing is dropped."""
+        still ends in a reward naming it (``runner_error``): nothing is dropped (a task the codec cannot
+        read never gets here: it is dead-lettered)."""
         try:
             record = reward_record(task, await self.attempts(task), self.settings.loss_scope)
         except Exception as exc:
-            log.exception("%s: the runner failed", task.get("rollout_id"))
+            log.exception("%s: the runner failed", task.rollout_id)
             failed = EpisodeResult(Episode(error=f"{type(exc).__name__}: {exc}"), "", 0, "runner_error", None)
-            record = reward_record(_plain_task(task), failed, self.settings.loss_scope)
+            record = reward_record(task, failed, self.settings.loss_scope)
         await self.publish("rewards", record)
         return record
 
-    async def attempts(self, task: dict[str, Any]) -> EpisodeResult:
-        rollout = task["rollout_id"]
+    async def attempts(self, task: TaskEvent) -> EpisodeResult:
+        rollout = task.rollout_id
         outcome = None
         for attempt in range(1, self.settings.attempts + 1):
             attempt_id = f"{rollout}.a{attempt}.{uuid.uuid4().hex[:6]}"
@@ -142,18 +142,18 @@ class GymRunner:
         assert outcome is not None
         return outcome
 
-    async def attempt(self, task: dict[str, Any], attempt_id: str, number: int) -> EpisodeResult:
+    async def attempt(self, task: TaskEvent, attempt_id: str, number: int) -> EpisodeResult:
         settings = self.settings
         try:
             row = GymRow.from_task(task)
             env = make_env(row.env_config, settings.gym_env)
             manager = make_context_manager(row.ctx_config, settings.context_manager)
         except GymConfigError as exc:  # the env's own constructor raising is in its traceback
-            log.error("%s: %s: %s", task.get("rollout_id"), BAD_ENV_CONFIG, exc, exc_info=exc.__cause__)
+            log.error("%s: %s: %s", task.rollout_id, BAD_ENV_CONFIG, exc, exc_info=exc.__cause__)
             failed = Episode(stop="done", error=str(exc))
             return EpisodeResult(failed, attempt_id, number, BAD_ENV_CONFIG, None)
         name = (row.env_config or {}).get("name") or settings.gym_env
-        rollout = task["rollout_id"]
+        rollout = task.rollout_id
         episode = Episode()
         try:
             await self._close_session(rollout, None)  # what a dead runner's attempt left open ends first
@@ -181,17 +181,7 @@ class GymRunner:
             log.warning("%s: %s (the adapter's idle expiry will close it)", rollout, exc)
 
 
-def _plain_task(task: dict[str, Any]) -> dict[str, Any]:
-    """The task's identity fields, each replaced by its default when it has the wrong type."""
-    size = task.get("group_size")
-    return {
-        "rollout_id": str(task.get("rollout_id", "")),
-        "group_id": task["group_id"] if isinstance(task.get("group_id"), str) else "",
-        "group_size": size if isinstance(size, int) else 1,
-    }
-
-
-def reward_record(task: dict[str, Any], outcome: EpisodeResult, loss_scope: str) -> RewardEvent:
+def reward_record(task: TaskEvent, outcome: EpisodeResult, loss_scope: str) -> RewardEvent:
     episode = outcome.episode
     details: dict[str, Any] = {
         "kind": "gym",
@@ -210,8 +200,8 @@ def reward_record(task: dict[str, Any], outcome: EpisodeResult, loss_scope: str)
     said = [info["solved"] for info in episode.infos[1:] if "solved" in info]
     solved = any(s is True for s in said) if said else (episode.stop == "done" and episode.reward > 0)
     return reward_event(
-        rollout_id=task["rollout_id"], attempt_id=outcome.attempt_id, group_id=task.get("group_id", ""),
-        group_size=int(task.get("group_size", 1)), reward=episode.reward, solved=solved,
+        rollout_id=task.rollout_id, attempt_id=outcome.attempt_id, group_id=task.group_id,
+        group_size=task.group_size, reward=episode.reward, solved=solved,
         applied_cleanly=outcome.failure_kind is None, details=text, failure_kind=outcome.failure_kind,
         cause=outcome.failure_kind, step_rewards=episode.step_rewards,
         infos=json.dumps(episode.infos, default=str),

@@ -25,7 +25,8 @@ add_arguments = RunnerSettings.add_arguments
 
 
 async def run_one(settings: RunnerSettings, task: dict[str, Any]) -> dict[str, Any]:
-    """Run ``task`` (a `tasks` record) once as a new attempt; its `diffs` record (not published)."""
+    """Run ``task`` (a `tasks` record) once as a new attempt; its `diffs` record (not published), as the dict
+    a reader of the topic decodes."""
     sessions = AdapterSessions(
         settings.adapter_url, settings.admin(), settings.close_timeout, settings.adapter_wait
     )
@@ -33,7 +34,7 @@ async def run_one(settings: RunnerSettings, task: dict[str, Any]) -> dict[str, A
         outcome = await run_task(RunnerKit(settings, sessions), task)
     finally:
         await sessions.aclose()
-    return diff_event(task, outcome)
+    return diff_event(task, outcome).to_dict()
 
 
 def run(args: argparse.Namespace) -> int:

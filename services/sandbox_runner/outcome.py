@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rollbus.events import DiffEvent
 from rollbus.sandbox import Completed
 
 # Failure kinds a runner names on `diffs` (the grader scores them 0; operators count them).
@@ -115,28 +117,23 @@ class AttemptResult:
 
 
 def diff_event(
-    task: dict[str, Any],
+    task: Mapping[str, Any],
     outcome: AttemptResult,
     now_ms: int | None = None,
     rerun_rollout_id: str | None = None,
-) -> dict[str, Any]:
-    """The v4 ``diffs`` record of ``outcome`` (the task's group, metadata and label copied for the grader;
-    ``rerun_rollout_id``: the re-run submitted for an infrastructure failure)."""
-    return {
-        "rollout_id": task["rollout_id"],
-        "attempt_id": outcome.attempt_id,
-        "patch": outcome.patch,
-        "exit_status": outcome.exit_status,
-        "wall_time_s": outcome.wall_time_s,
-        "turns": outcome.turns,
-        "error": outcome.error,
-        "failure_kind": outcome.failure_kind,
-        "patch_truncated": outcome.patch_truncated,
-        "group_id": task.get("group_id", ""),
-        "group_size": task.get("group_size", 1),
-        "task_metadata": task.get("metadata", "{}"),
-        "label": task.get("label"),
-        "image_digest": outcome.image_digest,
-        "at": int(time.time() * 1000) if now_ms is None else now_ms,
-        "rerun_rollout_id": rerun_rollout_id,
-    }
+) -> DiffEvent:
+    """The ``diffs`` event of ``outcome`` (the task's group, metadata and label copied for the grader; a field
+    the task lacks keeps the event's default; ``rerun_rollout_id``: the re-run submitted for an
+    infrastructure failure)."""
+    copied = {task_field: task[task_field] for task_field in _COPIED if task_field in task}
+    return DiffEvent(
+        rollout_id=task["rollout_id"], attempt_id=outcome.attempt_id, patch=outcome.patch,
+        exit_status=outcome.exit_status, wall_time_s=outcome.wall_time_s, turns=outcome.turns,
+        error=outcome.error, failure_kind=outcome.failure_kind, patch_truncated=outcome.patch_truncated,
+        image_digest=outcome.image_digest, at=int(time.time() * 1000) if now_ms is None else now_ms,
+        rerun_rollout_id=rerun_rollout_id, **{_COPIED[name]: value for name, value in copied.items()},
+    )  # fmt: skip
+
+
+# the task's fields a diff carries for the grader: task field -> diff field
+_COPIED = {"group_id": "group_id", "group_size": "group_size", "metadata": "task_metadata", "label": "label"}

@@ -12,10 +12,11 @@ names it: a failed sample whose diff is on the bus always has its re-run on ``ta
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
-from typing import Any
 
+from rollbus.events import TaskEvent
 from rollbus.failures import rerun_helps
 
 _RERUN = re.compile(r"\.r\d+$")
@@ -30,17 +31,15 @@ def rerun_rollout_id(rollout_id: str, sample_index: int, attempt: int) -> str:
 
 
 def rerun_task(
-    task: dict[str, Any], failure_kind: str | None, retries: int, now_ms: int | None = None
-) -> dict[str, Any] | None:
-    """The ``tasks`` record that re-runs ``task`` after ``failure_kind``, or None: the failure is not one a
-    new attempt can mend (a policy failure, a bad row), or the sample has had ``retries`` re-runs already."""
-    attempt = int(task.get("attempt") or 0)
-    if not rerun_helps(failure_kind) or attempt >= retries:
+    task: TaskEvent, failure_kind: str | None, retries: int, now_ms: int | None = None
+) -> TaskEvent | None:
+    """The task that re-runs ``task`` after ``failure_kind``, or None: the failure is not one a new attempt
+    can mend (a policy failure, a bad row), or the sample has had ``retries`` re-runs already."""
+    if not rerun_helps(failure_kind) or task.attempt >= retries:
         return None
-    record = {k: v for k, v in task.items() if k != "schema_version"}
-    return {
-        **record,
-        "rollout_id": rerun_rollout_id(task["rollout_id"], int(task.get("sample_index") or 0), attempt + 1),
-        "attempt": attempt + 1,
-        "submitted_at": int(time.time() * 1000) if now_ms is None else now_ms,
-    }
+    return dataclasses.replace(
+        task,
+        rollout_id=rerun_rollout_id(task.rollout_id, task.sample_index, task.attempt + 1),
+        attempt=task.attempt + 1,
+        submitted_at=int(time.time() * 1000) if now_ms is None else now_ms,
+    )

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from rollbus.events import DiffEvent, TaskEvent
 from rollbus.kafka.bus import Event, Publisher
 from rollbus.kafka.in_flight import InFlightConsumer
 from rollbus.kafka.topics import topic_name
@@ -43,7 +44,7 @@ async def publish_outcome(
     await publish_retrying(publisher, topic, diff_event(task, outcome, rerun_rollout_id=rerun), "diff")
 
 
-async def publish_retrying(publisher: Publisher, topic: str, event: dict[str, Any], what: str) -> None:
+async def publish_retrying(publisher: Publisher, topic: str, event: DiffEvent | TaskEvent, what: str) -> None:
     for attempt in range(PUBLISH_TRIES):
         try:
             await publisher.publish(topic, event)
@@ -51,7 +52,7 @@ async def publish_retrying(publisher: Publisher, topic: str, event: dict[str, An
         except Exception:
             if attempt == PUBLISH_TRIES - 1:
                 raise
-            log.warning("publishing the %s of %s failed; retrying", what, event["rollout_id"], exc_info=True)
+            log.warning("publishing the %s of %s failed; retrying", what, event.rollout_id, exc_info=True)
             await asyncio.sleep(2**attempt)
 
 
@@ -90,12 +91,12 @@ class SandboxRunner:
 
     async def _rollout(self, task: dict[str, Any]) -> None:
         outcome = await self._run(self.kit, task)
-        rerun = rerun_task(task, outcome.failure_kind, self.settings.infra_retries)
+        rerun = rerun_task(TaskEvent.from_dict(task), outcome.failure_kind, self.settings.infra_retries)
         if rerun is not None:  # before the diff: a failed sample on the bus always has its re-run there
             await publish_retrying(self.publisher, self.tasks_topic, rerun, "re-run")
             log.warning("rollout %s failed by the infrastructure (%s): re-run %d as %s", task["rollout_id"],
-                        outcome.failure_kind, rerun["attempt"], rerun["rollout_id"])  # fmt: skip
-        rerun_id = rerun["rollout_id"] if rerun is not None else None
+                        outcome.failure_kind, rerun.attempt, rerun.rollout_id)  # fmt: skip
+        rerun_id = rerun.rollout_id if rerun is not None else None
         await publish_outcome(self.publisher, self.diffs_topic, task, outcome, rerun_id)
         log.info("rollout %s attempt %s ended: %s", task["rollout_id"], outcome.attempt_id,
                  outcome.failure_kind or "finished")  # fmt: skip

@@ -32,6 +32,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rollbus.demo_runs import NoEarlierRun, record_demo
+from rollbus.events import RewardEvent
 from rollbus.services.stack.progress import Progress, watch
 from rollbus.services.stack.settings import DemoSettings
 from rollbus.services.stack.supervisor import Supervisor
@@ -205,9 +206,8 @@ def show(settings: DemoSettings, progress: Progress, summary: dict[str, Any], st
         table.add_column(column, overflow="fold")
     for rollout_id, reward in sorted(progress.rewards.items()):
         table.add_row(
-            Text(rollout_id), Text(reward.get("attempt_id", "")), f"{reward['reward']:.2f}",
-            "yes" if reward["solved"] else "no", Text(failure_shown(reward)),
-            Text(",".join(reward.get("flags", []))),
+            Text(rollout_id), Text(reward.attempt_id), f"{reward.reward:.2f}",
+            "yes" if reward.solved else "no", Text(failure_shown(reward)), Text(",".join(reward.flags)),
         )  # fmt: skip
     console.print(table)
     for rollout_id, reward in sorted(progress.rewards.items()):
@@ -226,14 +226,14 @@ def show(settings: DemoSettings, progress: Progress, summary: dict[str, Any], st
         print(replay_hint(first, stack.bootstrap, embedded, stack.namespace), flush=True)  # whole lines
 
 
-def failure_shown(reward: dict[str, Any]) -> str:
+def failure_shown(reward: RewardEvent) -> str:
     """The grader's failure kind, with the runner's own when the rollout failed before grading."""
-    kind = reward.get("failure_kind") or ""
+    kind = reward.failure_kind or ""
     runner = details(reward).get("rollout_failure")
     return f"{kind} ({runner})" if kind and isinstance(runner, str) else kind
 
 
-def failure_note(reward: dict[str, Any], limit: int = 600) -> str:
+def failure_note(reward: RewardEvent, limit: int = 600) -> str:
     """What the runner said of a rollout that failed before grading (the CLI's last words), else ""."""
     if not isinstance(details(reward).get("rollout_failure"), str):
         return ""
@@ -241,9 +241,9 @@ def failure_note(reward: dict[str, Any], limit: int = 600) -> str:
     return " ".join(note.split())[-limit:] if isinstance(note, str) else ""
 
 
-def details(reward: dict[str, Any]) -> dict[str, Any]:
+def details(reward: RewardEvent) -> dict[str, Any]:
     try:
-        found = json.loads(reward.get("details") or "{}")
+        found = json.loads(reward.details or "{}")
     except (TypeError, json.JSONDecodeError):
         return {}
     return found if isinstance(found, dict) else {}

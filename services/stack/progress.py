@@ -10,11 +10,21 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from rollbus.codec import CodecError, decode
+from rollbus.events import (
+    BadRecord,
+    DiffEvent,
+    EventRecord,
+    PolicyEvent,
+    RewardEvent,
+    SegmentEvent,
+    TaskEvent,
+    TurnEvent,
+)
 from rollbus.failures import INFRASTRUCTURE
 from rollbus.kafka import clients
 from rollbus.kafka.topics import topic_name
@@ -26,8 +36,8 @@ WATCHED = ("tasks", "turns", "diffs", "rewards", "segments", "policy")
 class Progress:
     submitted: set[str] = field(default_factory=set)
     running: set[str] = field(default_factory=set)  # rollouts with turns but no diff yet
-    diffs: dict[str, dict[str, Any]] = field(default_factory=dict)  # latest diff per rollout
-    rewards: dict[str, dict[str, Any]] = field(default_factory=dict)  # latest reward per rollout
+    diffs: dict[str, DiffEvent] = field(default_factory=dict)  # latest diff per rollout
+    rewards: dict[str, RewardEvent] = field(default_factory=dict)  # latest reward per rollout
     segment_ids: set[str] = field(default_factory=set)
     duplicates_dropped: int = 0
     tokens_in_segments: int = 0
@@ -40,48 +50,40 @@ class Progress:
     reruns: set[str] = field(default_factory=set)  # rollouts submitted as re-runs of infrastructure failures
     refills: dict[str, str] = field(default_factory=dict)  # trainer-submitted group -> why it replaces one
 
-    def add(self, event_type: str, record: dict[str, Any]) -> None:
-        fold: Callable[[dict[str, Any]], None] | None = getattr(self, f"_on_{event_type}", None)
-        if fold is not None:
-            fold(record)
+    def add(self, event: EventRecord) -> None:
+        match event:
+            case TaskEvent():
+                self.submitted.add(event.rollout_id)
+                if event.attempt > 0:
+                    self.reruns.add(event.rollout_id)
+                elif event.refill_of:
+                    self.refills[event.group_id] = str(event.refill_reason)
+            case TurnEvent():
+                self.turns += 1
+                self.turn_policy_versions.append(event.policy_version)
+                if event.rollout_id not in self.diffs:
+                    self.running.add(event.rollout_id)
+            case DiffEvent():
+                self.diffs[event.rollout_id] = event
+                self.running.discard(event.rollout_id)
+            case RewardEvent():
+                self.rewards[event.rollout_id] = event
+            case SegmentEvent():
+                if event.segment_id in self.segment_ids:
+                    self.duplicates_dropped += 1
+                    return
+                self.segment_ids.add(event.segment_id)
+                self.tokens_in_segments += sum(event.loss_mask)
+            case PolicyEvent():
+                if event.version > self.policy_base:  # the initial policy (or an earlier run's) is no step
+                    self.policy_updates += 1
+                self.policy_version = max(self.policy_version, event.version)
 
-    def earlier(self, event_type: str, record: dict[str, Any]) -> None:
+    def earlier(self, event: EventRecord) -> None:
         """An earlier run's event on the same topics: not counted; its policy is where this run starts."""
-        if event_type == "policy":
-            self.policy_base = max(self.policy_base, int(record["version"]))
+        if isinstance(event, PolicyEvent):
+            self.policy_base = max(self.policy_base, event.version)
             self.policy_version = max(self.policy_version, self.policy_base)
-
-    def _on_task(self, record: dict[str, Any]) -> None:
-        self.submitted.add(record["rollout_id"])
-        if int(record.get("attempt") or 0) > 0:
-            self.reruns.add(record["rollout_id"])
-        elif record.get("refill_of"):
-            self.refills[record["group_id"]] = str(record.get("refill_reason"))
-
-    def _on_turn(self, record: dict[str, Any]) -> None:
-        self.turns += 1
-        self.turn_policy_versions.append(int(record["policy_version"]))
-        if record["rollout_id"] not in self.diffs:
-            self.running.add(record["rollout_id"])
-
-    def _on_diff(self, record: dict[str, Any]) -> None:
-        self.diffs[record["rollout_id"]] = record
-        self.running.discard(record["rollout_id"])
-
-    def _on_reward(self, record: dict[str, Any]) -> None:
-        self.rewards[record["rollout_id"]] = record
-
-    def _on_segment(self, record: dict[str, Any]) -> None:
-        if record["segment_id"] in self.segment_ids:
-            self.duplicates_dropped += 1
-            return
-        self.segment_ids.add(record["segment_id"])
-        self.tokens_in_segments += sum(record["loss_mask"])
-
-    def _on_policy(self, record: dict[str, Any]) -> None:
-        if int(record["version"]) > self.policy_base:  # the initial policy (or an earlier run's) is no step
-            self.policy_updates += 1
-        self.policy_version = max(self.policy_version, int(record["version"]))
 
     @property
     def finished(self) -> int:
@@ -91,17 +93,17 @@ class Progress:
     @property
     def failed(self) -> int:
         """Rollouts whose run failed (boot, crash, limit, timeout ...), not those that did not solve."""
-        return sum(1 for d in self.diffs.values() if d.get("failure_kind"))
+        return sum(1 for d in self.diffs.values() if d.failure_kind)
 
     def infrastructure_causes(self) -> dict[str, int]:
         """Rollouts the infrastructure failed (``rollbus.failures``), by cause: they never train."""
-        failed = [r for r in self.rewards.values() if r.get("failure_class") == INFRASTRUCTURE]
-        causes = Counter(str(r.get("failure_cause")) for r in failed)
+        failed = [r for r in self.rewards.values() if r.failure_class == INFRASTRUCTURE]
+        causes = Counter(str(r.failure_cause) for r in failed)
         return dict(sorted(causes.items()))
 
     @property
     def solved(self) -> int:
-        return sum(1 for r in self.rewards.values() if r["solved"])
+        return sum(1 for r in self.rewards.values() if r.solved)
 
     def summary(self, *, train_steps: int, tokens_trained: int | None = None) -> dict[str, Any]:
         return {
@@ -133,10 +135,10 @@ class Progress:
         )
 
 
-def fold(events: Iterable[tuple[str, dict[str, Any]]]) -> Progress:
+def fold(events: Iterable[EventRecord]) -> Progress:
     progress = Progress()
-    for event_type, record in events:
-        progress.add(event_type, record)
+    for event in events:
+        progress.add(event)
     return progress
 
 
@@ -158,13 +160,13 @@ async def watch(
             for messages in batches.values():
                 for message in messages:
                     try:
-                        decoded = decode(message.value)
-                    except CodecError:
+                        event = decode(message.value).event
+                    except (CodecError, BadRecord):
                         progress.undecodable += 1
                         continue
                     if message.timestamp < since_ms:
-                        progress.earlier(decoded.event_type, decoded.record)
+                        progress.earlier(event)
                     else:
-                        progress.add(decoded.event_type, decoded.record)
+                        progress.add(event)
     finally:
         await consumer.stop()

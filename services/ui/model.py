@@ -15,7 +15,19 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollbus.events import PolicyEvent, SegmentEvent, TrainStepEvent, TurnEvent
+from rollbus.events import (
+    BadRecord,
+    DiffEvent,
+    EventRecord,
+    PolicyEvent,
+    RewardEvent,
+    SegmentEvent,
+    SessionEvent,
+    TaskEvent,
+    TrainStepEvent,
+    TurnEvent,
+    event_class,
+)
 from rollbus.kafka.topics import DEAD_LETTERS, split_name
 
 
@@ -38,17 +50,17 @@ class Rollout:
     """Everything the bus says about one rollout."""
 
     rollout_id: str
-    task: dict[str, Any] | None = None
-    turns: dict[tuple[str, str, int], dict[str, Any]] = field(default_factory=dict)  # (attempt, chain, index)
-    sessions: list[dict[str, Any]] = field(default_factory=list)  # in partition order
-    diff: dict[str, Any] | None = None  # the latest
-    reward: dict[str, Any] | None = None  # the latest
-    segments: dict[str, dict[str, Any]] = field(default_factory=dict)  # segment id -> first seen
+    task: TaskEvent | None = None
+    turns: dict[tuple[str, str, int], TurnEvent] = field(default_factory=dict)  # (attempt, chain, index)
+    sessions: list[SessionEvent] = field(default_factory=list)  # in partition order
+    diff: DiffEvent | None = None  # the latest
+    reward: RewardEvent | None = None  # the latest
+    segments: dict[str, SegmentEvent] = field(default_factory=dict)  # segment id -> first seen
 
     @property
     def status(self) -> str:
         """submitted | running | failed (the run failed) | finished (graded)."""
-        if self.diff is not None and self.diff.get("failure_kind"):
+        if self.diff is not None and self.diff.failure_kind:
             return "failed"
         if self.reward is not None:
             return "finished"
@@ -59,7 +71,7 @@ class Rollout:
     @property
     def policy_version(self) -> int | None:
         """The newest policy version that sampled one of its turns."""
-        return max((int(t["policy_version"]) for t in self.turns.values()), default=None)
+        return max((t.policy_version for t in self.turns.values()), default=None)
 
 
 @dataclass
@@ -68,7 +80,7 @@ class ReadModel:
     topic."""
 
     rollouts: dict[str, Rollout] = field(default_factory=dict)
-    policies: dict[int, dict[str, Any]] = field(default_factory=dict)  # version -> first published record
+    policies: dict[int, PolicyEvent] = field(default_factory=dict)  # version -> first published
     steps: dict[int, Entry] = field(default_factory=dict)  # step -> its first fact on train-steps
     trained_in: dict[str, int] = field(default_factory=dict)  # segment id -> the (first) step that trained it
     dead_letters: list[Entry] = field(default_factory=list)
@@ -83,30 +95,28 @@ class ReadModel:
         if entry.topic == DEAD_LETTERS:
             self.dead_letters.append(entry)
             return
-        record = entry.record
-        if entry.event_type == "policy":
-            (version,) = PolicyEvent.key_of(record)
-            self.policies.setdefault(int(version), record)
+        try:
+            event = event_class(entry.event_type or "").from_dict(entry.record)
+        except (KeyError, BadRecord):  # not an event of ours: the topic browser still shows it
             return
-        if entry.event_type == "train_step":
-            self._step(entry, record)
-            return
-        rollout_id = record.get("rollout_id")
-        if not isinstance(rollout_id, str):
-            return
-        rollout = self.rollouts.setdefault(rollout_id, Rollout(rollout_id))
-        fold = _FOLDS.get(entry.event_type or "")
-        if fold is not None and fold(rollout, record) is False:
-            self.duplicate_segments += 1
+        match event:
+            case PolicyEvent():
+                self.policies.setdefault(event.version, event)
+            case TrainStepEvent():
+                self._step(entry, event)
+            case TaskEvent() | TurnEvent() | SessionEvent() | DiffEvent() | RewardEvent() | SegmentEvent():
+                rollout = self.rollouts.setdefault(event.rollout_id, Rollout(event.rollout_id))
+                if _fold(rollout, event) is False:
+                    self.duplicate_segments += 1
 
-    def _step(self, entry: Entry, record: dict[str, Any]) -> None:
+    def _step(self, entry: Entry, fact: TrainStepEvent) -> None:
         """A restarted trainer may publish a step twice (the same record): the first is kept. A segment
         named by two steps (which the trainer never does) shows the earlier, whatever order they came in."""
-        step = int(TrainStepEvent.key_of(record)[0])
+        step = fact.step
         if step in self.steps:
             return
         self.steps[step] = entry
-        for segment_id in record["segment_ids"]:
+        for segment_id in fact.segment_ids:
             self.trained_in[segment_id] = min(step, self.trained_in.get(segment_id, step))
 
     def rollout(self, rollout_id: str) -> Rollout | None:
@@ -124,37 +134,25 @@ def _place(entries: list[Entry], entry: Entry) -> None:
         bisect.insort(entries, entry, key=lambda e: (e.partition, e.offset))
 
 
-def _task(rollout: Rollout, record: dict[str, Any]) -> None:
-    rollout.task = record
-
-
-def _turn(rollout: Rollout, record: dict[str, Any]) -> None:
-    attempt_id, chain_id, turn_index = TurnEvent.key_of(record, within=("rollout_id",))
-    rollout.turns[(attempt_id, chain_id, int(turn_index))] = record
-
-
-def _session(rollout: Rollout, record: dict[str, Any]) -> None:
-    rollout.sessions.append(record)
-
-
-def _diff(rollout: Rollout, record: dict[str, Any]) -> None:
-    rollout.diff = record
-
-
-def _reward(rollout: Rollout, record: dict[str, Any]) -> None:
-    rollout.reward = record
-
-
-def _segment(rollout: Rollout, record: dict[str, Any]) -> bool:
-    (segment_id,) = SegmentEvent.key_of(record)
-    if segment_id in rollout.segments:
-        return False  # a redelivery: the first one is what the trainer kept
-    rollout.segments[segment_id] = record
+def _fold(rollout: Rollout, event: EventRecord) -> bool:
+    """Fold one of the rollout's events in; False for a segment already seen (a redelivery: the first one
+    is what the trainer kept)."""
+    match event:
+        case TaskEvent():
+            rollout.task = event
+        case TurnEvent():
+            rollout.turns[(event.attempt_id, event.chain_id, event.turn_index)] = event
+        case SessionEvent():
+            rollout.sessions.append(event)
+        case DiffEvent():
+            rollout.diff = event
+        case RewardEvent():
+            rollout.reward = event
+        case SegmentEvent():
+            if event.segment_id in rollout.segments:
+                return False
+            rollout.segments[event.segment_id] = event
     return True
-
-
-_FOLDS = {"task": _task, "turn": _turn, "session": _session, "diff": _diff, "reward": _reward,
-          "segment": _segment}  # fmt: skip
 
 
 def base_topic(topic: str) -> str:
@@ -177,16 +175,15 @@ LAST_STEP_KEYS = (
 )  # fmt: skip
 
 
-def trained_tokens(segment: dict[str, Any]) -> int:
+def trained_tokens(segment: SegmentEvent) -> int:
     """Response tokens with loss mask 1."""
-    return sum(segment["loss_mask"])
+    return sum(segment.loss_mask)
 
 
-def drift_masked_tokens(segment: dict[str, Any]) -> int:
+def drift_masked_tokens(segment: SegmentEvent) -> int:
     """Sampled tokens (a policy version, not -1) that carry mask 0: cut from training by drift."""
-    return sum(
-        1 for m, v in zip(segment["loss_mask"], segment["policy_versions"], strict=False) if not m and v >= 0
-    )
+    versions = segment.policy_versions
+    return sum(1 for m, v in zip(segment.loss_mask, versions, strict=False) if not m and v >= 0)
 
 
 def overview(model: ReadModel) -> dict[str, Any]:
@@ -194,16 +191,16 @@ def overview(model: ReadModel) -> dict[str, Any]:
     rollouts = list(model.rollouts.values())
     status = Counter(r.status for r in rollouts)
     failures = Counter(
-        (r.diff or {}).get("failure_kind") or r.reward.get("failure_kind") or "unsolved"
+        (r.diff.failure_kind if r.diff else None) or r.reward.failure_kind or "unsolved"
         for r in rollouts
-        if r.reward is not None and not r.reward["solved"]
+        if r.reward is not None and not r.reward.solved
     )
-    per_version: dict[int, list[Rollout]] = {}
+    per_version: dict[int, list[RewardEvent]] = {}
     for r in rollouts:
         if r.reward is not None and r.policy_version is not None:
-            per_version.setdefault(r.policy_version, []).append(r)
+            per_version.setdefault(r.policy_version, []).append(r.reward)
     segments = [s for r in rollouts for s in r.segments.values()]
-    response = sum(len(s["response_ids"]) for s in segments)
+    response = sum(len(s.response_ids) for s in segments)
     trainable = sum(trained_tokens(s) for s in segments)
     versions = sorted(model.policies)
     facts = step_facts(model)
@@ -217,25 +214,24 @@ def overview(model: ReadModel) -> dict[str, Any]:
         "failure_kinds": dict(sorted(failures.items())),
         # whose fault (rollbus.failures): infrastructure failures never train; their re-runs are new rollouts
         "failure_classes": dict(sorted(Counter(
-            (r.reward or {}).get("failure_class") for r in rollouts if (r.reward or {}).get("failure_class")
+            r.reward.failure_class for r in rollouts if r.reward is not None and r.reward.failure_class
         ).items())),
-        "reruns": sum(1 for r in rollouts if r.task is not None and int(r.task.get("attempt") or 0) > 0),
+        "reruns": sum(1 for r in rollouts if r.task is not None and r.task.attempt > 0),
         "per_version": [
             {
                 "version": v,
-                "rollouts": len(rs),
-                # rs: rewarded rollouts only, whose reward mypy still sees as Optional
-                "reward_mean": sum(r.reward["reward"] for r in rs) / len(rs),  # type: ignore[index]
-                "solve_rate": len([r for r in rs if r.reward["solved"]]) / len(rs),  # type: ignore[index]
+                "rollouts": len(rewards),
+                "reward_mean": sum(reward.reward for reward in rewards) / len(rewards),
+                "solve_rate": len([reward for reward in rewards if reward.solved]) / len(rewards),
             }
-            for v, rs in sorted(per_version.items())
+            for v, rewards in sorted(per_version.items())
         ],
         "policy_version": versions[-1] if versions else None,
         "train_steps": len(facts),
         "tokens_trained": sum(int(f["tokens_trained"]) for f in facts),
         "last_step": {k: facts[-1][k] for k in LAST_STEP_KEYS} if facts else None,
         "segments": len(segments),
-        "segments_trained": sum(1 for s in segments if s["segment_id"] in model.trained_in),
+        "segments_trained": sum(1 for s in segments if s.segment_id in model.trained_in),
         "response_tokens": response,
         "trainable_tokens": trainable,
         "untrained_fraction": (response - trainable) / response if response else 0.0,

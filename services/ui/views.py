@@ -13,6 +13,7 @@ from html import escape
 from itertools import groupby, islice
 from typing import Any
 
+from rollbus.events import SegmentEvent, TurnEvent
 from rollbus.kafka.replay import SUMMARY_EDGE, summarise
 from rollbus.services.ui.model import Entry, ReadModel, Rollout, drift_masked_tokens, trained_tokens
 
@@ -27,9 +28,9 @@ def token_class(mask: int, version: int) -> str:
     return DRIFT if version >= 0 else CONTEXT
 
 
-def token_runs(segment: dict[str, Any]) -> list[tuple[str, int, int]]:
+def token_runs(segment: SegmentEvent) -> list[tuple[str, int, int]]:
     """The segment's response as runs ``(class, start, end)`` of one colour, in order."""
-    classes = map(token_class, segment["loss_mask"], segment["policy_versions"])
+    classes = map(token_class, segment.loss_mask, segment.policy_versions)
     runs, start = [], 0
     for cls, group in groupby(classes):
         n = sum(1 for _ in group)
@@ -50,40 +51,40 @@ def _run(cls: str, ids: list[int], decode: Decode) -> str:
     return f'<span class="tok {cls}" data-n="{len(ids)}">{escape(decode(ids))}</span>'
 
 
-def segment_tokens_html(segment: dict[str, Any], freeze: str | None, decode: Decode = ids_text) -> str:
+def segment_tokens_html(segment: SegmentEvent, freeze: str | None, decode: Decode = ids_text) -> str:
     """One segment's tokens: its prompt (context), its response coloured by mask (each run of one colour
     decoded as one piece), a mark where each drift cut starts, and the freeze that ended it."""
-    prompt = segment["prompt_ids"]
+    prompt = list(segment.prompt_ids)
     parts = [f'<details class="prompt"><summary>segment prompt: {len(prompt)} tokens of context</summary>'
              f'{_run("prompt", prompt, decode)}</details>']  # fmt: skip
-    response = segment["response_ids"]
+    response = list(segment.response_ids)
     for cls, start, end in token_runs(segment):
         if cls == DRIFT:
             parts.append(f'<mark class="mark drift" title="drift at response token {start}">drift</mark>')
         parts.append(_run(cls, response[start:end], decode))
-    ending = freeze or segment["kind"]
-    parts.append(f'<mark class="mark freeze {escape(segment["kind"])}" title="segment ends: '
+    ending = freeze or segment.kind
+    parts.append(f'<mark class="mark freeze {escape(segment.kind)}" title="segment ends: '
                  f'{escape(ending)}">{escape(ending)}</mark>')  # fmt: skip
     return "".join(parts)
 
 
-def ordered_segments(rollout: Rollout) -> list[dict[str, Any]]:
-    return sorted(rollout.segments.values(), key=lambda s: (s["attempt_id"], s["index"], s["segment_id"]))
+def ordered_segments(rollout: Rollout) -> list[SegmentEvent]:
+    return sorted(rollout.segments.values(), key=lambda s: (s.attempt_id, s.index, s.segment_id))
 
 
 def freezes(rollout: Rollout) -> dict[tuple[str, str], str]:
     """(attempt, chain) -> why the chain was frozen or closed (subagent, wipe, compaction, fork, ...)."""
     ends = {}
     for s in rollout.sessions:
-        if s["kind"] in ("frozen", "closed") and s.get("reason"):
-            ends[(s.get("attempt_id", ""), s["chain_id"])] = f"{s['kind']}: {s['reason']}"
+        if s.kind in ("frozen", "closed") and s.reason:
+            ends[(s.attempt_id, s.chain_id)] = f"{s.kind}: {s.reason}"
     return ends
 
 
 def chain_kinds(rollout: Rollout) -> dict[tuple[str, str], str]:
-    kinds = {(a, c): t["chain_kind"] for (a, c, _), t in rollout.turns.items()}
+    kinds: dict[tuple[str, str], str] = {(a, c): t.chain_kind for (a, c, _), t in rollout.turns.items()}
     for s in rollout.sessions:
-        kinds.setdefault((s.get("attempt_id", ""), s["chain_id"]), s["chain_kind"])
+        kinds.setdefault((s.attempt_id, s.chain_id), s.chain_kind)
     return kinds
 
 
@@ -92,12 +93,12 @@ def segment_rows(rollout: Rollout, decode: Decode = ids_text) -> list[dict[str, 
     ends, kinds = freezes(rollout), chain_kinds(rollout)
     rows = []
     for s in ordered_segments(rollout):
-        chain = (s["attempt_id"], s["chain_id"])
+        chain = (s.attempt_id, s.chain_id)
         rows.append({
-            "segment_id": s["segment_id"], "index": s["index"], "num_segments": s["num_segments"],
-            "kind": s["kind"], "chain_id": s["chain_id"], "chain_kind": kinds.get(chain, "?"),
-            "reward": s["reward"], "trajectory_reward": s["trajectory_reward"],
-            "prompt_tokens": len(s["prompt_ids"]), "response_tokens": len(s["response_ids"]),
+            "segment_id": s.segment_id, "index": s.index, "num_segments": s.num_segments,
+            "kind": s.kind, "chain_id": s.chain_id, "chain_kind": kinds.get(chain, "?"),
+            "reward": s.reward, "trajectory_reward": s.trajectory_reward,
+            "prompt_tokens": len(s.prompt_ids), "response_tokens": len(s.response_ids),
             "trained": trained_tokens(s), "drift": drift_masked_tokens(s),
             "html": segment_tokens_html(s, ends.get(chain), decode),
         })  # fmt: skip
@@ -107,26 +108,26 @@ def segment_rows(rollout: Rollout, decode: Decode = ids_text) -> list[dict[str, 
 def timeline(rollout: Rollout, decode: Decode | None = None) -> list[dict[str, Any]]:
     """Turns per chain, in order, with model time, the tool time before each call and the queueing in it; the
     new prompt suffix and the output decoded when ``decode`` is given, else as ids."""
-    chains: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    chains: dict[tuple[str, str], list[TurnEvent]] = {}
     for (attempt, chain, _), turn in sorted(rollout.turns.items()):
         chains.setdefault((attempt, chain), []).append(turn)
     out = []
     for (attempt, chain), turns in chains.items():
         rows, previous_end = [], None
         for t in turns:
-            timing = t["timings"]
-            call_ms = timing["finished_at"] - timing["started_at"]
+            timing = t.timings
+            call_ms = timing.finished_at - timing.started_at
+            prompt, output = list(t.prompt_ids), list(t.output_ids)
             rows.append({
-                "turn_index": t["turn_index"], "started_at": timing["started_at"],
-                "model_ms": timing["generation_ms"], "queue_ms": max(call_ms - timing["generation_ms"], 0),
-                "tool_ms": None if previous_end is None else timing["started_at"] - previous_end,
-                "suffix": decode(t["prompt_ids"]) if decode else t["prompt_ids"],
-                "output": decode(t["output_ids"]) if decode else t["output_ids"],
-                "prompt_tokens": t["prompt_tokens"],
-                "finish_reason": t["finish_reason"], "policy_version": t["policy_version"],
+                "turn_index": t.turn_index, "started_at": timing.started_at,
+                "model_ms": timing.generation_ms, "queue_ms": max(call_ms - timing.generation_ms, 0),
+                "tool_ms": None if previous_end is None else timing.started_at - previous_end,
+                "suffix": decode(prompt) if decode else prompt,
+                "output": decode(output) if decode else output, "prompt_tokens": t.prompt_tokens,
+                "finish_reason": t.finish_reason, "policy_version": t.policy_version,
             })  # fmt: skip
-            previous_end = timing["finished_at"]
-        out.append({"attempt_id": attempt, "chain_id": chain, "chain_kind": turns[0]["chain_kind"],
+            previous_end = timing.finished_at
+        out.append({"attempt_id": attempt, "chain_id": chain, "chain_kind": turns[0].chain_kind,
                     "turns": rows})  # fmt: skip
     return out
 
@@ -135,9 +136,9 @@ def verdict(rollout: Rollout) -> dict[str, Any] | None:
     """The grader's verdict with its details parsed (kept as text when it is not JSON)."""
     if rollout.reward is None:
         return None
-    reward = dict(rollout.reward)
+    reward = rollout.reward.to_dict()
     try:
-        reward["details"] = json.loads(reward.get("details") or "{}")
+        reward["details"] = json.loads(rollout.reward.details or "{}")
     except ValueError:
         pass
     return reward
@@ -146,7 +147,7 @@ def verdict(rollout: Rollout) -> dict[str, Any] | None:
 def patch_text(rollout: Rollout) -> str | None:
     if rollout.diff is None:
         return None
-    patch = rollout.diff["patch"]
+    patch: bytes | str = rollout.diff.patch
     return patch.decode("utf-8", errors="replace") if isinstance(patch, bytes | bytearray) else str(patch)
 
 
@@ -154,11 +155,11 @@ def task_fields(rollout: Rollout) -> dict[str, Any] | None:
     if rollout.task is None:
         return None
     try:
-        metadata = json.loads(rollout.task.get("metadata") or "{}")
+        metadata = json.loads(rollout.task.metadata or "{}")
     except ValueError:
         metadata = {}
     statement = metadata.get("problem_statement") if isinstance(metadata, dict) else None
-    return {**rollout.task, "problem_statement": statement or rollout.task["prompt"]}
+    return {**rollout.task.to_dict(), "problem_statement": statement or rollout.task.prompt}
 
 
 # --- topic browser --------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from rollbus.events import RoutedExperts, SegmentEvent
 from rollbus.routed_experts import RoutesRef, cover
 from rollbus.services.segmenter.segmentation.merge import infrastructure_failed
 from rollbus.services.segmenter.segmentation.state import TRAINABLE, RolloutState
@@ -100,8 +101,8 @@ def cut(
     *,
     loss_scope: LossScope = "all_turns",
     history_mode: str = "canonical",
-) -> list[dict[str, Any]]:
-    """The complete rollout's ``segment`` records. Raises UnresolvedTurn/ChainBroken on a bad chain.
+) -> list[SegmentEvent]:
+    """The complete rollout's ``segment`` events. Raises UnresolvedTurn/ChainBroken on a bad chain.
 
     ``bodies`` gives the turn records of a list of turn keys, all asked at once (so a reader of raw
     bytes decodes a rollout's turns in one batch). Canonical chains are cut as numpy arrays, ids given as
@@ -144,7 +145,7 @@ def cut(
     ]
 
 
-def chain_routes(records: Sequence[Mapping[str, Any]], tokens: int) -> list[dict[str, Any]] | None:
+def chain_routes(records: Sequence[Mapping[str, Any]], tokens: int) -> list[RoutedExperts] | None:
     """A canonical chain's turns' routed-expert references if together they cover its ``tokens``-token
     stream (:func:`~rollbus.routed_experts.cover`), else None: the trainer then routes on its own. Only the
     references are read; the ids stay in the store."""
@@ -153,7 +154,9 @@ def chain_routes(records: Sequence[Mapping[str, Any]], tokens: int) -> list[dict
     if not found or len(present) < len(found):
         return None
     refs = [RoutesRef.of(ref) for ref in present]
-    return [ref.as_record() for ref in refs] if cover(refs, tokens) is not None else None
+    if cover(refs, tokens) is None:
+        return None
+    return [RoutedExperts.from_dict(ref.as_record()) for ref in refs]
 
 
 def group_of(state: RolloutState, attempt: str) -> str:
@@ -164,35 +167,23 @@ def group_of(state: RolloutState, attempt: str) -> str:
 
 
 def segment_record(
-    segment: Segment, state: RolloutState, attempt: str, routes: list[dict[str, Any]] | None = None,
+    segment: Segment, state: RolloutState, attempt: str, routes: list[RoutedExperts] | None = None,
     top_logprobs: bytes | None = None,
-) -> dict[str, Any]:
-    """The Avro ``segment`` record; ``created_at`` is the reward's time, so a replay is byte-identical. The
+) -> SegmentEvent:
+    """The ``segment`` event; ``created_at`` is the reward's time, so a replay is byte-identical. The
     reward's gym ``infos`` ride on the ``final`` segment only, so the trainer logs them once per rollout.
     ``routes``: its chain's routed-expert references (:func:`chain_routes`); ``top_logprobs``: its chain's
     top-k alternatives per response token (:func:`~rollbus.top_logprobs.chain_top_logprobs`)."""
-    return {
-        "segment_id": segment_id(state.rollout_id, attempt, segment.index),
-        "rollout_id": state.rollout_id,
-        "group_id": group_of(state, attempt),
-        "index": segment.index,
-        "num_segments": segment.num_segments,
-        "kind": segment.kind,
-        "prompt_ids": segment.prompt_ids,
-        "response_ids": segment.response_ids,
-        "loss_mask": bytes(segment.loss_mask),
-        "rollout_logprobs": segment.rollout_logprobs,
-        "reward": segment.reward,
-        "trajectory_reward": segment.trajectory_reward,
-        "policy_versions": segment.policy_versions,
-        "created_at": int(state.reward["at"]) if state.reward else 0,
-        "attempt_id": attempt,
-        "chain_id": segment.chain_id or "",
-        "infos": _infos(state) if segment.kind == "final" else "[]",
-        "routed_experts": routes,
-        "top_logprobs": top_logprobs,
-        **failure_fields(state),
-    }
+    return SegmentEvent(
+        segment_id=segment_id(state.rollout_id, attempt, segment.index), rollout_id=state.rollout_id,
+        group_id=group_of(state, attempt), index=segment.index, num_segments=segment.num_segments,
+        kind=segment.kind, prompt_ids=segment.prompt_ids, response_ids=segment.response_ids,
+        loss_mask=bytes(segment.loss_mask), rollout_logprobs=segment.rollout_logprobs, reward=segment.reward,
+        trajectory_reward=segment.trajectory_reward, policy_versions=segment.policy_versions,
+        created_at=int(state.reward["at"]) if state.reward else 0, attempt_id=attempt,
+        chain_id=segment.chain_id or "", infos=_infos(state) if segment.kind == "final" else "[]",
+        routed_experts=routes, top_logprobs=top_logprobs, **failure_fields(state),
+    )  # fmt: skip
 
 
 def failure_fields(state: RolloutState) -> dict[str, Any]:
@@ -201,20 +192,18 @@ def failure_fields(state: RolloutState) -> dict[str, Any]:
     return {key: reward.get(key) for key in ("failure_class", "failure_cause", "rerun_rollout_id")}
 
 
-def infrastructure_marker(state: RolloutState) -> dict[str, Any]:
+def infrastructure_marker(state: RolloutState) -> SegmentEvent:
     """The one segment of a rollout the infrastructure failed: no tokens, so nothing to train; it tells the
     trainer the sample ended (or that ``rerun_rollout_id`` takes its place) and stays out of the group's
     mean and std."""
     reward = state.reward or {}
     attempt = reward.get("attempt_id", "")
-    return {
-        "segment_id": segment_id(state.rollout_id, attempt, 0), "rollout_id": state.rollout_id,
-        "group_id": group_of(state, attempt), "index": 0, "num_segments": 1, "kind": "final",
-        "prompt_ids": [], "response_ids": [], "loss_mask": b"", "rollout_logprobs": [], "reward": 0.0,
-        "trajectory_reward": 0.0, "policy_versions": [], "created_at": int(reward.get("at", 0)),
-        "attempt_id": attempt, "chain_id": "", "infos": "[]", "routed_experts": None, "top_logprobs": None,
-        **failure_fields(state),
-    }  # fmt: skip
+    return SegmentEvent(
+        segment_id=segment_id(state.rollout_id, attempt, 0), rollout_id=state.rollout_id,
+        group_id=group_of(state, attempt), index=0, num_segments=1, kind="final", prompt_ids=[],
+        response_ids=[], loss_mask=b"", rollout_logprobs=[], reward=0.0, trajectory_reward=0.0,
+        policy_versions=[], created_at=int(reward.get("at", 0)), attempt_id=attempt, **failure_fields(state),
+    )  # fmt: skip
 
 
 def _infos(state: RolloutState) -> str:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollbus.codec import CodecError, Scanned, decode_scans, encode, scan
+from rollbus.events import SegmentEvent
 from rollbus.kafka.topics import MAX_EVENT_BYTES, spec_for, split_name
 from rollbus.services.segmenter.segmentation.completion import complete, cut, expire
 from rollbus.services.segmenter.segmentation.merge import apply, kill, seal
@@ -37,7 +38,7 @@ class Handled:
 
     rollout_id: str
     admission: Admission
-    segments: list[dict[str, Any]] = field(default_factory=list)
+    segments: list[SegmentEvent] = field(default_factory=list)
     messages: list[bytes] = field(default_factory=list)
     dead_letter: str | None = None
     finished: Status | None = None  # the state to settle into once outputs are out
