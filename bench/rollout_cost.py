@@ -147,7 +147,7 @@ async def run(rollouts: int, turns: int, idle: float) -> dict:
                     str(rollouts), *bus]  # fmt: skip
             subprocess.run(argv, check=True, capture_output=True)
             while len(progress.rewards) < rollouts or len(progress.segment_ids) < rollouts:
-                failed = [r for r in progress.rewards.values() if r.get("failure_kind") == "rollout_failed"]
+                failed = [r for r in progress.rewards.values() if r.failure_kind == "rollout_failed"]
                 if failed or time.monotonic() - started > 60 * turns * rollouts:
                     raise SystemExit(f"rollout_cost: the run went wrong: {progress.line()}")
                 agent.sample()
