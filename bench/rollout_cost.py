@@ -35,14 +35,18 @@ running beside it, so walls of ~5 min and idle shares larger than above):
           rollbus 1.40 + 2.32 = 3.72, agent CLI 4.63, ratio 0.30 (work), 0.80 (with idle); 344 s.
   after:  adapter 0.79 + 0.30, runner 0.29 + 0.38, grader 0.03 + 0.30, segmenter 0.32 + 0.75;
           rollbus 1.44 + 1.73 = 3.17, agent CLI 4.46, ratio 0.32 (work), 0.71 (with idle); 301 s.
-  The adapter's work fell a fifth: the engine request's JSON (the whole prompt's ids, every turn) by orjson,
-  and a Messages stream's finished answer sent as one chunk. The grader's and runner's idle rates fell by
-  ~1 CPU-ms/s each (3.0 -> 2.0, 3.5 -> 2.5): their consumers' empty fetches wait 2 s on the broker, not
-  0.5 s (``SERVICE_FETCH_WAIT_MS``). (The runner's work rose only on paper: its lower idle rate leaves more
-  of the same total to work.) Still far from the aim. Profiled (py-spy on each service over a run), what is
-  left: the adapter's ~16 ms per turn is rendering and tokenizing (a full render for every new chain, each
-  of Claude Code's side calls included), Starlette and httpx per request, the bus record; the segmenter's
-  is Faust's and aiokafka's own machinery (changelog writes, fetches, commits), its idle rate the largest.
+  A second pair, load 13-20: before rollbus 1.43 + 1.34 = 2.78 (adapter 0.90 + 0.18, runner 0.18 + 0.35,
+  grader 0.05 + 0.29, segmenter 0.31 + 0.53; 233 s), after 1.38 + 0.93 = 2.32 (adapter 0.84 + 0.12, runner
+  0.28 + 0.20, grader 0.04 + 0.16, segmenter 0.22 + 0.45; 162 s); agent CLI 3.83 and 3.73.
+  The adapter's work fell 6-21% (the two pairs): the engine request's JSON (the whole prompt's ids, every
+  turn) by orjson, and a Messages stream's finished answer sent as one chunk. The grader's and runner's idle
+  rates fell by 0.5-1 CPU-ms/s each (3.0 -> 2.0 and 3.5 -> 2.5; 2.5 -> 2.0 and 3.0 -> 2.5): their
+  consumers' empty fetches wait 2 s on the broker, not 0.5 s (``SERVICE_FETCH_WAIT_MS``). (The runner's
+  work rose only on paper: its lower idle rate leaves more of a lower total to work.) Still far from the
+  aim. Profiled (py-spy on each service over a run), what is left: the adapter's ~16 ms per turn is
+  rendering and tokenizing (a full render for every new chain, each of Claude Code's side calls included),
+  Starlette and httpx per request, the bus record; the segmenter's is Faust's and aiokafka's own machinery
+  (changelog writes, fetches, commits), and its idle rate (~5 CPU-ms/s) is the largest.
 """
 
 from __future__ import annotations
