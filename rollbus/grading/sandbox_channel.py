@@ -334,19 +334,25 @@ def pairs(value, other, depth=0):
 
 def false_agreement(value, other, rng):
     """``(leaf, swapped operand)`` when a leaf of ``value`` is equal (``==`` true or ``!=`` false) to its
-    counterpart in ``other`` swapped for :func:`perturbed` (a fresh :class:`_Stranger` when it has none), else
-    None. Plain values (``str``, ``int``, ...) are not asked: their comparison is the interpreter's."""
+    counterpart in ``other`` swapped, three times over, for :func:`perturbed` (a fresh :class:`_Stranger`
+    when it has none), else None. Plain values (``str``, ``int``, ...) are not asked: their comparison is
+    the interpreter's."""
     for leaf, operand in pairs(value, other):
         if type(leaf) in PLAIN:
             continue
-        swapped = perturbed(operand, rng)
-        if swapped is _NOTHING:
-            swapped = _Stranger()
-        try:
-            if leaf == swapped or not (leaf != swapped):
-                return leaf, swapped
-        except BaseException:
-            continue
+        answers = []
+        for _ in range(3):  # changed at other places each time: an honest ``__eq__`` that ignores a part
+            swapped = perturbed(operand, rng)  # of its operand is rarely equal to all three
+            if swapped is _NOTHING:
+                swapped = _Stranger()
+            try:
+                answers.append(leaf == swapped or not (leaf != swapped))
+            except BaseException:
+                answers.append(False)
+            if not answers[-1]:
+                break
+        if all(answers):
+            return leaf, swapped
     return None
 
 
@@ -367,7 +373,7 @@ def named_by(frame, value):
     for _ in range(3):
         if any(v is value for v in level):
             return True
-        inner = []
+        inner: list[Any] = []
         for v in level:
             if isinstance(v, type) or type(v).__name__ == "module":
                 space = vars(v)
@@ -622,7 +628,7 @@ def probe_off():
     _audit["ours"] = True
     try:
         sys.settrace(_probe.pop("aside", None))
-        threading.settrace(_probe.pop("thread_aside", None))  # type: ignore[arg-type]
+        threading.settrace(_probe.pop("thread_aside", None))
     finally:
         _audit["ours"] = False
 
