@@ -264,7 +264,7 @@ def perturbed(value, rng, depth=0):
         return value + rng.choice((-1.0, 1.0)) * (1.0 + abs(value)) * rng.uniform(0.5, 2.0)
     if kind is complex:
         real = perturbed(value.real, rng)
-        return complex(real, value.imag)
+        return _NOTHING if real is _NOTHING else complex(real, value.imag)
     if kind is str or kind is bytes:
         return _changed_text(value, rng)
     if depth >= 4 or kind not in (list, tuple, dict, set, frozenset):
