@@ -25,6 +25,9 @@ name the file it runs from. What was done is judged, not how it was spelled:
 - ``frames`` also: set a trace or profile function (``sys.settrace``, through any library: every changed
   file on the stack), which would take the agreement probe away. A test that ended with another trace
   function than the probe's (``untraced``, not attributable) is the reported, non-zeroing ``unobserved``.
+
+``expected`` (a test compared, by name, a wildcard of the changed code: :func:`expects_wildcard`) raises no
+flag; it lets the grade overrule the static scan's ``always_equal`` guess.
 """
 
 from __future__ import annotations
