@@ -400,3 +400,17 @@ def test_an_honest_lenient_value_is_not_named() -> None:
     named = sum(probe.false_agreement(_MajorMinor("1.22.3333"), "1.22.3333", random.Random(s)) is not None
                 for s in range(200))  # fmt: skip
     assert named <= 10, named
+
+
+def test_an_unobserved_test_is_reported_and_a_wildcard_expected_only_from_changed_code() -> None:
+    from rollbus.grading import flags as fl
+    from rollbus.grading.observed import expects_wildcard, runtime_flags
+    from rollbus.grading.report import AuditEvent
+
+    untouched = {"lib/base.py"}.__contains__
+    lost = [AuditEvent("untraced", "", "the trace function was None when the test ended")]
+    raised, seen = runtime_flags(lost, "/w", untouched, lambda rel: True, [])
+    assert raised == {fl.UNOBSERVED} and fl.UNOBSERVED not in fl.ZEROING, seen
+    assert expects_wildcard([AuditEvent("expected", "/w/lib/any.py", "ANY")], "/w", untouched)
+    assert not expects_wildcard([AuditEvent("expected", "/w/lib/base.py", "ANY")], "/w", untouched)
+    assert not expects_wildcard([AuditEvent("agrees", "/w/lib/any.py", "ANY")], "/w", untouched)
