@@ -164,6 +164,11 @@ class DockerSandbox(SandboxBase):
         return self.layout.workspace
 
     @property
+    def owner(self) -> tuple[int, int]:
+        """The (uid, gid) the commands run as, the workspace's and HOME's owner."""
+        return self._owner
+
+    @property
     def image(self) -> str:
         """The image's digest (id): the grader and a regrade run these bytes."""
         return self.layout.image
@@ -451,8 +456,11 @@ class DockerSandbox(SandboxBase):
             return counted
         if self.limits.cpu_time_s is not None and ran.exit_code == 128 + signal.SIGXCPU:
             return "cpu_limit"
-        if any(free_bytes(path) < DISK_FULL_MARGIN for path in self._mounted):
-            return "disk_full"
+        # whatever filesystem holds the workspace and HOME (its own tmpfs, or the grader's capped scratch
+        # the caller's workspace lies on), measured as bwrap measures it: a full one is the command's doing
+        with contextlib.suppress(OSError):
+            if any(free_bytes(p) < DISK_FULL_MARGIN for p in {*self._mounted, *self._mounts.values()}):
+                return "disk_full"
         with contextlib.suppress(OSError):
             if self.limits.tmp_bytes is not None and free_bytes(work.tmp) < DISK_FULL_MARGIN:
                 return "disk_full"
@@ -618,7 +626,7 @@ def _prepare_host(
     layout = DockerLayout(image_id, workdir, ws, data / "home", user, limits, "none", ro_binds, sandbox_id,
                           rw_binds or {})  # fmt: skip
     os.chmod(data, 0o755)  # the agent's uid traverses to its binds
-    return layout, data, _numeric_owner(user) if workspace is not None else (0, 0), mounted
+    return layout, data, (0, 0), mounted  # the owner is _fill's (a user name is looked up in the image)
 
 
 def _fill(client: Any, layout: DockerLayout, data: Path, prepared: bool) -> tuple[int, int]:
@@ -626,7 +634,7 @@ def _fill(client: Any, layout: DockerLayout, data: Path, prepared: bool) -> tupl
     baseline, or a tree the host ``prepared`` (the grader's) handed to the sandbox's uid; HOME likewise.
     Returns the owner (uid, gid) of both."""
     if prepared:
-        owner = _numeric_owner(layout.user)
+        owner = _owner_of(client, layout)
         _chown_tree(layout.workspace, owner)
     else:
         owner = _prepare_workspace(client, layout, layout.workspace)
@@ -719,13 +727,6 @@ def _chown_tree(root: Path, owner: tuple[int, int]) -> None:
     for top, dirs, files in os.walk(root):
         for name in dirs + files:
             os.chown(os.path.join(top, name), *owner, follow_symlinks=False)
-
-
-def _numeric_owner(user: str) -> tuple[int, int]:
-    uid, _, gid = user.partition(":")
-    if not uid.isdigit() or not (gid or uid).isdigit():
-        raise SandboxError(f"a prepared workspace needs a numeric user (uid:gid), got {user!r}")
-    return int(uid), int(gid or uid)
 
 
 def start(api: Any, cid: str) -> None:
