@@ -505,3 +505,23 @@ async def test_another_rollouts_requests_processes_token_and_files_are_out_of_re
     assert [r.stdout.strip() for r in replies] == ["adapter:ping", "adapter:ping"]
     stamped = {h.split(b"x-rollbus-sandbox: ")[1].split(b"\r\n")[0].decode() for h in adapter.heads}
     assert stamped == ids and len(adapter.heads) == 2
+
+
+async def test_the_cached_workspace_is_copied_never_shared(engine: Any, history_image: str) -> None:
+    """The scrubbed workspace is made once per image and copied into each sandbox: what one agent writes
+    (a tracked file, its repository's config and a new object) never reaches the next sandbox of the image,
+    whose patch is taken against a baseline of its own."""
+    tamper = (
+        "echo 'def add(a, b): return 0' > calc.py && git config core.hooksPath /tmp && git add calc.py &&"
+        " echo planted > .git/planted"
+    )
+    async with await make(engine, history_image) as first:
+        done = await first.run(["sh", "-c", tamper], ENV)
+        assert done.exit_code == 0, done.stderr
+    async with await make(engine, history_image) as second:
+        seen = await second.run(
+            ["sh", "-c", "cat calc.py; git config core.hooksPath; ls .git/planted; git status --short"], ENV
+        )
+        captured = await second.capture_patch(1 << 20)
+    assert seen.stdout == "def add(a, b):\n    return a - b\n", seen
+    assert (captured.failure, captured.patch) == (None, b""), captured
