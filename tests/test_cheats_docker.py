@@ -2,10 +2,12 @@
 
 Every case the bwrap tests grade one by one (``test_grading_swe_mini``, ``test_grading_verdict_attacks``,
 ``test_grading_tree``, ``test_upstream_cheats``) is graded again here by the ``docker`` grading backend: each
-cheat scores 0 with the failure kind and flags its own test names, every task's gold fix 1 and its empty patch
-0. The grades run side by side (as many as the machine has cores, at most :data:`CONCURRENCY`), each in fresh
-network-less containers of the project's cached base image (the rows' trees are host paths: nothing to build),
-so the corpus costs one test's wall time; a failure names every case that went wrong, not the first.
+cheat scores 0 with the failure kind and flags its own test names, every task's gold fix 1, the empty patch
+0 on a task of each grader kind. The grades run side by side (as many as the machine has cores, at most
+:data:`CONCURRENCY`), each in fresh network-less containers of the project's cached base image (the rows'
+trees are host paths: nothing to build), so the corpus costs one test's wall time; a failure names every
+case that went wrong, not the first. A grade here costs about 1 s of engine work more than its bwrap
+twin (measured on 2 loaded cores: 2.5 s against 1.6 s).
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ from tests.test_upstream_task import load_build as load_upstream
 pytestmark = pytest.mark.docker
 
 CONCURRENCY = 4
+EMPTY = (
+    "sum-to",
+    "flatten",
+    "intervals",
+)  # the empty patch on one task of each grader kind (the cheats: all)
 
 
 @dataclass(frozen=True)
@@ -65,7 +72,7 @@ def cases() -> list[Case]:
     rows = {row["metadata"]["image"].split("/")[-1]: row for row in load_build().build()}
     specs = {task: parse_row(row, SWE_MINI) for task, row in rows.items()}
     out = [Case(f"gold/{t}", specs[t], rows[t]["label"], 1.0, None, exact=True) for t in sorted(rows)]
-    out += [Case(f"empty/{t}", specs[t], "", 0.0, "tests_failed") for t in sorted(rows)]
+    out += [Case(f"empty/{t}", specs[t], "", 0.0, "tests_failed") for t in EMPTY]
     out += [
         Case(c["name"], specs[c["task"]], (CHEATS / f"{c['name']}.patch").read_text(), 0.0, c["failure_kind"],
              tuple(c["flags"]))
@@ -101,6 +108,11 @@ def batch() -> list[Case]:
 async def test_every_cheat_scores_zero_and_every_gold_fix_one_in_containers(batch: list[Case]) -> None:
     grade = grade_function("docker")
     assert len({case.name for case in batch}) == len(batch) >= 70
+    assert {type(c.spec.grader).__name__ for c in batch if c.name.startswith("empty/")} >= {
+        "Swepro",
+        "EvalCmd",
+        "F2PScript",
+    }
     gate = asyncio.Semaphore(min(CONCURRENCY, os.cpu_count() or 1))
 
     async def one(case: Case) -> str | None:
