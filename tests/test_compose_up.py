@@ -4,10 +4,13 @@ The images come from ``rollbus images build`` (no registry needed; cached, so a 
 builds nothing); Compose is Debian's v1.29. One stack for the module, started as a user would start it
 (``compose/docker-compose.yml`` with ``compose/demo.yml``): the demo's tasks go in, every rollout runs in a
 sibling container the runner starts through the engine's socket and is graded in another, rewards and
-segments come out, the trainer takes a step and the engine serves the new policy version. A service killed
-mid-run (SIGKILL of its process: a crash) is restarted by its restart policy and nothing is lost: one reward
-per rollout, and the live segments equal a rebuild from the raw topics. ``down -v`` leaves no container,
-network, volume or sandbox behind.
+segments come out, the trainer takes a step and the engine serves the new policy version. Two services
+killed mid-run (SIGKILL of their process: a crash; ``docker kill`` would count as an operator's stop, which
+the restart policy honours), the sandbox runner while its first agent container runs and the grader after
+the first reward, are restarted by their restart policy and nothing is lost: one reward per rollout, and the
+live segments equal a rebuild from the raw topics. Every sandbox's disk is an engine-made tmpfs volume of
+fixed size (the runner's own mounts are invisible to the engine). ``down -v`` leaves no container, network,
+volume or sandbox behind.
 """
 
 from __future__ import annotations
@@ -80,13 +83,13 @@ def record_of(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def wait_for(what: str, probe: Callable[[], Any], timeout: float = DEADLINE_S) -> Any:
+def wait_for(what: str, probe: Callable[[], Any], timeout: float = DEADLINE_S, poll: float = POLL_S) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = probe()
         if value:
             return value
-        time.sleep(POLL_S)
+        time.sleep(poll)
     raise AssertionError(f"not within {timeout:.0f} s: {what}")
 
 
@@ -120,30 +123,41 @@ def mounts_from(container: Any, shared: str) -> bool:
     return any(str(m.get("Source", "")).startswith(shared) for m in container.attrs.get("Mounts", []))
 
 
-def leftovers(project: str, shared: str) -> list[str]:
-    """What of the project the engine still holds, and any sandbox container its services started."""
+def leftovers(project: str, shared: str, sandbox_ids: set[str]) -> list[str]:
+    """What of the project the engine still holds, and any sandbox container (keepers and holders
+    included) or disk volume of the sandboxes its services started."""
     from rollbus.sandbox.docker_backend import LABEL
     from rollbus.sandbox.docker_engine import client
 
     engine = client()
     label = {"label": f"com.docker.compose.project={project}"}
     sandboxes = [
-        c for c in engine.containers.list(all=True, filters={"label": LABEL}) if mounts_from(c, shared)
-    ]
+        c for c in engine.containers.list(all=True, filters={"label": LABEL})
+        if mounts_from(c, shared) or c.labels.get(LABEL) in sandbox_ids
+    ]  # fmt: skip
+    ours = [v for v in engine.volumes.list(filters={"label": LABEL})]
+    disks = [v for v in ours if v.attrs["Labels"][LABEL] in sandbox_ids]
     return [
         *(f"container {c.name}" for c in engine.containers.list(all=True, filters=label)),
         *(f"sandbox {c.name}" for c in sandboxes),
         *(f"network {n.name}" for n in engine.networks.list(filters=label)),
-        *(f"volume {v.name}" for v in engine.volumes.list(filters=label)),
+        *(f"volume {v.name}" for v in [*engine.volumes.list(filters=label), *disks]),
     ]
 
 
 def test_compose_runs_the_loop_survives_a_crash_and_leaves_nothing_behind(stack: Stack) -> None:
     sandboxes = SandboxWatch(stack.env["SHARED_DIR"])
     stack.rollbus("submit", "examples/swe-mini/demo.jsonl", "--n-samples-per-prompt", "2")
+
+    # a crash mid-rollout: the runner's process SIGKILLed while its first agent container runs; Compose's
+    # restart policy brings it back, it sweeps the dead runner's sandboxes and runs its tasks again
+    wait_for("an agent's container", sandboxes.agents, 300, poll=0.2)
+    runner = stack.container("sandbox-runner")
+    os.kill(int(runner.attrs["State"]["Pid"]), signal.SIGKILL)
+    wait_for("the runner restarted", lambda: runner.reload() or runner.attrs["RestartCount"] >= 1, 120)
     wait_for("a reward on the bus", lambda: stack.events("rewards"))
 
-    # a crash mid-run: the grader's process SIGKILLed from the host; Compose's restart policy brings it back
+    # and the grader's, once it has graded
     grader = stack.container("grader")
     os.kill(int(grader.attrs["State"]["Pid"]), signal.SIGKILL)
     wait_for("the grader restarted", lambda: grader.reload() or grader.attrs["RestartCount"] >= 1, 120)
@@ -181,7 +195,7 @@ def test_compose_runs_the_loop_survives_a_crash_and_leaves_nothing_behind(stack:
 
     project, shared = stack.project, stack.env["SHARED_DIR"]
     stack.compose("down", "-v", "--remove-orphans", "-t", "30", timeout=300)  # time to close their sandboxes
-    assert leftovers(project, shared) == []
+    assert leftovers(project, shared, sandboxes.ids()) == []
 
 
 def by_id(segments: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -204,6 +218,7 @@ class SandboxWatch:
         from rollbus.sandbox.docker_engine import client
 
         self.shared, self.engine, self.seen = shared, client(), []
+        self.disks: dict[str, dict[str, str]] = {}  # volume name -> its driver options, as it was mounted
         self.stream = self.engine.events(decode=True, filters={"type": "container", "event": "create",
                                                                "label": LABEL})  # fmt: skip
         self.thread = threading.Thread(target=self._collect, daemon=True)
@@ -216,7 +231,18 @@ class SandboxWatch:
             with contextlib.suppress(docker.errors.NotFound):
                 attrs = self.engine.api.inspect_container(event["id"])
                 if any(str(m.get("Source", "")).startswith(self.shared) for m in attrs.get("Mounts", [])):
+                    for name in volume_mounts(attrs).values():
+                        self.disks[name] = self.engine.api.inspect_volume(name)["Options"]
                     self.seen.append(attrs)  # this stack's (the engine is shared with other tests)
+
+    def agents(self) -> bool:
+        """An agent's command container has been made (it joins its holder's network)."""
+        return any(a["HostConfig"]["NetworkMode"].startswith("container:") for a in list(self.seen))
+
+    def ids(self) -> set[str]:
+        from rollbus.sandbox.docker_backend import LABEL
+
+        return {a["Config"]["Labels"][LABEL] for a in self.seen}
 
     def close(self) -> None:
         self.stream.close()
@@ -235,7 +261,22 @@ class SandboxWatch:
             assert host["NetworkMode"] == "none" or host["NetworkMode"].startswith("container:"), attrs[
                 "Name"
             ]
-        assert any(a["HostConfig"]["NetworkMode"].startswith("container:") for a in self.seen)
+        assert self.agents()
+        # the disk: every one writes to engine-made tmpfs volumes of fixed size (an agent's workspace and
+        # HOME, its patch capture's workspace read-only, a grading container's HOME)
+        for attrs in self.seen:
+            volumes = volume_mounts(attrs)
+            assert volumes, attrs["Mounts"]
+            if attrs["HostConfig"]["NetworkMode"].startswith("container:"):
+                assert {"/home/agent", attrs["Config"]["WorkingDir"]} <= set(volumes), attrs["Mounts"]
+            for name in volumes.values():
+                options = self.disks[name]
+                assert options["type"] == "tmpfs" and "size=" in options["o"], (name, options)
+
+
+def volume_mounts(attrs: dict[str, Any]) -> dict[str, str]:
+    """A container's volume mounts: where inside -> the volume's name."""
+    return {m["Destination"]: m["Name"] for m in attrs.get("Mounts", []) if m.get("Type") == "volume"}
 
 
 def served_version(stack: Stack) -> int:
