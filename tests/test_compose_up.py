@@ -147,15 +147,23 @@ def leftovers(project: str, shared: str, sandbox_ids: set[str]) -> list[str]:
 
 def test_compose_runs_the_loop_survives_a_crash_and_leaves_nothing_behind(stack: Stack) -> None:
     sandboxes = SandboxWatch(stack.env["SHARED_DIR"])
+    started, marks = time.monotonic(), []  # each phase's time, printed at the end (the cost of each step)
+
+    def mark(phase: str) -> None:
+        marks.append(f"{time.monotonic() - started:6.1f} s  {phase}")
+
     stack.rollbus("submit", "examples/swe-mini/demo.jsonl", "--n-samples-per-prompt", "2")
 
     # a crash mid-rollout: the runner's process SIGKILLed while its first agent container runs; Compose's
     # restart policy brings it back, it sweeps the dead runner's sandboxes and runs its tasks again
     wait_for("an agent's container", sandboxes.agents, 300, poll=0.2)
+    mark("an agent's container made")
     runner = stack.container("sandbox-runner")
     os.kill(int(runner.attrs["State"]["Pid"]), signal.SIGKILL)
     wait_for("the runner restarted", lambda: runner.reload() or runner.attrs["RestartCount"] >= 1, 120)
+    mark("the runner killed and restarted")
     wait_for("a reward on the bus", lambda: stack.events("rewards"))
+    mark("a reward")
 
     # and the grader's, once it has graded
     grader = stack.container("grader")
@@ -169,6 +177,7 @@ def test_compose_runs_the_loop_survives_a_crash_and_leaves_nothing_behind(stack:
         return rewards if sum(e["failure_class"] != "infrastructure" for e in rewards) >= 4 else None
 
     rewards = graded() or wait_for("every sample graded", graded)
+    mark("the grader killed and restarted; every sample graded")
     by_rollout = Counter(e["rollout_id"] for e in rewards)
     assert set(by_rollout.values()) == {1}, f"one reward per rollout: {by_rollout}"
     policy = {e["rollout_id"]: e["reward"] for e in rewards if e["failure_class"] != "infrastructure"}
@@ -187,15 +196,19 @@ def test_compose_runs_the_loop_survives_a_crash_and_leaves_nothing_behind(stack:
         return by_id(stack.events(into, full=True)) == by_id(stack.events("segments", full=True))
 
     wait_for("the live segments equal to a rebuild from the raw topics", rebuilt_equals_live)
+    mark("segments; rebuilt equals live")
     trained = wait_for("a trained step", lambda: max((int(p["version"]) for p in stack.events("policy")),
                                                      default=0))  # fmt: skip
     assert wait_for("the engine serving it", lambda: served_version(stack) >= trained) and trained >= 1
+    mark("a trained step served")
     sandboxes.close()
     sandboxes.check()
 
     project, shared = stack.project, stack.env["SHARED_DIR"]
     stack.compose("down", "-v", "--remove-orphans", "-t", "30", timeout=300)  # time to close their sandboxes
     assert leftovers(project, shared, sandboxes.ids()) == []
+    mark("down -v, nothing left")
+    print("\n".join(marks))
 
 
 def by_id(segments: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
