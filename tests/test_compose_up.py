@@ -21,6 +21,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -107,6 +108,7 @@ def stack() -> Iterator[Stack]:
         "DOCKER_SOCKET": host.removeprefix("unix://"), "SHARED_DIR": shared, "KAFKA_IMAGE": tags["kafka"],
         "ENGINE_API_KEY": secrets.token_hex(16), "ADAPTER_ADMIN_TOKEN": secrets.token_hex(16),
         "ADAPTER_SIGNING_KEY": secrets.token_hex(32), "GROUP_SIZE": "2", "ROLLOUT_BATCH_SIZE": "2",
+        "ENGINE_HOST_PORT": str(free_port()), "ADAPTER_HOST_PORT": str(free_port()),  # beside other stacks
     }  # fmt: skip
     up = Stack(f"rollbus-test-{secrets.token_hex(4)}", env)
     try:
@@ -117,6 +119,12 @@ def stack() -> Iterator[Stack]:
         up.compose("down", "-v", "--remove-orphans", "-t", "5", check=False, timeout=300)
         print(logs[-12000:])
         subprocess.run(["rm", "-rf", shared], check=False)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def mounts_from(container: Any, shared: str) -> bool:
