@@ -4,11 +4,12 @@ The images come from ``rollbus images build`` (no registry needed; cached, so a 
 builds nothing); Compose is Debian's v1.29. One stack for the module, started as a user would start it
 (``compose/docker-compose.yml`` with ``compose/demo.yml``): the demo's tasks go in, every rollout runs in a
 sibling container the runner starts through the engine's socket and is graded in another, rewards and
-segments come out, the trainer takes a step and the engine serves the new policy version. Two services
-killed mid-run (SIGKILL of their process: a crash; ``docker kill`` would count as an operator's stop, which
-the restart policy honours), the sandbox runner while its first agent container runs and the grader after
-the first reward, are restarted by their restart policy and nothing is lost: one reward per rollout, and the
-live segments equal a rebuild from the raw topics. Every sandbox's disk is an engine-made tmpfs volume of
+segments come out, the trainer takes a step and the engine serves the new policy version. A service killed
+mid-run (SIGKILL of its process: a crash; ``docker kill`` would count as an operator's stop, which the restart
+policy honours) is restarted by its restart policy and nothing is lost: one reward per rollout, and the live
+segments equal a rebuild from the raw topics. (A runner killed mid-rollout in the same stack was tried and
+left out: it cost more than the half-minute this test may grow by; tests/integration/test_pipeline_faults.py
+kills the runner under ``rollbus up``.) Every sandbox's disk is an engine-made tmpfs volume of
 fixed size (the runner's own mounts are invisible to the engine). ``down -v`` leaves no container, network,
 volume or sandbox behind.
 """
@@ -84,13 +85,13 @@ def record_of(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def wait_for(what: str, probe: Callable[[], Any], timeout: float = DEADLINE_S, poll: float = POLL_S) -> Any:
+def wait_for(what: str, probe: Callable[[], Any], timeout: float = DEADLINE_S) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = probe()
         if value:
             return value
-        time.sleep(poll)
+        time.sleep(POLL_S)
     raise AssertionError(f"not within {timeout:.0f} s: {what}")
 
 
@@ -161,19 +162,11 @@ def test_compose_runs_the_loop_survives_a_crash_and_leaves_nothing_behind(stack:
         marks.append(f"{time.monotonic() - started:6.1f} s  {phase}")
 
     stack.rollbus("submit", "examples/swe-mini/demo.jsonl", "--n-samples-per-prompt", "2")
-
-    # a crash mid-rollout: the runner's process SIGKILLed while its first agent container runs; Compose's
-    # restart policy brings it back, it sweeps the dead runner's sandboxes and runs its tasks again
-    wait_for("an agent's container", sandboxes.agents, 300, poll=0.2)
-    mark("an agent's container made")
-    runner = stack.container("sandbox-runner")
-    os.kill(int(runner.attrs["State"]["Pid"]), signal.SIGKILL)
-    wait_for("the runner restarted", lambda: runner.reload() or runner.attrs["RestartCount"] >= 1, 120)
-    mark("the runner killed and restarted")
     wait_for("a reward on the bus", lambda: stack.events("rewards"))
     mark("a reward")
 
-    # and the grader's, once it has graded
+    # a crash mid-run: the grader's process SIGKILLed from the host; Compose's restart policy brings it back
+    # (a `docker kill` would not be restarted: the engine counts it as an operator's stop)
     grader = stack.container("grader")
     os.kill(int(grader.attrs["State"]["Pid"]), signal.SIGKILL)
     wait_for("the grader restarted", lambda: grader.reload() or grader.attrs["RestartCount"] >= 1, 120)
