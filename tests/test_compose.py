@@ -84,6 +84,38 @@ def test_compose_file_is_valid() -> None:
     assert done.returncode == 0, done.stderr
 
 
+SPEC = Path(__file__).resolve().parent / "compose_spec" / "compose-spec.json"  # Compose v2's schema (README)
+VALIDATE = """
+import json, sys, jsonschema, yaml
+validator = jsonschema.Draft7Validator(json.load(open(sys.argv[1])))
+for path in sys.argv[2:]:
+    for error in validator.iter_errors(yaml.safe_load(open(path))):
+        print(path, "/".join(map(str, error.absolute_path)), error.message[:300])
+"""
+
+
+def _spec_errors(*files: Path) -> list[str]:
+    """What the current compose-spec schema finds wrong in ``files``, checked by the jsonschema that Debian's
+    docker-compose runs on (its own interpreter: the test venv has no jsonschema)."""
+    exe = shutil.which("docker-compose")
+    assert exe, "no docker-compose: scripts/bootstrap.sh --test (make test) installs Debian's"
+    interpreter = Path(exe).read_text(errors="replace").splitlines()[0].removeprefix("#!").split()
+    done = subprocess.run([*interpreter, "-c", VALIDATE, str(SPEC), *map(str, files)], capture_output=True,
+                          text=True, check=False, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_the_files_are_valid_for_the_current_compose_spec(tmp_path: Path) -> None:
+    """Compose v2 validates against the compose-spec project's schema, newer than v1.29's copy."""
+    assert _spec_errors(COMPOSE, COMPOSE.with_name("demo.yml")) == []
+    broken = tmp_path / "broken.yml"  # the check sees what v2 would refuse
+    typo = COMPOSE.read_text().replace("    pid: host\n", "    pid: host\n    privilegd: true\n", 1)
+    broken.write_text(typo)
+    [error] = _spec_errors(broken)
+    assert "privilegd" in error and error.startswith(f"{broken} services/sandbox-runner")
+
+
 @pytest.mark.parametrize("secret", sorted(SECRETS))
 def test_a_missing_secret_stops_compose_naming_it(secret: str) -> None:
     done = _compose("config", "-q", env={k: v for k, v in SECRETS.items() if k != secret})

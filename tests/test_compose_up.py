@@ -5,9 +5,13 @@ builds nothing); Compose is Debian's v1.29. One stack for the module, started as
 (``compose/docker-compose.yml`` with ``compose/demo.yml``): the demo's tasks go in, every rollout runs in a
 sibling container the runner starts through the engine's socket and is graded in another, rewards and
 segments come out, the trainer takes a step and the engine serves the new policy version. A service killed
-mid-run (SIGKILL of its process: a crash) is restarted by its restart policy and nothing is lost: one reward
-per rollout, and the live segments equal a rebuild from the raw topics. ``down -v`` leaves no container,
-network, volume or sandbox behind.
+mid-run (SIGKILL of its process: a crash; ``docker kill`` would count as an operator's stop, which the restart
+policy honours) is restarted by its restart policy and nothing is lost: one reward per rollout, and the live
+segments equal a rebuild from the raw topics. (A runner killed mid-rollout in the same stack was tried and
+left out: at load ~10 on 2 cores the call took 139 s with it and 70 s without, more than the half-minute this
+test may grow by; tests/integration/test_pipeline_faults.py kills the runner under ``rollbus up``.) Every
+sandbox's disk is an engine-made tmpfs volume of fixed size (the runner's own mounts are invisible to the
+engine). ``down -v`` leaves no container, network, volume or sandbox behind.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -104,6 +109,7 @@ def stack() -> Iterator[Stack]:
         "DOCKER_SOCKET": host.removeprefix("unix://"), "SHARED_DIR": shared, "KAFKA_IMAGE": tags["kafka"],
         "ENGINE_API_KEY": secrets.token_hex(16), "ADAPTER_ADMIN_TOKEN": secrets.token_hex(16),
         "ADAPTER_SIGNING_KEY": secrets.token_hex(32), "GROUP_SIZE": "2", "ROLLOUT_BATCH_SIZE": "2",
+        "ENGINE_HOST_PORT": str(free_port()), "ADAPTER_HOST_PORT": str(free_port()),  # beside other stacks
     }  # fmt: skip
     up = Stack(f"rollbus-test-{secrets.token_hex(4)}", env)
     try:
@@ -116,34 +122,51 @@ def stack() -> Iterator[Stack]:
         subprocess.run(["rm", "-rf", shared], check=False)
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def mounts_from(container: Any, shared: str) -> bool:
     return any(str(m.get("Source", "")).startswith(shared) for m in container.attrs.get("Mounts", []))
 
 
-def leftovers(project: str, shared: str) -> list[str]:
-    """What of the project the engine still holds, and any sandbox container its services started."""
+def leftovers(project: str, shared: str, sandbox_ids: set[str]) -> list[str]:
+    """What of the project the engine still holds, and any sandbox container (keepers and holders
+    included) or disk volume of the sandboxes its services started."""
     from rollbus.sandbox.docker_backend import LABEL
     from rollbus.sandbox.docker_engine import client
 
     engine = client()
     label = {"label": f"com.docker.compose.project={project}"}
     sandboxes = [
-        c for c in engine.containers.list(all=True, filters={"label": LABEL}) if mounts_from(c, shared)
-    ]
+        c for c in engine.containers.list(all=True, filters={"label": LABEL})
+        if mounts_from(c, shared) or c.labels.get(LABEL) in sandbox_ids
+    ]  # fmt: skip
+    ours = [v for v in engine.volumes.list(filters={"label": LABEL})]
+    disks = [v for v in ours if v.attrs["Labels"][LABEL] in sandbox_ids]
     return [
         *(f"container {c.name}" for c in engine.containers.list(all=True, filters=label)),
         *(f"sandbox {c.name}" for c in sandboxes),
         *(f"network {n.name}" for n in engine.networks.list(filters=label)),
-        *(f"volume {v.name}" for v in engine.volumes.list(filters=label)),
+        *(f"volume {v.name}" for v in [*engine.volumes.list(filters=label), *disks]),
     ]
 
 
 def test_compose_runs_the_loop_survives_a_crash_and_leaves_nothing_behind(stack: Stack) -> None:
     sandboxes = SandboxWatch(stack.env["SHARED_DIR"])
+    started, marks = time.monotonic(), []  # each phase's time, printed at the end (the cost of each step)
+
+    def mark(phase: str) -> None:
+        marks.append(f"{time.monotonic() - started:6.1f} s  {phase}")
+
     stack.rollbus("submit", "examples/swe-mini/demo.jsonl", "--n-samples-per-prompt", "2")
     wait_for("a reward on the bus", lambda: stack.events("rewards"))
+    mark("a reward")
 
     # a crash mid-run: the grader's process SIGKILLed from the host; Compose's restart policy brings it back
+    # (a `docker kill` would not be restarted: the engine counts it as an operator's stop)
     grader = stack.container("grader")
     os.kill(int(grader.attrs["State"]["Pid"]), signal.SIGKILL)
     wait_for("the grader restarted", lambda: grader.reload() or grader.attrs["RestartCount"] >= 1, 120)
@@ -155,6 +178,7 @@ def test_compose_runs_the_loop_survives_a_crash_and_leaves_nothing_behind(stack:
         return rewards if sum(e["failure_class"] != "infrastructure" for e in rewards) >= 4 else None
 
     rewards = graded() or wait_for("every sample graded", graded)
+    mark("the grader killed and restarted; every sample graded")
     by_rollout = Counter(e["rollout_id"] for e in rewards)
     assert set(by_rollout.values()) == {1}, f"one reward per rollout: {by_rollout}"
     policy = {e["rollout_id"]: e["reward"] for e in rewards if e["failure_class"] != "infrastructure"}
@@ -173,15 +197,19 @@ def test_compose_runs_the_loop_survives_a_crash_and_leaves_nothing_behind(stack:
         return by_id(stack.events(into, full=True)) == by_id(stack.events("segments", full=True))
 
     wait_for("the live segments equal to a rebuild from the raw topics", rebuilt_equals_live)
+    mark("segments; rebuilt equals live")
     trained = wait_for("a trained step", lambda: max((int(p["version"]) for p in stack.events("policy")),
                                                      default=0))  # fmt: skip
     assert wait_for("the engine serving it", lambda: served_version(stack) >= trained) and trained >= 1
+    mark("a trained step served")
     sandboxes.close()
     sandboxes.check()
 
     project, shared = stack.project, stack.env["SHARED_DIR"]
     stack.compose("down", "-v", "--remove-orphans", "-t", "30", timeout=300)  # time to close their sandboxes
-    assert leftovers(project, shared) == []
+    assert leftovers(project, shared, sandboxes.ids()) == []
+    mark("down -v, nothing left")
+    print("\n".join(marks))
 
 
 def by_id(segments: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -204,6 +232,7 @@ class SandboxWatch:
         from rollbus.sandbox.docker_engine import client
 
         self.shared, self.engine, self.seen = shared, client(), []
+        self.disks: dict[str, dict[str, str]] = {}  # volume name -> its driver options, as it was mounted
         self.stream = self.engine.events(decode=True, filters={"type": "container", "event": "create",
                                                                "label": LABEL})  # fmt: skip
         self.thread = threading.Thread(target=self._collect, daemon=True)
@@ -216,7 +245,18 @@ class SandboxWatch:
             with contextlib.suppress(docker.errors.NotFound):
                 attrs = self.engine.api.inspect_container(event["id"])
                 if any(str(m.get("Source", "")).startswith(self.shared) for m in attrs.get("Mounts", [])):
+                    for name in volume_mounts(attrs).values():
+                        self.disks[name] = self.engine.api.inspect_volume(name)["Options"]
                     self.seen.append(attrs)  # this stack's (the engine is shared with other tests)
+
+    def agents(self) -> bool:
+        """An agent's command container has been made (it joins its holder's network)."""
+        return any(a["HostConfig"]["NetworkMode"].startswith("container:") for a in list(self.seen))
+
+    def ids(self) -> set[str]:
+        from rollbus.sandbox.docker_backend import LABEL
+
+        return {a["Config"]["Labels"][LABEL] for a in self.seen}
 
     def close(self) -> None:
         self.stream.close()
@@ -235,7 +275,22 @@ class SandboxWatch:
             assert host["NetworkMode"] == "none" or host["NetworkMode"].startswith("container:"), attrs[
                 "Name"
             ]
-        assert any(a["HostConfig"]["NetworkMode"].startswith("container:") for a in self.seen)
+        assert self.agents()
+        # the disk: every one writes to engine-made tmpfs volumes of fixed size (an agent's workspace and
+        # HOME, its patch capture's workspace read-only, a grading container's HOME)
+        for attrs in self.seen:
+            volumes = volume_mounts(attrs)
+            assert volumes, attrs["Mounts"]
+            if attrs["HostConfig"]["NetworkMode"].startswith("container:"):
+                assert {"/home/agent", attrs["Config"]["WorkingDir"]} <= set(volumes), attrs["Mounts"]
+            for name in volumes.values():
+                options = self.disks[name]
+                assert options["type"] == "tmpfs" and "size=" in options["o"], (name, options)
+
+
+def volume_mounts(attrs: dict[str, Any]) -> dict[str, str]:
+    """A container's volume mounts: where inside -> the volume's name."""
+    return {m["Destination"]: m["Name"] for m in attrs.get("Mounts", []) if m.get("Type") == "volume"}
 
 
 def served_version(stack: Stack) -> int:

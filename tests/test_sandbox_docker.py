@@ -22,7 +22,7 @@ import pytest
 
 from rollbus import claude_cli, codex_cli
 from rollbus.sandbox import docker_engine, docker_images
-from rollbus.sandbox.base import SandboxError
+from rollbus.sandbox.base import SandboxError, SandboxPathError
 from rollbus.sandbox.docker_backend import DockerSandbox
 from rollbus.sandbox.limits import Limits
 from tests.test_sandbox_isolation import PROBE, Adapter
@@ -149,7 +149,8 @@ async def test_the_agent_is_unprivileged_and_sees_no_engine_nor_host_path(agent:
     engine_made.add("/usr/sbin/docker-init")  # /sbin is a link to usr/sbin in a merged-/usr image
     mounts = {m for m in lines[4:] if not m.startswith(("/proc", "/dev", "/sys"))} - engine_made
     assert mounts == {"/", "/testbed", "/home/agent", "/tmp"}  # nothing of the host's but what is named
-    assert (agent.host_workdir / "made").stat().st_uid == 1000  # not host root in disguise
+    made = agent.layout.disk.free_paths()[0] / "made"  # the workspace's volume, seen through its keeper
+    assert made.stat().st_uid == 1000  # not host root in disguise
 
 
 async def test_the_agent_and_the_grader_see_the_base_commit_only(engine: Any, history_image: str) -> None:
@@ -249,6 +250,49 @@ async def test_a_limit_hit_is_named_and_the_sandbox_goes_on(
         assert done.failure_kind == kind, done
         again = await box.run(["echo", "on"], ENV)
     assert (again.exit_code, again.stdout) == (0, "on\n")
+
+
+FILL = (
+    "for where in /testbed /home/agent; do fallocate -l 64M $where/fill || echo REFUSED;"
+    " dd if=/dev/zero of=$where/more bs=1M count=64 2>&1 | grep -c 'No space left';"
+    " du -sk $where | cut -f1; done"
+)
+
+
+async def test_the_engine_caps_the_disk_wherever_the_runner_runs(engine: Any, history_image: str) -> None:
+    """The agent writes past its disk from inside: each write fails as it is made (ENOSPC), named
+    ``disk_full``, and nothing lands on the host. The cap is the engine's (a tmpfs volume of fixed size per
+    workspace and HOME), not a mount of the runner's, which a runner in a container beside the engine
+    (Compose) could not give it: the host directory behind the sandbox is no mount point and stays empty."""
+    async with await make(engine, history_image) as box:
+        assert not os.path.ismount(box.host_workdir) and not os.path.ismount(box.layout.home)
+        done = await box.run(["sh", "-c", FILL], ENV, timeout=60)
+        assert done.failure_kind == "disk_full", done
+        refused, ws_full, ws_kib, home_refused, home_full, home_kib = done.stdout.split()
+        assert (refused, ws_full, home_refused, home_full) == ("REFUSED", "1", "REFUSED", "1"), done.stdout
+        assert int(ws_kib) <= SMALL.disk_bytes >> 10 and int(home_kib) <= SMALL.disk_bytes >> 10
+        assert sum(f.stat().st_size for f in box.host_workdir.rglob("*") if f.is_file()) == 0
+        container = engine.api.inspect_container(box._work_id)
+        volumes = {m["Destination"]: m["Name"] for m in container["Mounts"] if m["Type"] == "volume"}
+        assert set(volumes) == {"/testbed", "/home/agent"}
+        for name in volumes.values():
+            options = engine.api.inspect_volume(name)["Options"]
+            assert options["type"] == "tmpfs" and f"size={SMALL.disk_bytes}" in options["o"].split(",")
+        # the runner's files come and go through the engine: an agent's link leads nowhere on the host
+        with pytest.raises(SandboxError) as full:
+            await box.write_file("/home/agent/.config/cli.json", b"{}")
+        assert full.value.failure_kind == "disk_full"
+        linked = await box.run(["sh", "-c", "rm -f /home/agent/*; ln -s /etc/shadow /home/agent/l"], ENV)
+        assert linked.exit_code == 0, linked.stderr
+        await box.write_file("/home/agent/.config/cli.json", b"{}")
+        assert await box.read_file("/home/agent/.config/cli.json") == b"{}"
+        with pytest.raises(SandboxPathError):
+            await box.read_file("/home/agent/l")
+        owned = await box.run(["stat", "-c", "%u", "/home/agent/.config/cli.json"], ENV)
+        assert owned.stdout.strip() == "1000"
+        names = list(volumes.values())
+    assert not engine.volumes.list(filters={"label": f"rollbus.sandbox={box.sandbox_id}"})
+    assert not [v for v in engine.volumes.list() if v.name in names]  # closed: the disks are gone
 
 
 async def test_the_agent_clis_run_from_the_cache_in_an_image_that_lacks_them(
@@ -413,6 +457,7 @@ async def test_what_a_killed_runner_left_is_swept(engine: Any, history_image: st
         assert sandbox_id in docker_backend.sweep_stale(engine, tmp_path)
         assert not engine.containers.list(all=True, filters={"label": f"rollbus.sandbox={sandbox_id}"})
         assert not (tmp_path / f"{sandbox_id}.docker").exists()
+        assert not engine.volumes.list(filters={"label": f"rollbus.sandbox={sandbox_id}"})  # its capped disks
         assert (await alive.run(["true"], ENV)).exit_code == 0  # a live runner's sandbox is not touched
 
 

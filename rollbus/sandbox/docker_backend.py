@@ -4,16 +4,17 @@ One sandbox is a workspace and HOME on the host, one command container from the 
 bytes for the agent, its patch capture and the grader) in which every command is executed, and, for an
 agent, a network holder:
 
-- **Workspace** (``workdir`` inside) and **HOME**: host directories bind-mounted read-write, each a tmpfs
-  of ``disk_bytes`` mounted by the host (as root), so the disk written is bounded while it is written. The
-  workspace is filled once, before anything of the agent's runs: the image's ``workdir`` copied out of the
-  image (a created container's archive: nothing of the image runs), and its repository re-made by host git
-  (every configured program off) as a fresh repository holding the base commit alone (a shallow fetch of
-  ``HEAD``): no other ref, tag, reflog, stash, or object of a later commit; the image's own repository is
-  deleted before any container starts. The trusted baseline the patch is taken against is recorded beside
-  it on the host and never mounted where the agent runs. Both are made once per image id and workdir (an
-  entry in the scratch root's ``images/`` cache, as bwrap's) and copied into each sandbox, never linked;
-  each sandbox's baseline is its own.
+- **Workspace** (``workdir`` inside) and **HOME**: each a tmpfs volume of ``disk_bytes`` that the engine
+  makes and a keeper container holds (:mod:`rollbus.sandbox.docker_disk`), so the disk written is bounded
+  while it is written wherever the caller runs (a runner in a container beside the engine included); with
+  no disk limit, host directories bind-mounted read-write. The workspace is prepared once on the host,
+  before anything of the agent's runs: the image's ``workdir`` copied out of the image (a created
+  container's archive: nothing of the image runs), and its repository re-made by host git (every configured
+  program off) as a fresh repository holding the base commit alone (a shallow fetch of ``HEAD``): no other
+  ref, tag, reflog, stash, or object of a later commit; the image's own repository is deleted before any
+  container starts; then it goes into its volume through the engine. The trusted baseline the patch is
+  taken against is recorded beside it on the host and never mounted where the agent runs. A grader's
+  prepared tree stays a host directory (its scratch's to bound); its HOME is a capped volume.
 - **The command container**: ``network_mode=none`` (or, for an agent, the holder's network namespace,
   where the host's :class:`~rollbus.sandbox.adapter_proxy.AdapterProxy` listens on the loopback port the
   agent's base URL names: its only way out, nothing mounted for it), an unprivileged uid, ``cap_drop=ALL``,
@@ -33,7 +34,7 @@ agent, a network holder:
   :data:`~rollbus.sandbox.bwrap_layout.SECRET_READER`: never in the container's configuration, so neither
   ``docker inspect`` nor any process's environment but the command's own holds them.
 - **Patch capture** runs git in a tool container (the image's git, the sandbox's limits, no network) over
-  the workspace bound read-only and the trusted baseline (:mod:`rollbus.sandbox.capture`).
+  the workspace mounted read-only and the trusted baseline (:mod:`rollbus.sandbox.capture`).
 
 The engine must share the host's filesystem (the default socket or the project's own engine,
 :mod:`rollbus.sandbox.docker_engine`): bind mounts name host paths. Podman's Docker-compatible service
@@ -61,6 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollbus.sandbox import docker_disk
 from rollbus.sandbox.adapter_proxy import AdapterProxy
 from rollbus.sandbox.base import (
     Completed,
@@ -71,8 +73,9 @@ from rollbus.sandbox.base import (
     read_host_file,
     write_host_file,
 )
-from rollbus.sandbox.bwrap_host import SCRATCH_ROOT, free_bytes, mount_tmpfs, unmount
+from rollbus.sandbox.bwrap_host import SCRATCH_ROOT, free_bytes, unmount
 from rollbus.sandbox.bwrap_layout import AGENT_UID, HOME, WORKSPACE, secret_lines, with_secrets
+from rollbus.sandbox.docker_disk import EngineDisk
 from rollbus.sandbox.docker_run import Ran, run_container, run_exec
 from rollbus.sandbox.limits import Cgroups, Limits, failure_from_counters
 from rollbus.sandbox.netns import listener_in
@@ -111,6 +114,7 @@ class DockerLayout:
     ro_binds: Mapping[str, str] = field(default_factory=dict)  # host path -> inside path
     sandbox_id: str = ""
     rw_binds: Mapping[str, str] = field(default_factory=dict)  # host path -> inside path, writable
+    disk: EngineDisk | None = None  # the capped volumes (workspace and HOME, or HOME alone) and their keeper
 
 
 def host_config(client: Any, layout: DockerLayout, *, tool: bool = False) -> dict[str, Any]:
@@ -118,8 +122,11 @@ def host_config(client: Any, layout: DockerLayout, *, tool: bool = False) -> dic
     import docker
 
     limits = layout.limits
-    binds = {str(layout.workspace): {"bind": layout.workdir, "mode": "ro" if tool else "rw"}}
-    if not tool:
+    volumes = layout.disk.volumes if layout.disk is not None else {}
+    binds = {}
+    if layout.workdir not in volumes:
+        binds[str(layout.workspace)] = {"bind": layout.workdir, "mode": "ro" if tool else "rw"}
+    if not tool and HOME not in volumes:
         binds[str(layout.home)] = {"bind": HOME, "mode": "rw"}
     binds |= {host: {"bind": inside, "mode": "ro"} for host, inside in layout.ro_binds.items()}
     if not tool:
@@ -130,6 +137,7 @@ def host_config(client: Any, layout: DockerLayout, *, tool: bool = False) -> dic
         ulimits.append(docker.types.Ulimit(name="cpu", soft=limits.cpu_time_s, hard=limits.cpu_time_s + 1))
     return client.api.create_host_config(
         binds=binds,
+        mounts=docker_disk.mounts(volumes, read_only=tool, only={layout.workdir} if tool else None) or None,
         network_mode="none" if tool else layout.network,
         cap_drop=["ALL"],
         security_opt=["no-new-privileges"],
@@ -190,13 +198,14 @@ class DockerSandbox(SandboxBase):
         return self.layout.image
 
     def _report(self) -> dict[str, str]:
-        limits, capped = self.limits, bool(self._mounted)
+        limits, capped = self.limits, self.layout.disk is not None
         return {
             "memory": f"container memory+swap {limits.memory_bytes}" if limits.memory_bytes else "none",
             "pids": f"container pids {limits.pids}" if limits.pids else "none",
             "cpu": f"container {limits.cpus} cpus" if limits.cpus else "none",
             "cpu_time": f"RLIMIT_CPU {limits.cpu_time_s} s" if limits.cpu_time_s else "none",
-            "disk": "tmpfs size (workspace and HOME)" if capped else "NOT capped (not root)",
+            "disk": f"engine tmpfs volumes of {limits.disk_bytes} (HOME, workspace unless prepared)"
+            if capped else "none",
             "tmp": f"tmpfs size {limits.tmp_bytes}" if limits.tmp_bytes else "tmpfs",
             "identity": f"uid {self.layout.user}, no capabilities, no new privileges",
             "network": "none" if self.layout.network == "none" else "loopback of its own, the adapter only",
@@ -467,10 +476,11 @@ class DockerSandbox(SandboxBase):
             return counted
         if self.limits.cpu_time_s is not None and ran.exit_code == 128 + signal.SIGXCPU:
             return "cpu_limit"
-        # whatever filesystem holds the workspace and HOME (its own tmpfs, or the grader's capped scratch
-        # the caller's workspace lies on), measured as bwrap measures it: a full one is the command's doing
+        # whatever filesystem holds the workspace and HOME (its engine-made volumes, or the grader's capped
+        # scratch the caller's workspace lies on), measured as bwrap measures it: full is the command's doing
+        disk = self.layout.disk.free_paths() if self.layout.disk is not None else []
         with contextlib.suppress(OSError):
-            if any(free_bytes(p) < DISK_FULL_MARGIN for p in {*self._mounted, *self._mounts.values()}):
+            if any(free_bytes(p) < DISK_FULL_MARGIN for p in {*self._mounted, *self._mounts.values(), *disk}):
                 return "disk_full"
         with contextlib.suppress(OSError):
             if self.limits.tmp_bytes is not None and free_bytes(work.tmp) < DISK_FULL_MARGIN:
@@ -480,9 +490,17 @@ class DockerSandbox(SandboxBase):
         return None
 
     async def write_file(self, path: str, data: bytes | str) -> None:
+        disk = self.layout.disk
+        if disk is not None and disk.holds(path):
+            raw = data.encode() if isinstance(data, str) else data
+            await asyncio.to_thread(docker_disk.write_file, self.client, disk, path, raw, self._owner)
+            return
         write_host_file(self._mounts, path, data, owner=self._owner[0])
 
     async def read_file(self, path: str) -> bytes:
+        disk = self.layout.disk
+        if disk is not None and disk.holds(path):
+            return await asyncio.to_thread(docker_disk.read_file, self.client, disk, path)
         return read_host_file(self._mounts, path)
 
     async def close(self) -> None:
@@ -494,8 +512,10 @@ class DockerSandbox(SandboxBase):
                 await proxy.close()
         holder, self.holder = self.holder, None
         work, self._work_id, self._work = self._work_id, None, None
+        disk = self.layout.disk
+        keeper, volumes = (disk.keeper, list(disk.volumes.values())) if disk is not None else ("", [])
         await asyncio.to_thread(
-            _close, self.client, [c for c in (work, holder) if c], self._data, self._mounted
+            _close, self.client, [c for c in (work, holder, keeper) if c], self._data, self._mounted, volumes
         )
 
 
@@ -529,6 +549,14 @@ def sweep_stale(client: Any, scratch_root: Path = SCRATCH_ROOT) -> list[str]:
             continue
         _remove_data(owner.parent, [owner.parent / "ws", owner.parent / "home"])
         swept.add(owner.parent.name.removesuffix(".docker"))
+    for volume in client.volumes.list(filters={"label": LABEL}):  # capped disks, once no container holds them
+        stamp = (volume.attrs.get("Labels") or {}).get(OWNER_LABEL, "")
+        pid = stamp.partition(":")[0]
+        if pid.isdigit() and _owner_stamp(int(pid)) == stamp:
+            continue
+        with contextlib.suppress(Exception):
+            volume.remove(force=True)
+        swept.add((volume.attrs.get("Labels") or {}).get(LABEL, ""))
     return sorted(swept - {""})
 
 
@@ -626,18 +654,20 @@ def _prepare_host(
         raise SandboxError(f"docker: {exc}") from exc
     data.mkdir(parents=True, mode=0o700)
     (data / OWNER).write_text(_owner_stamp(os.getpid()))  # for sweep_stale after a kill -9
-    mounted = []
     for name in ("ws", "home") if workspace is None else ("home",):
-        (data / name).mkdir(mode=0o755)
-        if limits.disk_bytes is not None and mount_tmpfs(
-            data / name, 0o755, limits.disk_bytes, "rollbus-disk"
-        ):
-            mounted.append(data / name)
+        (data / name).mkdir(mode=0o755)  # the workspace's staging (or, with no disk limit, the binds)
     ws = data / "ws" if workspace is None else Path(workspace)
     layout = DockerLayout(image_id, workdir, ws, data / "home", user, limits, "none", ro_binds, sandbox_id,
                           rw_binds or {})  # fmt: skip
+    if limits.disk_bytes is not None:
+        paths = [workdir, HOME] if workspace is None else [HOME]
+        holder = _owner_of(client, layout)  # a user name is looked up in the image
+        name = f"rollbus-disk-{sandbox_id}"
+        size = limits.disk_bytes
+        disk = docker_disk.create(client, image_id, paths, size, holder, labels(sandbox_id), name)
+        layout = DockerLayout(**{**layout.__dict__, "disk": disk})
     os.chmod(data, 0o755)  # the agent's uid traverses to its binds
-    return layout, data, (0, 0), mounted  # the owner is _fill's (a user name is looked up in the image)
+    return layout, data, (0, 0), []  # the owner is _fill's (a user name is looked up in the image)
 
 
 def _fill(client: Any, layout: DockerLayout, data: Path, prepared: bool) -> tuple[int, int]:
@@ -651,6 +681,9 @@ def _fill(client: Any, layout: DockerLayout, data: Path, prepared: bool) -> tupl
         owner = _owner_of(client, layout)
         _cached_workspace(client, layout, layout.workspace, data.parent / "images")
         _chown_tree(layout.workspace, owner)
+        if layout.disk is not None:  # into its capped volume; the host keeps the baseline alone
+            docker_disk.put_tree(client, layout.disk, layout.workspace, layout.workdir)
+            _empty(layout.workspace)
     os.chown(data / "home", *owner)
     return owner
 
@@ -684,6 +717,14 @@ def _cached_workspace(client: Any, layout: DockerLayout, ws: Path, cache: Path) 
     except (GitError, OSError) as exc:
         kind: FailureKind = "disk_full" if "No space left" in str(exc) else "image_error"
         raise SandboxError(f"filling the workspace from {layout.workdir} of the image: {exc}", kind) from exc
+
+
+def _empty(directory: Path) -> None:
+    for entry in directory.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def _prepare_workspace(client: Any, layout: DockerLayout, ws: Path) -> None:
@@ -808,9 +849,9 @@ def _start_holder(client: Any, image: str, sandbox_id: str) -> tuple[str, int]:
     return cid, pid
 
 
-def _close(client: Any, containers: list[str], data: Path, mounted: list[Path]) -> None:
+def _close(client: Any, containers: list[str], data: Path, mounted: list[Path], volumes: list[str]) -> None:
     """Remove the sandbox's containers (side by side: each removal is a kill and a wait in the engine), then
-    its host directories."""
+    its capped volumes (once no container holds them) and its host directories."""
 
     def remove(cid: str) -> None:
         with contextlib.suppress(Exception):
@@ -823,6 +864,7 @@ def _close(client: Any, containers: list[str], data: Path, mounted: list[Path]) 
         remove(cid)
     for thread in others:
         thread.join()
+    docker_disk.remove(client, [], volumes)
     _remove_data(data, mounted)
 
 

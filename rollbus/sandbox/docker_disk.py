@@ -1,0 +1,195 @@
+"""A docker sandbox's capped disk, made by the engine: tmpfs volumes of fixed size that a keeper holds.
+
+A tmpfs the runner mounts on a host directory caps the disk only where the engine sees the runner's mounts.
+Under Compose the runner is a container beside the engine and its mounts are private to it: a bind of that
+directory gives the sandbox the plain host disk beneath. So the engine makes the filesystem itself: a
+``local`` volume with ``type=tmpfs`` and ``o=size=N`` (per sandbox, one for the workspace, one for HOME),
+mounted by every container of the sandbox. A write past ``N`` fails while it is written (ENOSPC inside the
+container); nothing reaches the host disk, whoever started the container and wherever it runs.
+
+The engine mounts such a volume while some container uses it and drops its contents when none does (a
+deadline kill restarts the command container), so a **keeper** holds it: a sleeping container of the
+sandbox's image with both volumes at their sandbox paths, no network, no capability, read-only root. The host
+never touches the files directly: the workspace goes in, and the runner's files come and go, through the
+engine's archive API on the keeper (``put_archive`` / ``get_archive``: the engine resolves paths inside the
+keeper, so a link the agent planted cannot reach a host path). The patch is taken as before, by a tool
+container mounting the workspace volume read-only. Free space (for ``disk_full``) is read through the
+keeper's ``/proc/<pid>/root`` where the host sees its pids (the runner under Compose has the host's pid
+namespace); the keeper runs as uid 0 with no capability, so a root caller needs no ``CAP_SYS_PTRACE``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import posixpath
+import tarfile
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rollbus.sandbox.base import FailureKind, SandboxError, SandboxPathError
+
+KEEPER_USER = "0:0"  # no capability at all; root only so that any root caller may read its /proc/<pid>/root
+
+
+@dataclass(frozen=True)
+class EngineDisk:
+    """One sandbox's capped volumes (sandbox path -> volume name) and the keeper that holds them mounted."""
+
+    volumes: Mapping[str, str]
+    keeper: str
+    keeper_pid: int
+    size: int
+
+    def free_paths(self) -> list[Path]:
+        """Where the host reads each volume's free space (empty where it cannot see the keeper's pids)."""
+        root = Path(f"/proc/{self.keeper_pid}/root")
+        try:
+            os.stat(root)
+        except OSError:
+            return []
+        return [root / inside.lstrip("/") for inside in self.volumes]
+
+    def holds(self, path: str) -> bool:
+        return any(posixpath.commonpath([path, inside]) == inside for inside in self.volumes)
+
+
+def mounts(volumes: Mapping[str, str], *, read_only: bool = False, only: set[str] | None = None) -> list[Any]:
+    """The ``Mount`` list for a container of the sandbox (``only``: those sandbox paths alone). ``no_copy``:
+    the engine would otherwise fill an empty volume from the image's directory at that path (the image's
+    own repository, with its later commits, under the workspace)."""
+    import docker
+
+    return [
+        docker.types.Mount(inside, name, type="volume", read_only=read_only, no_copy=True)
+        for inside, name in volumes.items()
+        if only is None or inside in only
+    ]
+
+
+def create(
+    client: Any,
+    image: str,
+    paths: list[str],
+    size: int,
+    owner: tuple[int, int],
+    labels: Mapping[str, str],
+    prefix: str,
+) -> EngineDisk:
+    """A tmpfs volume of ``size`` bytes per sandbox path in ``paths`` (its root ``owner``'s) and the keeper
+    (a container of ``image``) holding them mounted. Nothing is left behind on failure."""
+    import docker
+
+    options = f"size={size},uid={owner[0]},gid={owner[1]},mode=0755,nosuid,nodev"
+    volumes: dict[str, str] = {}
+    keeper = ""
+    try:
+        for i, inside in enumerate(paths):
+            name = f"{prefix}-{i}"
+            client.volumes.create(
+                name=name, driver="local", labels=dict(labels),
+                driver_opts={"type": "tmpfs", "device": "tmpfs", "o": options},
+            )  # fmt: skip
+            volumes[inside] = name
+        config = client.api.create_host_config(
+            network_mode="none", cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True,
+            pids_limit=4, mem_limit=32 << 20, log_config=docker.types.LogConfig(type="none"),
+            mounts=mounts(volumes),
+        )  # fmt: skip
+        keeper = client.api.create_container(
+            image, ["sleep", "infinity"], user=KEEPER_USER, host_config=config, labels=dict(labels),
+            entrypoint=[], network_disabled=True,
+        )["Id"]  # fmt: skip
+        client.api.start(keeper)
+        pid = int(client.api.inspect_container(keeper)["State"]["Pid"])
+        if pid <= 0:
+            raise SandboxError("the disk keeper did not start")
+        return EngineDisk(volumes, keeper, pid, size)
+    except BaseException:
+        remove(client, [keeper] if keeper else [], list(volumes.values()))
+        raise
+
+
+def put_tree(client: Any, disk: EngineDisk, tree: Path, inside: str) -> None:
+    """Copy the host directory ``tree`` (its owners, modes and links as they are) into the volume at
+    ``inside``; a tree larger than the volume is ``disk_full``."""
+    import docker
+
+    with tempfile.TemporaryFile(dir=tree.parent) as spool:
+        with tarfile.open(fileobj=spool, mode="w") as tar:
+            for entry in sorted(os.listdir(tree)):
+                tar.add(tree / entry, arcname=entry)
+        spool.seek(0)
+        try:
+            client.api.put_archive(disk.keeper, inside, spool)
+        except docker.errors.APIError as exc:
+            kind = _kind(exc, "image_error")
+            raise SandboxError(f"copying the workspace into its volume: {exc}", kind) from exc
+
+
+def write_file(client: Any, disk: EngineDisk, path: str, data: bytes, owner: tuple[int, int]) -> None:
+    """``data`` at the sandbox path ``path`` (in one of the volumes), new parents and the file ``owner``'s."""
+    import docker
+
+    root, parts = _locate(disk, path)
+    if not parts:
+        raise SandboxPathError(f"{path!r} is a volume's root, not a file")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for depth in range(1, len(parts)):
+            info = tarfile.TarInfo("/".join(parts[:depth]))
+            info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, 0o755, *owner
+            tar.addfile(info)
+        info = tarfile.TarInfo("/".join(parts))
+        info.size, info.mode, info.uid, info.gid = len(data), 0o644, *owner
+        tar.addfile(info, io.BytesIO(data))
+    try:
+        client.api.put_archive(disk.keeper, root, buf.getvalue())
+    except docker.errors.APIError as exc:
+        raise SandboxError(f"writing {path}: {exc}", _kind(exc)) from exc
+
+
+def read_file(client: Any, disk: EngineDisk, path: str) -> bytes:
+    """The regular file at the sandbox path ``path`` (a link is not followed out: the engine resolves it
+    inside the keeper, and anything but a regular file is refused)."""
+    import docker
+
+    _locate(disk, path)
+    try:
+        stream, _ = client.api.get_archive(disk.keeper, path)
+    except docker.errors.NotFound as exc:
+        raise FileNotFoundError(path) from exc
+    with tarfile.open(fileobj=io.BytesIO(b"".join(stream)), mode="r") as tar:
+        member = tar.next()
+        if member is None or not member.isfile():
+            raise SandboxPathError(f"{path!r} is not a regular file")
+        extracted = tar.extractfile(member)
+        assert extracted is not None
+        return extracted.read()
+
+
+def remove(client: Any, containers: list[str], volumes: list[str]) -> None:
+    """The keeper (and any container still using the volumes) first, then the volumes."""
+    for cid in containers:
+        with contextlib.suppress(Exception):
+            client.api.remove_container(cid, force=True)
+    for name in volumes:
+        with contextlib.suppress(Exception):
+            client.api.remove_volume(name, force=True)
+
+
+def _locate(disk: EngineDisk, path: str) -> tuple[str, list[str]]:
+    """The volume's sandbox path holding ``path`` and ``path``'s parts below it."""
+    norm = posixpath.normpath(path)
+    if not posixpath.isabs(norm) or not disk.holds(norm):
+        raise SandboxPathError(f"{path!r} is in none of the sandbox's volumes")
+    root = next(inside for inside in disk.volumes if posixpath.commonpath([norm, inside]) == inside)
+    return root, [p for p in posixpath.relpath(norm, root).split("/") if p not in ("", ".")]
+
+
+def _kind(exc: Exception, otherwise: FailureKind = "sandbox_error") -> FailureKind:
+    return "disk_full" if "no space left" in str(exc).lower() else otherwise
