@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import random
 
+from rollbus.events import TaskEvent
 from rollbus.services.sandbox_runner.rerun import rerun_task
 from rollbus.trainer.batch import Admission, GroupBuffer, segment_inputs, too_few_valid
 
@@ -56,17 +57,18 @@ def run(rate: float, group_size: int, batch: int, steps: int, retries: int, seed
         number += 1
         clean = True
         for index in range(group_size):
-            task = {"rollout_id": f"{group}-{index}", "group_id": group, "sample_index": index}
+            task = TaskEvent(rollout_id=f"{group}-{index}", group_id=group, sample_index=index,
+                             group_size=group_size, prompt="", metadata="{}", submitted_at=0)  # fmt: skip
             while True:
                 rollouts += 1
                 failed = rng.random() < rate
                 if not failed:
-                    buffer_add(buffer, sample_segment(group, task["rollout_id"], float(rng.random() < 0.5)))
+                    buffer_add(buffer, sample_segment(group, task.rollout_id, float(rng.random() < 0.5)))
                     break
                 failures += 1
                 clean = False
                 again = rerun_task(task, "boot_failed", retries, now_ms=0)
-                buffer_add(buffer, marker(group, task["rollout_id"], again and again["rollout_id"]))
+                buffer_add(buffer, marker(group, task.rollout_id, again and again.rollout_id))
                 if again is None:
                     break
                 reruns += 1
