@@ -528,8 +528,14 @@ async def test_another_rollouts_requests_processes_token_and_files_are_out_of_re
         victim = asyncio.ensure_future(
             second.run(["python3", "-c", hold], {**ENV, "ANTHROPIC_AUTH_TOKEN": token}, timeout=60)
         )
-        while not (second.host_workdir / "started").exists() and not victim.done():
-            await asyncio.sleep(0.02)  # the victim's process runs (or ended): now look for it
+        async def started() -> bool:  # read through the engine: the workspace is the sandbox's volume
+            try:
+                return await second.read_file(f"{second.workdir}/started") == b""
+            except FileNotFoundError:
+                return False
+
+        while not await started() and not victim.done():
+            await asyncio.sleep(0.05)  # the victim's process runs (or ended): now look for it
         spy = (
             f"grep -ls {token} /proc/*/environ; grep -rsl {token} / --exclude-dir=proc --exclude-dir=sys"
             " --exclude-dir=usr; ls /proc | grep -c '^[0-9]';"
