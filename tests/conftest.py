@@ -64,6 +64,32 @@ LONGEST_FIRST = (
 )
 
 
+# Each of these starts a whole stack (engine, adapter, runner, grader, segmenter, trainer, a broker) and keeps
+# both cores busy: side by side they starve each other (the fault test's 900 s wait ran out with all three at
+# once under load), so they run one after another on one worker while the others take the rest of the suite.
+ONE_AT_A_TIME = (
+    "tests/test_demo.py",
+    "tests/test_compose_up.py",
+    "tests/integration/test_pipeline_faults.py",
+    "tests/test_demo_task_images.py",
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile``, with the ONE_AT_A_TIME files as one unit of work rather than a unit each."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class WholeStacksInTurn(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return "whole-stack tests" if path in ONE_AT_A_TIME else path
+
+    return WholeStacksInTurn(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under an xdist worker, the LONGEST_FIRST files move to the front (a stable sort: each file's tests keep
     their order, every other file its place). Every worker sorts alike, as xdist requires."""
