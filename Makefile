@@ -33,8 +33,9 @@ DOCKER_BROKER_SHARE := tests/test_local_images.py tests/test_regrade.py tests/te
 	tests/test_trainer_service.py::test_trains_publishes_and_the_engine_serves_each_version
 
 # The suite runs on $(TEST_WORKERS) pytest-xdist workers, a file to a worker (module rigs start once), in the order
-# tests/conftest.py's LONGEST_FIRST gives (its ONE_AT_A_TIME whole-stack files one after another on one worker): most of a test's wall time is waiting on brokers, CLIs, engines and
-# containers, so three overlap well even on two cores. TEST_WORKERS=0 runs it in one process.
+# tests/conftest.py's LONGEST_FIRST gives, its ONE_AT_A_TIME whole-stack files one after another on one worker:
+# most of a test's wall time is waiting on brokers, CLIs, engines and containers, so three overlap well even on
+# two cores. TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 3
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
