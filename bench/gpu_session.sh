@@ -8,6 +8,13 @@
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
+# one import name without installing: setup.py's package_dir maps services/ and trainer/ under rollbus, so
+# link them there for this run (pytest and the bench put the checkout first on sys.path) and remove the links after
+linked=()
+for d in services trainer schemas examples; do
+  [ -e "rollbus/$d" ] || { ln -s "../$d" "rollbus/$d"; linked+=("rollbus/$d"); }
+done
+trap 'rm -f "${linked[@]}"' EXIT
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site:$PWD

@@ -27,9 +27,26 @@ Measured on the shared 2-core machine (load ~12 from other work), 2 rollouts of 
   The runner's work fell by the proxy reading the agent's TCP tables once per connection instead of both on
   every request (~8 ms of system time each: :mod:`rollbus.sandbox.peer`). Idle rates, CPU-ms per s: adapter
   ~2, runner ~4, grader ~3, segmenter ~6.5 (Faust); the same on both. Runs apart vary by 20-40% per service
-  with the machine's load, so compare only runs made side by side. Still far from the aim: the adapter's
-  ~22 ms per turn (encoding the whole prompt's ids as JSON for the engine, the first turn's full render,
-  Starlette streaming, Avro encoding) and the segmenter's ~7 ms per turn (table changelog writes).
+  with the machine's load, so compare only runs made side by side.
+
+Then (h5/cost), same command, before (b9d5515) and after back to back, load 21-39 (a CI clone and tests
+running beside it, so walls of ~5 min and idle shares larger than above):
+  before: adapter 1.00 + 0.26, runner 0.10 + 0.60, grader 0.02 + 0.52, segmenter 0.28 + 0.95;
+          rollbus 1.40 + 2.32 = 3.72, agent CLI 4.63, ratio 0.30 (work), 0.80 (with idle); 344 s.
+  after:  adapter 0.79 + 0.30, runner 0.29 + 0.38, grader 0.03 + 0.30, segmenter 0.32 + 0.75;
+          rollbus 1.44 + 1.73 = 3.17, agent CLI 4.46, ratio 0.32 (work), 0.71 (with idle); 301 s.
+  A second pair, load 13-20: before rollbus 1.43 + 1.34 = 2.78 (adapter 0.90 + 0.18, runner 0.18 + 0.35,
+  grader 0.05 + 0.29, segmenter 0.31 + 0.53; 233 s), after 1.38 + 0.93 = 2.32 (adapter 0.84 + 0.12, runner
+  0.28 + 0.20, grader 0.04 + 0.16, segmenter 0.22 + 0.45; 162 s); agent CLI 3.83 and 3.73.
+  The adapter's work fell 6-21% (the two pairs): the engine request's JSON (the whole prompt's ids, every
+  turn) by orjson, and a Messages stream's finished answer sent as one chunk. The grader's and runner's idle
+  rates fell by 0.5-1 CPU-ms/s each (3.0 -> 2.0 and 3.5 -> 2.5; 2.5 -> 2.0 and 3.0 -> 2.5): their
+  consumers' empty fetches wait 2 s on the broker, not 0.5 s (``SERVICE_FETCH_WAIT_MS``). (The runner's
+  work rose only on paper: its lower idle rate leaves more of a lower total to work.) Still far from the
+  aim. Profiled (py-spy on each service over a run), what is left: the adapter's ~16 ms per turn is
+  rendering and tokenizing (a full render for every new chain, each of Claude Code's side calls included),
+  Starlette and httpx per request, the bus record; the segmenter's is Faust's and aiokafka's own machinery
+  (changelog writes, fetches, commits), and its idle rate (~5 CPU-ms/s) is the largest.
 """
 
 from __future__ import annotations
@@ -147,7 +164,7 @@ async def run(rollouts: int, turns: int, idle: float) -> dict:
                     str(rollouts), *bus]  # fmt: skip
             subprocess.run(argv, check=True, capture_output=True)
             while len(progress.rewards) < rollouts or len(progress.segment_ids) < rollouts:
-                failed = [r for r in progress.rewards.values() if r.get("failure_kind") == "rollout_failed"]
+                failed = [r for r in progress.rewards.values() if r.failure_kind == "rollout_failed"]
                 if failed or time.monotonic() - started > 60 * turns * rollouts:
                     raise SystemExit(f"rollout_cost: the run went wrong: {progress.line()}")
                 agent.sample()

@@ -171,6 +171,12 @@ async def group_lag(bootstrap: str, namespace: str, consumer_group: str) -> int:
         return lag
 
 
+async def committed_all(bootstrap: str, namespace: str, consumer_group: str) -> bool:
+    """Whether the group has committed past every task: the later event that proves a runner is done with
+    them, since it commits a task only after the task's diff is out."""
+    return await group_lag(bootstrap, namespace, consumer_group) == 0
+
+
 CALC_IMAGE = "rollbus-test/calc:1"
 CALC_DOCKERFILE = """FROM {base}
 COPY repo /workspace

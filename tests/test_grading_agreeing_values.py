@@ -4,22 +4,19 @@ harness, so it forges under the first run and the second alike; each hides its `
 the source (one that merely reads its operand, a private mock class, ``setattr`` with a built name,
 ``functools.partialmethod``, the export made a class). Each scored 1.0 on its grader kind with the
 runtime layer off (``GradeConfig(observe=False)``: today's static scan and both runs are fooled), and scores
-0 with ``always_equal`` now: the audit layer's probe asks every value the repository's code returns (and
-every class a changed module holds) whether it equals a fresh object or a random value, whatever its
-``__eq__`` is made of. The real fixes keep their 1 (``test_grading_swe_mini.py``,
-``test_upstream_task.py``).
+0 with ``always_equal`` now: the audit layer's probe asks every value the tests compare whether it equals
+the test's operand swapped for a random value of its own type and shape, whatever its ``__eq__`` is made
+of (``test_grading_compared_values.py``: the probe's pure parts, and forgers no repository frame returns).
+The real fixes keep their 1 (``test_grading_swe_mini.py``, ``test_upstream_task.py``).
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rollbus.grading import parse_row
-from rollbus.grading import sandbox_channel as probe
 from rollbus.grading.run import GradeConfig
 from tests.test_grading_second_run import append_to_file
 from tests.test_grading_swe_mini import SWE_MINI, grade_on, load_build, over_backends
@@ -112,71 +109,3 @@ async def test_a_value_equal_to_everything_scores_zero_under_both_runs(
     assert after.reward == 0.0, after
     assert "always_equal" in after.flags, after
     assert any("agrees with anything" in seen for seen in after.details.get("observed", ())), after.details
-
-
-# -- the probe itself, in this interpreter (pure: no hook installed) -----------------------------------------
-
-PROBES = ("a1b2-c3 d4", 123457, 17.5, b"a1b2")
-
-
-class _Reads:
-    def __eq__(self, other: object) -> bool:
-        return other == other
-
-    __hash__ = object.__hash__
-
-
-class _Typed(str):
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, str)
-
-    __hash__ = str.__hash__
-
-
-class _Interval:
-    """An honest value: equal to an interval with the same ends, NotImplemented for anything else."""
-
-    def __init__(self, a: int, b: int) -> None:
-        self.a, self.b = a, b
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, _Interval):
-            return NotImplemented
-        return (self.a, self.b) == (other.a, other.b)
-
-    __hash__ = object.__hash__
-
-
-class _Fragile:
-    """An honest value whose ``__eq__`` raises on a foreign operand: not an agreement."""
-
-    def __eq__(self, other: object) -> bool:
-        return bool(other.key == 1)  # type: ignore[attr-defined]
-
-    __hash__ = object.__hash__
-
-
-@pytest.mark.parametrize(
-    "value",
-    [_Reads(), _Typed("x"), [1, (_Reads(),)], {"k": _Typed("y")}],
-    ids=["reads", "typed", "list", "dict"],
-)
-def test_a_value_that_agrees_with_a_stranger_is_named(value: object) -> None:
-    assert probe.agreement(value, PROBES) is not None
-
-
-@pytest.mark.parametrize(
-    "value",
-    ["text", 3, [1, "a", (2.5, None)], _Interval(1, 3), _Fragile(), Path("/x"), object()],
-    ids=["str", "int", "list", "honest-eq", "raising-eq", "stdlib", "identity"],
-)
-def test_an_honest_value_is_not_named(value: object) -> None:
-    assert probe.agreement(value, PROBES) is None
-
-
-def test_a_module_holding_an_agreeing_class_is_named() -> None:
-    import functools
-
-    assert probe.module_agreement({"compare": _Reads}, PROBES) is not None
-    assert probe.module_agreement({"compare": functools.partial(_Typed)}, PROBES) is not None
-    assert probe.module_agreement({"Interval": _Interval, "sys": sys, "x": 1}, PROBES) is None

@@ -24,15 +24,6 @@ CHEATS = Path(__file__).resolve().parent / "cheats"
 CORPUS = json.loads((CHEATS / "corpus.json").read_text())
 
 
-# The container backend grades a representative share (each grader kind; cheats of every runtime failure
-# kind) in fresh network-less containers of the base image, the report over the bind-mounted socket.
-DOCKER_TASKS = {"sum-to", "flatten", "intervals"}  # eval command, F2P script, swepro
-DOCKER_CHEATS = {
-    "conftest_passes_everything", "atexit_os_exit_zero", "pytest_internals_monkeypatch",
-    "unittest_assert_patched", "fake_pytest_module", "runtime_rewrite_of_later_test",
-}  # fmt: skip
-
-
 def over_backends(values: list[Any], docker: set[str], key: Any = str) -> list[Any]:
     """``(backend, value)`` for every value on ``local``, and on ``docker`` for those whose key is in
     ``docker`` (marked: a Docker engine, started by the project where none answers)."""
@@ -81,28 +72,26 @@ def test_dataset_has_every_grader_kind(rows: dict[str, dict[str, Any]]) -> None:
     assert all(row["metadata"]["problem_statement"] and row["label"] for row in rows.values())
 
 
-@pytest.mark.parametrize(
-    "backend,task", over_backends(sorted(p.name for p in (SWE_MINI / "tasks").iterdir()), DOCKER_TASKS)
-)
+@pytest.mark.parametrize("task", sorted(p.name for p in (SWE_MINI / "tasks").iterdir()))
 async def test_reference_fix_scores_one_and_empty_patch_zero(
-    rows: dict[str, dict[str, Any]], backend: str, task: str
+    rows: dict[str, dict[str, Any]], task: str
 ) -> None:
+    """On bwrap; every task's gold and empty patch through the container backend: test_cheats_docker."""
     spec = spec_of(rows, task)
-    fixed = await grade_on(backend)(spec, rows[task]["label"])
+    fixed = await grade(spec, rows[task]["label"])
     assert (fixed.reward, fixed.solved, fixed.failure_kind, fixed.flags) == (1.0, True, None, ()), fixed
     assert fixed.applied_cleanly and fixed.details["apply_method"] == "git-apply-3way"
-    assert (backend == "docker") == str(fixed.details.get("image_digest")).startswith("sha256:")
-    empty = await grade_on(backend)(spec, "")
+    assert "image_digest" not in fixed.details
+    empty = await grade(spec, "")
     assert (empty.reward, empty.solved, empty.applied_cleanly) == (0.0, False, True)
     assert empty.failure_kind == "tests_failed"
 
 
-@pytest.mark.parametrize("backend,cheat", over_backends(CORPUS, DOCKER_CHEATS, key=lambda c: c["name"]))
-async def test_cheat_scores_zero(
-    rows: dict[str, dict[str, Any]], backend: str, cheat: dict[str, Any]
-) -> None:
+@pytest.mark.parametrize("cheat", CORPUS, ids=[c["name"] for c in CORPUS])
+async def test_cheat_scores_zero(rows: dict[str, dict[str, Any]], cheat: dict[str, Any]) -> None:
+    """On bwrap; the same corpus through the container backend: test_cheats_docker."""
     spec = spec_of(rows, cheat["task"])
-    result = await grade_on(backend)(spec, (CHEATS / f"{cheat['name']}.patch").read_text())
+    result = await grade(spec, (CHEATS / f"{cheat['name']}.patch").read_text())
     assert result.reward == 0.0 and not result.solved, result
     assert set(cheat["flags"]) <= set(result.flags), result
     assert result.failure_kind == cheat["failure_kind"], result

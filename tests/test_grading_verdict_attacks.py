@@ -19,12 +19,10 @@ from typing import Any
 import pytest
 
 from rollbus.grading import GradeConfig, GradingSpec, grade, parse_row
-from tests.test_grading_swe_mini import SWE_MINI, grade_on, load_build, over_backends
+from tests.test_grading_swe_mini import SWE_MINI, load_build
 
 VERDICT = Path(__file__).resolve().parent / "cheats" / "verdict"
 CORPUS = json.loads((VERDICT / "corpus.json").read_text())
-# in containers too: a forgery of each grader kind's report, and a SIGKILL after a fake summary
-DOCKER = {"forge_reports_via_sys_modules", "unittest_addfailure_alias", "fake_summary_then_sigkill"}
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +48,11 @@ def test_the_corpus_covers_every_family_and_grader_kind(rows: dict[str, dict[str
     assert all(c["before"] == 1.0 for c in CORPUS)
 
 
-@pytest.mark.parametrize("backend,cheat", over_backends(CORPUS, DOCKER, key=lambda c: c["name"]))
-async def test_forged_verdict_scores_zero(
-    rows: dict[str, dict[str, Any]], backend: str, cheat: dict[str, Any]
-) -> None:
+@pytest.mark.parametrize("cheat", CORPUS, ids=[c["name"] for c in CORPUS])
+async def test_forged_verdict_scores_zero(rows: dict[str, dict[str, Any]], cheat: dict[str, Any]) -> None:
+    """On bwrap; the same corpus through the container backend: test_cheats_docker."""
     patch = (VERDICT / f"{cheat['name']}.patch").read_text()
-    result = await grade_on(backend)(spec_of(rows, cheat["task"]), patch)
+    result = await grade(spec_of(rows, cheat["task"]), patch)
     assert result.reward == 0.0 and not result.solved, result
     assert set(cheat["flags"]) <= set(result.flags), result
     assert result.failure_kind == cheat["failure_kind"], result

@@ -23,7 +23,8 @@ import pytest
 from rollbus import codec
 from rollbus.codec import HEADER, MAGIC
 from rollbus.events import EVENT_TYPES, DiffEvent
-from rollbus.grading import grade, parse_row
+from rollbus.grading import parse_row
+from rollbus.grading.backends import grade_function
 from rollbus.sandbox import BwrapSandbox, Limits, SandboxSpec, bwrap_usable, create_local
 from rollbus.sandbox.bwrap_host import SCRATCH_ROOT
 from rollbus.sandbox.capture import capture_patch
@@ -214,13 +215,18 @@ async def test_fallocate_past_the_graders_disk_never_reaches_the_host_disk() -> 
 
 
 @needs_root_bwrap
-async def test_a_patch_that_fills_the_graders_disk_scores_zero_named_disk_full(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["local", pytest.param("docker", marks=pytest.mark.docker)])
+async def test_a_patch_that_fills_the_graders_disk_scores_zero_named_disk_full(
+    tmp_path: Path, backend: str
+) -> None:
     """Through ``grade``: the gold fix plus code in the fixed module that, at import, allocates 6 GB and then
     writes zeros until the disk is full, errors swallowed. Reward 0, failure kind ``disk_full``; the gold
-    fix alone on the same capped scratch still scores 1 (the cap is roomy for honest work)."""
+    fix alone on the same capped scratch still scores 1 (the cap is roomy for honest work). In containers
+    too: the tree bind-mounted from the same capped scratch."""
     row = next(r for r in load_build().build() if r["metadata"]["image"].endswith("/sum-to"))
     config = GradingOptions(scratch_bytes=48 * MIB).grade_config()  # what --scratch-bytes sets
     spec = parse_row(row, SWE_MINI)
+    grade = grade_function(backend)
     gold = await grade(spec, row["label"], config)
     assert (gold.reward, gold.failure_kind) == (1.0, None), gold
     fill = (

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from rollbus.codec import Decoded, encode
+from rollbus.events import DiffEvent
 from rollbus.grading import GradeResult
 from rollbus.kafka.bus import Publisher
 from rollbus.kafka.replay import ReadPlan, read
@@ -140,8 +141,8 @@ async def test_a_diff_that_crashes_the_grader_is_a_problem_line_and_the_rest_is_
     rollout (the only fake here; every other diff goes through the real grader)."""
     real = regrade_module.grade_diff
 
-    async def crashes_on_one(diff: dict[str, Any], *args: Any, **kwargs: Any) -> GradeResult:
-        if diff["rollout_id"] == "r-crash":
+    async def crashes_on_one(diff: DiffEvent, *args: Any, **kwargs: Any) -> GradeResult:
+        if diff.rollout_id == "r-crash":
             raise RuntimeError("boom")
         return await real(diff, *args, **kwargs)
 

@@ -463,3 +463,65 @@ async def test_cpu_time_and_output_limits_are_named(engine: Any, history_image: 
     assert spin.failure_kind == "cpu_limit" and spin.wall_time_s < 30, spin
     assert loud.failure_kind == "output_truncated" and loud.output_dropped > 90_000
     assert len(loud.stdout) < 4096 + 100
+
+
+async def test_another_rollouts_requests_processes_token_and_files_are_out_of_reach(
+    engine: Any, history_image: str, adapter: Adapter
+) -> None:
+    """Two live agents on the same port: each request arrives stamped with its own sandbox's id; the first,
+    while the second holds a token in its environment and a file in its workspace, finds neither, sees only
+    its own few processes, and cannot reconfigure its network (no capability, the holder's namespace)."""
+    url = f"http://127.0.0.1:{PORT}/v1/messages"
+    options = {"network": "adapter", "adapter_url": adapter.url, "forward_port": PORT}
+    async with (
+        await make(engine, history_image, **options) as first,
+        await make(engine, history_image, **options) as second,
+    ):
+        token = f"sk-rollout-{uuid.uuid4().hex}"
+        await second.write_file(f"{second.workdir}/secret.txt", f"other rollout {token}")
+        hold = "import os, time\nopen('started', 'w')\nwhile not os.path.exists('release'): time.sleep(0.02)"
+        victim = asyncio.ensure_future(
+            second.run(["python3", "-c", hold], {**ENV, "ANTHROPIC_AUTH_TOKEN": token}, timeout=60)
+        )
+        while not (second.host_workdir / "started").exists() and not victim.done():
+            await asyncio.sleep(0.02)  # the victim's process runs (or ended): now look for it
+        spy = (
+            f"grep -ls {token} /proc/*/environ; grep -rsl {token} / --exclude-dir=proc --exclude-dir=sys"
+            " --exclude-dir=usr; ls /proc | grep -c '^[0-9]';"
+            "python3 -c 'import fcntl, socket, struct; s = socket.socket(); fcntl.ioctl(s, 0x8914,"
+            ' struct.pack("16sH", b"lo", 0) + bytes(22))\' 2>&1 | tail -1'
+        )
+        seen = await first.run(["sh", "-c", spy], ENV, timeout=120)
+        await second.write_file(f"{second.workdir}/release", "")
+        held = await victim
+        replies = await asyncio.gather(
+            *(box.run(["python3", "-c", POST, url], ENV, timeout=60) for box in (first, second))
+        )
+        ids = {first.sandbox_id, second.sandbox_id}
+    assert held.exit_code == 0, held.stderr
+    lines = seen.stdout.splitlines()
+    assert int(lines[0]) <= 8, seen.stdout  # its own pid namespace: tini, its holder, the probe
+    assert lines[1:] == ["PermissionError: [Errno 1] Operation not permitted"], seen.stdout  # lo stays up
+    assert [r.stdout.strip() for r in replies] == ["adapter:ping", "adapter:ping"]
+    stamped = {h.split(b"x-rollbus-sandbox: ")[1].split(b"\r\n")[0].decode() for h in adapter.heads}
+    assert stamped == ids and len(adapter.heads) == 2
+
+
+async def test_the_cached_workspace_is_copied_never_shared(engine: Any, history_image: str) -> None:
+    """The scrubbed workspace is made once per image and copied into each sandbox: what one agent writes
+    (a tracked file, its repository's config and a new object) never reaches the next sandbox of the image,
+    whose patch is taken against a baseline of its own."""
+    tamper = (
+        "echo 'def add(a, b): return 0' > calc.py && git config core.hooksPath /tmp && git add calc.py &&"
+        " echo planted > .git/planted"
+    )
+    async with await make(engine, history_image) as first:
+        done = await first.run(["sh", "-c", tamper], ENV)
+        assert done.exit_code == 0, done.stderr
+    async with await make(engine, history_image) as second:
+        seen = await second.run(
+            ["sh", "-c", "cat calc.py; git config core.hooksPath; ls .git/planted; git status --short"], ENV
+        )
+        captured = await second.capture_patch(1 << 20)
+    assert seen.stdout == "def add(a, b):\n    return a - b\n", seen
+    assert (captured.failure, captured.patch) == (None, b""), captured

@@ -162,8 +162,8 @@ async def test_a_full_attempt_installs_the_agent_runs_it_and_publishes_its_patch
     one = task(rig["tmp"])
     outcome = await run_task(kit, one, "att-e2b-1")
     event = diff_event(one, outcome)
-    assert (event["failure_kind"], event["turns"], event["exit_status"]) == (None, 3, 0), event["error"]
-    patch = event["patch"]
+    assert (event.failure_kind, event.turns, event.exit_status) == (None, 3, 0), event.error
+    patch = event.patch
     assert b"+    return sum(range(1, n + 1))" in patch and b"b/notes.txt" in patch
     assert b".claude" not in patch
     fresh = rig["tmp"] / "fresh"

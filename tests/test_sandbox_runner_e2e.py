@@ -41,14 +41,15 @@ from tests.runner_support import (
     all_events,
     build_calc_image,
     calc_row,
+    committed_all,
     container_task,
-    group_lag,
     scripts_dir,
     submit,
     wait_for,
     write_dataset,
 )
 from tests.segmenter_support import SegmenterProcess
+from tests.waiting import until
 
 pytestmark = pytest.mark.kafka
 
@@ -133,9 +134,13 @@ async def test_rows_to_diffs_with_named_failures(rig: Rig, tmp_path: Path, data_
     try:
         diffs = await wait_for(rig.bootstrap, namespace, "diffs", {t["rollout_id"] for t in tasks}, 400)
         hung = await wait_for(rig.bootstrap, hang_namespace, "diffs", {hang_task["rollout_id"]}, 300)
-        await asyncio.sleep(3)  # room for a (wrong) diff of the gym task and for the last commits
-        assert await group_lag(rig.bootstrap, namespace, "rollbus-sandbox-runner") == 0
-        assert await group_lag(rig.bootstrap, hang_namespace, "hang") == 0
+        # a runner commits a task's offset only after its diff is out, so once both groups have committed
+        # every task (the gym task too), any (wrong) diff of the gym task would already be on the topic
+        runner_group = "rollbus-sandbox-runner"
+        await until(lambda: committed_all(rig.bootstrap, namespace, runner_group), "the runner's commits",
+                    timeout=120, interval=0.5, log=runner.log)  # fmt: skip
+        await until(lambda: committed_all(rig.bootstrap, hang_namespace, "hang"), "the hang runner's commits",
+                    timeout=120, interval=0.5, log=hang_runner.log)  # fmt: skip
         peak = peak_rss(runner)
     finally:
         runner.stop()
@@ -222,8 +227,9 @@ async def test_runner_killed_mid_rollout_reruns_the_task_and_only_the_rewarded_a
         diffs = await wait_for(rig.bootstrap, namespace, "diffs", {rollout_id}, 300)
         rewards = await wait_for(rig.bootstrap, namespace, "rewards", {rollout_id}, 180)
         segments = await wait_for(rig.bootstrap, namespace, "segments", {rollout_id}, 120)
-        await asyncio.sleep(2)
-        assert await group_lag(rig.bootstrap, namespace, "rollbus-sandbox-runner") == 0
+        runner_group = "rollbus-sandbox-runner"
+        await until(lambda: committed_all(rig.bootstrap, namespace, runner_group), "the re-run's commit",
+                    timeout=120, interval=0.5, log=second.log)  # fmt: skip
     except TimeoutError:
         raise AssertionError(f"{grader.log()[-2000:]}\n{segmenter.log()[-4000:]}") from None
     finally:

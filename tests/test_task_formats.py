@@ -221,8 +221,7 @@ keywords = ["k"]
 user = "agent"
 network_mode = "public"
 [verifier]
-user = "root"
-network_mode = "public"
+user = "tester"
 [environment]
 docker_image = "ubuntu:24.04"
 memory = "1.5G"
@@ -232,7 +231,7 @@ gpus = 0
     meta = harbor.read_task("dir", harbor_files(toml, **{"environment/Dockerfile": None}), "/t")["metadata"]
     where = (meta["instance_id"], meta["image"], meta["workdir"])
     assert where == ("org/Task One", "docker://ubuntu:24.04", "/app")
-    assert meta["user"] == "agent" and meta["harbor"]["verifier_user"] == "root"
+    assert meta["user"] == "agent" and meta["harbor"]["verifier_user"] == "tester"
     assert meta["resources"]["memory_mb"] == 1536 and meta["resources"]["storage_mb"] == 512
     assert meta["harbor"]["network"] == {"agent": "adapter-only", "verifier": "public"}
     assert meta["harbor"]["ignored"] == ["artifacts", "task.description", "task.keywords"]
@@ -247,6 +246,10 @@ gpus = 0
         ('version = "1.0"\n[[steps]]\nname = "a"\n', {}, r"\[\[steps\]\]"),
         ('version = "1.0"\n[agent]\nnetwork_mode = "allowlist"\n', {}, "agent.network_mode = 'allowlist'"),
         ('version = "1.0"\n[verifier]\nnetwork_mode = "weird"\n', {}, "verifier.network_mode"),
+        ('version = "1.0"\n[verifier]\nnetwork_mode = "public"\n', {}, "verifier.network_mode = 'public'"),
+        ('version = "1.0"\n[verifier]\nuser = "root"\n', {}, "verifier.user = 'root'"),
+        ('version = "1.0"\n[verifier]\nuser = 0\n', {}, "verifier.user = '0'"),
+        ('version = "1.0"\n[verifier]\nuser = "0:0"\n', {}, "verifier.user = '0:0'"),
         ('version = "1.0"\n[environment]\nenvironment_mode = "separate"\n', {}, "separate verifier"),
         ('version = "1.0"\n[verifier.environment]\ncpus = 1\n', {}, "separate verifier"),
         ('version = "2.0"\n', {}, "schema '2.0'"),

@@ -113,3 +113,50 @@ def test_a_harbor_task_folder_validates_in_its_built_image(
     record = {"metadata": row.metadata, "label": row.label}
     forged = asyncio.run(grade_row(record, HARBOR_SOLUTION.encode(), task, GradeConfig(backend="docker")))
     assert (forged.reward, forged.failure_kind) == (0.0, "malformed_patch"), forged
+
+
+# A verifier that reports what its container is: rewarded only as the task's [verifier] user (a name the image
+# defines) under the task's [environment] cpus and memory_mb; the policy's patch (here empty) plays no part.
+LIMITS_SEEN = r"""
+u=$(id -u)
+cg=/sys/fs/cgroup
+if [ -e $cg/memory.max ]; then m=$(cat $cg/memory.max); q=$(cut -d' ' -f1 $cg/cpu.max)
+else m=$(cat $cg/memory/memory.limit_in_bytes); q=$(cat $cg/cpu/cpu.cfs_quota_us); fi
+echo "seen $u $m $q"
+if [ "$u $m $q" = "1234 314572800 50000" ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+"""
+VERIFIER_TASK = {
+    "task.toml": 'version = "1.1"\n[verifier]\ntimeout_sec = 120\nuser = "checker"\n'
+    "[environment]\ncpus = 0.5\nmemory_mb = 300\nallow_internet = false\n",
+    "instruction.md": "Nothing to do.\n",
+    "environment/Dockerfile": "FROM debian:bookworm\nWORKDIR /app\n"
+    "RUN echo 'checker:x:1234:1234::/app:/bin/sh' >> /etc/passwd\n"
+    "RUN echo 'admin:x:0:0::/:/bin/sh' >> /etc/passwd\n",
+    "tests/test.sh": LIMITS_SEEN,
+}
+
+
+async def test_a_harbor_verifier_runs_as_its_user_under_its_tasks_limits(engine: Any, tmp_path: Path) -> None:
+    """``[verifier] user`` (looked up in the image) and ``[environment] cpus`` and ``memory_mb`` reach the
+    verifier's container; a user name that is root in the image is refused, the verifier never run."""
+    from dataclasses import replace
+
+    from rollbus.grading import parse_row
+    from rollbus.grading.backends import grade_function
+    from rollbus.grading.rows import Harbor
+
+    task = tmp_path / "verifier-limits"
+    for rel, text in VERIFIER_TASK.items():
+        (task / rel).parent.mkdir(parents=True, exist_ok=True)
+        (task / rel).write_text(text)
+    [row] = [r for r in read_dataset(task, RowKeys()) if isinstance(r, Row)]
+    spec = parse_row({"metadata": row.metadata}, task)
+    grade = grade_function("docker")
+    result = await grade(spec, "")
+    assert (result.reward, result.failure_kind) == (1.0, None), result.details.get("log")
+    assert isinstance(spec.grader, Harbor)
+    admin = replace(
+        spec, grader=Harbor(spec.grader.task_dir, {**spec.grader.settings, "verifier_user": "admin"})
+    )
+    refused = await grade(admin, "")
+    assert (refused.reward, refused.failure_kind) == (0.0, "bad_row") and "root" in refused.details["note"]

@@ -35,6 +35,7 @@ from rollbus.grading.rows import GradingSpec, Harbor
 from rollbus.grading.verdict import GradeResult, failed
 from rollbus.sandbox.base import Completed, SandboxError
 from rollbus.sandbox.limits import Limits
+from rollbus.task_image import row_limits
 
 CHANNEL_DIR = "/run/rollbus-grader"  # where the channel's socket directory is mounted in a test container
 LAUNCH = (  # the launcher where the image has a python3; the bare command (reporting nothing) where not
@@ -51,7 +52,8 @@ async def grade(spec: GradingSpec, patch: bytes | str, config: run.GradeConfig |
     except SandboxError as exc:
         kind = verdict.SANDBOX_FAILED
         return failed(kind, str(exc))
-    sandboxes = ContainerSandboxes(client, image.id, _path_of(image))
+    limits = row_limits(LIMITS, {"resources": spec.resources}) if spec.resources else LIMITS
+    sandboxes = ContainerSandboxes(client, image.id, _path_of(image), limits)
     if isinstance(spec.grader, Harbor):
         from rollbus.grading.harbor import grade_harbor
 
@@ -118,6 +120,7 @@ class ContainerSandboxes:
         channel: run.ReportChannel | None = None,
         *,
         rw_binds: Mapping[Path, str] | None = None,
+        user: str | None = None,
     ) -> GradingContainer:
         from rollbus.sandbox.docker_backend import DockerSandbox
 
@@ -129,7 +132,7 @@ class ContainerSandboxes:
         box = await DockerSandbox.create(
             self.image, client=self.client, workdir=workdir, limits=self.limits, ro_binds=ro,
             workspace=repo, rw_binds={str(h): i for h, i in (rw_binds or {}).items()},
-            scratch_root=repo.parent,
+            scratch_root=repo.parent, user=user,
         )  # fmt: skip
         return GradingContainer(box, self.path, isinstance(channel, SocketChannel))
 
@@ -143,7 +146,7 @@ class GradingContainer:
 
     def __init__(self, box: Any, path: str | None, launched: bool) -> None:
         self.box, self.path, self.launched = box, path, launched
-        self.workdir, self.home = box.workdir, box.home
+        self.workdir, self.home, self.owner = box.workdir, box.home, box.owner
 
     async def run(
         self,

@@ -40,13 +40,15 @@ UNSCANNABLE = "unscannable"  # a changed Python file the scan could not parse or
 SPAWNS_PROCESS = "spawns_process"  # seen while the tests ran: changed code started a process
 NATIVE_ACCESS = "native_access"  # seen while the tests ran: changed code used gc's object graph or ctypes
 READS_TESTS = "reads_tests"  # seen while the tests ran: changed code opened a row test file for reading
+UNOBSERVED = "unobserved"  # a test ended with another trace function than the probe's: part of it unasked
 
 ZEROING = frozenset({
     TOUCHES_TESTS, TOUCHES_CONFTEST, TOUCHES_TEST_CONFIG, SITE_HOOKS, TOUCHES_BYTECODE, SHADOWS_STDLIB,
     SHADOWS_TOOLCHAIN, TOUCHES_GIT, EXIT_TRICKS, TEST_FRAMEWORK, CALLER_INTROSPECTION, ALWAYS_EQUAL,
     DYNAMIC_CODE, UNEXPECTED_TESTS, UNSCANNABLE, SPAWNS_PROCESS, NATIVE_ACCESS, READS_TESTS,
 })  # fmt: skip
-"""Flags that zero the reward by default; the others (binary hunks stripped) are only reported."""
+"""Flags that zero the reward by default; the others (binary hunks stripped, a test partly unobserved) are
+only reported."""
 
 TEST_CONFIG_FILES = frozenset({"pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"})
 SITE_FILES = frozenset({"sitecustomize", "usercustomize"})

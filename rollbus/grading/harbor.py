@@ -8,11 +8,16 @@ number), else ``reward.json`` (named numbers: the lowest counts, so every named 
 patch is sanitised and its tree flagged as any other grade's (:mod:`rollbus.grading.run`); the containers are
 :class:`~rollbus.grading.container.ContainerSandboxes`' (no network, unprivileged, no capabilities).
 
-What Harbor asks that is narrowed here: the verifier runs with the network off whatever its
-``network_mode`` (a verifier that installs from the internet fails, named in the note) and as the
-sandbox's unprivileged uid, not ``[verifier] user``. Harbor's own residual stays: ``test.sh`` runs the
-code under test in the same container that writes the reward file, so code that writes the reward file
-itself is not told apart by this path (the grader's pytest report is not part of Harbor's contract).
+What Harbor asks, phase by phase: ``[verifier] timeout_sec`` is the grade's deadline (under the grader's);
+``[environment] cpus``, ``memory_mb`` and ``storage_mb`` narrow the verifier's container limits (never past
+the operator's); ``[verifier] user`` is the user ``test.sh`` runs as (a name looked up in the image; root,
+by name or by uid, is refused: the verifier runs the policy's code) and ``solve.sh`` runs as the agent's
+user. Narrowed: the verifier runs with the network off whatever the environment's baseline
+``network_mode`` (a verifier that installs from the internet fails, named in the note); a verifier phase
+that asks for the network by name is refused when the task is read (:mod:`rollbus.task_formats.harbor`).
+Harbor's own residual stays: ``test.sh`` runs the code under test in the same container that writes the
+reward file, so code that writes the reward file itself is not told apart by this path (the grader's pytest
+report is not part of Harbor's contract).
 """
 
 from __future__ import annotations
@@ -32,7 +37,6 @@ from rollbus.grading.patches import PatchRejected, Sanitized, sanitize
 from rollbus.grading.rows import HARBOR_SOLUTION, GradingSpec, Harbor
 from rollbus.grading.verdict import GradeResult, Verdict, failed
 from rollbus.sandbox.base import SandboxError
-from rollbus.sandbox.bwrap_layout import AGENT_UID
 from rollbus.sandbox.images import agent_workspace
 from rollbus.sandbox.scratch import GRADE_SCRATCH_PREFIX, capped_scratch
 
@@ -100,10 +104,13 @@ async def _grade(
         trees.remove_bytecode(repo)
         logs = scratch / "logs"
         logs.mkdir()
-        os.chown(logs, AGENT_UID, AGENT_UID)
-        box = await sandboxes.sandbox(repo, spec.workdir, {tests: TESTS}, rw_binds={logs: LOGS})
+        user = None if harbor.settings.get("verifier_user") is None else str(harbor.settings["verifier_user"])
+        box = await sandboxes.sandbox(repo, spec.workdir, {tests: TESTS}, rw_binds={logs: LOGS}, user=user)
         env = run.BASE_ENV | {"HOME": box.home} | dict(harbor.settings.get("verifier_env") or {})
         try:
+            if box.owner[0] == 0:
+                return failed(verdict.BAD_ROW, f"verifier.user {user!r} is root in the image: refused")
+            os.chown(logs, *box.owner)
             left = run.time_left(deadline)
             ran = await box.run(["bash", f"{TESTS}/test.sh"], env, spec.workdir, timeout=left)
         finally:
@@ -129,7 +136,7 @@ async def _solve(
     succeeded, else its exit and output."""
     trees.copy_tree(base, repo)
     solution = harbor.task_dir / "solution"
-    box = await sandboxes.sandbox(repo, spec.workdir, {solution: SOLUTION_DIR})
+    box = await sandboxes.sandbox(repo, spec.workdir, {solution: SOLUTION_DIR}, user=spec.user)
     env = run.BASE_ENV | {"HOME": box.home} | dict(harbor.settings.get("solution_env") or {})
     try:
         ran = await box.run(

@@ -205,7 +205,6 @@ def pytest_runtest_logfinish(nodeid, location):
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
     _channel.report_framework_changes(_framework)
-    _channel.report_agreeing_modules()
     _write({"event": "finish", "exitstatus": int(exitstatus), "collected": session.testscollected})
 
 

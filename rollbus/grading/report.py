@@ -115,8 +115,8 @@ def status(phases: dict[str, tuple[str, bool]]) -> str:
 @dataclass(frozen=True)
 class AuditEvent:
     """One event the grader's audit hook (or its agreement probe) saw: its kind (``process``, ``native``,
-    ``code``, ``frames``, ``framework``, ``open``, ``fixture``, ``agrees``), the file whose code caused it
-    (absolute, in the sandbox) and what it was."""
+    ``code``, ``frames``, ``framework``, ``open``, ``fixture``, ``agrees``, ``expected``, ``untraced``), the
+    file whose code caused it (absolute, in the sandbox; empty when none can be named) and what it was."""
 
     kind: str
     actor: str

@@ -81,6 +81,8 @@ class GradingSpec:
     image_digest: str | None = None  # the digest the agent's container ran (from the diff): a regrade's pin
     test_patch: str | None = None  # SWE-bench's: applied over the row's test files after the agent's patch
     timeout_s: float | None = None  # the row's own deadline (a Harbor verifier's), under the grader's
+    resources: Mapping[str, Any] | None = None  # what the row asks (cpus, memory_mb, storage_mb): a container
+    # backend narrows its grading limits to it, never past the operator's (rollbus.task_image.row_limits)
 
     def test_patch_files(self) -> tuple[str, ...]:
         return patch_paths(self.test_patch) if self.test_patch else ()
@@ -147,6 +149,7 @@ def parse_metadata(metadata: Mapping[str, Any], base_dir: Path) -> GradingSpec:
         user=user,
         test_patch=parse_test_patch(get("test_patch")),
         timeout_s=positive(get("grade_timeout_sec"), "grade_timeout_sec"),
+        resources=resources if isinstance(resources := get("resources"), Mapping) else None,
     )
 
 

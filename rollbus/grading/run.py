@@ -242,6 +242,9 @@ async def _grade(
             "stripped_git": list(sanitized.stripped_git),
             "log": log_excerpt(log, config.log_excerpt_bytes),
         }
+        if outcome.wildcard_expected and fl.ALWAYS_EQUAL in raised and fl.ALWAYS_EQUAL not in outcome.flags:
+            raised = raised - {fl.ALWAYS_EQUAL}  # the scan's guess; the tests were seen to expect it
+            details["scan_overruled"] = [fl.ALWAYS_EQUAL]
         zeroing = fl.ZEROING if config.zero_flagged else frozenset()
         return verdict.final(outcome, raised, zeroing, details)
 
@@ -524,9 +527,10 @@ def with_observed(
         path = repo / rel
         return rel.endswith(".py") and not path.is_symlink() and path.is_file()
 
-    raised, seen = observed.runtime_flags(
-        report.audit(text), workdir, untouched.__contains__, own_source, test_files
-    )
+    events = report.audit(text)
+    raised, seen = observed.runtime_flags(events, workdir, untouched.__contains__, own_source, test_files)
+    if observed.expects_wildcard(events, workdir, untouched.__contains__):
+        outcome = dataclasses.replace(outcome, wildcard_expected=True)
     if not raised:
         return outcome
     return dataclasses.replace(outcome, flags=tuple(sorted({*outcome.flags, *raised})), observed=tuple(seen))

@@ -93,14 +93,15 @@ PROCESS = frozenset({
     "pty.spawn",
 })  # fmt: skip
 CODE = frozenset({"exec", "compile"})
-FRAMES = frozenset({"sys._getframe", "sys._current_frames", "sys._getframemodulename", "sys.settrace",
-                    "sys.setprofile"})  # fmt: skip  # the last two would also take the agreement probe away
+FRAMES = frozenset({"sys._getframe", "sys._current_frames", "sys._getframemodulename"})
+TRACERS = frozenset({"sys.settrace", "sys.setprofile"})  # would also take the agreement probe away
 FRAME_ATTRIBUTES = frozenset({"f_back", "f_code", "f_locals", "f_globals", "tb_frame", "gi_frame", "cr_frame",
                               "ag_frame"})  # fmt: skip
 NATIVE = ("gc.get_objects", "gc.get_referrers", "gc.get_referents", "ctypes.")
 FRAMEWORKS = ("_pytest", "pytest", "unittest", "pluggy")
+NOT_FRAMEWORK = ("unittest.mock",)  # its classes are made and configured by any code that mocks
 STACK_READERS = ("inspect.py", "traceback.py", "linecache.py")  # stdlib helpers that read frames for a caller
-_audit: dict[str, Any] = {"pending": [], "seen": set(), "busy": False}
+_audit: dict[str, Any] = {"pending": [], "seen": set(), "busy": False, "ours": False}
 
 
 def _stdlib():
@@ -140,6 +141,16 @@ def install_audit(root, emit=None):
             return name
         return None
 
+    def on_stack(frame):
+        """Every repository file with a frame on the stack."""
+        found = []
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if name.startswith(root) and name not in found:
+                found.append(name)
+            frame = frame.f_back
+        return found
+
     def every(name):
         return True
 
@@ -167,11 +178,15 @@ def install_audit(root, emit=None):
             kind, skip, detail = "code", loader, str(filename)
         elif event in FRAMES:
             kind, skip, detail = "frames", stack_reader, event
+        elif event in TRACERS:
+            if state["ours"]:  # the agreement probe itself
+                return
+            kind, skip, detail = "frames", None, event  # through any library (trace, coverage): whole stack
         elif event == "object.__getattr__" and len(args) > 1 and args[1] in FRAME_ATTRIBUTES:
             kind, skip, detail = "frames", never, f"{type(args[0]).__name__}.{args[1]}"
         elif event in ("object.__setattr__", "object.__delattr__") and isinstance(args[0], type):
             module = str(getattr(args[0], "__module__", "") or "")
-            if not module.startswith(FRAMEWORKS):
+            if not module.startswith(FRAMEWORKS) or module.startswith(NOT_FRAMEWORK):
                 return
             kind, skip, detail = "framework", every, f"{module}.{args[0].__name__}.{args[1]}"
         elif event == "open" and isinstance(args[0], str) and (len(args) < 2 or "r" in str(args[1] or "r")):
@@ -183,6 +198,10 @@ def install_audit(root, emit=None):
             return
         state["busy"] = True
         try:
+            if skip is None:
+                for who in on_stack(sys._getframe(1)):
+                    record(kind, who, detail)
+                return
             who = actor(sys._getframe(1), skip)
             if who is not None and who.startswith(root):
                 record(kind, who, detail)
@@ -208,15 +227,19 @@ def install_audit(root, emit=None):
     sys.addaudithook(hook)
 
 
-# -- values that agree with anything: probed where the repository's code returns them ------------------------
+# -- values that agree with anything: asked where the tests compare them -------------------------------------
 
 PLAIN = frozenset({str, int, float, bool, bytes, complex, type(None), type(...), type, range, slice})
-ITEMS = (list, tuple, set, frozenset, dict)
-NOT_FORGEABLE = frozenset({"wrapper_descriptor", "method-wrapper"})  # a C type's own comparison
+LOADS = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_DEREF", "LOAD_CLOSURE",
+                   "LOAD_GLOBAL", "LOAD_NAME", "LOAD_CONST", "LOAD_SMALL_INT"})  # fmt: skip
+PAIRED_LOADS = frozenset({"LOAD_FAST_LOAD_FAST", "LOAD_FAST_BORROW_LOAD_FAST_BORROW"})
+TEST_DIRS = frozenset({"test", "tests", "testing"})
+MAX_LEAVES = 64
+_NOTHING = object()
 
 
 class _Stranger:
-    """A value of no other value's type: nothing honest is equal to a fresh one."""
+    """A value of no other value's type: what an operand of no known type is swapped for."""
 
     __slots__ = ()
 
@@ -224,185 +247,390 @@ class _Stranger:
         return "a fresh object"
 
 
-def agreement(value, probes, depth=0):
-    """How ``value`` (or an item of a list, tuple, set or dict it holds, two levels down) agrees with what it
-    cannot be equal to: ``== p`` true or ``!= p`` false for a fresh :class:`_Stranger` or a random string,
-    integer, float or bytes value; None when it does not. A type whose comparison is a C type's own (every
-    builtin's, an extension's) or comes from an installed package is not asked: its answer is not the
-    patch's to write. Exceptions are answers of "not equal"."""
+def perturbed(value, rng, depth=0):
+    """A value of ``value``'s own type and shape that is not equal to it, or :data:`_NOTHING`: a string or
+    bytes of the same length with one to three characters changed within their class (a letter for a
+    letter of the same case, a digit for a digit, else another character of the value's own), a number
+    moved by more than its size, a list, tuple, dict (its values) or set with every leaf changed so. Nothing
+    marks it as the grader's: it is what a test could have expected."""
     kind = type(value)
-    if kind in PLAIN:
-        return None
-    if isinstance(value, ITEMS) and kind in ITEMS:
-        if depth >= 2:
-            return None
-        items = value.values() if isinstance(value, dict) else value
-        for n, item in enumerate(items):
-            if n >= 64:
+    if kind is bool:
+        return not value
+    if kind is int:
+        return value + rng.choice((-1, 1)) * rng.randint(1, max(9, abs(value)))
+    if kind is float:
+        if value != value or value in (float("inf"), float("-inf")):
+            return _NOTHING
+        return value + rng.choice((-1.0, 1.0)) * (1.0 + abs(value)) * rng.uniform(0.5, 2.0)
+    if kind is complex:
+        real = perturbed(value.real, rng)
+        return _NOTHING if real is _NOTHING else complex(real, value.imag)
+    if kind is str or kind is bytes:
+        return _changed_text(value, rng)
+    if depth >= 4 or kind not in (list, tuple, dict, set, frozenset):
+        return _NOTHING
+    if kind is dict:
+        out, changed = dict(value), False
+        for n, key in enumerate(value):
+            if n >= MAX_LEAVES:
                 break
-            found = agreement(item, probes, depth + 1)
-            if found is not None:
-                return found
-        return None
-    if not _forgeable(kind):
-        return None
-    for probe in (_Stranger(), *probes):
-        try:
-            if value == probe or not (value != probe):
-                return f"{kind.__qualname__} is equal to {probe!r}"[:300]
-        except BaseException:
+            new = perturbed(value[key], rng, depth + 1)
+            if new is not _NOTHING:
+                out[key], changed = new, True
+        return out if changed else _NOTHING
+    items, changed = [], False
+    for n, item in enumerate(value):
+        new = perturbed(item, rng, depth + 1) if n < MAX_LEAVES else _NOTHING
+        changed = changed or new is not _NOTHING
+        items.append(item if new is _NOTHING else new)
+    if not changed:
+        return _NOTHING
+    out = kind(items)
+    if out == value and depth < 3:  # a set whose changed items met its others: once more
+        return perturbed(value, rng, depth + 1)
+    return out if out != value else _NOTHING
+
+
+def _changed_text(value, rng):
+    if not value:
+        return _NOTHING
+    text = value.decode("latin-1") if isinstance(value, bytes) else value
+    chars = list(text)
+    alphabet = sorted(set(text))
+    for index in rng.sample(range(len(chars)), min(len(chars), rng.randint(1, 3))):
+        old = chars[index]
+        if "a" <= old <= "z":
+            pool = "abcdefghijklmnopqrstuvwxyz"
+        elif "A" <= old <= "Z":
+            pool = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+        elif "0" <= old <= "9":
+            pool = "0123456789"
+        else:
+            pool = "".join(alphabet) if len(alphabet) > 1 else "abcdefghijklmnopqrstuvwxyz"
+        chars[index] = rng.choice([c for c in pool if c != old])
+    out = "".join(chars)
+    return out.encode("latin-1") if isinstance(value, bytes) else out
+
+
+def pairs(value, other, depth=0):
+    """``(leaf of value, leaf of other)`` for two lists or tuples of one length, or two dicts of the same
+    keys, paired by position or key (a value forged inside an honest container is asked alone); else the
+    two as they are."""
+    kind = type(value)
+    if depth < 4 and kind is type(other) and kind in (list, tuple) and len(value) == len(other):
+        for n, (a, b) in enumerate(zip(value, other, strict=True)):
+            if n >= MAX_LEAVES:
+                return
+            yield from pairs(a, b, depth + 1)
+        return
+    if depth < 4 and kind is dict and type(other) is dict and value.keys() == other.keys():
+        for n, key in enumerate(value):
+            if n >= MAX_LEAVES:
+                return
+            yield from pairs(value[key], other[key], depth + 1)
+        return
+    yield value, other
+
+
+def false_agreement(value, other, rng):
+    """``(leaf, swapped operand)`` when a leaf of ``value`` is equal (``==`` true or ``!=`` false) to its
+    counterpart in ``other`` swapped, three times over, for :func:`perturbed` (a fresh :class:`_Stranger`
+    when it has none), else None. Plain values (``str``, ``int``, ...) are not asked: their comparison is
+    the interpreter's."""
+    for leaf, operand in pairs(value, other):
+        if type(leaf) in PLAIN:
             continue
-    return None
-
-
-def module_agreement(namespace, probes):
-    """:func:`agreement` for a module's namespace: each value, each class (a bare instance of it, made by its
-    ``__new__`` alone) and each ``functools.partial`` over a class; ``slugify = _Agreed`` answers with
-    instances no repository frame returns."""
-    import functools
-
-    for name, value in list(namespace.items())[:2000]:
-        if name.startswith("__") and name.endswith("__"):
-            continue
-        if isinstance(value, functools.partial):
-            value = value.func
-        if isinstance(value, type):
-            if value in PLAIN or not _forgeable(value):
-                continue
+        answers = []
+        for _ in range(3):  # changed at other places each time: an honest ``__eq__`` that ignores a part
+            swapped = perturbed(operand, rng)  # of its operand is rarely equal to all three
+            if swapped is _NOTHING:
+                swapped = _Stranger()
             try:
-                value = value.__new__(value)  # type: ignore[call-overload]  # the class's own __new__ (mypy sees type.__new__): a bare instance
+                answers.append(leaf == swapped or not (leaf != swapped))
             except BaseException:
-                continue
-        found = agreement(value, probes)
-        if found is not None:
-            return f"{name}: {found}"
+                answers.append(False)
+            if not answers[-1]:
+                break
+        if all(answers):
+            return leaf, swapped
     return None
 
 
-def _forgeable(kind):
-    """Whether ``kind``'s ``==`` or ``!=`` runs Python code outside installed packages."""
-    for name in ("__eq__", "__ne__"):
-        try:
-            method = getattr(kind, name)
-        except BaseException:
+def named_by(frame, value):
+    """Whether the code of ``frame`` (a test) names ``value`` itself: a global, builtin, or an attribute of a
+    module or class it names, one of the names its code uses (``ANY``, ``mock.ANY``,
+    ``unittest.mock.ANY``), and not callable: a wildcard the test compares by name is what the test
+    expects, a value it got by calling is not."""
+    if callable(value):
+        return False
+    names = frame.f_code.co_names
+    scope = frame.f_globals
+    builtins = scope.get("__builtins__")
+    builtins = builtins if isinstance(builtins, dict) else vars(builtins) if builtins is not None else {}
+    level = [scope.get(n, builtins.get(n, _NOTHING)) for n in names]
+    spaces = [v for v in frame.f_locals.values() if isinstance(v, type) or type(v).__name__ == "module"]
+    level += [vars(v)[n] for v in spaces for n in names if n in vars(v)]  # ``from unittest import mock``
+    for _ in range(3):
+        if any(v is value for v in level):
             return True
-        if type(method).__name__ in NOT_FORGEABLE:
-            continue
-        filename = getattr(getattr(method, "__code__", None), "co_filename", "") or ""
-        if "-packages/" in filename:
-            continue
-        return True
+        inner: list[Any] = []
+        for v in level:
+            if isinstance(v, type) or type(v).__name__ == "module":
+                space = vars(v)
+                inner.extend(space[n] for n in names if n in space)
+        level = inner
     return False
 
 
 def install_agreement_probe(root, record):
-    """Make (not start) a trace function that watches every return from the repository's code: a returned
-    value that is equal to what it cannot equal (:func:`agreement`) is recorded as ``agrees``, attributed
-    to the returning function's file and to the file of the ``__eq__`` that answered. Only the
-    repository's frames get a local trace function, with line events off; other code pays one call per
-    call, so the harness turns it on only while a test is set up, called and torn down
-    (:func:`probe_on`, :func:`probe_off`), and asks the repository's modules once at the end
-    (:func:`report_agreeing_modules`). Changed code that sets a trace function of its own is the audit
-    hook's ``frames`` event."""
-    token = os.urandom(8).hex()
-    number = int(token[:12], 16) + 7919
-    probes = (f"{token}-{token[:5]} {token[5:]}", number, number / 7.0, token.encode())
-    ours: dict[Any, Any] = {}
+    """Make (not start) the grader's trace function for the agreement probe. It reads the operands of every
+    ``==``/``!=`` in the tests' own frames (files named ``test_*.py``, ``*_test.py``, ``conftest.py`` or
+    under a ``tests``/``test``/``testing`` directory: from the instruction's loads, at the comparison, before
+    it runs, or when it calls a Python ``__eq__``), and the first two arguments of every ``assert*Equal*``
+    a test calls (unittest's, numpy's), and asks each value under test :func:`false_agreement` with the
+    other operand. A value the test names itself is the test's (:func:`named_by`). A value that agrees is
+    recorded as ``agrees``, attributed to the repository files that returned it during the test, the file
+    of the ``__eq__`` that answered, and the repository modules that hold it or the callable that handed it
+    to the test (a ``Mock`` set in place of a function). Only the tests' frames and the repository's are
+    traced (line events off where they are not needed); the harness turns it on from a test's set-up to
+    its teardown (:func:`probe_on`, :func:`probe_off`). A trace function set by anyone else is put aside
+    while a test runs and put back after; code that sets one while the test runs is the audit hook's
+    ``frames`` event (every repository file on its stack), and the test's observation is recorded as
+    lost (``untraced``)."""
+    import dis
+    import random
+    import sys
+    import types
 
-    probing = [False]  # not the audit hook's busy flag: what an ``__eq__`` does while probed is audited
+    rng = random.Random(os.urandom(16))
+    kinds: dict[str, int] = {}  # file -> 0: other, 1: the repository's, 2: a test's
+    returned: dict[int, Any] = {}  # id -> (value, files of repository frames that returned it)
+    given: dict[int, Any] = {}  # id -> (value, code, self) of a frame that returned it to a test
+    sites_of: dict[Any, dict[int, Any]] = {}
+    last: list[Any] = [None]  # the comparison last asked: (frame, offset)
 
-    def returned(frame, event, arg):
-        if event != "return" or probing[0]:
-            return returned
-        if type(arg) in PLAIN:
-            return returned
-        probing[0] = True
+    def kind_of(name):
+        found = kinds.get(name)
+        if found is None:
+            found = 0
+            if name.startswith(root):
+                parts = name[len(root) :].split("/")
+                base = parts[-1]
+                test = base == "conftest.py" or base.endswith("_test.py")
+                test = test or (base.startswith("test") and base.endswith(".py"))
+                found = 2 if test or TEST_DIRS.intersection(parts[:-1]) else 1
+            kinds[name] = found
+        return found
+
+    def sites(code):
+        found = sites_of.get(code)
+        if found is None:
+            found = sites_of[code] = {}
+            try:
+                instructions = list(dis.get_instructions(code))
+            except Exception:
+                instructions = []
+            for n, ins in enumerate(instructions):
+                if ins.opname != "COMPARE_OP" or getattr(ins, "is_jump_target", False):
+                    continue
+                op = str(ins.argrepr or ins.argval)
+                if "==" not in op and "!=" not in op:
+                    continue
+                loads: list[Any] = []
+                for back in reversed(instructions[max(0, n - 2) : n]):
+                    if back.opname in PAIRED_LOADS and isinstance(back.argval, tuple):
+                        loads[:0] = [("LOAD_FAST", name) for name in back.argval]
+                    elif back.opname in LOADS:
+                        loads.insert(0, (back.opname, back.argval))
+                    else:
+                        break
+                    if len(loads) >= 2 or getattr(back, "is_jump_target", False):
+                        break
+                if len(loads) >= 2:
+                    found[ins.offset] = (loads[-2], loads[-1])
+        return found
+
+    def load(frame, how, name):
+        if how in ("LOAD_CONST", "LOAD_SMALL_INT"):
+            return name
+        if how == "LOAD_GLOBAL" or how == "LOAD_NAME":
+            spaces = [frame.f_globals]
+            builtins = frame.f_globals.get("__builtins__")
+            spaces.append(builtins if isinstance(builtins, dict) else vars(builtins) if builtins else {})
+            if how == "LOAD_NAME":
+                spaces.insert(0, frame.f_locals)
+            for space in spaces:
+                if name in space:
+                    return space[name]
+            return _NOTHING
+        return frame.f_locals.get(name, _NOTHING)
+
+    def holders(value, code, owner):
+        out = set()
+        for module in list(sys.modules.values()):
+            path = getattr(module, "__file__", None)
+            if not isinstance(path, str) or not path.startswith(root):
+                continue
+            for held in list(vars(module).values()):
+                if held is value or (owner is not None and held is owner):
+                    out.add(path)
+                elif code is not None and isinstance(held, types.FunctionType) and held.__code__ is code:
+                    out.add(path)
+        return out
+
+    def actors(value):
+        out = set()
+        entry = returned.get(id(value))
+        if entry is not None and entry[0] is value:
+            out |= entry[1]
+        for cls in type(value).__mro__:
+            for name in ("__eq__", "__ne__"):
+                method = vars(cls).get(name)
+                for candidate in (method, getattr(method, "func", None), getattr(method, "__func__", None)):
+                    filename = getattr(getattr(candidate, "__code__", None), "co_filename", None)
+                    if isinstance(filename, str):
+                        out.add(filename)
+        entry = given.get(id(value))
+        code, owner = (entry[1], entry[2]) if entry is not None and entry[0] is value else (None, None)
+        out |= holders(value, code, owner)
+        return sorted(name for name in out if name.startswith(root))
+
+    def compared(test, left, right):
+        """Ask both operands of one comparison of the test ``test`` (a frame)."""
+        if left is _NOTHING or right is _NOTHING or (type(left) in PLAIN and type(right) in PLAIN):
+            return
         try:
-            code = frame.f_code
-            found = agreement(arg, probes)
-            if found is not None:
-                detail = f"{code.co_name} returned a value that agrees with anything: {found}"
-                for who in _answerers(code.co_filename, arg):
-                    if who.startswith(root):
-                        record("agrees", who, detail)
+            for value, other in ((left, right), (right, left)):
+                found = false_agreement(value, other, rng)
+                if found is None:
+                    continue
+                leaf, swapped = found
+                if named_by(test, leaf):  # the test's own wildcard: what it expects
+                    detail = f"{test.f_code.co_name} compares the wildcard {type(leaf).__qualname__} by name"
+                    for who in actors(leaf):
+                        record("expected", who, detail[:400])
+                    continue
+                detail = (
+                    f"{test.f_code.co_name} compared a value that agrees with anything: "
+                    f"{type(leaf).__qualname__} is equal to {swapped!r} as it is to {other!r}"
+                )[:400]
+                for who in actors(leaf):
+                    record("agrees", who, detail)
+                return
         except BaseException:
             pass
-        finally:
-            probing[0] = False
-        return returned
+
+    def at_site(frame):
+        site = sites(frame.f_code).get(frame.f_lasti)
+        if site is None or last[0] == (frame, frame.f_lasti):
+            return
+        last[0] = (frame, frame.f_lasti)
+        compared(frame, load(frame, *site[0]), load(frame, *site[1]))
+
+    def testing(frame, event, arg):
+        if event == "opcode":
+            at_site(frame)
+        elif event == "line":
+            last[0] = None
+        return testing
+
+    def trim(table):
+        if len(table) > 4096:
+            for key in list(table)[:2048]:
+                del table[key]
+
+    def repository(frame, event, arg):
+        if event == "return" and type(arg) not in PLAIN:
+            entry = returned.get(id(arg))
+            if entry is None or entry[0] is not arg:
+                entry = returned[id(arg)] = (arg, set())
+                trim(returned)
+            entry[1].add(frame.f_code.co_filename)
+        return repository
+
+    def handed(frame, event, arg):
+        if event == "return" and type(arg) not in PLAIN:
+            given[id(arg)] = (arg, frame.f_code, frame.f_locals.get("self"))
+            trim(given)
+        return handed
 
     def called(frame, event, arg):
         if event != "call":
             return None
-        name = frame.f_code.co_filename
-        mine = ours.get(name)
-        if mine is None:
-            mine = ours[name] = name.startswith(root)
-        if not mine:
-            return None
-        frame.f_trace_lines = False
-        return returned
+        code = frame.f_code
+        mine = kind_of(code.co_filename)
+        if mine == 2:
+            if not sites(code):
+                return None
+            frame.f_trace_opcodes = True
+            return testing
+        back = frame.f_back
+        if back is not None and kind_of(back.f_code.co_filename) == 2:
+            at_site(back)  # a Python ``__eq__`` (or what stands in for one) called by a test's comparison
+            name = code.co_name.lower()
+            if name.startswith("assert") and "equal" in name:
+                names = code.co_varnames[: code.co_argcount]
+                names = names[1:] if names[:1] == ("self",) else names
+                if len(names) >= 2:
+                    local = frame.f_locals
+                    compared(back, local.get(names[0], _NOTHING), local.get(names[1], _NOTHING))
+            frame.f_trace_lines = False
+            return repository if mine == 1 else handed
+        if mine == 1:
+            frame.f_trace_lines = False
+            return repository
+        return None
 
-    def modules():
-        import sys
+    def reset():
+        returned.clear()
+        given.clear()
+        last[0] = None
 
-        for name, module in list(sys.modules.items()):
-            path = getattr(module, "__file__", None)
-            if not isinstance(path, str) or not path.startswith(root):
-                continue
-            found = module_agreement(vars(module), probes)
-            if found is not None:
-                record("agrees", path, f"module {name} holds a value that agrees with anything: {found}")
-
-    _probe.update(tracer=called, modules=modules)
+    _probe.update(tracer=called, reset=reset, record=record)
 
 
-_probe: dict[str, Any] = {"tracer": None, "modules": None}
+_probe: dict[str, Any] = {"tracer": None, "on": False}
 
 
 def probe_on():
-    """Start the agreement probe in this thread and in threads started from now on; a row's own tracer
-    (coverage) is left alone, and so the probe is then off."""
+    """Start the agreement probe in this thread and in threads started from now on. A trace function set
+    before (a row's coverage) is put aside until :func:`probe_off`: the test runs observed."""
     import sys
     import threading
 
     tracer = _probe["tracer"]
-    if tracer is None or sys.gettrace() is not None:
+    if tracer is None:
         return
-    sys.settrace(tracer)
-    threading.settrace(tracer)
+    _probe["reset"]()
+    current = sys.gettrace()
+    _probe["aside"] = None if current is tracer else current
+    _probe["thread_aside"] = getattr(threading, "gettrace", lambda: None)()
+    _probe["on"] = True
+    _audit["ours"] = True
+    try:
+        sys.settrace(tracer)
+        threading.settrace(tracer)
+    finally:
+        _audit["ours"] = False
 
 
 def probe_off():
+    """Stop the probe and put back what was set before; a test during which something else replaced the
+    probe's trace function is recorded (``untraced``: what ran after it went unobserved)."""
     import sys
     import threading
 
-    if _probe["tracer"] is not None and sys.gettrace() is _probe["tracer"]:
-        sys.settrace(None)
-        threading.settrace(None)
-
-
-def report_agreeing_modules():
-    """Ask every repository module's namespace (:func:`module_agreement`), once, after the tests ran."""
-    if _probe["modules"] is not None:
-        try:
-            _probe["modules"]()
-        except BaseException:
-            pass
-
-
-def _answerers(returner, value):
-    """The returning function's file and the files of the ``__eq__``/``__ne__`` of ``value``'s type (of the
-    first item holding one, for a container)."""
-    out = [returner]
-    kind = type(value)
-    for name in ("__eq__", "__ne__"):
-        method = getattr(kind, name, None)
-        for candidate in (method, getattr(method, "func", None), getattr(method, "__func__", None)):
-            filename = getattr(getattr(candidate, "__code__", None), "co_filename", None)
-            if isinstance(filename, str) and filename not in out:
-                out.append(filename)
-    return out
+    if not _probe["on"]:
+        return
+    _probe["on"] = False
+    if sys.gettrace() is not _probe["tracer"]:
+        _probe["record"]("untraced", "", f"the trace function was {sys.gettrace()!r} when the test ended")
+    _audit["ours"] = True
+    try:
+        sys.settrace(_probe.pop("aside", None))
+        threading.settrace(_probe.pop("thread_aside", None))
+    finally:
+        _audit["ours"] = False
 
 
 def flush_audit():

@@ -99,12 +99,6 @@ def probe(on):
         (audit.probe_on if on else audit.probe_off)()
 
 
-def agreeing_modules():
-    audit = _audit()
-    if audit is not None:
-        audit.report_agreeing_modules()
-
-
 def report_object(kind, obj, detail):
     audit = _audit()
     if audit is not None:
@@ -181,7 +175,6 @@ def pytest_runtest_logreport(report):
 def pytest_sessionfinish(session, exitstatus):
     if _session["claimed"]:
         framework_changes(_session["framework"])
-        agreeing_modules()
         emit({"e": "end", "status": int(exitstatus)})
 
 
@@ -258,7 +251,6 @@ def run_unittest(names):
     suite.run(result)
     ok = result.wasSuccessful() and result.testsRun > 0
     framework_changes(framework)
-    agreeing_modules()
     emit({"e": "end", "status": 0 if ok else 1})
     return 0 if ok else 1
 

@@ -120,7 +120,6 @@ def main():
     result = program.result
     status = 0 if result.wasSuccessful() else 1
     _channel.report_framework_changes(framework)
-    _channel.report_agreeing_modules()
     write({"event": "finish", "exitstatus": status, "collected": result.testsRun})
     _channel.release()
     sys.exit(status)

@@ -70,6 +70,7 @@ class Verdict:
     note: str = ""
     flags: tuple[str, ...] = ()
     observed: tuple[str, ...] = ()  # what the changed code was seen doing while the tests ran
+    wildcard_expected: bool = False  # a test compared by name an agreeing value of the changed code
 
 
 @dataclass(frozen=True)

@@ -226,10 +226,12 @@ class EventConsumer:
         isolation_level: str = "read_committed",
         max_batch: int = 500,
         max_poll_interval_ms: int = 300_000,
+        fetch_max_wait_ms: int = 500,
     ) -> None:
         """``max_batch`` bounds one poll (and so one transaction); a handler slower than
         ``max_poll_interval_ms`` per batch (a grader running tests) must raise it, or the group
-        evicts this member and its uncommitted work is redelivered to another."""
+        evicts this member and its uncommitted work is redelivered to another. ``fetch_max_wait_ms``:
+        how long an empty fetch waits on the broker (a long-running service: ``SERVICE_FETCH_WAIT_MS``)."""
         self.service = service
         self.consumer_group = consumer_group
         self.handler = handler
@@ -243,6 +245,7 @@ class EventConsumer:
             isolation_level=isolation_level,
             max_poll_records=max_batch,
             max_poll_interval_ms=max_poll_interval_ms,
+            fetch_max_wait_ms=fetch_max_wait_ms,
         )
         self._owns_publisher = publisher is None
         self.publisher = publisher or Publisher(bootstrap_servers, client_id=f"{service}-dead-letters")

@@ -11,7 +11,9 @@ agent, a network holder:
   (every configured program off) as a fresh repository holding the base commit alone (a shallow fetch of
   ``HEAD``): no other ref, tag, reflog, stash, or object of a later commit; the image's own repository is
   deleted before any container starts. The trusted baseline the patch is taken against is recorded beside
-  it on the host and never mounted where the agent runs.
+  it on the host and never mounted where the agent runs. Both are made once per image id and workdir (an
+  entry in the scratch root's ``images/`` cache, as bwrap's) and copied into each sandbox, never linked;
+  each sandbox's baseline is its own.
 - **The command container**: ``network_mode=none`` (or, for an agent, the holder's network namespace,
   where the host's :class:`~rollbus.sandbox.adapter_proxy.AdapterProxy` listens on the loopback port the
   agent's base URL names: its only way out, nothing mounted for it), an unprivileged uid, ``cap_drop=ALL``,
@@ -44,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import os
 import secrets
 import shutil
@@ -75,13 +78,21 @@ from rollbus.sandbox.limits import Cgroups, Limits, failure_from_counters
 from rollbus.sandbox.netns import listener_in
 from rollbus.sandbox.peer import AgentProcess, start_time
 from rollbus.sandbox.process import CappedBytes
-from rollbus.sandbox.repo import GIT_IDENTITY, GitError, _git_env, record_baseline
+from rollbus.sandbox.repo import (
+    GIT_IDENTITY,
+    GitError,
+    _git_env,
+    pack_baseline,
+    record_baseline,
+    share_baseline,
+)
 
 LABEL = "rollbus.sandbox"  # every container and the holder carry it: a sweep finds what a dead runner left
 OWNER_LABEL = "rollbus.owner"  # the making process's pid and start time
 DEFAULT_USER = f"{AGENT_UID}:{AGENT_UID}"
 DISK_FULL_MARGIN = 64 << 10
 OWNER = "owner"  # in a sandbox's host dir: its maker's pid and start time
+WORKSPACE_LAYOUT = "v1"  # what a cached workspace entry holds; a new layout never reads an older one
 LEFTOVER_KILL_S = 5.0  # past this, what a finished command left is killed with the whole container
 START_TRIES = 3  # a container start the engine failed (a server error) is tried again
 
@@ -162,6 +173,11 @@ class DockerSandbox(SandboxBase):
     @property
     def host_workdir(self) -> Path:
         return self.layout.workspace
+
+    @property
+    def owner(self) -> tuple[int, int]:
+        """The (uid, gid) the commands run as, the workspace's and HOME's owner."""
+        return self._owner
 
     @property
     def image(self) -> str:
@@ -451,8 +467,11 @@ class DockerSandbox(SandboxBase):
             return counted
         if self.limits.cpu_time_s is not None and ran.exit_code == 128 + signal.SIGXCPU:
             return "cpu_limit"
-        if any(free_bytes(path) < DISK_FULL_MARGIN for path in self._mounted):
-            return "disk_full"
+        # whatever filesystem holds the workspace and HOME (its own tmpfs, or the grader's capped scratch
+        # the caller's workspace lies on), measured as bwrap measures it: a full one is the command's doing
+        with contextlib.suppress(OSError):
+            if any(free_bytes(p) < DISK_FULL_MARGIN for p in {*self._mounted, *self._mounts.values()}):
+                return "disk_full"
         with contextlib.suppress(OSError):
             if self.limits.tmp_bytes is not None and free_bytes(work.tmp) < DISK_FULL_MARGIN:
                 return "disk_full"
@@ -618,7 +637,7 @@ def _prepare_host(
     layout = DockerLayout(image_id, workdir, ws, data / "home", user, limits, "none", ro_binds, sandbox_id,
                           rw_binds or {})  # fmt: skip
     os.chmod(data, 0o755)  # the agent's uid traverses to its binds
-    return layout, data, _numeric_owner(user) if workspace is not None else (0, 0), mounted
+    return layout, data, (0, 0), mounted  # the owner is _fill's (a user name is looked up in the image)
 
 
 def _fill(client: Any, layout: DockerLayout, data: Path, prepared: bool) -> tuple[int, int]:
@@ -626,22 +645,53 @@ def _fill(client: Any, layout: DockerLayout, data: Path, prepared: bool) -> tupl
     baseline, or a tree the host ``prepared`` (the grader's) handed to the sandbox's uid; HOME likewise.
     Returns the owner (uid, gid) of both."""
     if prepared:
-        owner = _numeric_owner(layout.user)
+        owner = _owner_of(client, layout)
         _chown_tree(layout.workspace, owner)
     else:
-        owner = _prepare_workspace(client, layout, layout.workspace)
-        record_baseline(layout.workspace)
+        owner = _owner_of(client, layout)
+        _cached_workspace(client, layout, layout.workspace, data.parent / "images")
+        _chown_tree(layout.workspace, owner)
     os.chown(data / "home", *owner)
     return owner
 
 
-def _prepare_workspace(client: Any, layout: DockerLayout, ws: Path) -> tuple[int, int]:
+def _cached_workspace(client: Any, layout: DockerLayout, ws: Path, cache: Path) -> None:
+    """``ws`` filled from the image's scrubbed workspace and its trusted baseline, made once per image id
+    and workdir (:func:`_prepare_workspace`) and copied from then on, as bwrap's workspace cache
+    (:func:`rollbus.sandbox.images.cached_agent_workspace`). An image id is the digest of its content, so
+    an entry never goes stale; the copy is never linked (the agent writes into it), the baseline its own."""
+    from rollbus.sandbox.images import copy_entry
+
+    key = hashlib.sha256(f"{layout.image}\0{layout.workdir}".encode()).hexdigest()[:24]
+    entry = cache / f"docker-{WORKSPACE_LAYOUT}-{key}"
+    try:
+        if not entry.exists():
+            cache.mkdir(parents=True, exist_ok=True)
+            scratch = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=cache))
+            try:
+                _prepare_workspace(client, layout, scratch / "ws")
+                pack_baseline(record_baseline(scratch / "ws"))
+                os.rename(scratch, entry)
+            except OSError:  # another sandbox made it first (or the cache's disk failed: raised below)
+                shutil.rmtree(scratch, ignore_errors=True)
+                if not entry.exists():
+                    raise
+            except BaseException:
+                shutil.rmtree(scratch, ignore_errors=True)
+                raise
+        copy_entry(entry / "ws", ws)
+        share_baseline(entry / "ws", ws)
+    except (GitError, OSError) as exc:
+        kind: FailureKind = "disk_full" if "No space left" in str(exc) else "image_error"
+        raise SandboxError(f"filling the workspace from {layout.workdir} of the image: {exc}", kind) from exc
+
+
+def _prepare_workspace(client: Any, layout: DockerLayout, ws: Path) -> None:
     """The image's ``workdir`` copied out of it (nothing of the image runs), its repository re-made from the
     base commit alone by host git (a shallow fetch of ``HEAD`` into a fresh repository, every configured
-    program off), handed to the agent's uid; returns that (uid, gid)."""
+    program off)."""
     from rollbus.sandbox.docker_images import ImageBuildError, export_tree
 
-    owner = _owner_of(client, layout)
     source = ws.with_name("image.git")  # the image's repository, beside the workspace: never mounted
     try:
         export_tree(client, layout.image, layout.workdir, ws)
@@ -664,8 +714,6 @@ def _prepare_workspace(client: Any, layout: DockerLayout, ws: Path) -> tuple[int
         raise SandboxError(f"re-making {layout.workdir}'s repository: {exc}", kind) from exc
     finally:
         shutil.rmtree(source, ignore_errors=True)
-    _chown_tree(ws, owner)
-    return owner
 
 
 def _rebase_repository(ws: Path, source: Path) -> None:
@@ -721,13 +769,6 @@ def _chown_tree(root: Path, owner: tuple[int, int]) -> None:
             os.chown(os.path.join(top, name), *owner, follow_symlinks=False)
 
 
-def _numeric_owner(user: str) -> tuple[int, int]:
-    uid, _, gid = user.partition(":")
-    if not uid.isdigit() or not (gid or uid).isdigit():
-        raise SandboxError(f"a prepared workspace needs a numeric user (uid:gid), got {user!r}")
-    return int(uid), int(gid or uid)
-
-
 def start(api: Any, cid: str) -> None:
     """Start ``cid``. The engine's transient failures under load (a server error such as runc's "cannot
     start a stopped process") are tried again, ``START_TRIES`` times in all."""
@@ -768,9 +809,20 @@ def _start_holder(client: Any, image: str, sandbox_id: str) -> tuple[str, int]:
 
 
 def _close(client: Any, containers: list[str], data: Path, mounted: list[Path]) -> None:
-    for cid in containers:
+    """Remove the sandbox's containers (side by side: each removal is a kill and a wait in the engine), then
+    its host directories."""
+
+    def remove(cid: str) -> None:
         with contextlib.suppress(Exception):
             client.api.remove_container(cid, force=True)
+
+    others = [threading.Thread(target=remove, args=(cid,), daemon=True) for cid in containers[1:]]
+    for thread in others:
+        thread.start()
+    for cid in containers[:1]:
+        remove(cid)
+    for thread in others:
+        thread.join()
     _remove_data(data, mounted)
 
 

@@ -13,9 +13,14 @@ naming the field it refuses. :func:`load_task` is the I/O edge. What becomes of 
   build_timeout_sec``, ``cpus``, ``memory_mb`` (or 1.4's ``memory = "2G"``), ``storage_mb`` (or
   ``storage``); ``agent.user`` and ``[verifier] user``; ``[verifier] env`` and ``[solution] env``;
   ``network_mode`` (or ``allow_internet``) per phase: ``no-network`` as asked; ``public`` for the agent is
-  narrowed to the adapter alone (the policy never reaches the internet), ``public`` for the verifier is kept
-  for the backend to grant or refuse.
-- refused by name: ``[environment] gpus`` > 0, ``mcp_servers``, ``network_mode = "allowlist"``, ``[[steps]]``
+  narrowed to the adapter alone (the policy never reaches the internet); the environment's baseline
+  ``public`` is recorded for the verifier, which runs without network all the same (its note says so when
+  it fails). The verifier's ``[environment]`` resources narrow its container limits too.
+- refused by name: ``[verifier] network_mode = "public"`` (the verifier runs the policy's code: with a
+  network, that code could fetch an answer or send the tests out while its reward is decided; prepare the
+  verifier's tools in ``environment/Dockerfile``), ``[verifier] user`` root (by name or uid 0: the same
+  code would run as root), ``[environment] gpus`` > 0, ``mcp_servers``, ``network_mode = "allowlist"``,
+  ``[[steps]]``
   (multi-step tasks), a separate verifier environment (``environment_mode = "separate"``,
   ``[verifier.environment]``), ``environment/docker-compose.yaml`` without a Dockerfile, schema versions
   other than 1.x.
@@ -163,6 +168,16 @@ def _refuse(config: dict, env: dict, verifier: dict, files: Mapping[str, bytes],
         raise no("verifier.environment / environment_mode", "a separate verifier environment")
     if "environment/Dockerfile" not in files and "environment/docker-compose.yaml" in files:
         raise no("environment/docker-compose.yaml", "multi-container environments")
+    if verifier.get("network_mode") == "public":
+        raise no(
+            "verifier.network_mode = 'public'",
+            "the verifier runs the policy's code, which with a network could fetch an answer or send the"
+            " tests out while its reward is decided; verifiers run without network (install their tools in"
+            " environment/Dockerfile)",
+        )
+    user = str(verifier.get("user", ""))
+    if user.partition(":")[0] in ("root", "0"):
+        raise no(f"verifier.user = {user!r}", "the verifier runs the policy's code, never as root")
 
 
 def _network(phase: dict, env: dict, which: str, name: str) -> str:

@@ -7,11 +7,13 @@ keeps generating on the GPU.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import orjson
 
 from rollbus.top_logprobs import BadTopLogprobs, from_sglang
 
@@ -94,8 +96,9 @@ class SGLangClient:
         started = time.monotonic()
         try:
             response = await self.http.post(
-                f"{self.base_url}/generate", json=body, headers={**headers.as_dict(), **self.auth}
-            )
+                f"{self.base_url}/generate", content=encode_body(body),
+                headers={**headers.as_dict(), **self.auth, "Content-Type": "application/json"},
+            )  # fmt: skip
         except asyncio.CancelledError:
             await asyncio.shield(self.abort(rid))
             raise
@@ -120,6 +123,17 @@ class SGLangClient:
             )
         except httpx.HTTPError:
             pass
+
+
+def encode_body(body: dict[str, Any]) -> bytes:
+    """The request as JSON bytes. orjson: the whole prompt's ids go with every turn, and the standard encoder
+    spent ~4 ms on a 20k-token prompt (~0.2 CPU-s per 50-turn rollout, a fifth of the adapter's own work).
+    What orjson refuses (an int past 64 bits, a lone surrogate) the standard encoder writes, as before; the
+    sampling floats are bounded by the routes' validation, so no NaN (which orjson would write as null)."""
+    try:
+        return orjson.dumps(body)
+    except (orjson.JSONEncodeError, TypeError):
+        return json.dumps(body).encode()
 
 
 def parse_generation(data: Any, rid: str, elapsed_ms: int, top_logprobs: int = 0) -> Generation:
