@@ -32,11 +32,18 @@ demo: bootstrap
 DOCKER_BROKER_SHARE := tests/test_local_images.py tests/test_regrade.py tests/test_sandbox_runner_delivery.py \
 	tests/test_trainer_service.py::test_trains_publishes_and_the_engine_serves_each_version
 
+# The suite runs on $(TEST_WORKERS) pytest-xdist workers, a file to a worker (module rigs start once), in the order
+# tests/conftest.py's LONGEST_FIRST gives, its ONE_AT_A_TIME whole-stack files one after another on one worker:
+# most of a test's wall time is waiting on brokers, CLIs, engines and containers, so three overlap well even on
+# two cores. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 3
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+
 test: bootstrap-test
 	@v="$$(cat $(VENV_FILE))"; \
 	"$$v/bin/ruff" check rollbus services trainer tests bench examples scripts setup.py && \
 	"$$v/bin/python" scripts/typecheck.py && \
-	"$$v/bin/python" -m pytest -p no:cacheprovider -ra --durations=30 $(PYTEST_ARGS) && \
+	"$$v/bin/python" -m pytest -p no:cacheprovider -ra --durations=30 $(XDIST) $(PYTEST_ARGS) && \
 	{ [ -n "$(PYTEST_ARGS)" ] || \
 	  ROLLBUS_TEST_BROKER=docker "$$v/bin/python" -m pytest -p no:cacheprovider -ra $(DOCKER_BROKER_SHARE); }
 

@@ -46,6 +46,59 @@ def pytest_ignore_collect(collection_path: Path) -> bool | None:
     return None if torch.cuda.is_available() else True
 
 
+# The longest files, longest first: under xdist (make test's ``--dist loadfile --no-loadscope-reorder``) the
+# workers take files in collection order, so these start at once and the short ones fill in around them
+# instead of one of these starting last and running alone. Figures: seconds of a CI run on 2 cores.
+LONGEST_FIRST = (
+    "tests/test_demo.py",
+    "tests/test_compose_up.py",
+    "tests/integration/test_pipeline_faults.py",
+    "tests/test_bench_quick.py",
+    "tests/test_demo_task_images.py",
+    "tests/test_sandbox_runner_e2e.py",
+    "tests/test_trainer_service.py",
+    "tests/test_e2e_claude_code.py",
+    "tests/test_trainer_fsdp.py",
+    "tests/test_trainer_bench.py",
+    "tests/test_adapter_turns.py",
+)
+
+
+# Each of these starts a whole stack (engine, adapter, runner, grader, segmenter, trainer, a broker) and keeps
+# both cores busy: side by side they starve each other (the fault test's 900 s wait ran out with all three at
+# once under load), so they run one after another on one worker while the others take the rest of the suite.
+ONE_AT_A_TIME = (
+    "tests/test_demo.py",
+    "tests/test_compose_up.py",
+    "tests/integration/test_pipeline_faults.py",
+    "tests/test_demo_task_images.py",
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile``, with the ONE_AT_A_TIME files as one unit of work rather than a unit each."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class WholeStacksInTurn(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return "whole-stack tests" if path in ONE_AT_A_TIME else path
+
+    return WholeStacksInTurn(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under an xdist worker, the LONGEST_FIRST files move to the front (a stable sort: each file's tests keep
+    their order, every other file its place). Every worker sorts alike, as xdist requires."""
+    if not hasattr(config, "workerinput"):
+        return
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "kafka: needs a real Kafka broker (the kafka_bootstrap fixture)")
     config.addinivalue_line("markers", "docker: a Docker engine (the project starts its own if none answers)")
@@ -144,11 +197,11 @@ def kafka_container(image: str, **docker_client_kw: Any) -> Any:
     return container
 
 
-def local_broker(state_dir: os.PathLike[str]) -> Iterator[str]:
+def local_broker(state_dir: os.PathLike[str], port: int | None = None, timeout: float = 120) -> Iterator[str]:
     from rollbus.kafka.broker import EmbeddedBroker, free_port
 
-    broker = EmbeddedBroker(state_dir, port=free_port())
-    broker.start(timeout=120)
+    broker = EmbeddedBroker(state_dir, port=port or free_port())
+    broker.start(timeout=timeout)
     try:
         yield broker.bootstrap_servers
     finally:
@@ -162,9 +215,23 @@ def local_broker(state_dir: os.PathLike[str]) -> Iterator[str]:
 _early_broker: dict[str, Any] = {}
 
 
+# Under pytest-xdist (``make test`` runs ``-n``) the controller starts that one broker and names it to its
+# workers through this variable (they inherit its environment), so all workers share one JVM; each test's
+# topics are a namespace of its own, so they do not see each other there.
+SHARED_BROKER_ENV = "ROLLBUS_TEST_SHARED_BROKER"
+
+
+def xdist_controller(config: pytest.Config) -> bool:
+    """True in the process that hands tests to pytest-xdist workers (and runs none itself)."""
+    return config.pluginmanager.hasplugin("dsession")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     config = session.config
-    if config.args_source is not pytest.Config.ArgsSource.TESTPATHS or config.option.collectonly:
+    if os.environ.get(SHARED_BROKER_ENV) or config.option.collectonly:
+        return  # a worker: the controller's broker serves it
+    chosen_files = config.args_source is not pytest.Config.ArgsSource.TESTPATHS
+    if chosen_files and not xdist_controller(config):
         return
     try:
         if broker_kind() != "local":
@@ -173,12 +240,19 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         return  # the fixture says so where a test needs a broker
     from concurrent.futures import ThreadPoolExecutor
 
+    from rollbus.kafka.broker import free_port
+
     state = Path(tempfile.mkdtemp(prefix="rollbus-test-broker-"))
-    broker = local_broker(state)
+    port = free_port()
+    # three workers collecting on two cores slow the JVM's start: more time than a broker of one's own gets
+    broker = local_broker(state, port, timeout=300)
     pool = ThreadPoolExecutor(1, thread_name_prefix="early-broker")
     started = pool.submit(next, broker)
     pool.shutdown(wait=False)  # the start runs on; the fixture waits for it
     _early_broker.update(broker=broker, state=state, started=started)
+    if xdist_controller(config):
+        # xdist starts its workers after this hook (its own is trylast), so they inherit the name
+        os.environ[SHARED_BROKER_ENV] = f"127.0.0.1:{port}"
 
 
 def stop_early_broker() -> None:
@@ -199,6 +273,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Bootstrap servers of the session's Kafka broker (see the module docstring for which)."""
+    if shared := os.environ.get(SHARED_BROKER_ENV):
+        yield shared_broker(shared)
+        return
     if _early_broker:
         try:
             yield _early_broker["started"].result()
@@ -212,6 +289,19 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield from local_broker(tmp_path_factory.mktemp("rollbus-state"))
     else:
         yield os.environ["ROLLBUS_BOOTSTRAP_SERVERS"]
+
+
+def shared_broker(bootstrap_servers: str, timeout: float = 300) -> str:
+    """The xdist controller's broker, once it answers (it may still be starting when a worker first asks)."""
+    from rollbus.kafka.broker import answers_metadata
+    from rollbus.polling import WaitTimeout, wait_until
+
+    try:
+        wait_until(lambda: answers_metadata(bootstrap_servers), timeout=timeout, interval=0.5, what="broker")
+    except WaitTimeout:
+        message = f"the session's broker {bootstrap_servers} did not answer in {timeout:.0f} s"
+        raise pytest.UsageError(message) from None
+    return bootstrap_servers
 
 
 def unique_namespace() -> str:
