@@ -16,6 +16,8 @@ material (``hidden/``, ``fix/``, ``swepro/``, ``gold.patch``) must never reach a
 from __future__ import annotations
 
 import argparse
+import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -74,9 +76,34 @@ def apply_edit(repo: Path, edit: dict[str, str]) -> None:
     target.write_text(text.replace(edit["old_string"], edit["new_string"]))
 
 
+STAMP = "rollbus-build-stamp"  # in the image's .git: what it was built from (outside every commit)
+
+
+def source_stamp(spec: dict[str, Any]) -> str:
+    """What an image is made of: the task's spec and the files of its ``repo/`` and ``fix/``, and this
+    script's recipe (``build_image`` and the commit identity)."""
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode())
+    digest.update(json.dumps(COMMIT_ENV, sort_keys=True).encode())
+    digest.update(Path(__file__).read_bytes())
+    for part in ("repo", "fix"):
+        for path in sorted((TASKS / spec["id"] / part).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                digest.update(str(path.relative_to(TASKS)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def build_image(spec: dict[str, Any], dest: Path) -> dict[str, str]:
-    """Make ``dest`` the task's image; returns its commits (``base``, and ``fix`` for swepro tasks)."""
+    """Make ``dest`` the task's image, unless it was made from the same sources already (another process
+    may be reading it: an image is rebuilt only when what it is made of changed); returns its commits
+    (``base``, and ``fix`` for swepro tasks)."""
     task_dir = TASKS / spec["id"]
+    stamp = source_stamp(spec)
+    marker = dest / ".git" / STAMP
+    if marker.is_file() and marker.read_text() == stamp:
+        commits = {"base": git(dest, "rev-parse", "main")}
+        if spec["grader"] == "swepro":
+            commits["fix"] = git(dest, "rev-parse", "fix")
+        return commits
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
@@ -93,6 +120,7 @@ def build_image(spec: dict[str, Any], dest: Path) -> dict[str, str]:
         git(dest, "commit", "-q", "-m", f"{spec['id']}: fix")
         commits["fix"] = git(dest, "rev-parse", "HEAD")
         git(dest, "checkout", "-q", "main")
+    marker.write_text(stamp)
     return commits
 
 
@@ -155,14 +183,18 @@ def row(spec: dict[str, Any], commits: dict[str, str]) -> dict[str, Any]:
 def build(
     images: Path = IMAGES, *, write_tasks: bool = False, dataset: Path = DATASET
 ) -> list[dict[str, Any]]:
-    """Build every image under ``images`` and return the rows; checks (or rewrites) ``dataset``."""
+    """Build every image under ``images`` and return the rows; checks (or rewrites) ``dataset``. One
+    builder at a time per ``images`` (a lock file): processes side by side never see a half-made image."""
     rows = []
-    for spec in specs():
-        if write_tasks:
-            (TASKS / spec["id"] / "gold.patch").write_text(gold_patch(spec))
-            if "probe_edit" in spec:
-                (TASKS / spec["id"] / "probe.patch").write_text(gold_patch(spec, "probe_edit"))
-        rows.append(row(spec, build_image(spec, images / spec["id"])))
+    images.mkdir(parents=True, exist_ok=True)
+    with open(images / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for spec in specs():
+            if write_tasks:
+                (TASKS / spec["id"] / "gold.patch").write_text(gold_patch(spec))
+                if "probe_edit" in spec:
+                    (TASKS / spec["id"] / "probe.patch").write_text(gold_patch(spec, "probe_edit"))
+            rows.append(row(spec, build_image(spec, images / spec["id"])))
     text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
     if write_tasks:
         dataset.write_text(text)

@@ -831,7 +831,7 @@ def _start_holder(client: Any, image: str, sandbox_id: str) -> tuple[str, int]:
 
     config = client.api.create_host_config(
         network_mode="none", cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True,
-        pids_limit=4, mem_limit=32 << 20, log_config=docker.types.LogConfig(type="none"),
+        pids_limit=32, mem_limit=64 << 20, log_config=docker.types.LogConfig(type="none"),
     )  # fmt: skip
     cid = client.api.create_container(
         image, ["sleep", "infinity"], user="65534:65534", host_config=config, labels=labels(sandbox_id),

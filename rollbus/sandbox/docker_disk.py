@@ -97,7 +97,7 @@ def create(
             volumes[inside] = name
         config = client.api.create_host_config(
             network_mode="none", cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True,
-            pids_limit=4, mem_limit=32 << 20, log_config=docker.types.LogConfig(type="none"),
+            pids_limit=32, mem_limit=64 << 20, log_config=docker.types.LogConfig(type="none"),
             mounts=mounts(volumes),
         )  # fmt: skip
         keeper = client.api.create_container(
