@@ -362,6 +362,12 @@ def _same(test: Required, file: str, name: str) -> bool:
 # -- what the first run left for the second ------------------------------------------------------------------
 
 
+def is_code(rel: str) -> bool:
+    """A code file or pytest configuration file (a path below the tree's root), ``.git`` aside."""
+    name = rel.rpartition("/")[2]
+    return not (rel + "/").startswith(".git/") and (name.endswith(CODE_SUFFIXES) or name in CONFIG_NAMES)
+
+
 def code_files(root: Path) -> dict[str, tuple[int, int, int, int]]:
     """Every code file and pytest configuration file under ``root`` (``.git`` aside) with its inode, size, and
     modification and inode-change times (the last cannot be set back from inside the sandbox); links not

@@ -14,7 +14,11 @@ agent, a network holder:
   ref, tag, reflog, stash, or object of a later commit; the image's own repository is deleted before any
   container starts; then it goes into its volume through the engine. The trusted baseline the patch is
   taken against is recorded beside it on the host and never mounted where the agent runs. A grader's
-  prepared tree stays a host directory (its scratch's to bound); its HOME is a capped volume.
+  prepared tree is bind-mounted as it is (its HOME a capped volume) where only trusted tools write it and
+  the grader reads it back (``git apply``), and copied into the capped workspace volume (``copy_workspace``)
+  where the code under test runs: what it writes never comes back to the host tree, which stays as it was,
+  and the grader reads the results through the engine (:meth:`DockerSandbox.read_file`,
+  :meth:`DockerSandbox.tree_digests`).
 - **The command container**: ``network_mode=none`` (or, for an agent, the holder's network namespace,
   where the host's :class:`~rollbus.sandbox.adapter_proxy.AdapterProxy` listens on the loopback port the
   agent's base URL names: its only way out, nothing mounted for it), an unprivileged uid, ``cap_drop=ALL``,
@@ -198,14 +202,15 @@ class DockerSandbox(SandboxBase):
         return self.layout.image
 
     def _report(self) -> dict[str, str]:
-        limits, capped = self.limits, self.layout.disk is not None
+        limits = self.limits
         return {
             "memory": f"container memory+swap {limits.memory_bytes}" if limits.memory_bytes else "none",
             "pids": f"container pids {limits.pids}" if limits.pids else "none",
             "cpu": f"container {limits.cpus} cpus" if limits.cpus else "none",
             "cpu_time": f"RLIMIT_CPU {limits.cpu_time_s} s" if limits.cpu_time_s else "none",
-            "disk": f"engine tmpfs volumes of {limits.disk_bytes} (HOME, workspace unless prepared)"
-            if capped else "none",
+            "disk": f"engine tmpfs volumes of {limits.disk_bytes} ({', '.join(self.layout.disk.volumes)})"
+            if self.layout.disk is not None
+            else "none",
             "tmp": f"tmpfs size {limits.tmp_bytes}" if limits.tmp_bytes else "tmpfs",
             "identity": f"uid {self.layout.user}, no capabilities, no new privileges",
             "network": "none" if self.layout.network == "none" else "loopback of its own, the adapter only",
@@ -231,11 +236,14 @@ class DockerSandbox(SandboxBase):
         scratch_root: Path = SCRATCH_ROOT,
         workspace: Path | None = None,
         rw_binds: Mapping[str, str] | None = None,
+        copy_workspace: bool = False,
     ) -> DockerSandbox:
         """A sandbox over ``image`` (a name or id the engine has). Its workspace is the image's ``workdir``,
         history scrubbed, unless ``workspace`` (a prepared host directory with its baseline) is given.
         ``rw_binds``: more host directories writable inside (the grader's: a Harbor verifier's logs), each
-        the caller's to bound.
+        the caller's to bound. ``copy_workspace``: with a disk limit, ``workspace`` is copied into the capped
+        workspace volume rather than bind-mounted (the host tree stays as it was; read results back through
+        :meth:`read_file` and :meth:`tree_digests`).
         ``network="adapter"`` needs ``adapter_url`` and ``forward_port``. Raises :class:`SandboxError`
         (``image_error`` when the engine lacks the image); nothing is left behind on failure."""
         if network == "loopback":
@@ -252,7 +260,7 @@ class DockerSandbox(SandboxBase):
         made = functools.partial(
             _prepare_host, client, image, data, workdir=workdir, limits=limits or Limits(),
             ro_binds=dict(ro_binds or {}), user=user or DEFAULT_USER, sandbox_id=sandbox_id,
-            workspace=workspace, rw_binds=dict(rw_binds or {}),
+            workspace=workspace, rw_binds=dict(rw_binds or {}), copy_workspace=copy_workspace,
         )  # fmt: skip
         if network == "adapter" and (adapter_url is None or forward_port is None):
             raise SandboxError("an adapter network needs the adapter's URL and the forwarded port")
@@ -503,6 +511,20 @@ class DockerSandbox(SandboxBase):
             return await asyncio.to_thread(docker_disk.read_file, self.client, disk, path)
         return read_host_file(self._mounts, path)
 
+    @property
+    def workspace_copied(self) -> bool:
+        """The workspace is the sandbox's capped volume, not a host tree (what is written there stays)."""
+        return self.layout.disk is not None and self.workdir in self.layout.disk.volumes
+
+    async def tree_digests(self, wanted: Callable[[str], bool]) -> dict[str, tuple[str, int, str]]:
+        """The workspace volume's entries ``wanted`` takes (by path below the workdir), each its kind, size
+        and content digest, read through the engine (:func:`rollbus.sandbox.docker_disk.tree_digests`)."""
+        if self.layout.disk is None or not self.workspace_copied:
+            raise SandboxError("the workspace is a host tree here: read it on the host")
+        return await asyncio.to_thread(
+            docker_disk.tree_digests, self.client, self.layout.disk, self.workdir, wanted
+        )
+
     async def close(self) -> None:
         for cancelled in list(self._live):
             cancelled.set()
@@ -641,6 +663,7 @@ def _prepare_host(
     sandbox_id: str,
     workspace: Path | None,
     rw_binds: dict[str, str] | None = None,
+    copy_workspace: bool = False,
 ) -> tuple[DockerLayout, Path, tuple[int, int], list[Path]]:
     """The host side, off the loop: the image's digest, the capped workspace and HOME (filled by
     :func:`_fill`)."""
@@ -660,7 +683,7 @@ def _prepare_host(
     layout = DockerLayout(image_id, workdir, ws, data / "home", user, limits, "none", ro_binds, sandbox_id,
                           rw_binds or {})  # fmt: skip
     if limits.disk_bytes is not None:
-        paths = [workdir, HOME] if workspace is None else [HOME]
+        paths = [workdir, HOME] if workspace is None or copy_workspace else [HOME]
         holder = _owner_of(client, layout)  # a user name is looked up in the image
         name = f"rollbus-disk-{sandbox_id}"
         size = limits.disk_bytes
@@ -677,6 +700,8 @@ def _fill(client: Any, layout: DockerLayout, data: Path, prepared: bool) -> tupl
     if prepared:
         owner = _owner_of(client, layout)
         _chown_tree(layout.workspace, owner)
+        if layout.disk is not None and layout.workdir in layout.disk.volumes:  # copy_workspace: the host's
+            docker_disk.put_tree(client, layout.disk, layout.workspace, layout.workdir)  # stays as it was
     else:
         owner = _owner_of(client, layout)
         _cached_workspace(client, layout, layout.workspace, data.parent / "images")

@@ -21,12 +21,13 @@ namespace); the keeper runs as uid 0 with no capability, so a root caller needs 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import os
 import posixpath
 import tarfile
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,6 +171,60 @@ def read_file(client: Any, disk: EngineDisk, path: str) -> bytes:
         extracted = tar.extractfile(member)
         assert extracted is not None
         return extracted.read()
+
+
+def tree_digests(
+    client: Any, disk: EngineDisk, inside: str, wanted: Callable[[str], bool]
+) -> dict[str, tuple[str, int, str]]:
+    """Each entry under the volume's path ``inside`` whose path below it ``wanted`` takes: its kind (``file``,
+    ``link``, ``other``), size, and the SHA-256 of its bytes (a link's: its target), read from the archive
+    the engine streams (nothing lands on the host disk, nothing is followed)."""
+    import docker
+
+    _locate(disk, inside)
+    try:
+        stream, _ = client.api.get_archive(disk.keeper, inside)
+    except docker.errors.APIError as exc:
+        raise SandboxError(f"reading {inside}: {exc}") from exc
+    out: dict[str, tuple[str, int, str]] = {}
+    with tarfile.open(fileobj=_Chunks(stream), mode="r|") as tar:
+        for member in tar:
+            rel = member.name.partition("/")[2]  # below the archive's top directory (``inside``'s name)
+            if not rel or not wanted(rel):
+                continue
+            digest = hashlib.sha256()
+            if member.isfile():
+                kind, extracted = "file", tar.extractfile(member)
+                assert extracted is not None
+                while chunk := extracted.read(1 << 20):
+                    digest.update(chunk)
+            elif member.issym() or member.islnk():
+                kind = "link"
+                digest.update(member.linkname.encode("utf-8", "surrogateescape"))
+            else:
+                kind = "other"
+            out[rel] = (kind, member.size, digest.hexdigest())
+    return out
+
+
+class _Chunks(io.RawIOBase):
+    """The engine's archive stream (an iterator of byte chunks) as a file ``tarfile`` reads in order."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks, self._left = iter(chunks), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._left:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._left = chunk
+        n = min(len(buffer), len(self._left))
+        buffer[:n], self._left = self._left[:n], self._left[n:]
+        return n
 
 
 def remove(client: Any, containers: list[str], volumes: list[str]) -> None:
