@@ -132,7 +132,8 @@ class ContainerSandboxes:
         copy_tree: bool = False,
     ) -> GradingContainer:
         """``copy_tree``: the code under test runs here, so ``repo`` goes into the sandbox's capped volume
-        (with a disk limit) and is left on the host as it was: read what the run wrote through the sandbox."""
+        (with a disk limit) and is left on the host as it was, and each ``rw_binds`` path is an empty capped
+        volume instead of its host directory: read what the run wrote through the sandbox."""
         from rollbus.sandbox.docker_backend import DockerSandbox
 
         ro = {str(host): inside for host, inside in binds.items()}
@@ -175,12 +176,13 @@ class GradingContainer:
     async def write_file(self, path: str, data: bytes | str) -> None:
         await self.box.write_file(path, data)
 
-    async def read_file(self, path: str) -> bytes:
-        return await self.box.read_file(path)
+    async def read_file(self, path: str, limit: int | None = None) -> bytes:
+        return await self.box.read_file(path, limit)
 
     @property
     def tree_copied(self) -> bool:
-        """The tree is the sandbox's own capped copy: read it through :meth:`code_files`, not on the host."""
+        """The tree (and the writable directories) are the sandbox's own capped volumes: read them through
+        :meth:`code_files` and :meth:`read_file`, not on the host."""
         return bool(self.box.workspace_copied)
 
     async def code_files(self) -> dict[str, tuple[str, int, str]]:

@@ -243,7 +243,8 @@ class DockerSandbox(SandboxBase):
         ``rw_binds``: more host directories writable inside (the grader's: a Harbor verifier's logs), each
         the caller's to bound. ``copy_workspace``: with a disk limit, ``workspace`` is copied into the capped
         workspace volume rather than bind-mounted (the host tree stays as it was; read results back through
-        :meth:`read_file` and :meth:`tree_digests`).
+        :meth:`read_file` and :meth:`tree_digests`), and each ``rw_binds`` path is an empty capped volume
+        instead of its host directory.
         ``network="adapter"`` needs ``adapter_url`` and ``forward_port``. Raises :class:`SandboxError`
         (``image_error`` when the engine lacks the image); nothing is left behind on failure."""
         if network == "loopback":
@@ -505,11 +506,13 @@ class DockerSandbox(SandboxBase):
             return
         write_host_file(self._mounts, path, data, owner=self._owner[0])
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, limit: int | None = None) -> bytes:
+        """The file's bytes (``limit``: its first ``limit`` bytes, so a huge file costs no memory)."""
         disk = self.layout.disk
         if disk is not None and disk.holds(path):
-            return await asyncio.to_thread(docker_disk.read_file, self.client, disk, path)
-        return read_host_file(self._mounts, path)
+            return await asyncio.to_thread(docker_disk.read_file, self.client, disk, path, limit)
+        data = read_host_file(self._mounts, path)
+        return data if limit is None else data[:limit]
 
     @property
     def workspace_copied(self) -> bool:
@@ -684,6 +687,9 @@ def _prepare_host(
                           rw_binds or {})  # fmt: skip
     if limits.disk_bytes is not None:
         paths = [workdir, HOME] if workspace is None or copy_workspace else [HOME]
+        if workspace is not None and copy_workspace:  # the writable directories too: empty capped volumes
+            paths += [inside for inside in layout.rw_binds.values() if inside not in paths]
+            layout = DockerLayout(**{**layout.__dict__, "rw_binds": {}})
         holder = _owner_of(client, layout)  # a user name is looked up in the image
         name = f"rollbus-disk-{sandbox_id}"
         size = limits.disk_bytes

@@ -154,9 +154,10 @@ def write_file(client: Any, disk: EngineDisk, path: str, data: bytes, owner: tup
         raise SandboxError(f"writing {path}: {exc}", _kind(exc)) from exc
 
 
-def read_file(client: Any, disk: EngineDisk, path: str) -> bytes:
+def read_file(client: Any, disk: EngineDisk, path: str, limit: int | None = None) -> bytes:
     """The regular file at the sandbox path ``path`` (a link is not followed out: the engine resolves it
-    inside the keeper, and anything but a regular file is refused)."""
+    inside the keeper, and anything but a regular file is refused); ``limit``: its first ``limit`` bytes
+    alone, read off the engine's stream (a file as large as the volume costs no memory)."""
     import docker
 
     _locate(disk, path)
@@ -164,13 +165,13 @@ def read_file(client: Any, disk: EngineDisk, path: str) -> bytes:
         stream, _ = client.api.get_archive(disk.keeper, path)
     except docker.errors.NotFound as exc:
         raise FileNotFoundError(path) from exc
-    with tarfile.open(fileobj=io.BytesIO(b"".join(stream)), mode="r") as tar:
+    with tarfile.open(fileobj=_Chunks(stream), mode="r|") as tar:
         member = tar.next()
         if member is None or not member.isfile():
             raise SandboxPathError(f"{path!r} is not a regular file")
         extracted = tar.extractfile(member)
         assert extracted is not None
-        return extracted.read()
+        return extracted.read() if limit is None else extracted.read(limit)
 
 
 def tree_digests(
