@@ -444,6 +444,7 @@ async def run_grader(
     env = BASE_ENV | {"HOME": sandbox.home} | report_env(sandbox.workdir) | channel.env
     texts = []
     own_source = host_sources(repo)
+    copied = bool(getattr(sandbox, "tree_copied", False))  # the tree is the sandbox's: read it there alone
     try:
         code_before = await tree_code_files(sandbox, repo) if second else {}
         if isinstance(grader, Swepro):
@@ -453,14 +454,16 @@ async def run_grader(
         else:
             outcome, log = await _run_command(spec, sandbox, env, deadline, canaries, channel, known_files)
         texts.append(channel.text)
-        if second and outcome.solved and channel.text:
+        again = second and outcome.solved and bool(channel.text)
+        after = await tree_code_files(sandbox, repo) if again or (copied and untouched is not None) else {}
+        if copied:  # the run's own sources as the first run left them, listed before the copy is gone
+            own_source = copied_sources(after)
+        if again:
             outcome, more, text = await run_second(
                 spec, sandbox, eval_dir, deadline, outcome, channel.text, canaries, observe,
-                second_run.rewritten(code_before, await tree_code_files(sandbox, repo)),
+                second_run.rewritten(code_before, after),
             )  # fmt: skip
             log, texts = log + more, [*texts, text]
-        if untouched is not None and getattr(sandbox, "tree_copied", False):  # read before the copy is gone
-            own_source = copied_sources(await sandbox.code_files())
     finally:
         channel.close()
         await sandbox.close()
