@@ -101,7 +101,6 @@ DISK_FULL_MARGIN = 64 << 10
 OWNER = "owner"  # in a sandbox's host dir: its maker's pid and start time
 WORKSPACE_LAYOUT = "v1"  # what a cached workspace entry holds; a new layout never reads an older one
 LEFTOVER_KILL_S = 5.0  # past this, what a finished command left is killed with the whole container
-START_TRIES = 3  # a container start the engine failed (a server error) is tried again
 
 
 @dataclass(frozen=True)
@@ -841,19 +840,7 @@ def _chown_tree(root: Path, owner: tuple[int, int]) -> None:
             os.chown(os.path.join(top, name), *owner, follow_symlinks=False)
 
 
-def start(api: Any, cid: str) -> None:
-    """Start ``cid``. The engine's transient failures under load (a server error such as runc's "cannot
-    start a stopped process") are tried again, ``START_TRIES`` times in all."""
-    import docker
-
-    for attempt in range(START_TRIES):
-        try:
-            api.start(cid)
-            return
-        except docker.errors.APIError as exc:
-            if attempt == START_TRIES - 1 or not exc.is_server_error():
-                raise
-            time.sleep(0.2 * (attempt + 1))
+start = docker_disk.start  # a container start the engine failed transiently is tried again
 
 
 def _start_holder(client: Any, image: str, sandbox_id: str) -> tuple[str, int]:

@@ -27,6 +27,7 @@ import os
 import posixpath
 import tarfile
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from typing import Any
 
 from rollbus.sandbox.base import FailureKind, SandboxError, SandboxPathError
 
+START_TRIES = 3  # a container start the engine failed (a server error) is tried again
 KEEPER_USER = "0:0"  # no capability at all; root only so that any root caller may read its /proc/<pid>/root
 
 
@@ -105,7 +107,7 @@ def create(
             image, ["sleep", "infinity"], user=KEEPER_USER, host_config=config, labels=dict(labels),
             entrypoint=[], network_disabled=True,
         )["Id"]  # fmt: skip
-        client.api.start(keeper)
+        start(client.api, keeper)
         pid = int(client.api.inspect_container(keeper)["State"]["Pid"])
         if pid <= 0:
             raise SandboxError("the disk keeper did not start")
@@ -113,6 +115,21 @@ def create(
     except BaseException:
         remove(client, [keeper] if keeper else [], list(volumes.values()))
         raise
+
+
+def start(api: Any, cid: str) -> None:
+    """Start ``cid``. The engine's transient failures under load (a server error such as runc's "cannot
+    start a stopped process") are tried again, ``START_TRIES`` times in all."""
+    import docker
+
+    for attempt in range(START_TRIES):
+        try:
+            api.start(cid)
+            return
+        except docker.errors.APIError as exc:
+            if attempt == START_TRIES - 1 or not exc.is_server_error():
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 def put_tree(client: Any, disk: EngineDisk, tree: Path, inside: str) -> None:
