@@ -217,16 +217,39 @@ async def test_fallocate_past_the_graders_disk_never_reaches_the_host_disk() -> 
 @needs_root_bwrap
 @pytest.mark.parametrize("backend", ["local", pytest.param("docker", marks=pytest.mark.docker)])
 async def test_a_patch_that_fills_the_graders_disk_scores_zero_named_disk_full(
-    tmp_path: Path, backend: str
+    tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Through ``grade``: the gold fix plus code in the fixed module that, at import, allocates 6 GB and then
     writes zeros until the disk is full, errors swallowed. Reward 0, failure kind ``disk_full``; the gold
     fix alone on the same capped scratch still scores 1 (the cap is roomy for honest work). In containers
-    too: the tree bind-mounted from the same capped scratch."""
+    the cap is the engine's, not the grader's scratch mount (which a grader beside the engine, under Compose,
+    could not give it): the test sandbox's tree is a tmpfs volume of the scratch's size that the engine made,
+    the bytes went there, and the host tree behind it got none of them."""
     row = next(r for r in load_build().build() if r["metadata"]["image"].endswith("/sum-to"))
     config = GradingOptions(scratch_bytes=48 * MIB).grade_config()  # what --scratch-bytes sets
     spec = parse_row(row, SWE_MINI)
     grade = grade_function(backend)
+    seen: list[dict[str, Any]] = []
+    if backend == "docker":
+        from rollbus.grading.container import GradingContainer
+
+        close = GradingContainer.close
+
+        async def looked_at(self: GradingContainer) -> None:  # the test sandbox, as it closes
+            if self.tree_copied:
+                box = self.box
+                mounts = box.client.api.inspect_container(box._work_id)["Mounts"]
+                volume = next(m["Name"] for m in mounts if m["Destination"] == box.workdir)
+                filled = await box.run(["sh", "-c", "cat fill big 2>/dev/null | wc -c"], ENV)
+                host = box.host_workdir
+                seen.append({
+                    "options": box.client.api.inspect_volume(volume)["Options"],
+                    "inside": int(filled.stdout.strip() or 0),
+                    "on_host": [p.name for p in (host / "fill", host / "big") if p.exists()],
+                })  # fmt: skip
+            await close(self)
+
+        monkeypatch.setattr(GradingContainer, "close", looked_at)
     gold = await grade(spec, row["label"], config)
     assert (gold.reward, gold.failure_kind) == (1.0, None), gold
     fill = (
@@ -242,8 +265,14 @@ async def test_a_patch_that_fills_the_graders_disk_scores_zero_named_disk_full(
     )
     image = SWE_MINI / row["metadata"]["image"]
     attack = patch_of(image, tmp_path / "repo", row["label"], "calc/core.py", fill)
+    seen.clear()
     filled = await grade(spec, attack, config)
     assert (filled.reward, filled.failure_kind) == (0.0, "disk_full"), filled
+    if backend == "docker":
+        [tests] = seen
+        assert tests["options"]["type"] == "tmpfs", tests
+        assert f"size={48 * MIB}" in tests["options"]["o"].split(","), tests
+        assert 40 * MIB < tests["inside"] <= 48 * MIB and tests["on_host"] == [], tests
 
 
 def load_build() -> Any:

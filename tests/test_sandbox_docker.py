@@ -286,6 +286,7 @@ async def test_the_engine_caps_the_disk_wherever_the_runner_runs(engine: Any, hi
         assert linked.exit_code == 0, linked.stderr
         await box.write_file("/home/agent/.config/cli.json", b"{}")
         assert await box.read_file("/home/agent/.config/cli.json") == b"{}"
+        assert await box.read_file("/home/agent/.config/cli.json", limit=1) == b"{"  # no more off the stream
         with pytest.raises(SandboxPathError):
             await box.read_file("/home/agent/l")
         owned = await box.run(["stat", "-c", "%u", "/home/agent/.config/cli.json"], ENV)

@@ -8,9 +8,14 @@ The grade is :mod:`rollbus.grading.run`'s, step for step; only where its command
 - the base tree is the image's ``workdir`` copied out of it (nothing of the image runs), made into the
   scrubbed base repository on the host as for bwrap;
 - each sandbox is a :class:`~rollbus.sandbox.docker_backend.DockerSandbox` of the image's id over the tree
-  the host prepared: ``network_mode=none``, an unprivileged uid, no capabilities, no new privileges, the
-  image's root read-only, limits on pids, memory, CPU and ``/tmp``, the eval material and the protected test
-  directories read-only; commands run with the image's own ``PATH`` (a SWE-bench image's environment);
+  the host prepared: bind-mounted where only ``git apply`` (or a Harbor gold ``solve.sh``) writes it and the
+  host reads it back; copied into an engine-made tmpfs volume of the grade's disk cap (the smaller of the
+  row's disk limit and ``scratch_bytes``) where the code under test runs (``copy_tree``), so what it writes
+  is capped by the engine wherever the grader runs (Compose included), and read back through the engine
+  (reports, the tree's code files); HOME likewise a capped volume; ``network_mode=none``, an unprivileged
+  uid, no capabilities, no new privileges, the image's root read-only, limits on pids, memory, CPU and
+  ``/tmp``, the eval material and the protected test directories read-only; commands run with the image's
+  own ``PATH`` (a SWE-bench image's environment);
 - the report channel is :class:`~rollbus.grading.channel.SocketChannel`: a socket file in a host directory
   bind-mounted alone at :data:`CHANNEL_DIR`, accepted once (the grader's launcher, run as the command before
   any repository code) and removed, so the tested code finds the same inherited descriptors as under bwrap
@@ -29,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rollbus.grading import run, verdict
+from rollbus.grading import run, second_run, verdict
 from rollbus.grading.channel import SOCKET_NAME, SocketChannel
 from rollbus.grading.rows import GradingSpec, Harbor
 from rollbus.grading.verdict import GradeResult, failed
@@ -42,7 +47,7 @@ LAUNCH = (  # the launcher where the image has a python3; the bare command (repo
     "sh", "-c", 'command -v python3 >/dev/null 2>&1 && exec python3 -I -S "$0" "$@"; shift; exec "$@"',
     f"{run.PLUGIN_DIR}/rollbus_launch.py", f"{CHANNEL_DIR}/{SOCKET_NAME}",
 )  # fmt: skip
-LIMITS = Limits()  # bwrap's grading defaults; the tree is on the grade's capped scratch, HOME a capped tmpfs
+LIMITS = Limits()  # bwrap's grading defaults; the disk: the tree's and HOME's volumes (under scratch_bytes)
 
 
 async def grade(spec: GradingSpec, patch: bytes | str, config: run.GradeConfig | None = None) -> GradeResult:
@@ -53,6 +58,9 @@ async def grade(spec: GradingSpec, patch: bytes | str, config: run.GradeConfig |
         kind = verdict.SANDBOX_FAILED
         return failed(kind, str(exc))
     limits = row_limits(LIMITS, {"resources": spec.resources}) if spec.resources else LIMITS
+    cap = (config or run.GradeConfig()).scratch_bytes
+    if limits.disk_bytes is not None and cap < limits.disk_bytes:  # the tree's volume: the grade's scratch's
+        limits = dataclasses.replace(limits, disk_bytes=cap)
     sandboxes = ContainerSandboxes(client, image.id, _path_of(image), limits)
     if isinstance(spec.grader, Harbor):
         from rollbus.grading.harbor import grade_harbor
@@ -121,7 +129,11 @@ class ContainerSandboxes:
         *,
         rw_binds: Mapping[Path, str] | None = None,
         user: str | None = None,
+        copy_tree: bool = False,
     ) -> GradingContainer:
+        """``copy_tree``: the code under test runs here, so ``repo`` goes into the sandbox's capped volume
+        (with a disk limit) and is left on the host as it was, and each ``rw_binds`` path is an empty capped
+        volume instead of its host directory: read what the run wrote through the sandbox."""
         from rollbus.sandbox.docker_backend import DockerSandbox
 
         ro = {str(host): inside for host, inside in binds.items()}
@@ -132,7 +144,7 @@ class ContainerSandboxes:
         box = await DockerSandbox.create(
             self.image, client=self.client, workdir=workdir, limits=self.limits, ro_binds=ro,
             workspace=repo, rw_binds={str(h): i for h, i in (rw_binds or {}).items()},
-            scratch_root=repo.parent, user=user,
+            scratch_root=repo.parent, user=user, copy_workspace=copy_tree,
         )  # fmt: skip
         return GradingContainer(box, self.path, isinstance(channel, SocketChannel))
 
@@ -164,8 +176,19 @@ class GradingContainer:
     async def write_file(self, path: str, data: bytes | str) -> None:
         await self.box.write_file(path, data)
 
-    async def read_file(self, path: str) -> bytes:
-        return await self.box.read_file(path)
+    async def read_file(self, path: str, limit: int | None = None) -> bytes:
+        return await self.box.read_file(path, limit)
+
+    @property
+    def tree_copied(self) -> bool:
+        """The tree (and the writable directories) are the sandbox's own capped volumes: read them through
+        :meth:`code_files` and :meth:`read_file`, not on the host."""
+        return bool(self.box.workspace_copied)
+
+    async def code_files(self) -> dict[str, tuple[str, int, str]]:
+        """:func:`rollbus.grading.second_run.code_files` of the sandbox's copy of the tree, through the
+        engine: each code file's kind, size and content digest."""
+        return await self.box.tree_digests(second_run.is_code)
 
     async def close(self) -> None:
         await self.box.close()

@@ -3,7 +3,8 @@
 Harbor's order: the agent's patch (or, for ``rollbus validate``'s gold, ``solution/solve.sh`` run in the
 task's container) on the image's ``workdir``, scrubbed as the agent's; then, in a fresh container of the
 same image, ``tests/`` mounted read-only at ``/tests`` (never in the agent's sandbox) and ``bash
-/tests/test.sh`` run with ``/logs/verifier`` writable; the reward is ``/logs/verifier/reward.txt`` (one
+/tests/test.sh`` run with ``/logs/verifier`` writable (with a disk limit, the tree and ``/logs/verifier`` are
+engine-made capped volumes, read back through the engine); the reward is ``/logs/verifier/reward.txt`` (one
 number), else ``reward.json`` (named numbers: the lowest counts, so every named reward must be full). The
 patch is sanitised and its tree flagged as any other grade's (:mod:`rollbus.grading.run`); the containers are
 :class:`~rollbus.grading.container.ContainerSandboxes`' (no network, unprivileged, no capabilities).
@@ -44,6 +45,7 @@ TESTS = "/tests"
 SOLUTION_DIR = "/solution"
 LOGS = "/logs/verifier"
 MAX_REWARD_BYTES = 1 << 16
+REWARD_FILES = ("reward.txt", "reward.json")
 
 
 async def grade_harbor(
@@ -105,7 +107,9 @@ async def _grade(
         logs = scratch / "logs"
         logs.mkdir()
         user = None if harbor.settings.get("verifier_user") is None else str(harbor.settings["verifier_user"])
-        box = await sandboxes.sandbox(repo, spec.workdir, {tests: TESTS}, rw_binds={logs: LOGS}, user=user)
+        box = await sandboxes.sandbox(
+            repo, spec.workdir, {tests: TESTS}, rw_binds={logs: LOGS}, user=user, copy_tree=True
+        )
         env = run.BASE_ENV | {"HOME": box.home} | dict(harbor.settings.get("verifier_env") or {})
         try:
             if box.owner[0] == 0:
@@ -113,12 +117,13 @@ async def _grade(
             os.chown(logs, *box.owner)
             left = run.time_left(deadline)
             ran = await box.run(["bash", f"{TESTS}/test.sh"], env, spec.workdir, timeout=left)
+            rewards = await _reward_files(box, logs)  # before the sandbox (and its capped /logs) is gone
         finally:
             await box.close()
         if ran.timed_out:
             raise TimeoutError
         output = ran.stdout + ran.stderr
-        outcome = _outcome(logs, ran.exit_code, run.sandbox_failure(ran), harbor)
+        outcome = _outcome(rewards, ran.exit_code, run.sandbox_failure(ran), harbor)
         details = {
             "instance_id": spec.instance_id,
             "apply_method": method,
@@ -149,12 +154,28 @@ async def _solve(
     return None if ran.exit_code == 0 else f"exit {ran.exit_code}\n{ran.stdout}{ran.stderr}"
 
 
-def _outcome(logs: Path, exit_code: int, limit: str | None, harbor: Harbor) -> Verdict:
+async def _reward_files(box: Any, logs: Path) -> dict[str, str | None]:
+    """``reward.txt`` and ``reward.json`` as the verifier left them (None: absent or not a regular file):
+    through the sandbox where ``/logs/verifier`` is its capped volume, else from the host directory."""
+    if not getattr(box, "tree_copied", False):
+        return {name: _read(logs / name) for name in REWARD_FILES}
+    out: dict[str, str | None] = {}
+    for name in REWARD_FILES:
+        try:
+            data = await box.read_file(f"{LOGS}/{name}", MAX_REWARD_BYTES)
+        except (OSError, ValueError, SandboxError):
+            out[name] = None
+            continue
+        out[name] = data.decode("utf-8", errors="replace")
+    return out
+
+
+def _outcome(rewards: dict[str, str | None], exit_code: int, limit: str | None, harbor: Harbor) -> Verdict:
     """The verifier's verdict from its reward file (a limit hit first)."""
     if limit:
         return Verdict(False, limit, (), f"the verifier hit a sandbox limit: {limit}")
     try:
-        reward = reward_of(logs)
+        reward = reward_from(rewards)
     except ValueError as exc:
         network = (harbor.settings.get("network") or {}).get("verifier")
         hint = (
@@ -166,13 +187,13 @@ def _outcome(logs: Path, exit_code: int, limit: str | None, harbor: Harbor) -> V
     return Verdict(False, verdict.TESTS_FAILED, (), f"reward {reward:g} (test.sh exit {exit_code})")
 
 
-def reward_of(logs: Path) -> float:
+def reward_from(files: dict[str, str | None]) -> float:
     """``reward.txt``'s number, else the lowest of ``reward.json``'s; ValueError when neither reads. The
     files are the tested container's: read as bytes under a cap, never followed as links."""
-    text = _read(logs / "reward.txt")
+    text = files.get("reward.txt")
     if text is not None:
         return _number(text.strip(), "reward.txt")
-    text = _read(logs / "reward.json")
+    text = files.get("reward.json")
     if text is None:
         raise ValueError("the verifier wrote no /logs/verifier/reward.txt or reward.json")
     try:

@@ -39,7 +39,7 @@ import shlex
 import shutil
 import tarfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
@@ -129,7 +129,13 @@ class Sandboxes(Protocol):
     async def tree(self, spec: GradingSpec, dest: Path) -> Path: ...
 
     async def sandbox(
-        self, repo: Path, workdir: str, binds: Mapping[Path, str], channel: ReportChannel | None = None
+        self,
+        repo: Path,
+        workdir: str,
+        binds: Mapping[Path, str],
+        channel: ReportChannel | None = None,
+        *,
+        copy_tree: bool = False,
     ) -> Any: ...
 
     def channel(self, config: Mapping[str, Any], scratch: Path) -> ReportChannel: ...
@@ -153,8 +159,15 @@ class LocalSandboxes:
         return materialize(spec.image, dest)
 
     async def sandbox(
-        self, repo: Path, workdir: str, binds: Mapping[Path, str], channel: ReportChannel | None = None
+        self,
+        repo: Path,
+        workdir: str,
+        binds: Mapping[Path, str],
+        channel: ReportChannel | None = None,
+        *,
+        copy_tree: bool = False,
     ) -> BwrapSandbox:
+        """``copy_tree`` aside: ``repo`` lies on the grade's capped scratch, which bwrap mounts as it is."""
         return await BwrapSandbox.create(repo, network="none", ro_binds=dict(binds), inside_workdir=workdir)
 
     def channel(self, config: Mapping[str, Any], scratch: Path) -> ReportChannel:
@@ -311,12 +324,18 @@ async def grading_sandbox(
     eval_dir: Path | None = None,
     protected: Sequence[str] = (),
     channel: ReportChannel | None = None,
+    *,
+    copy_tree: bool = False,
 ) -> BwrapSandbox:
     """A network-less sandbox over ``repo`` at the row's ``workdir``, eval scripts read-only at ``/eval``,
     and the ``protected`` repository paths mounted read-only over themselves; ``channel``: the report
-    channel of the command it will run (a container backend mounts its socket)."""
+    channel of the command it will run (a container backend mounts its socket); ``copy_tree``: the code
+    under test runs here, and the host reads nothing of ``repo`` after (a container backend copies it into
+    the sandbox's engine-capped disk; read the results with :func:`tree_code_files` and ``read_file``)."""
     binds: dict[Path, str] = {eval_dir: EVAL_DIR} if eval_dir is not None else {}
     binds |= {repo / rel: f"{workdir}/{rel}" for rel in protected}
+    if copy_tree:
+        return await _sandboxes().sandbox(repo, workdir, binds, channel, copy_tree=True)
     return await _sandboxes().sandbox(repo, workdir, binds, channel)
 
 
@@ -418,14 +437,16 @@ async def run_grader(
     protected = trees.protected_dirs(repo, spec.test_files()) if readonly_tests else []
     channel = _sandboxes().channel(channel_config(spec.workdir, canaries, dirs), scratch)
     try:
-        sandbox = await grading_sandbox(repo, spec.workdir, eval_dir, protected, channel)
+        sandbox = await grading_sandbox(repo, spec.workdir, eval_dir, protected, channel, copy_tree=True)
     except BaseException:
         channel.close()
         raise
     env = BASE_ENV | {"HOME": sandbox.home} | report_env(sandbox.workdir) | channel.env
-    code_before = second_run.code_files(repo) if second else {}
     texts = []
+    own_source = host_sources(repo)
+    copied = bool(getattr(sandbox, "tree_copied", False))  # the tree is the sandbox's: read it there alone
     try:
+        code_before = await tree_code_files(sandbox, repo) if second else {}
         if isinstance(grader, Swepro):
             outcome, log = await _run_swepro(
                 spec, grader, sandbox, env, eval_dir, scratch, deadline, canaries, channel
@@ -433,17 +454,45 @@ async def run_grader(
         else:
             outcome, log = await _run_command(spec, sandbox, env, deadline, canaries, channel, known_files)
         texts.append(channel.text)
-        if second and outcome.solved and channel.text:
+        again = second and outcome.solved and bool(channel.text)
+        after = await tree_code_files(sandbox, repo) if again or (copied and untouched is not None) else {}
+        if copied:  # the run's own sources as the first run left them, listed before the copy is gone
+            own_source = copied_sources(after)
+        if again:
             outcome, more, text = await run_second(
                 spec, sandbox, eval_dir, deadline, outcome, channel.text, canaries, observe,
-                second_run.rewritten(code_before, second_run.code_files(repo)),
+                second_run.rewritten(code_before, after),
             )  # fmt: skip
             log, texts = log + more, [*texts, text]
     finally:
         channel.close()
         await sandbox.close()
     text = "\n".join(texts)
-    return with_observed(outcome, text, sandbox.workdir, repo, untouched, spec.test_files()), log
+    return with_observed(outcome, text, sandbox.workdir, own_source, untouched, spec.test_files()), log
+
+
+async def tree_code_files(sandbox: Any, repo: Path) -> Mapping[str, tuple[Any, ...]]:
+    """The tree's code files and their state (:func:`.second_run.code_files`), read where the tree is: the
+    sandbox's own capped copy through the sandbox (a container's: content digests), else the host's
+    ``repo`` (inodes and change times)."""
+    if getattr(sandbox, "tree_copied", False):
+        return await sandbox.code_files()
+    return second_run.code_files(repo)
+
+
+def host_sources(repo: Path) -> Callable[[str], bool]:
+    """Whether a repository path is a regular Python file of the tree on the host (links not followed)."""
+
+    def own_source(rel: str) -> bool:
+        path = repo / rel
+        return rel.endswith(".py") and not path.is_symlink() and path.is_file()
+
+    return own_source
+
+
+def copied_sources(files: Mapping[str, tuple[Any, ...]]) -> Callable[[str], bool]:
+    """:func:`host_sources` over the code files listed from a sandbox's copy of the tree."""
+    return lambda rel: rel.endswith(".py") and files.get(rel, ("",))[0] == "file"
 
 
 async def run_second(
@@ -515,17 +564,14 @@ def with_observed(
     outcome: Verdict,
     text: str,
     workdir: str,
-    repo: Path,
+    own_source: Callable[[str], bool],
     untouched: frozenset[str] | None,
     test_files: set[str],
 ) -> Verdict:
-    """``outcome`` with the flags of what the changed code did while it ran (:mod:`.observed`)."""
+    """``outcome`` with the flags of what the changed code did while it ran (:mod:`.observed`);
+    ``own_source``: whether a repository path is a Python file of the tree after the run."""
     if untouched is None:
         return outcome
-
-    def own_source(rel: str) -> bool:
-        path = repo / rel
-        return rel.endswith(".py") and not path.is_symlink() and path.is_file()
 
     events = report.audit(text)
     raised, seen = observed.runtime_flags(events, workdir, untouched.__contains__, own_source, test_files)

@@ -14,9 +14,10 @@ again from the file the first run collected it from, its call phase run, passed,
 with status 0.
 A cheat tuned to one harness's machinery fails the other.
 
-Before the first run the repository's code files are listed with their inode change times; one the first
-run created or rewrote (a ``conftest.py`` planted while the tests ran, a module rewritten in place) would be
-loaded by the second run unscanned, so the second run is then refused. Pure, but for
+Before the first run the repository's code files are listed with their inode change times (a container's
+copy of the tree in its capped volume: their content digests, read through the engine, :func:`is_code`); one
+the first run created or rewrote (a ``conftest.py`` planted while the tests ran, a module rewritten in place)
+would be loaded by the second run unscanned, so the second run is then refused. Pure, but for
 :func:`place` and :func:`code_files` (files on the host).
 """
 
@@ -360,6 +361,12 @@ def _same(test: Required, file: str, name: str) -> bool:
 
 
 # -- what the first run left for the second ------------------------------------------------------------------
+
+
+def is_code(rel: str) -> bool:
+    """A code file or pytest configuration file (a path below the tree's root), ``.git`` aside."""
+    name = rel.rpartition("/")[2]
+    return not (rel + "/").startswith(".git/") and (name.endswith(CODE_SUFFIXES) or name in CONFIG_NAMES)
 
 
 def code_files(root: Path) -> dict[str, tuple[int, int, int, int]]:

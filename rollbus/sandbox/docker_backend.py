@@ -14,7 +14,11 @@ agent, a network holder:
   ref, tag, reflog, stash, or object of a later commit; the image's own repository is deleted before any
   container starts; then it goes into its volume through the engine. The trusted baseline the patch is
   taken against is recorded beside it on the host and never mounted where the agent runs. A grader's
-  prepared tree stays a host directory (its scratch's to bound); its HOME is a capped volume.
+  prepared tree is bind-mounted as it is (its HOME a capped volume) where only trusted tools write it and
+  the grader reads it back (``git apply``), and copied into the capped workspace volume (``copy_workspace``)
+  where the code under test runs: what it writes never comes back to the host tree, which stays as it was,
+  and the grader reads the results through the engine (:meth:`DockerSandbox.read_file`,
+  :meth:`DockerSandbox.tree_digests`).
 - **The command container**: ``network_mode=none`` (or, for an agent, the holder's network namespace,
   where the host's :class:`~rollbus.sandbox.adapter_proxy.AdapterProxy` listens on the loopback port the
   agent's base URL names: its only way out, nothing mounted for it), an unprivileged uid, ``cap_drop=ALL``,
@@ -97,7 +101,6 @@ DISK_FULL_MARGIN = 64 << 10
 OWNER = "owner"  # in a sandbox's host dir: its maker's pid and start time
 WORKSPACE_LAYOUT = "v1"  # what a cached workspace entry holds; a new layout never reads an older one
 LEFTOVER_KILL_S = 5.0  # past this, what a finished command left is killed with the whole container
-START_TRIES = 3  # a container start the engine failed (a server error) is tried again
 
 
 @dataclass(frozen=True)
@@ -198,14 +201,15 @@ class DockerSandbox(SandboxBase):
         return self.layout.image
 
     def _report(self) -> dict[str, str]:
-        limits, capped = self.limits, self.layout.disk is not None
+        limits = self.limits
         return {
             "memory": f"container memory+swap {limits.memory_bytes}" if limits.memory_bytes else "none",
             "pids": f"container pids {limits.pids}" if limits.pids else "none",
             "cpu": f"container {limits.cpus} cpus" if limits.cpus else "none",
             "cpu_time": f"RLIMIT_CPU {limits.cpu_time_s} s" if limits.cpu_time_s else "none",
-            "disk": f"engine tmpfs volumes of {limits.disk_bytes} (HOME, workspace unless prepared)"
-            if capped else "none",
+            "disk": f"engine tmpfs volumes of {limits.disk_bytes} ({', '.join(self.layout.disk.volumes)})"
+            if self.layout.disk is not None
+            else "none",
             "tmp": f"tmpfs size {limits.tmp_bytes}" if limits.tmp_bytes else "tmpfs",
             "identity": f"uid {self.layout.user}, no capabilities, no new privileges",
             "network": "none" if self.layout.network == "none" else "loopback of its own, the adapter only",
@@ -231,11 +235,15 @@ class DockerSandbox(SandboxBase):
         scratch_root: Path = SCRATCH_ROOT,
         workspace: Path | None = None,
         rw_binds: Mapping[str, str] | None = None,
+        copy_workspace: bool = False,
     ) -> DockerSandbox:
         """A sandbox over ``image`` (a name or id the engine has). Its workspace is the image's ``workdir``,
         history scrubbed, unless ``workspace`` (a prepared host directory with its baseline) is given.
         ``rw_binds``: more host directories writable inside (the grader's: a Harbor verifier's logs), each
-        the caller's to bound.
+        the caller's to bound. ``copy_workspace``: with a disk limit, ``workspace`` is copied into the capped
+        workspace volume rather than bind-mounted (the host tree stays as it was; read results back through
+        :meth:`read_file` and :meth:`tree_digests`), and each ``rw_binds`` path is an empty capped volume
+        instead of its host directory.
         ``network="adapter"`` needs ``adapter_url`` and ``forward_port``. Raises :class:`SandboxError`
         (``image_error`` when the engine lacks the image); nothing is left behind on failure."""
         if network == "loopback":
@@ -252,7 +260,7 @@ class DockerSandbox(SandboxBase):
         made = functools.partial(
             _prepare_host, client, image, data, workdir=workdir, limits=limits or Limits(),
             ro_binds=dict(ro_binds or {}), user=user or DEFAULT_USER, sandbox_id=sandbox_id,
-            workspace=workspace, rw_binds=dict(rw_binds or {}),
+            workspace=workspace, rw_binds=dict(rw_binds or {}), copy_workspace=copy_workspace,
         )  # fmt: skip
         if network == "adapter" and (adapter_url is None or forward_port is None):
             raise SandboxError("an adapter network needs the adapter's URL and the forwarded port")
@@ -497,11 +505,27 @@ class DockerSandbox(SandboxBase):
             return
         write_host_file(self._mounts, path, data, owner=self._owner[0])
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, limit: int | None = None) -> bytes:
+        """The file's bytes (``limit``: its first ``limit`` bytes, so a huge file costs no memory)."""
         disk = self.layout.disk
         if disk is not None and disk.holds(path):
-            return await asyncio.to_thread(docker_disk.read_file, self.client, disk, path)
-        return read_host_file(self._mounts, path)
+            return await asyncio.to_thread(docker_disk.read_file, self.client, disk, path, limit)
+        data = read_host_file(self._mounts, path)
+        return data if limit is None else data[:limit]
+
+    @property
+    def workspace_copied(self) -> bool:
+        """The workspace is the sandbox's capped volume, not a host tree (what is written there stays)."""
+        return self.layout.disk is not None and self.workdir in self.layout.disk.volumes
+
+    async def tree_digests(self, wanted: Callable[[str], bool]) -> dict[str, tuple[str, int, str]]:
+        """The workspace volume's entries ``wanted`` takes (by path below the workdir), each its kind, size
+        and content digest, read through the engine (:func:`rollbus.sandbox.docker_disk.tree_digests`)."""
+        if self.layout.disk is None or not self.workspace_copied:
+            raise SandboxError("the workspace is a host tree here: read it on the host")
+        return await asyncio.to_thread(
+            docker_disk.tree_digests, self.client, self.layout.disk, self.workdir, wanted
+        )
 
     async def close(self) -> None:
         for cancelled in list(self._live):
@@ -641,6 +665,7 @@ def _prepare_host(
     sandbox_id: str,
     workspace: Path | None,
     rw_binds: dict[str, str] | None = None,
+    copy_workspace: bool = False,
 ) -> tuple[DockerLayout, Path, tuple[int, int], list[Path]]:
     """The host side, off the loop: the image's digest, the capped workspace and HOME (filled by
     :func:`_fill`)."""
@@ -660,7 +685,10 @@ def _prepare_host(
     layout = DockerLayout(image_id, workdir, ws, data / "home", user, limits, "none", ro_binds, sandbox_id,
                           rw_binds or {})  # fmt: skip
     if limits.disk_bytes is not None:
-        paths = [workdir, HOME] if workspace is None else [HOME]
+        paths = [workdir, HOME] if workspace is None or copy_workspace else [HOME]
+        if workspace is not None and copy_workspace:  # the writable directories too: empty capped volumes
+            paths += [inside for inside in layout.rw_binds.values() if inside not in paths]
+            layout = DockerLayout(**{**layout.__dict__, "rw_binds": {}})
         holder = _owner_of(client, layout)  # a user name is looked up in the image
         name = f"rollbus-disk-{sandbox_id}"
         size = limits.disk_bytes
@@ -677,6 +705,8 @@ def _fill(client: Any, layout: DockerLayout, data: Path, prepared: bool) -> tupl
     if prepared:
         owner = _owner_of(client, layout)
         _chown_tree(layout.workspace, owner)
+        if layout.disk is not None and layout.workdir in layout.disk.volumes:  # copy_workspace: the host's
+            docker_disk.put_tree(client, layout.disk, layout.workspace, layout.workdir)  # stays as it was
     else:
         owner = _owner_of(client, layout)
         _cached_workspace(client, layout, layout.workspace, data.parent / "images")
@@ -810,19 +840,7 @@ def _chown_tree(root: Path, owner: tuple[int, int]) -> None:
             os.chown(os.path.join(top, name), *owner, follow_symlinks=False)
 
 
-def start(api: Any, cid: str) -> None:
-    """Start ``cid``. The engine's transient failures under load (a server error such as runc's "cannot
-    start a stopped process") are tried again, ``START_TRIES`` times in all."""
-    import docker
-
-    for attempt in range(START_TRIES):
-        try:
-            api.start(cid)
-            return
-        except docker.errors.APIError as exc:
-            if attempt == START_TRIES - 1 or not exc.is_server_error():
-                raise
-            time.sleep(0.2 * (attempt + 1))
+start = docker_disk.start  # a container start the engine failed transiently is tried again
 
 
 def _start_holder(client: Any, image: str, sandbox_id: str) -> tuple[str, int]:

@@ -21,18 +21,21 @@ namespace); the keeper runs as uid 0 with no capability, so a root caller needs 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import os
 import posixpath
 import tarfile
 import tempfile
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rollbus.sandbox.base import FailureKind, SandboxError, SandboxPathError
 
+START_TRIES = 3  # a container start the engine failed (a server error) is tried again
 KEEPER_USER = "0:0"  # no capability at all; root only so that any root caller may read its /proc/<pid>/root
 
 
@@ -104,7 +107,7 @@ def create(
             image, ["sleep", "infinity"], user=KEEPER_USER, host_config=config, labels=dict(labels),
             entrypoint=[], network_disabled=True,
         )["Id"]  # fmt: skip
-        client.api.start(keeper)
+        start(client.api, keeper)
         pid = int(client.api.inspect_container(keeper)["State"]["Pid"])
         if pid <= 0:
             raise SandboxError("the disk keeper did not start")
@@ -112,6 +115,21 @@ def create(
     except BaseException:
         remove(client, [keeper] if keeper else [], list(volumes.values()))
         raise
+
+
+def start(api: Any, cid: str) -> None:
+    """Start ``cid``. The engine's transient failures under load (a server error such as runc's "cannot
+    start a stopped process") are tried again, ``START_TRIES`` times in all."""
+    import docker
+
+    for attempt in range(START_TRIES):
+        try:
+            api.start(cid)
+            return
+        except docker.errors.APIError as exc:
+            if attempt == START_TRIES - 1 or not exc.is_server_error():
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 def put_tree(client: Any, disk: EngineDisk, tree: Path, inside: str) -> None:
@@ -153,9 +171,10 @@ def write_file(client: Any, disk: EngineDisk, path: str, data: bytes, owner: tup
         raise SandboxError(f"writing {path}: {exc}", _kind(exc)) from exc
 
 
-def read_file(client: Any, disk: EngineDisk, path: str) -> bytes:
+def read_file(client: Any, disk: EngineDisk, path: str, limit: int | None = None) -> bytes:
     """The regular file at the sandbox path ``path`` (a link is not followed out: the engine resolves it
-    inside the keeper, and anything but a regular file is refused)."""
+    inside the keeper, and anything but a regular file is refused); ``limit``: its first ``limit`` bytes
+    alone, read off the engine's stream (a file as large as the volume costs no memory)."""
     import docker
 
     _locate(disk, path)
@@ -163,13 +182,67 @@ def read_file(client: Any, disk: EngineDisk, path: str) -> bytes:
         stream, _ = client.api.get_archive(disk.keeper, path)
     except docker.errors.NotFound as exc:
         raise FileNotFoundError(path) from exc
-    with tarfile.open(fileobj=io.BytesIO(b"".join(stream)), mode="r") as tar:
+    with tarfile.open(fileobj=_Chunks(stream), mode="r|") as tar:
         member = tar.next()
         if member is None or not member.isfile():
             raise SandboxPathError(f"{path!r} is not a regular file")
         extracted = tar.extractfile(member)
         assert extracted is not None
-        return extracted.read()
+        return extracted.read() if limit is None else extracted.read(limit)
+
+
+def tree_digests(
+    client: Any, disk: EngineDisk, inside: str, wanted: Callable[[str], bool]
+) -> dict[str, tuple[str, int, str]]:
+    """Each entry under the volume's path ``inside`` whose path below it ``wanted`` takes: its kind (``file``,
+    ``link``, ``other``), size, and the SHA-256 of its bytes (a link's: its target), read from the archive
+    the engine streams (nothing lands on the host disk, nothing is followed)."""
+    import docker
+
+    _locate(disk, inside)
+    try:
+        stream, _ = client.api.get_archive(disk.keeper, inside)
+    except docker.errors.APIError as exc:
+        raise SandboxError(f"reading {inside}: {exc}") from exc
+    out: dict[str, tuple[str, int, str]] = {}
+    with tarfile.open(fileobj=_Chunks(stream), mode="r|") as tar:
+        for member in tar:
+            rel = member.name.partition("/")[2]  # below the archive's top directory (``inside``'s name)
+            if not rel or not wanted(rel):
+                continue
+            digest = hashlib.sha256()
+            if member.isfile():
+                kind, extracted = "file", tar.extractfile(member)
+                assert extracted is not None
+                while chunk := extracted.read(1 << 20):
+                    digest.update(chunk)
+            elif member.issym() or member.islnk():
+                kind = "link"
+                digest.update(member.linkname.encode("utf-8", "surrogateescape"))
+            else:
+                kind = "other"
+            out[rel] = (kind, member.size, digest.hexdigest())
+    return out
+
+
+class _Chunks(io.RawIOBase):
+    """The engine's archive stream (an iterator of byte chunks) as a file ``tarfile`` reads in order."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks, self._left = iter(chunks), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._left:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._left = chunk
+        n = min(len(buffer), len(self._left))
+        buffer[:n], self._left = self._left[:n], self._left[n:]
+        return n
 
 
 def remove(client: Any, containers: list[str], volumes: list[str]) -> None:
