@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
 
 from rollbus import claude_cli, codex_cli
@@ -189,17 +190,22 @@ async def test_the_token_is_in_neither_the_engines_record_nor_another_process(ag
     seen = await agent.run(["python3", "-c", look, secret], ENV, timeout=60)
     held = await hold
     assert seen.stdout.strip() == "found []" and held.exit_code == 0, (seen, held)
-    records = [engine_record(agent.client, c) for c in agent.client.api.containers(all=True)]
-    assert records and not any(secret in r for r in records)
+    # every container the engine holds, this sandbox's among them; another test's may go between the listing
+    # and its inspection (the suite runs on several workers)
+    records = [r for c in agent.client.api.containers(all=True) if (r := engine_record(agent.client, c))]
+    assert any(agent.sandbox_id in r for r in records) and not any(secret in r for r in records)
 
 
 HOLD = "import os, time  # rollbus-holder\nwhile not os.path.exists('/tmp/looked'): time.sleep(0.02)"
 
 
 def engine_record(client: Any, container: dict[str, Any]) -> str:
-    """What ``docker inspect`` shows of a container and of every command executed in it."""
-    info = client.api.inspect_container(container["Id"])
-    execs = [client.api.exec_inspect(e) for e in info.get("ExecIDs") or []]
+    """What ``docker inspect`` shows of a container and of each command executed in it ("" once gone)."""
+    try:
+        info = client.api.inspect_container(container["Id"])
+        execs = [client.api.exec_inspect(e) for e in info.get("ExecIDs") or []]
+    except docker.errors.NotFound:
+        return ""
     return json.dumps([info, execs])
 
 
