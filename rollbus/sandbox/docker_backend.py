@@ -1,36 +1,41 @@
 """Docker backend: a task's own container image as the sandbox, for the agent and for the grader.
 
-One sandbox is a workspace and HOME on the host, one command container from the image's digest (the same
-bytes for the agent, its patch capture and the grader) in which every command is executed, and, for an
-agent, a network holder:
+One sandbox is a workspace and HOME on the host and one command container from the image's digest (the same
+bytes for the agent, its patch capture and the grader), started once at create, in which every command is
+executed; it also holds the sandbox's volumes and, for an agent, the network namespace the adapter's
+listener is in (one container start per sandbox: ``bench/sandbox_boot.py --backend docker``):
 
-- **Workspace** (``workdir`` inside) and **HOME**: each a tmpfs volume of ``disk_bytes`` that the engine
-  makes and a keeper container holds (:mod:`rollbus.sandbox.docker_disk`), so the disk written is bounded
-  while it is written wherever the caller runs (a runner in a container beside the engine included); with
-  no disk limit, host directories bind-mounted read-write. The workspace is prepared once on the host,
-  before anything of the agent's runs: the image's ``workdir`` copied out of the image (a created
-  container's archive: nothing of the image runs), and its repository re-made by host git (every configured
-  program off) as a fresh repository holding the base commit alone (a shallow fetch of ``HEAD``): no other
-  ref, tag, reflog, stash, or object of a later commit; the image's own repository is deleted before any
-  container starts; then it goes into its volume through the engine. The trusted baseline the patch is
-  taken against is recorded beside it on the host and never mounted where the agent runs. A grader's
-  prepared tree is bind-mounted as it is (its HOME a capped volume) where only trusted tools write it and
-  the grader reads it back (``git apply``), and copied into the capped workspace volume (``copy_workspace``)
-  where the code under test runs: what it writes never comes back to the host tree, which stays as it was,
-  and the grader reads the results through the engine (:meth:`DockerSandbox.read_file`,
-  :meth:`DockerSandbox.tree_digests`).
-- **The command container**: ``network_mode=none`` (or, for an agent, the holder's network namespace,
-  where the host's :class:`~rollbus.sandbox.adapter_proxy.AdapterProxy` listens on the loopback port the
-  agent's base URL names: its only way out, nothing mounted for it), an unprivileged uid, ``cap_drop=ALL``,
+- **Workspace** (``workdir`` inside) and **HOME**: each a tmpfs volume of ``disk_bytes`` that the engine makes
+  and the command container holds (:mod:`rollbus.sandbox.docker_disk`), so the disk written is bounded while
+  it is written wherever the caller runs (a runner in a container beside the engine included); with no disk
+  limit, host directories bind-mounted read-write. The workspace is prepared once on the host, before anything
+  of the agent's runs: the image's ``workdir`` copied out of the image (a created container's archive: nothing
+  of the image runs), and its repository re-made by host git (every configured program off) as a fresh
+  repository holding the base commit alone (a shallow fetch of ``HEAD``): no other ref, tag, reflog, stash, or
+  object of a later commit; the image's own repository is deleted (the command container, starting meanwhile,
+  runs nothing but ``sleep`` and sees the image's workdir under the empty volume); then it goes into its
+  volume through the engine, before the first command. The trusted baseline the patch is taken against is
+  recorded beside it on the host and never mounted where the agent runs. A grader's prepared tree is
+  bind-mounted as it is (its HOME a capped volume) where only trusted tools write it and the grader reads it
+  back (``git apply``), and copied into the capped workspace volume (``copy_workspace``) where the code under
+  test runs: what it writes never comes back to the host tree, which stays as it was, and the grader reads the
+  results through the engine (:meth:`DockerSandbox.read_file`, :meth:`DockerSandbox.tree_digests`).
+- **The command container**: ``network_mode=none``, a loopback of its own (for an agent, the host's
+  :class:`~rollbus.sandbox.adapter_proxy.AdapterProxy` listens in that namespace on the loopback port the
+  agent's base URL names: its only way out, nothing mounted for it), commands as an unprivileged uid (its
+  init and the init's ``sleep``, which hold the container, as uid 0 with no capability and an
+  ``oom_score_adj`` of -1000: no command can signal them or make them the OOM victim), ``cap_drop=ALL``,
   ``no-new-privileges``, the image's root read-only, a size-capped tmpfs ``/tmp``, ``pids_limit``,
   ``mem_limit`` (swap included), ``nano_cpus``, ``RLIMIT_CPU`` where asked, the engine's tini as pid 1; no
   Docker socket and no host path but the workspace, HOME and the named read-only binds (the agent CLI,
   which runs in any image without installing anything: it is a native binary mounted from the cache). The
   engine's default seccomp profile refuses new namespaces (nested user namespaces included). Each command
-  is an exec; when it returns, whatever it left running is killed (from the container's pids cgroup), so
-  every process it started is gone, as on bwrap.
-- **Wall clock**: at the deadline the whole container is killed (and started again for the next command:
-  a fresh ``/tmp``, the same workspace and HOME). Limits hit come back named
+  is an exec; when it returns, whatever it left running is killed (from the container's pids cgroup, or
+  ``kill -9 -1`` inside as the commands' uid where the host cannot see it), so every process it started is
+  gone, as on bwrap.
+- **Wall clock**: at the deadline every process the command started is killed the same way; the container
+  lives on with its workspace, HOME, ``/tmp`` and listener for the next command (the whole container is
+  killed only where that fails, and the sandbox with it). Limits hit come back named
   (:data:`~rollbus.sandbox.base.FailureKind`): ``timeout``, ``memory_limit`` and ``pids_limit`` (the
   container's cgroup counters around the command), ``cpu_limit``, ``disk_full`` (the workspace's, HOME's
   or ``/tmp``'s free space), ``output_truncated``.
@@ -42,8 +47,8 @@ agent, a network holder:
 
 The engine must share the host's filesystem (the default socket or the project's own engine,
 :mod:`rollbus.sandbox.docker_engine`): bind mounts name host paths. Podman's Docker-compatible service
-offers the same API and bind mounts; its rootless mode has no ``container:`` network sharing with a host
-listener, so the agent role needs rootful Podman.
+offers the same API and bind mounts; its rootless mode lacks the host-made listener in a container's
+network namespace, so the agent role needs rootful Podman.
 """
 
 from __future__ import annotations
@@ -113,11 +118,11 @@ class DockerLayout:
     home: Path
     user: str
     limits: Limits
-    network: str  # "none" or "container:<holder id>"
+    network: str  # "none", or "adapter": the command container's own loopback, the host's listener in it
     ro_binds: Mapping[str, str] = field(default_factory=dict)  # host path -> inside path
     sandbox_id: str = ""
     rw_binds: Mapping[str, str] = field(default_factory=dict)  # host path -> inside path, writable
-    disk: EngineDisk | None = None  # the capped volumes (workspace and HOME, or HOME alone) and their keeper
+    disk: EngineDisk | None = None  # the capped volumes (workspace and HOME, or HOME alone) and their holder
 
 
 def host_config(client: Any, layout: DockerLayout, *, tool: bool = False) -> dict[str, Any]:
@@ -141,7 +146,7 @@ def host_config(client: Any, layout: DockerLayout, *, tool: bool = False) -> dic
     return client.api.create_host_config(
         binds=binds,
         mounts=docker_disk.mounts(volumes, read_only=tool, only={layout.workdir} if tool else None) or None,
-        network_mode="none" if tool else layout.network,
+        network_mode="none",  # a loopback of its own: an agent's listener is made in it by the host
         cap_drop=["ALL"],
         security_opt=["no-new-privileges"],
         read_only=True,
@@ -170,7 +175,6 @@ class DockerSandbox(SandboxBase):
         self.workdir = layout.workdir
         self.limits = layout.limits
         self.proxy: AdapterProxy | None = None
-        self.holder: str | None = None
         self._data = data
         self._owner = owner
         self._mounted = mounted
@@ -215,7 +219,7 @@ class DockerSandbox(SandboxBase):
             "network": "none" if self.layout.network == "none" else "loopback of its own, the adapter only",
             "nested_userns": "the engine's seccomp profile",
             "output": "head+tail capture",
-            "wall_clock": "kill of the whole container",
+            "wall_clock": "kill of every process the command started (the container's init spared)",
         }
 
     @classmethod
@@ -267,7 +271,7 @@ class DockerSandbox(SandboxBase):
         box: DockerSandbox | None = None
         try:
             box = cls(client, *await asyncio.to_thread(made))
-            # the workspace is filled while the network holder and the command container start
+            # the workspace is made on the host while the command container starts, then goes into its volume
             filled = await asyncio.gather(
                 asyncio.to_thread(_fill, client, box.layout, box._data, workspace is not None),
                 box._boot(adapter_url if network == "adapter" else None, forward_port),
@@ -277,6 +281,7 @@ class DockerSandbox(SandboxBase):
                 if isinstance(result, BaseException):
                     raise result
             box._owner = filled[0]  # type: ignore[assignment]  # _fill's result: no exception, checked above
+            await asyncio.to_thread(_fill_volume, client, box.layout, box._data, workspace is not None)
             return box
         except BaseException as exc:
             if box is not None:
@@ -290,22 +295,15 @@ class DockerSandbox(SandboxBase):
             raise
 
     async def _boot(self, adapter_url: str | None, port: int | None) -> None:
-        """The holder and listener (an agent's), then the command container, started."""
+        """The command container started (it holds the volumes), then an agent's listener in its network
+        namespace."""
         if adapter_url is not None and port is not None:
-            await self._open_adapter(adapter_url, port)
-        await asyncio.to_thread(self._work_container)
-
-    async def _open_adapter(self, adapter_url: str, port: int) -> None:
-        """The holder (a sleeping container whose network namespace every command joins) and the proxy's
-        listener on its loopback port, made by the host inside that namespace."""
-        from rollbus.sandbox.docker_images import ensure_base_image
-
-        base = await asyncio.to_thread(ensure_base_image, self.client)
-        self.holder, pid = await asyncio.to_thread(_start_holder, self.client, base, self.sandbox_id)
-        listener = await listener_in(f"/proc/{pid}/ns/net", port)
-        self.layout = DockerLayout(**{**self.layout.__dict__, "network": f"container:{self.holder}"})
-        self.proxy = AdapterProxy(None, adapter_url, self.sandbox_id, listener=listener)
-        await self.proxy.start()
+            self.layout = DockerLayout(**{**self.layout.__dict__, "network": "adapter"})
+        work = await asyncio.to_thread(self._work_container)
+        if adapter_url is not None and port is not None:
+            listener = await listener_in(f"/proc/{work.init}/ns/net", port)
+            self.proxy = AdapterProxy(None, adapter_url, self.sandbox_id, listener=listener)
+            await self.proxy.start()
 
     async def run(
         self,
@@ -358,53 +356,60 @@ class DockerSandbox(SandboxBase):
         before = work.cgroups.counters() if work.cgroups else {}
         ran = run_exec(
             self.client, work.id, create, timeout, stdin=stdin, output_limit=self.limits.output_bytes,
-            kill=lambda: self._kill_work(work), leftovers=lambda: self._kill_leftovers(work), started=started,
-            cancelled=cancelled,
+            kill=lambda: self._kill_commands(work), leftovers=lambda: self._kill_commands(work),
+            started=started, cancelled=cancelled,
         )  # fmt: skip
         after = work.cgroups.counters() if work.cgroups else {}
-        kind = self._classify(ran, failure_from_counters(before, after), work)
-        if not ran.timed_out and not self._running(work):
-            self._work = None  # its init died (an OOM kill of the whole): the next command starts it again
-        return _completed(ran, kind)
+        return _completed(ran, self._classify(ran, failure_from_counters(before, after), work))
 
     def _work_container(self) -> WorkContainer:
-        """The running container commands are executed in: made at the first command, started again after
-        a deadline killed it (a fresh /tmp, the same workspace and HOME)."""
+        """The running container commands are executed in, started once at create: it holds the sandbox's
+        volumes and network namespace for the sandbox's whole life. Its init and the init's sleeping child
+        run as uid 0 with no capability (no command can signal them) and are never the OOM victim; should it
+        die all the same (the engine's doing), the sandbox is gone and every later command says so."""
         with self._lock:
             if self._work is not None:
                 return self._work
+            if self._work_id is not None:
+                raise SandboxError("the sandbox's container is gone, its workspace, HOME and network with it")
             api = self.client.api
-            if self._work_id is None:
-                config = host_config(self.client, self.layout)
-                config["Init"] = True  # the engine's tini as pid 1 reaps what the commands orphan
-                self._work_id = api.create_container(
-                    self.layout.image, ["sleep", "infinity"], user=self.layout.user,
-                    working_dir=self.layout.workdir, host_config=config, labels=labels(self.sandbox_id),
-                    entrypoint=[],
-                )["Id"]  # fmt: skip
+            config = host_config(self.client, self.layout)
+            config["Init"] = True  # the engine's tini as pid 1 reaps what the commands orphan
+            self._work_id = api.create_container(
+                self.layout.image, ["sleep", "infinity"], user=docker_disk.INIT_USER,
+                working_dir=self.layout.workdir, host_config=config, labels=labels(self.sandbox_id),
+                entrypoint=[],
+            )["Id"]  # fmt: skip
             start(api, self._work_id)
-            self._work = work_container(
-                self._work_id, int(api.inspect_container(self._work_id)["State"]["Pid"])
-            )
-            return self._work
+            work = work_container(self._work_id, int(api.inspect_container(self._work_id)["State"]["Pid"]))
+            for pid in work.spare:  # the memory cgroup's OOM killer takes a command's process, never these
+                with contextlib.suppress(OSError):
+                    Path(f"/proc/{pid}/oom_score_adj").write_text("-1000")
+            if self.layout.disk is not None:
+                self.layout = DockerLayout(
+                    **{**self.layout.__dict__, "disk": self.layout.disk.held_by(work.id, work.init)}
+                )
+            self._work = work
+            return work
 
     def _kill_work(self, work: WorkContainer) -> None:
-        """The deadline: the whole container dies, every process in it."""
+        """The last resort: the whole container dies, every process in it (and the sandbox with it)."""
         import docker
 
         with contextlib.suppress(docker.errors.APIError):
             self.client.api.kill(work.id)
-        with contextlib.suppress(docker.errors.APIError):
-            self.client.api.wait(work.id, timeout=60)
         with self._lock:
             if self._work is work:
                 self._work = None
 
-    def _kill_leftovers(self, work: WorkContainer) -> None:
-        """What the finished command left running (its background children), so it returns with nothing
-        of it alive; where the host cannot see the container's processes, the whole container goes."""
+    def _kill_commands(self, work: WorkContainer) -> None:
+        """Every process the commands started (at the deadline, or what a finished command left running),
+        so the command returns with nothing of it alive; the container's init and its sleep go on holding
+        the sandbox's volumes and network. Killed from the container's pids cgroup until none is left; where
+        the host cannot see it, by ``kill -9 -1`` run inside as the commands' uid (every process of that
+        uid but itself: the init's are uid 0)."""
         if work.cgroups is None:
-            self._kill_work(work)
+            self._kill_as_user(work)
             return
         deadline = time.monotonic() + LEFTOVER_KILL_S
         while time.monotonic() < deadline:  # a process forking while it is killed: again until none is left
@@ -417,13 +422,16 @@ class DockerSandbox(SandboxBase):
             time.sleep(0.005)
         self._kill_work(work)
 
-    def _running(self, work: WorkContainer) -> bool:
+    def _kill_as_user(self, work: WorkContainer) -> None:
         import docker
 
+        api = self.client.api
         try:
-            return bool(self.client.api.inspect_container(work.id)["State"]["Running"])
-        except docker.errors.NotFound:
-            return False
+            for _ in range(2):  # a fork racing the first: its parent already had the signal, or the second
+                made = api.exec_create(work.id, ["/bin/sh", "-c", "kill -9 -1"], user=self.layout.user)
+                api.exec_start(made["Id"])
+        except docker.errors.APIError:
+            self._kill_work(work)
 
     async def run_tool(
         self,
@@ -534,13 +542,10 @@ class DockerSandbox(SandboxBase):
         if proxy is not None:
             with contextlib.suppress(Exception):
                 await proxy.close()
-        holder, self.holder = self.holder, None
         work, self._work_id, self._work = self._work_id, None, None
-        disk = self.layout.disk
-        keeper, volumes = (disk.keeper, list(disk.volumes.values())) if disk is not None else ("", [])
-        await asyncio.to_thread(
-            _close, self.client, [c for c in (work, holder, keeper) if c], self._data, self._mounted, volumes
-        )
+        volumes = list(self.layout.disk.volumes.values()) if self.layout.disk is not None else []
+        containers = [work] if work else []
+        await asyncio.to_thread(_close, self.client, containers, self._data, self._mounted, volumes)
 
 
 def labels(sandbox_id: str) -> dict[str, str]:
@@ -689,10 +694,9 @@ def _prepare_host(
         if workspace is not None and copy_workspace:  # the writable directories too: empty capped volumes
             paths += [inside for inside in layout.rw_binds.values() if inside not in paths]
             layout = DockerLayout(**{**layout.__dict__, "rw_binds": {}})
-        holder = _owner_of(client, layout)  # a user name is looked up in the image
+        owner = _owner_of(client, layout)  # a user name is looked up in the image
         name = f"rollbus-disk-{sandbox_id}"
-        size = limits.disk_bytes
-        disk = docker_disk.create(client, image_id, paths, size, holder, labels(sandbox_id), name)
+        disk = docker_disk.create(client, paths, limits.disk_bytes, owner, labels(sandbox_id), name)
         layout = DockerLayout(**{**layout.__dict__, "disk": disk})
     os.chmod(data, 0o755)  # the agent's uid traverses to its binds
     return layout, data, (0, 0), []  # the owner is _fill's (a user name is looked up in the image)
@@ -702,20 +706,23 @@ def _fill(client: Any, layout: DockerLayout, data: Path, prepared: bool) -> tupl
     """The workspace from the image (its repository re-made from the base commit) and its trusted
     baseline, or a tree the host ``prepared`` (the grader's) handed to the sandbox's uid; HOME likewise.
     Returns the owner (uid, gid) of both."""
-    if prepared:
-        owner = _owner_of(client, layout)
-        _chown_tree(layout.workspace, owner)
-        if layout.disk is not None and layout.workdir in layout.disk.volumes:  # copy_workspace: the host's
-            docker_disk.put_tree(client, layout.disk, layout.workspace, layout.workdir)  # stays as it was
-    else:
-        owner = _owner_of(client, layout)
+    owner = _owner_of(client, layout)
+    if not prepared:
         _cached_workspace(client, layout, layout.workspace, data.parent / "images")
-        _chown_tree(layout.workspace, owner)
-        if layout.disk is not None:  # into its capped volume; the host keeps the baseline alone
-            docker_disk.put_tree(client, layout.disk, layout.workspace, layout.workdir)
-            _empty(layout.workspace)
+    _chown_tree(layout.workspace, owner)
     os.chown(data / "home", *owner)
     return owner
+
+
+def _fill_volume(client: Any, layout: DockerLayout, data: Path, prepared: bool) -> None:
+    """The filled workspace into its capped volume (through the running container that holds it): the
+    image's (the host keeps the baseline alone), or a prepared tree with ``copy_workspace`` (the host's
+    stays as it was)."""
+    if layout.disk is None or layout.workdir not in layout.disk.volumes:
+        return
+    docker_disk.put_tree(client, layout.disk, layout.workspace, layout.workdir)
+    if not prepared:
+        _empty(layout.workspace)
 
 
 def _cached_workspace(client: Any, layout: DockerLayout, ws: Path, cache: Path) -> None:
@@ -843,46 +850,10 @@ def _chown_tree(root: Path, owner: tuple[int, int]) -> None:
 start = docker_disk.start  # a container start the engine failed transiently is tried again
 
 
-def _start_holder(client: Any, image: str, sandbox_id: str) -> tuple[str, int]:
-    """A sleeping container with no network of its own but loopback; its id and its process's host pid."""
-    import docker
-
-    config = client.api.create_host_config(
-        network_mode="none", cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True,
-        pids_limit=32, mem_limit=64 << 20, log_config=docker.types.LogConfig(type="none"),
-    )  # fmt: skip
-    cid = client.api.create_container(
-        image, ["sleep", "infinity"], user="65534:65534", host_config=config, labels=labels(sandbox_id),
-        entrypoint=[],
-    )["Id"]  # fmt: skip
-    try:
-        start(client.api, cid)
-        pid = int(client.api.inspect_container(cid)["State"]["Pid"])
-        if pid <= 0:
-            raise SandboxError("the network holder did not start")
-    except BaseException:
-        with contextlib.suppress(Exception):
-            client.api.remove_container(cid, force=True)
-        raise
-    return cid, pid
-
-
 def _close(client: Any, containers: list[str], data: Path, mounted: list[Path], volumes: list[str]) -> None:
-    """Remove the sandbox's containers (side by side: each removal is a kill and a wait in the engine), then
-    its capped volumes (once no container holds them) and its host directories."""
-
-    def remove(cid: str) -> None:
-        with contextlib.suppress(Exception):
-            client.api.remove_container(cid, force=True)
-
-    others = [threading.Thread(target=remove, args=(cid,), daemon=True) for cid in containers[1:]]
-    for thread in others:
-        thread.start()
-    for cid in containers[:1]:
-        remove(cid)
-    for thread in others:
-        thread.join()
-    docker_disk.remove(client, [], volumes)
+    """Remove the sandbox's container, then its capped volumes (once no container holds them) and its host
+    directories."""
+    docker_disk.remove(client, containers, volumes)
     _remove_data(data, mounted)
 
 
