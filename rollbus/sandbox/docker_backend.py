@@ -58,6 +58,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import posixpath
 import secrets
 import shutil
 import signal
@@ -101,6 +102,7 @@ from rollbus.sandbox.repo import (
 
 LABEL = "rollbus.sandbox"  # every container and the holder carry it: a sweep finds what a dead runner left
 OWNER_LABEL = "rollbus.owner"  # the making process's pid and start time
+NETWORK_LABEL = "rollbus.network"  # a command container's: "adapter" where the host's listener is inside
 DEFAULT_USER = f"{AGENT_UID}:{AGENT_UID}"
 DISK_FULL_MARGIN = 64 << 10
 OWNER = "owner"  # in a sandbox's host dir: its maker's pid and start time
@@ -377,8 +379,8 @@ class DockerSandbox(SandboxBase):
             config["Init"] = True  # the engine's tini as pid 1 reaps what the commands orphan
             self._work_id = api.create_container(
                 self.layout.image, ["sleep", "infinity"], user=docker_disk.INIT_USER,
-                working_dir=self.layout.workdir, host_config=config, labels=labels(self.sandbox_id),
-                entrypoint=[],
+                working_dir=self.layout.workdir, host_config=config, entrypoint=[],
+                labels={**labels(self.sandbox_id), NETWORK_LABEL: self.layout.network},
             )["Id"]  # fmt: skip
             start(api, self._work_id)
             work = work_container(self._work_id, int(api.inspect_container(self._work_id)["State"]["Pid"]))
@@ -720,9 +722,16 @@ def _fill_volume(client: Any, layout: DockerLayout, data: Path, prepared: bool) 
     stays as it was)."""
     if layout.disk is None or layout.workdir not in layout.disk.volumes:
         return
-    docker_disk.put_tree(client, layout.disk, layout.workspace, layout.workdir)
+    binds = [*layout.ro_binds.values(), *layout.rw_binds.values()]  # over the volume in the container
+    covered = [posixpath.relpath(path, layout.workdir) for path in binds if _below(path, layout.workdir)]
+    docker_disk.put_tree(client, layout.disk, layout.workspace, layout.workdir, covered)
     if not prepared:
         _empty(layout.workspace)
+
+
+def _below(path: str, root: str) -> bool:
+    path, root = posixpath.normpath(path), posixpath.normpath(root)
+    return path != root and posixpath.commonpath([path, root]) == root
 
 
 def _cached_workspace(client: Any, layout: DockerLayout, ws: Path, cache: Path) -> None:

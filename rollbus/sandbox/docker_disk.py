@@ -117,15 +117,17 @@ def start(api: Any, cid: str) -> None:
             time.sleep(0.2 * (attempt + 1))
 
 
-def put_tree(client: Any, disk: EngineDisk, tree: Path, inside: str) -> None:
+def put_tree(client: Any, disk: EngineDisk, tree: Path, inside: str, covered: Iterable[str] = ()) -> None:
     """Copy the host directory ``tree`` (its owners, modes and links as they are) into the volume at
-    ``inside``; a tree larger than the volume is ``disk_full``."""
+    ``inside``, but for the paths below it in ``covered`` (where the container binds something else over the
+    volume: nothing would ever see them); a tree larger than the volume is ``disk_full``."""
     import docker
 
+    hidden = {posixpath.normpath(path) for path in covered}
     with tempfile.TemporaryFile(dir=tree.parent) as spool:
         with tarfile.open(fileobj=spool, mode="w") as tar:
             for entry in sorted(os.listdir(tree)):
-                tar.add(tree / entry, arcname=entry)
+                tar.add(tree / entry, arcname=entry, filter=lambda i: None if i.name in hidden else i)
         spool.seek(0)
         try:
             client.api.put_archive(disk.keeper, inside, spool)
