@@ -68,6 +68,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,15 @@ DISK_FULL_MARGIN = 64 << 10
 OWNER = "owner"  # in a sandbox's host dir: its maker's pid and start time
 WORKSPACE_LAYOUT = "v1"  # what a cached workspace entry holds; a new layout never reads an older one
 LEFTOVER_KILL_S = 5.0  # past this, what a finished command left is killed with the whole container
+ENGINE_THREADS = 512  # blocking engine calls and running commands, each on a thread of its own
+# a command holds its thread while it runs (an agent's, minutes): asyncio's default pool (cpu count + 4
+# threads) would queue every other sandbox's boot behind a handful of running agents
+_POOL = ThreadPoolExecutor(ENGINE_THREADS, thread_name_prefix="rollbus-docker")
+
+
+def _off(fn: Callable[..., Any], /, *args: Any) -> asyncio.Future[Any]:
+    """``fn(*args)`` on the backend's own threads."""
+    return asyncio.get_running_loop().run_in_executor(_POOL, functools.partial(fn, *args))
 
 
 @dataclass(frozen=True)
@@ -258,7 +268,7 @@ class DockerSandbox(SandboxBase):
             from rollbus.sandbox import docker_engine
 
             try:
-                client = await asyncio.to_thread(docker_engine.client)
+                client = await _off(docker_engine.client)
             except docker_engine.EngineUnavailable as exc:
                 raise SandboxError(f"docker: {exc}") from exc
         sandbox_id = sandbox_id or secrets.token_hex(8)
@@ -272,10 +282,10 @@ class DockerSandbox(SandboxBase):
             raise SandboxError("an adapter network needs the adapter's URL and the forwarded port")
         box: DockerSandbox | None = None
         try:
-            box = cls(client, *await asyncio.to_thread(made))
+            box = cls(client, *await _off(made))
             # the workspace is made on the host while the command container starts, then goes into its volume
             filled = await asyncio.gather(
-                asyncio.to_thread(_fill, client, box.layout, box._data, workspace is not None),
+                _off(_fill, client, box.layout, box._data, workspace is not None),
                 box._boot(adapter_url if network == "adapter" else None, forward_port),
                 return_exceptions=True,
             )
@@ -283,13 +293,13 @@ class DockerSandbox(SandboxBase):
                 if isinstance(result, BaseException):
                     raise result
             box._owner = filled[0]  # type: ignore[assignment]  # _fill's result: no exception, checked above
-            await asyncio.to_thread(_fill_volume, client, box.layout, box._data, workspace is not None)
+            await _off(_fill_volume, client, box.layout, box._data, workspace is not None)
             return box
         except BaseException as exc:
             if box is not None:
                 await box.close()
             else:
-                await asyncio.to_thread(_remove_data, data, [data / "ws", data / "home"])
+                await _off(_remove_data, data, [data / "ws", data / "home"])
             import docker
 
             if isinstance(exc, docker.errors.DockerException):  # a boot failure: the runner tries again
@@ -301,7 +311,7 @@ class DockerSandbox(SandboxBase):
         namespace."""
         if adapter_url is not None and port is not None:
             self.layout = DockerLayout(**{**self.layout.__dict__, "network": "adapter"})
-        work = await asyncio.to_thread(self._work_container)
+        work = await _off(self._work_container)
         if adapter_url is not None and port is not None:
             listener = await listener_in(f"/proc/{work.init}/ns/net", port)
             self.proxy = AdapterProxy(None, adapter_url, self.sandbox_id, listener=listener)
@@ -468,7 +478,7 @@ class DockerSandbox(SandboxBase):
         kills what it runs) and waits until it is gone."""
         cancelled = threading.Event()
         self._live.add(cancelled)
-        job = asyncio.ensure_future(asyncio.to_thread(job_fn, *args, cancelled))
+        job = asyncio.ensure_future(_off(job_fn, *args, cancelled))
         try:
             return await asyncio.shield(job)
         except asyncio.CancelledError:
@@ -511,7 +521,7 @@ class DockerSandbox(SandboxBase):
         disk = self.layout.disk
         if disk is not None and disk.holds(path):
             raw = data.encode() if isinstance(data, str) else data
-            await asyncio.to_thread(docker_disk.write_file, self.client, disk, path, raw, self._owner)
+            await _off(docker_disk.write_file, self.client, disk, path, raw, self._owner)
             return
         write_host_file(self._mounts, path, data, owner=self._owner[0])
 
@@ -519,7 +529,7 @@ class DockerSandbox(SandboxBase):
         """The file's bytes (``limit``: its first ``limit`` bytes, so a huge file costs no memory)."""
         disk = self.layout.disk
         if disk is not None and disk.holds(path):
-            return await asyncio.to_thread(docker_disk.read_file, self.client, disk, path, limit)
+            return await _off(docker_disk.read_file, self.client, disk, path, limit)
         data = read_host_file(self._mounts, path)
         return data if limit is None else data[:limit]
 
@@ -533,9 +543,7 @@ class DockerSandbox(SandboxBase):
         and content digest, read through the engine (:func:`rollbus.sandbox.docker_disk.tree_digests`)."""
         if self.layout.disk is None or not self.workspace_copied:
             raise SandboxError("the workspace is a host tree here: read it on the host")
-        return await asyncio.to_thread(
-            docker_disk.tree_digests, self.client, self.layout.disk, self.workdir, wanted
-        )
+        return await _off(docker_disk.tree_digests, self.client, self.layout.disk, self.workdir, wanted)
 
     async def close(self) -> None:
         for cancelled in list(self._live):
@@ -547,7 +555,7 @@ class DockerSandbox(SandboxBase):
         work, self._work_id, self._work = self._work_id, None, None
         volumes = list(self.layout.disk.volumes.values()) if self.layout.disk is not None else []
         containers = [work] if work else []
-        await asyncio.to_thread(_close, self.client, containers, self._data, self._mounted, volumes)
+        await _off(_close, self.client, containers, self._data, self._mounted, volumes)
 
 
 def labels(sandbox_id: str) -> dict[str, str]:
