@@ -293,7 +293,7 @@ class DockerSandbox(SandboxBase):
                 if isinstance(result, BaseException):
                     raise result
             box._owner = filled[0]  # type: ignore[assignment]  # _fill's result: no exception, checked above
-            await _off(_fill_volume, client, box.layout, box._data, workspace is not None)
+            await _off(_fill_volume, client, box.layout, box._data, workspace is not None, box._owner)
             return box
         except BaseException as exc:
             if box is not None:
@@ -717,24 +717,27 @@ def _fill(client: Any, layout: DockerLayout, data: Path, prepared: bool) -> tupl
     baseline, or a tree the host ``prepared`` (the grader's) handed to the sandbox's uid; HOME likewise.
     Returns the owner (uid, gid) of both."""
     owner = _owner_of(client, layout)
-    if not prepared:
-        _cached_workspace(client, layout, layout.workspace, data.parent / "images")
+    if not prepared:  # into a volume, the entry goes in straight from the cache (_fill_volume): no host copy
+        copy = layout.disk is None or layout.workdir not in layout.disk.volumes
+        _cached_workspace(client, layout, layout.workspace, data.parent / "images", copy=copy)
     _chown_tree(layout.workspace, owner)
     os.chown(data / "home", *owner)
     return owner
 
 
-def _fill_volume(client: Any, layout: DockerLayout, data: Path, prepared: bool) -> None:
-    """The filled workspace into its capped volume (through the running container that holds it): the
-    image's (the host keeps the baseline alone), or a prepared tree with ``copy_workspace`` (the host's
-    stays as it was)."""
+def _fill_volume(
+    client: Any, layout: DockerLayout, data: Path, prepared: bool, owner: tuple[int, int]
+) -> None:
+    """The workspace into its capped volume (through the running container that holds it): the image's,
+    from its cache entry, every file ``owner``'s (the host keeps the baseline alone), or a prepared tree
+    with ``copy_workspace`` (the host's stays as it was)."""
     if layout.disk is None or layout.workdir not in layout.disk.volumes:
         return
     binds = [*layout.ro_binds.values(), *layout.rw_binds.values()]  # over the volume in the container
     covered = [posixpath.relpath(path, layout.workdir) for path in binds if _below(path, layout.workdir)]
-    docker_disk.put_tree(client, layout.disk, layout.workspace, layout.workdir, covered)
-    if not prepared:
-        _empty(layout.workspace)
+    tree = layout.workspace if prepared else _entry(layout, data.parent / "images") / "ws"
+    owned = None if prepared else owner
+    docker_disk.put_tree(client, layout.disk, tree, layout.workdir, covered, owned, data)
 
 
 def _below(path: str, root: str) -> bool:
@@ -742,15 +745,20 @@ def _below(path: str, root: str) -> bool:
     return path != root and posixpath.commonpath([path, root]) == root
 
 
-def _cached_workspace(client: Any, layout: DockerLayout, ws: Path, cache: Path) -> None:
-    """``ws`` filled from the image's scrubbed workspace and its trusted baseline, made once per image id
-    and workdir (:func:`_prepare_workspace`) and copied from then on, as bwrap's workspace cache
-    (:func:`rollbus.sandbox.images.cached_agent_workspace`). An image id is the digest of its content, so
-    an entry never goes stale; the copy is never linked (the agent writes into it), the baseline its own."""
+def _entry(layout: DockerLayout, cache: Path) -> Path:
+    key = hashlib.sha256(f"{layout.image}\0{layout.workdir}".encode()).hexdigest()[:24]
+    return cache / f"docker-{WORKSPACE_LAYOUT}-{key}"
+
+
+def _cached_workspace(client: Any, layout: DockerLayout, ws: Path, cache: Path, *, copy: bool = True) -> None:
+    """``ws`` filled from the image's scrubbed workspace (``copy``; else left for :func:`_fill_volume`) and
+    given its trusted baseline, made once per image id and workdir (:func:`_prepare_workspace`) and copied
+    from then on, as bwrap's workspace cache (:func:`rollbus.sandbox.images.cached_agent_workspace`). An
+    image id is the digest of its content, so an entry never goes stale; the copy is never linked (the agent
+    writes into it), the baseline its own."""
     from rollbus.sandbox.images import copy_entry
 
-    key = hashlib.sha256(f"{layout.image}\0{layout.workdir}".encode()).hexdigest()[:24]
-    entry = cache / f"docker-{WORKSPACE_LAYOUT}-{key}"
+    entry = _entry(layout, cache)
     try:
         if not entry.exists():
             cache.mkdir(parents=True, exist_ok=True)
@@ -766,19 +774,12 @@ def _cached_workspace(client: Any, layout: DockerLayout, ws: Path, cache: Path) 
             except BaseException:
                 shutil.rmtree(scratch, ignore_errors=True)
                 raise
-        copy_entry(entry / "ws", ws)
+        if copy:
+            copy_entry(entry / "ws", ws)
         share_baseline(entry / "ws", ws)
     except (GitError, OSError) as exc:
         kind: FailureKind = "disk_full" if "No space left" in str(exc) else "image_error"
         raise SandboxError(f"filling the workspace from {layout.workdir} of the image: {exc}", kind) from exc
-
-
-def _empty(directory: Path) -> None:
-    for entry in directory.iterdir():
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
 
 
 def _prepare_workspace(client: Any, layout: DockerLayout, ws: Path) -> None:

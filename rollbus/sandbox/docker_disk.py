@@ -117,17 +117,34 @@ def start(api: Any, cid: str) -> None:
             time.sleep(0.2 * (attempt + 1))
 
 
-def put_tree(client: Any, disk: EngineDisk, tree: Path, inside: str, covered: Iterable[str] = ()) -> None:
-    """Copy the host directory ``tree`` (its owners, modes and links as they are) into the volume at
-    ``inside``, but for the paths below it in ``covered`` (where the container binds something else over the
-    volume: nothing would ever see them); a tree larger than the volume is ``disk_full``."""
+def put_tree(
+    client: Any,
+    disk: EngineDisk,
+    tree: Path,
+    inside: str,
+    covered: Iterable[str] = (),
+    owner: tuple[int, int] | None = None,
+    spool_dir: Path | None = None,
+) -> None:
+    """Copy the host directory ``tree`` (its modes and links as they are, its owners or every entry
+    ``owner``'s) into the volume at ``inside``, but for the paths below it in ``covered`` (where the
+    container binds something else over the volume: nothing would ever see them); a tree larger than the
+    volume is ``disk_full``."""
     import docker
 
     hidden = {posixpath.normpath(path) for path in covered}
-    with tempfile.TemporaryFile(dir=tree.parent) as spool:
+
+    def entry(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        if info.name in hidden:
+            return None
+        if owner is not None:
+            info.uid, info.gid, info.uname, info.gname = *owner, "", ""
+        return info
+
+    with tempfile.TemporaryFile(dir=spool_dir or tree.parent) as spool:
         with tarfile.open(fileobj=spool, mode="w") as tar:
-            for entry in sorted(os.listdir(tree)):
-                tar.add(tree / entry, arcname=entry, filter=lambda i: None if i.name in hidden else i)
+            for name in sorted(os.listdir(tree)):
+                tar.add(tree / name, arcname=name, filter=entry)
         spool.seek(0)
         try:
             client.api.put_archive(disk.keeper, inside, spool)
