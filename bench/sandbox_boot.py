@@ -15,10 +15,18 @@ p50 of 442 ms).
 
 ``--backend docker`` measures the container backend beside it in the same run (each backend's samples
 interleaved with their own baseline): a :class:`DockerSandbox` of a local image holding the same repository
-(built once from the base image), adapter network, the runner's limits; its columns add the time with
-``close`` included (create -> first command -> destroy). The engine is the project's own where none answers.
+(built once from the base image), adapter network, the runner's limits, one engine client for all (as the
+runner has); its columns add the time with ``close`` included (create -> first command -> destroy). Its
+second baseline, interleaved too, is the engine's floor for a sandbox of one container: a bare container of
+the same image created, started, run to its end and removed at the same concurrency; the line under each
+docker row gives it and the sandbox's ratio to it. The engine is the project's own where none answers.
 Aim for the container backend: p50 under 1 s, p99 under 2 s at concurrency 8, with close included; its last
-line sets the docker figures at concurrency 8 against that aim and says whether it was met.
+line sets the docker figures at concurrency 8 against that aim, says whether it was met, and, where the bare
+container alone misses it, that the aim is out of this machine's reach.
+
+Measured on 2 shared cores (other sessions' load 8-14), ``--quick --backend docker``, main and this layout
+alternated in one window (create -> first command -> destroy, p50): main (three containers a sandbox: disk
+keeper, network holder, command container) FIGURES_HERE
 """
 
 from __future__ import annotations
