@@ -244,6 +244,16 @@ async def test_where_the_host_cannot_see_the_containers_processes_they_are_kille
     assert await processes(agent) == ["sleep infinity"]
 
 
+async def test_commands_as_root_cannot_take_the_sandbox_down(engine: Any, history_image: str) -> None:
+    """A row whose user is root: its commands (uid 0, no capability) signal every process they can, and the
+    container's init and sleep (another uid) hold on to the workspace for the next command."""
+    async with await make(engine, history_image, user="0:0") as box:
+        kill = "echo kept > kept; kill -9 -1; for p in /proc/[0-9]*; do kill -9 ${p#/proc/} 2>/dev/null; done"
+        await box.run(["sh", "-c", kill], ENV)
+        kept = await box.run(["sh", "-c", "id -u; cat kept"], ENV)
+    assert kept.stdout.split() == ["0", "kept"], kept
+
+
 async def processes(box: DockerSandbox) -> list[str]:
     """The command lines of every process in the container but the probe itself and pid 1 (the init)."""
     probe = (

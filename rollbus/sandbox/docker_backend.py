@@ -23,8 +23,9 @@ listener is in (one container start per sandbox: ``bench/sandbox_boot.py --backe
 - **The command container**: ``network_mode=none``, a loopback of its own (for an agent, the host's
   :class:`~rollbus.sandbox.adapter_proxy.AdapterProxy` listens in that namespace on the loopback port the
   agent's base URL names: its only way out, nothing mounted for it), commands as an unprivileged uid (its
-  init and the init's ``sleep``, which hold the container, as uid 0 with no capability and an
-  ``oom_score_adj`` of -1000: no command can signal them or make them the OOM victim), ``cap_drop=ALL``,
+  init and the init's ``sleep``, which hold the container, with no capability as uid 0, or 65534 where the
+  commands run as uid 0, and an ``oom_score_adj`` of -1000: no command can signal them or make them the OOM
+  victim), ``cap_drop=ALL``,
   ``no-new-privileges``, the image's root read-only, a size-capped tmpfs ``/tmp``, ``pids_limit``,
   ``mem_limit`` (swap included), ``nano_cpus``, ``RLIMIT_CPU`` where asked, the engine's tini as pid 1; no
   Docker socket and no host path but the workspace, HOME and the named read-only binds (the agent CLI,
@@ -285,14 +286,13 @@ class DockerSandbox(SandboxBase):
             box = cls(client, *await _off(made))
             # the workspace is made on the host while the command container starts, then goes into its volume
             filled = await asyncio.gather(
-                _off(_fill, client, box.layout, box._data, workspace is not None),
+                _off(_fill, client, box.layout, box._data, workspace is not None, box._owner),
                 box._boot(adapter_url if network == "adapter" else None, forward_port),
                 return_exceptions=True,
             )
             for result in filled:
                 if isinstance(result, BaseException):
                     raise result
-            box._owner = filled[0]  # type: ignore[assignment]  # _fill's result: no exception, checked above
             await _off(_fill_volume, client, box.layout, box._data, workspace is not None, box._owner)
             return box
         except BaseException as exc:
@@ -377,7 +377,8 @@ class DockerSandbox(SandboxBase):
     def _work_container(self) -> WorkContainer:
         """The running container commands are executed in, started once at create: it holds the sandbox's
         volumes and network namespace for the sandbox's whole life. Its init and the init's sleeping child
-        run as uid 0 with no capability (no command can signal them) and are never the OOM victim; should it
+        run with no capability as a uid the commands' is not (no command can signal them:
+        :func:`~rollbus.sandbox.docker_disk.init_user`) and are never the OOM victim; should it
         die all the same (the engine's doing), the sandbox is gone and every later command says so."""
         with self._lock:
             if self._work is not None:
@@ -388,7 +389,7 @@ class DockerSandbox(SandboxBase):
             config = host_config(self.client, self.layout)
             config["Init"] = True  # the engine's tini as pid 1 reaps what the commands orphan
             self._work_id = api.create_container(
-                self.layout.image, ["sleep", "infinity"], user=docker_disk.INIT_USER,
+                self.layout.image, ["sleep", "infinity"], user=docker_disk.init_user(self._owner[0]),
                 working_dir=self.layout.workdir, host_config=config, entrypoint=[],
                 labels={**labels(self.sandbox_id), NETWORK_LABEL: self.layout.network},
             )["Id"]  # fmt: skip
@@ -699,30 +700,28 @@ def _prepare_host(
     ws = data / "ws" if workspace is None else Path(workspace)
     layout = DockerLayout(image_id, workdir, ws, data / "home", user, limits, "none", ro_binds, sandbox_id,
                           rw_binds or {})  # fmt: skip
+    owner = _owner_of(client, layout)  # a user name is looked up in the image
     if limits.disk_bytes is not None:
         paths = [workdir, HOME] if workspace is None or copy_workspace else [HOME]
         if workspace is not None and copy_workspace:  # the writable directories too: empty capped volumes
             paths += [inside for inside in layout.rw_binds.values() if inside not in paths]
             layout = DockerLayout(**{**layout.__dict__, "rw_binds": {}})
-        owner = _owner_of(client, layout)  # a user name is looked up in the image
         name = f"rollbus-disk-{sandbox_id}"
         disk = docker_disk.create(client, paths, limits.disk_bytes, owner, labels(sandbox_id), name)
         layout = DockerLayout(**{**layout.__dict__, "disk": disk})
     os.chmod(data, 0o755)  # the agent's uid traverses to its binds
-    return layout, data, (0, 0), []  # the owner is _fill's (a user name is looked up in the image)
+    return layout, data, owner, []
 
 
-def _fill(client: Any, layout: DockerLayout, data: Path, prepared: bool) -> tuple[int, int]:
+def _fill(client: Any, layout: DockerLayout, data: Path, prepared: bool, owner: tuple[int, int]) -> None:
     """The workspace from the image (its repository re-made from the base commit) and its trusted
-    baseline, or a tree the host ``prepared`` (the grader's) handed to the sandbox's uid; HOME likewise.
-    Returns the owner (uid, gid) of both."""
-    owner = _owner_of(client, layout)
+    baseline, or a tree the host ``prepared`` (the grader's) handed to ``owner``, the sandbox's uid; HOME
+    likewise."""
     if not prepared:  # into a volume, the entry goes in straight from the cache (_fill_volume): no host copy
         copy = layout.disk is None or layout.workdir not in layout.disk.volumes
         _cached_workspace(client, layout, layout.workspace, data.parent / "images", copy=copy)
     _chown_tree(layout.workspace, owner)
     os.chown(data / "home", *owner)
-    return owner
 
 
 def _fill_volume(

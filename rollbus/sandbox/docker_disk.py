@@ -1,4 +1,4 @@
-"""A docker sandbox's capped disk, made by the engine: tmpfs volumes of fixed size its command container holds
+"""A docker sandbox's capped disk, made by the engine: fixed-size tmpfs volumes its command container holds.
 
 A tmpfs the runner mounts on a host directory caps the disk only where the engine sees the runner's mounts.
 Under Compose the runner is a container beside the engine and its mounts are private to it: a bind of that
@@ -10,15 +10,15 @@ container); nothing reaches the host disk, whoever started the container and whe
 The engine mounts such a volume while some container uses it and drops its contents when none does, so the
 sandbox's command container holds it for the sandbox's whole life: it is started once, before the workspace
 goes in, and never restarted (a deadline kills the command's processes, not the container; see
-:mod:`rollbus.sandbox.docker_backend`). Its init and that init's sleeping child run as uid 0 with no
-capability (the agent's uid cannot signal them, and any root caller may read their ``/proc/<pid>/root``)
-and are never the memory cgroup's OOM victim (``oom_score_adj`` -1000, set by the host). The host never
-touches the files directly: the workspace goes in, and the runner's files come and go, through the
-engine's archive API on that container (``put_archive`` / ``get_archive``: the engine resolves paths inside
-it, so a link the agent planted cannot reach a host path). The patch is taken as before, by a tool
-container mounting the workspace volume read-only. Free space (for ``disk_full``) is read through the
-holding container's ``/proc/<pid>/root`` where the host sees its pids (the runner under Compose has the
-host's pid namespace).
+:mod:`rollbus.sandbox.docker_backend`). Its init and that init's sleeping child run with no capability as uid
+0, or 65534 where the commands run as uid 0 (:func:`init_user`: never the commands' uid, so no command can
+signal them; uid 0 lets any root caller read their ``/proc/<pid>/root``) and are never the memory cgroup's OOM
+victim (``oom_score_adj`` -1000, set by the host). The host never touches the files directly: the workspace
+goes in, and the runner's files come and go, through the engine's archive API on that container
+(``put_archive`` / ``get_archive``: the engine resolves paths inside it, so a link the agent planted cannot
+reach a host path). The patch is taken as before, by a tool container mounting the workspace volume read-only.
+Free space (for ``disk_full``) is read through the holding container's ``/proc/<pid>/root`` where the host
+sees its pids (the runner under Compose has the host's pid namespace).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from rollbus.sandbox.base import FailureKind, SandboxError, SandboxPathError
 
 START_TRIES = 3  # a container start the engine failed (a server error) is tried again
 INIT_USER = "0:0"  # the holder's init: no capability; root, so a root caller reads its /proc/<pid>/root
+INIT_USER_BESIDE_ROOT = "65534:65534"  # where the commands run as uid 0, which could signal a uid-0 init
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,12 @@ class EngineDisk:
 
     def holds(self, path: str) -> bool:
         return any(posixpath.commonpath([path, inside]) == inside for inside in self.volumes)
+
+
+def init_user(commands_uid: int) -> str:
+    """The uid the holding container's init and its sleep run as: never the commands' (a process without
+    ``CAP_KILL`` signals its own uid's alone, so no command can kill what holds the sandbox)."""
+    return INIT_USER_BESIDE_ROOT if commands_uid == 0 else INIT_USER
 
 
 def mounts(volumes: Mapping[str, str], *, read_only: bool = False, only: set[str] | None = None) -> list[Any]:
