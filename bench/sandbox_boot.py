@@ -24,9 +24,16 @@ Aim for the container backend: p50 under 1 s, p99 under 2 s at concurrency 8, wi
 line sets the docker figures at concurrency 8 against that aim, says whether it was met, and, where the bare
 container alone misses it, that the aim is out of this machine's reach.
 
-Measured on 2 shared cores (other sessions' load 8-14), ``--quick --backend docker``, main and this layout
-alternated in one window (create -> first command -> destroy, p50): main (three containers a sandbox: disk
-keeper, network holder, command container) FIGURES_HERE
+Measured on 2 shared cores (other sessions' load 5-10), ``--samples 16 --backend bwrap docker``, the earlier
+layout (three containers a sandbox: disk keeper, network holder, command container; asyncio's default pool
+of 6 threads) and this one (one container; its own threads; the workspace into its volume from the cache)
+alternated, two rounds each, create -> first command -> destroy p50 (p99): concurrency 1: 915 ms (1005) and
+1022 ms (1285) before, 634 ms (779) and 528 ms (707) after; concurrency 8: 4.17 s (4.32) and 4.76 s (5.09)
+before, 2.40 s (2.57) and 2.66 s (2.77) after. A bare container of the same image (create, start, ``true``,
+remove) took 1.16 s (1.51) and 1.32 s (1.59) at concurrency 8 in the same runs: the aim (p50 < 1 s at 8) is
+out of reach of any sandbox of one container on these 2 cores; the sandbox is 2.0-2.1x that floor (its
+start with limits, mounts and a pid-1 init, the workspace's tar through the engine, the first exec, a forced
+removal and two volumes). bwrap in the same runs: 184 ms and 199 ms p50 at concurrency 8 (180 and 334 before).
 """
 
 from __future__ import annotations
