@@ -311,6 +311,7 @@ class DockerSandbox(SandboxBase):
         namespace."""
         if adapter_url is not None and port is not None:
             self.layout = DockerLayout(**{**self.layout.__dict__, "network": "adapter"})
+            self.enforced = self._report()
         work = await _off(self._work_container)
         if adapter_url is not None and port is not None:
             listener = await listener_in(f"/proc/{work.init}/ns/net", port)
@@ -420,7 +421,7 @@ class DockerSandbox(SandboxBase):
         so the command returns with nothing of it alive; the container's init and its sleep go on holding
         the sandbox's volumes and network. Killed from the container's pids cgroup until none is left; where
         the host cannot see it, by ``kill -9 -1`` run inside as the commands' uid (every process of that
-        uid but itself: the init's are uid 0)."""
+        uid but itself: the init's are another uid)."""
         if work.cgroups is None:
             self._kill_as_user(work)
             return
