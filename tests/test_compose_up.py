@@ -133,8 +133,8 @@ def mounts_from(container: Any, shared: str) -> bool:
 
 
 def leftovers(project: str, shared: str, sandbox_ids: set[str]) -> list[str]:
-    """What of the project the engine still holds, and any sandbox container (keepers and holders
-    included) or disk volume of the sandboxes its services started."""
+    """What of the project the engine still holds, and any sandbox container (tool
+    containers included) or disk volume of the sandboxes its services started."""
     from rollbus.sandbox.docker_backend import LABEL
     from rollbus.sandbox.docker_engine import client
 
@@ -250,8 +250,8 @@ class SandboxWatch:
                     self.seen.append(attrs)  # this stack's (the engine is shared with other tests)
 
     def agents(self) -> bool:
-        """An agent's command container has been made (it joins its holder's network)."""
-        return any(a["HostConfig"]["NetworkMode"].startswith("container:") for a in list(self.seen))
+        """An agent's command container has been made (the adapter's listener in its own namespace)."""
+        return any(agent(a) for a in list(self.seen))
 
     def ids(self) -> set[str]:
         from rollbus.sandbox.docker_backend import LABEL
@@ -262,8 +262,8 @@ class SandboxWatch:
         self.stream.close()
 
     def check(self) -> None:
-        """No sandbox got the engine's socket, a capability, a network but none or its holder's, or a host
-        path outside the shared directory; the agent's command containers joined a holder's network."""
+        """No sandbox got the engine's socket, a capability, a network but none (a loopback of its own), or a
+        host path outside the shared directory; agents' command containers were made."""
         assert self.seen, "no sandbox container of the stack was seen"
         for attrs in self.seen:
             host, mounts = attrs["HostConfig"], attrs.get("Mounts", [])
@@ -272,20 +272,25 @@ class SandboxWatch:
                 mounts
             )
             assert not host.get("Privileged") and not host.get("CapAdd") and host.get("CapDrop") == ["ALL"]
-            assert host["NetworkMode"] == "none" or host["NetworkMode"].startswith("container:"), attrs[
-                "Name"
-            ]
+            assert host["NetworkMode"] == "none", attrs["Name"]
         assert self.agents()
         # the disk: every one writes to engine-made tmpfs volumes of fixed size (an agent's workspace and
         # HOME, its patch capture's workspace read-only, a grading container's HOME)
         for attrs in self.seen:
             volumes = volume_mounts(attrs)
             assert volumes, attrs["Mounts"]
-            if attrs["HostConfig"]["NetworkMode"].startswith("container:"):
+            if agent(attrs):
                 assert {"/home/agent", attrs["Config"]["WorkingDir"]} <= set(volumes), attrs["Mounts"]
             for name in volumes.values():
                 options = self.disks[name]
                 assert options["type"] == "tmpfs" and "size=" in options["o"], (name, options)
+
+
+def agent(attrs: dict[str, Any]) -> bool:
+    """An agent's command container: the runner made the adapter's listener in its network namespace."""
+    from rollbus.sandbox.docker_backend import NETWORK_LABEL
+
+    return (attrs["Config"].get("Labels") or {}).get(NETWORK_LABEL) == "adapter"
 
 
 def volume_mounts(attrs: dict[str, Any]) -> dict[str, str]:

@@ -150,7 +150,7 @@ async def test_the_agent_is_unprivileged_and_sees_no_engine_nor_host_path(agent:
     engine_made.add("/usr/sbin/docker-init")  # /sbin is a link to usr/sbin in a merged-/usr image
     mounts = {m for m in lines[4:] if not m.startswith(("/proc", "/dev", "/sys"))} - engine_made
     assert mounts == {"/", "/testbed", "/home/agent", "/tmp"}  # nothing of the host's but what is named
-    made = agent.layout.disk.free_paths()[0] / "made"  # the workspace's volume, seen through its keeper
+    made = agent.layout.disk.free_paths()[0] / "made"  # the workspace's volume, seen through its holder
     assert made.stat().st_uid == 1000  # not host root in disguise
 
 
@@ -209,19 +209,55 @@ def engine_record(client: Any, container: dict[str, Any]) -> str:
     return json.dumps([info, execs])
 
 
-async def test_the_wall_clock_kills_the_whole_container_and_the_next_command_runs(
-    agent: DockerSandbox,
+async def test_the_wall_clock_kills_every_process_of_the_command_and_the_sandbox_goes_on(
+    agent: DockerSandbox, adapter: Adapter
 ) -> None:
-    done = await agent.run(["sh", "-c", "sleep 60 & sleep 60 & echo started; wait"], ENV, timeout=1.5)
+    """The command tries to take the container down with it (``kill -9 -1`` and a kill of pid 1 and of the
+    init's sleep, which hold the sandbox's volumes and network) and to outlive its deadline: every process of
+    its own dies at the deadline, the container's do not, and the next command finds its workspace, HOME,
+    ``/tmp`` and the adapter's listener as they were."""
+    script = (
+        "echo kept > kept; echo kept > /home/agent/kept; echo kept > /tmp/kept;"
+        "kill -9 -1; for p in /proc/[0-9]*; do [ ${p#/proc/} = $$ ] || kill -9 ${p#/proc/} 2>/dev/null; done;"
+        "echo alive;"
+        "sleep 60 & sleep 60 & echo started; wait"
+    )
+    done = await agent.run(["sh", "-c", script], ENV, timeout=3)
     assert done.timed_out and done.failure_kind == "timeout" and done.wall_time_s < 20
-    assert "started" in done.stdout
+    assert "alive" in done.stdout and "started" in done.stdout, done
     assert await processes(agent) == ["sleep infinity"]  # tini's own child, nothing of the command's
+    kept = await agent.run(["cat", "kept", "/home/agent/kept", "/tmp/kept"], ENV)
+    assert kept.stdout.split() == ["kept", "kept", "kept"], kept
+    posted = await agent.run(["python3", "-c", POST, f"http://127.0.0.1:{PORT}/v1/messages"], ENV, timeout=60)
+    assert posted.stdout.strip() == "adapter:ping", posted
 
 
 async def test_a_finished_command_leaves_nothing_running(agent: DockerSandbox) -> None:
     done = await agent.run(["sh", "-c", "sleep 300 > /dev/null 2>&1 & sleep 301 & echo bye"], ENV, timeout=60)
     assert (done.exit_code, done.stdout.strip(), done.timed_out) == (0, "bye", False)
     assert await processes(agent) == ["sleep infinity"]
+
+
+async def test_where_the_host_cannot_see_the_containers_processes_they_are_killed_from_inside(
+    agent: DockerSandbox,
+) -> None:
+    """A remote engine, or cgroups the runner cannot see (cgroup v2 under Compose): what a command left, and
+    what outlived its deadline, die by ``kill -9 -1`` run inside as the commands' uid; the init survives."""
+    agent._work_container().cgroups = None
+    left = await agent.run(["sh", "-c", "sleep 300 > /dev/null 2>&1 & sleep 301 & echo bye"], ENV, timeout=60)
+    late = await agent.run(["sh", "-c", "sleep 60 & echo started; wait"], ENV, timeout=3)
+    assert (left.exit_code, left.stdout.strip()) == (0, "bye") and late.failure_kind == "timeout", late
+    assert await processes(agent) == ["sleep infinity"]
+
+
+async def test_commands_as_root_cannot_take_the_sandbox_down(engine: Any, history_image: str) -> None:
+    """A row whose user is root: its commands (uid 0, no capability) signal every process they can, and the
+    container's init and sleep (another uid) hold on to the workspace for the next command."""
+    async with await make(engine, history_image, user="0:0") as box:
+        kill = "echo kept > kept; kill -9 -1; for p in /proc/[0-9]*; do kill -9 ${p#/proc/} 2>/dev/null; done"
+        await box.run(["sh", "-c", kill], ENV)
+        kept = await box.run(["sh", "-c", "id -u; cat kept"], ENV)
+    assert kept.stdout.split() == ["0", "kept"], kept
 
 
 async def processes(box: DockerSandbox) -> list[str]:
@@ -522,7 +558,7 @@ async def test_another_rollouts_requests_processes_token_and_files_are_out_of_re
 ) -> None:
     """Two live agents on the same port: each request arrives stamped with its own sandbox's id; the first,
     while the second holds a token in its environment and a file in its workspace, finds neither, sees only
-    its own few processes, and cannot reconfigure its network (no capability, the holder's namespace)."""
+    its own few processes, and cannot reconfigure its network (no capability, the engine's namespace)."""
     url = f"http://127.0.0.1:{PORT}/v1/messages"
     options = {"network": "adapter", "adapter_url": adapter.url, "forward_port": PORT}
     async with (
@@ -558,7 +594,7 @@ async def test_another_rollouts_requests_processes_token_and_files_are_out_of_re
         ids = {first.sandbox_id, second.sandbox_id}
     assert held.exit_code == 0, held.stderr
     lines = seen.stdout.splitlines()
-    assert int(lines[0]) <= 8, seen.stdout  # its own pid namespace: tini, its holder, the probe
+    assert int(lines[0]) <= 8, seen.stdout  # its own pid namespace: tini, its sleep, the probe
     assert lines[1:] == ["PermissionError: [Errno 1] Operation not permitted"], seen.stdout  # lo stays up
     assert [r.stdout.strip() for r in replies] == ["adapter:ping", "adapter:ping"]
     stamped = {h.split(b"x-rollbus-sandbox: ")[1].split(b"\r\n")[0].decode() for h in adapter.heads}

@@ -1,36 +1,42 @@
 """Docker backend: a task's own container image as the sandbox, for the agent and for the grader.
 
-One sandbox is a workspace and HOME on the host, one command container from the image's digest (the same
-bytes for the agent, its patch capture and the grader) in which every command is executed, and, for an
-agent, a network holder:
+One sandbox is a workspace and HOME on the host and one command container from the image's digest (the same
+bytes for the agent, its patch capture and the grader), started once at create, in which every command is
+executed; it also holds the sandbox's volumes and, for an agent, the network namespace the adapter's
+listener is in (one container start per sandbox: ``bench/sandbox_boot.py --backend docker``):
 
-- **Workspace** (``workdir`` inside) and **HOME**: each a tmpfs volume of ``disk_bytes`` that the engine
-  makes and a keeper container holds (:mod:`rollbus.sandbox.docker_disk`), so the disk written is bounded
-  while it is written wherever the caller runs (a runner in a container beside the engine included); with
-  no disk limit, host directories bind-mounted read-write. The workspace is prepared once on the host,
-  before anything of the agent's runs: the image's ``workdir`` copied out of the image (a created
-  container's archive: nothing of the image runs), and its repository re-made by host git (every configured
-  program off) as a fresh repository holding the base commit alone (a shallow fetch of ``HEAD``): no other
-  ref, tag, reflog, stash, or object of a later commit; the image's own repository is deleted before any
-  container starts; then it goes into its volume through the engine. The trusted baseline the patch is
-  taken against is recorded beside it on the host and never mounted where the agent runs. A grader's
-  prepared tree is bind-mounted as it is (its HOME a capped volume) where only trusted tools write it and
-  the grader reads it back (``git apply``), and copied into the capped workspace volume (``copy_workspace``)
-  where the code under test runs: what it writes never comes back to the host tree, which stays as it was,
-  and the grader reads the results through the engine (:meth:`DockerSandbox.read_file`,
-  :meth:`DockerSandbox.tree_digests`).
-- **The command container**: ``network_mode=none`` (or, for an agent, the holder's network namespace,
-  where the host's :class:`~rollbus.sandbox.adapter_proxy.AdapterProxy` listens on the loopback port the
-  agent's base URL names: its only way out, nothing mounted for it), an unprivileged uid, ``cap_drop=ALL``,
+- **Workspace** (``workdir`` inside) and **HOME**: each a tmpfs volume of ``disk_bytes`` that the engine makes
+  and the command container holds (:mod:`rollbus.sandbox.docker_disk`), so the disk written is bounded while
+  it is written wherever the caller runs (a runner in a container beside the engine included); with no disk
+  limit, host directories bind-mounted read-write. The workspace is prepared once on the host, before anything
+  of the agent's runs: the image's ``workdir`` copied out of the image (a created container's archive: nothing
+  of the image runs), and its repository re-made by host git (every configured program off) as a fresh
+  repository holding the base commit alone (a shallow fetch of ``HEAD``): no other ref, tag, reflog, stash, or
+  object of a later commit; the image's own repository is deleted (the command container, starting meanwhile,
+  runs nothing but ``sleep`` and sees the image's workdir under the empty volume); then it goes into its
+  volume through the engine, before the first command. The trusted baseline the patch is taken against is
+  recorded beside it on the host and never mounted where the agent runs. A grader's prepared tree is
+  bind-mounted as it is (its HOME a capped volume) where only trusted tools write it and the grader reads it
+  back (``git apply``), and copied into the capped workspace volume (``copy_workspace``) where the code under
+  test runs: what it writes never comes back to the host tree, which stays as it was, and the grader reads the
+  results through the engine (:meth:`DockerSandbox.read_file`, :meth:`DockerSandbox.tree_digests`).
+- **The command container**: ``network_mode=none``, a loopback of its own (for an agent, the host's
+  :class:`~rollbus.sandbox.adapter_proxy.AdapterProxy` listens in that namespace on the loopback port the
+  agent's base URL names: its only way out, nothing mounted for it), commands as an unprivileged uid (its
+  init and the init's ``sleep``, which hold the container, with no capability as uid 0, or 65534 where the
+  commands run as uid 0, and an ``oom_score_adj`` of -1000: no command can signal them or make them the OOM
+  victim), ``cap_drop=ALL``,
   ``no-new-privileges``, the image's root read-only, a size-capped tmpfs ``/tmp``, ``pids_limit``,
   ``mem_limit`` (swap included), ``nano_cpus``, ``RLIMIT_CPU`` where asked, the engine's tini as pid 1; no
   Docker socket and no host path but the workspace, HOME and the named read-only binds (the agent CLI,
   which runs in any image without installing anything: it is a native binary mounted from the cache). The
   engine's default seccomp profile refuses new namespaces (nested user namespaces included). Each command
-  is an exec; when it returns, whatever it left running is killed (from the container's pids cgroup), so
-  every process it started is gone, as on bwrap.
-- **Wall clock**: at the deadline the whole container is killed (and started again for the next command:
-  a fresh ``/tmp``, the same workspace and HOME). Limits hit come back named
+  is an exec; when it returns, whatever it left running is killed (from the container's pids cgroup, or
+  ``kill -9 -1`` inside as the commands' uid where the host cannot see it), so every process it started is
+  gone, as on bwrap.
+- **Wall clock**: at the deadline every process the command started is killed the same way; the container
+  lives on with its workspace, HOME, ``/tmp`` and listener for the next command (the whole container is
+  killed only where that fails, and the sandbox with it). Limits hit come back named
   (:data:`~rollbus.sandbox.base.FailureKind`): ``timeout``, ``memory_limit`` and ``pids_limit`` (the
   container's cgroup counters around the command), ``cpu_limit``, ``disk_full`` (the workspace's, HOME's
   or ``/tmp``'s free space), ``output_truncated``.
@@ -42,8 +48,8 @@ agent, a network holder:
 
 The engine must share the host's filesystem (the default socket or the project's own engine,
 :mod:`rollbus.sandbox.docker_engine`): bind mounts name host paths. Podman's Docker-compatible service
-offers the same API and bind mounts; its rootless mode has no ``container:`` network sharing with a host
-listener, so the agent role needs rootful Podman.
+offers the same API and bind mounts; its rootless mode lacks the host-made listener in a container's
+network namespace, so the agent role needs rootful Podman.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import posixpath
 import secrets
 import shutil
 import signal
@@ -62,6 +69,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,11 +104,21 @@ from rollbus.sandbox.repo import (
 
 LABEL = "rollbus.sandbox"  # every container and the holder carry it: a sweep finds what a dead runner left
 OWNER_LABEL = "rollbus.owner"  # the making process's pid and start time
+NETWORK_LABEL = "rollbus.network"  # a command container's: "adapter" where the host's listener is inside
 DEFAULT_USER = f"{AGENT_UID}:{AGENT_UID}"
 DISK_FULL_MARGIN = 64 << 10
 OWNER = "owner"  # in a sandbox's host dir: its maker's pid and start time
 WORKSPACE_LAYOUT = "v1"  # what a cached workspace entry holds; a new layout never reads an older one
 LEFTOVER_KILL_S = 5.0  # past this, what a finished command left is killed with the whole container
+ENGINE_THREADS = 512  # blocking engine calls and running commands, each on a thread of its own
+# a command holds its thread while it runs (an agent's, minutes): asyncio's default pool (cpu count + 4
+# threads) would queue every other sandbox's boot behind a handful of running agents
+_POOL = ThreadPoolExecutor(ENGINE_THREADS, thread_name_prefix="rollbus-docker")
+
+
+def _off(fn: Callable[..., Any], /, *args: Any) -> asyncio.Future[Any]:
+    """``fn(*args)`` on the backend's own threads."""
+    return asyncio.get_running_loop().run_in_executor(_POOL, functools.partial(fn, *args))
 
 
 @dataclass(frozen=True)
@@ -113,11 +131,11 @@ class DockerLayout:
     home: Path
     user: str
     limits: Limits
-    network: str  # "none" or "container:<holder id>"
+    network: str  # "none", or "adapter": the command container's own loopback, the host's listener in it
     ro_binds: Mapping[str, str] = field(default_factory=dict)  # host path -> inside path
     sandbox_id: str = ""
     rw_binds: Mapping[str, str] = field(default_factory=dict)  # host path -> inside path, writable
-    disk: EngineDisk | None = None  # the capped volumes (workspace and HOME, or HOME alone) and their keeper
+    disk: EngineDisk | None = None  # the capped volumes (workspace and HOME, or HOME alone) and their holder
 
 
 def host_config(client: Any, layout: DockerLayout, *, tool: bool = False) -> dict[str, Any]:
@@ -141,7 +159,7 @@ def host_config(client: Any, layout: DockerLayout, *, tool: bool = False) -> dic
     return client.api.create_host_config(
         binds=binds,
         mounts=docker_disk.mounts(volumes, read_only=tool, only={layout.workdir} if tool else None) or None,
-        network_mode="none" if tool else layout.network,
+        network_mode="none",  # a loopback of its own: an agent's listener is made in it by the host
         cap_drop=["ALL"],
         security_opt=["no-new-privileges"],
         read_only=True,
@@ -170,7 +188,6 @@ class DockerSandbox(SandboxBase):
         self.workdir = layout.workdir
         self.limits = layout.limits
         self.proxy: AdapterProxy | None = None
-        self.holder: str | None = None
         self._data = data
         self._owner = owner
         self._mounted = mounted
@@ -215,7 +232,7 @@ class DockerSandbox(SandboxBase):
             "network": "none" if self.layout.network == "none" else "loopback of its own, the adapter only",
             "nested_userns": "the engine's seccomp profile",
             "output": "head+tail capture",
-            "wall_clock": "kill of the whole container",
+            "wall_clock": "kill of every process the command started (the container's init spared)",
         }
 
     @classmethod
@@ -252,7 +269,7 @@ class DockerSandbox(SandboxBase):
             from rollbus.sandbox import docker_engine
 
             try:
-                client = await asyncio.to_thread(docker_engine.client)
+                client = await _off(docker_engine.client)
             except docker_engine.EngineUnavailable as exc:
                 raise SandboxError(f"docker: {exc}") from exc
         sandbox_id = sandbox_id or secrets.token_hex(8)
@@ -266,23 +283,23 @@ class DockerSandbox(SandboxBase):
             raise SandboxError("an adapter network needs the adapter's URL and the forwarded port")
         box: DockerSandbox | None = None
         try:
-            box = cls(client, *await asyncio.to_thread(made))
-            # the workspace is filled while the network holder and the command container start
+            box = cls(client, *await _off(made))
+            # the workspace is made on the host while the command container starts, then goes into its volume
             filled = await asyncio.gather(
-                asyncio.to_thread(_fill, client, box.layout, box._data, workspace is not None),
+                _off(_fill, client, box.layout, box._data, workspace is not None, box._owner),
                 box._boot(adapter_url if network == "adapter" else None, forward_port),
                 return_exceptions=True,
             )
             for result in filled:
                 if isinstance(result, BaseException):
                     raise result
-            box._owner = filled[0]  # type: ignore[assignment]  # _fill's result: no exception, checked above
+            await _off(_fill_volume, client, box.layout, box._data, workspace is not None, box._owner)
             return box
         except BaseException as exc:
             if box is not None:
                 await box.close()
             else:
-                await asyncio.to_thread(_remove_data, data, [data / "ws", data / "home"])
+                await _off(_remove_data, data, [data / "ws", data / "home"])
             import docker
 
             if isinstance(exc, docker.errors.DockerException):  # a boot failure: the runner tries again
@@ -290,22 +307,16 @@ class DockerSandbox(SandboxBase):
             raise
 
     async def _boot(self, adapter_url: str | None, port: int | None) -> None:
-        """The holder and listener (an agent's), then the command container, started."""
+        """The command container started (it holds the volumes), then an agent's listener in its network
+        namespace."""
         if adapter_url is not None and port is not None:
-            await self._open_adapter(adapter_url, port)
-        await asyncio.to_thread(self._work_container)
-
-    async def _open_adapter(self, adapter_url: str, port: int) -> None:
-        """The holder (a sleeping container whose network namespace every command joins) and the proxy's
-        listener on its loopback port, made by the host inside that namespace."""
-        from rollbus.sandbox.docker_images import ensure_base_image
-
-        base = await asyncio.to_thread(ensure_base_image, self.client)
-        self.holder, pid = await asyncio.to_thread(_start_holder, self.client, base, self.sandbox_id)
-        listener = await listener_in(f"/proc/{pid}/ns/net", port)
-        self.layout = DockerLayout(**{**self.layout.__dict__, "network": f"container:{self.holder}"})
-        self.proxy = AdapterProxy(None, adapter_url, self.sandbox_id, listener=listener)
-        await self.proxy.start()
+            self.layout = DockerLayout(**{**self.layout.__dict__, "network": "adapter"})
+            self.enforced = self._report()
+        work = await _off(self._work_container)
+        if adapter_url is not None and port is not None:
+            listener = await listener_in(f"/proc/{work.init}/ns/net", port)
+            self.proxy = AdapterProxy(None, adapter_url, self.sandbox_id, listener=listener)
+            await self.proxy.start()
 
     async def run(
         self,
@@ -358,53 +369,61 @@ class DockerSandbox(SandboxBase):
         before = work.cgroups.counters() if work.cgroups else {}
         ran = run_exec(
             self.client, work.id, create, timeout, stdin=stdin, output_limit=self.limits.output_bytes,
-            kill=lambda: self._kill_work(work), leftovers=lambda: self._kill_leftovers(work), started=started,
-            cancelled=cancelled,
+            kill=lambda: self._kill_commands(work), leftovers=lambda: self._kill_commands(work),
+            started=started, cancelled=cancelled,
         )  # fmt: skip
         after = work.cgroups.counters() if work.cgroups else {}
-        kind = self._classify(ran, failure_from_counters(before, after), work)
-        if not ran.timed_out and not self._running(work):
-            self._work = None  # its init died (an OOM kill of the whole): the next command starts it again
-        return _completed(ran, kind)
+        return _completed(ran, self._classify(ran, failure_from_counters(before, after), work))
 
     def _work_container(self) -> WorkContainer:
-        """The running container commands are executed in: made at the first command, started again after
-        a deadline killed it (a fresh /tmp, the same workspace and HOME)."""
+        """The running container commands are executed in, started once at create: it holds the sandbox's
+        volumes and network namespace for the sandbox's whole life. Its init and the init's sleeping child
+        run with no capability as a uid the commands' is not (no command can signal them:
+        :func:`~rollbus.sandbox.docker_disk.init_user`) and are never the OOM victim; should it
+        die all the same (the engine's doing), the sandbox is gone and every later command says so."""
         with self._lock:
             if self._work is not None:
                 return self._work
+            if self._work_id is not None:
+                raise SandboxError("the sandbox's container is gone, its workspace, HOME and network with it")
             api = self.client.api
-            if self._work_id is None:
-                config = host_config(self.client, self.layout)
-                config["Init"] = True  # the engine's tini as pid 1 reaps what the commands orphan
-                self._work_id = api.create_container(
-                    self.layout.image, ["sleep", "infinity"], user=self.layout.user,
-                    working_dir=self.layout.workdir, host_config=config, labels=labels(self.sandbox_id),
-                    entrypoint=[],
-                )["Id"]  # fmt: skip
+            config = host_config(self.client, self.layout)
+            config["Init"] = True  # the engine's tini as pid 1 reaps what the commands orphan
+            self._work_id = api.create_container(
+                self.layout.image, ["sleep", "infinity"], user=docker_disk.init_user(self._owner[0]),
+                working_dir=self.layout.workdir, host_config=config, entrypoint=[],
+                labels={**labels(self.sandbox_id), NETWORK_LABEL: self.layout.network},
+            )["Id"]  # fmt: skip
             start(api, self._work_id)
-            self._work = work_container(
-                self._work_id, int(api.inspect_container(self._work_id)["State"]["Pid"])
-            )
-            return self._work
+            work = work_container(self._work_id, int(api.inspect_container(self._work_id)["State"]["Pid"]))
+            for pid in work.spare:  # the memory cgroup's OOM killer takes a command's process, never these
+                with contextlib.suppress(OSError):
+                    Path(f"/proc/{pid}/oom_score_adj").write_text("-1000")
+            if self.layout.disk is not None:
+                self.layout = DockerLayout(
+                    **{**self.layout.__dict__, "disk": self.layout.disk.held_by(work.id, work.init)}
+                )
+            self._work = work
+            return work
 
     def _kill_work(self, work: WorkContainer) -> None:
-        """The deadline: the whole container dies, every process in it."""
+        """The last resort: the whole container dies, every process in it (and the sandbox with it)."""
         import docker
 
         with contextlib.suppress(docker.errors.APIError):
             self.client.api.kill(work.id)
-        with contextlib.suppress(docker.errors.APIError):
-            self.client.api.wait(work.id, timeout=60)
         with self._lock:
             if self._work is work:
                 self._work = None
 
-    def _kill_leftovers(self, work: WorkContainer) -> None:
-        """What the finished command left running (its background children), so it returns with nothing
-        of it alive; where the host cannot see the container's processes, the whole container goes."""
+    def _kill_commands(self, work: WorkContainer) -> None:
+        """Every process the commands started (at the deadline, or what a finished command left running),
+        so the command returns with nothing of it alive; the container's init and its sleep go on holding
+        the sandbox's volumes and network. Killed from the container's pids cgroup until none is left; where
+        the host cannot see it, by ``kill -9 -1`` run inside as the commands' uid (every process of that
+        uid but itself: the init's are another uid)."""
         if work.cgroups is None:
-            self._kill_work(work)
+            self._kill_as_user(work)
             return
         deadline = time.monotonic() + LEFTOVER_KILL_S
         while time.monotonic() < deadline:  # a process forking while it is killed: again until none is left
@@ -417,13 +436,16 @@ class DockerSandbox(SandboxBase):
             time.sleep(0.005)
         self._kill_work(work)
 
-    def _running(self, work: WorkContainer) -> bool:
+    def _kill_as_user(self, work: WorkContainer) -> None:
         import docker
 
+        api = self.client.api
         try:
-            return bool(self.client.api.inspect_container(work.id)["State"]["Running"])
-        except docker.errors.NotFound:
-            return False
+            for _ in range(2):  # a fork racing the first: its parent already had the signal, or the second
+                made = api.exec_create(work.id, ["/bin/sh", "-c", "kill -9 -1"], user=self.layout.user)
+                api.exec_start(made["Id"])
+        except docker.errors.APIError:
+            self._kill_work(work)
 
     async def run_tool(
         self,
@@ -458,7 +480,7 @@ class DockerSandbox(SandboxBase):
         kills what it runs) and waits until it is gone."""
         cancelled = threading.Event()
         self._live.add(cancelled)
-        job = asyncio.ensure_future(asyncio.to_thread(job_fn, *args, cancelled))
+        job = asyncio.ensure_future(_off(job_fn, *args, cancelled))
         try:
             return await asyncio.shield(job)
         except asyncio.CancelledError:
@@ -501,7 +523,7 @@ class DockerSandbox(SandboxBase):
         disk = self.layout.disk
         if disk is not None and disk.holds(path):
             raw = data.encode() if isinstance(data, str) else data
-            await asyncio.to_thread(docker_disk.write_file, self.client, disk, path, raw, self._owner)
+            await _off(docker_disk.write_file, self.client, disk, path, raw, self._owner)
             return
         write_host_file(self._mounts, path, data, owner=self._owner[0])
 
@@ -509,7 +531,7 @@ class DockerSandbox(SandboxBase):
         """The file's bytes (``limit``: its first ``limit`` bytes, so a huge file costs no memory)."""
         disk = self.layout.disk
         if disk is not None and disk.holds(path):
-            return await asyncio.to_thread(docker_disk.read_file, self.client, disk, path, limit)
+            return await _off(docker_disk.read_file, self.client, disk, path, limit)
         data = read_host_file(self._mounts, path)
         return data if limit is None else data[:limit]
 
@@ -523,9 +545,7 @@ class DockerSandbox(SandboxBase):
         and content digest, read through the engine (:func:`rollbus.sandbox.docker_disk.tree_digests`)."""
         if self.layout.disk is None or not self.workspace_copied:
             raise SandboxError("the workspace is a host tree here: read it on the host")
-        return await asyncio.to_thread(
-            docker_disk.tree_digests, self.client, self.layout.disk, self.workdir, wanted
-        )
+        return await _off(docker_disk.tree_digests, self.client, self.layout.disk, self.workdir, wanted)
 
     async def close(self) -> None:
         for cancelled in list(self._live):
@@ -534,13 +554,10 @@ class DockerSandbox(SandboxBase):
         if proxy is not None:
             with contextlib.suppress(Exception):
                 await proxy.close()
-        holder, self.holder = self.holder, None
         work, self._work_id, self._work = self._work_id, None, None
-        disk = self.layout.disk
-        keeper, volumes = (disk.keeper, list(disk.volumes.values())) if disk is not None else ("", [])
-        await asyncio.to_thread(
-            _close, self.client, [c for c in (work, holder, keeper) if c], self._data, self._mounted, volumes
-        )
+        volumes = list(self.layout.disk.volumes.values()) if self.layout.disk is not None else []
+        containers = [work] if work else []
+        await _off(_close, self.client, containers, self._data, self._mounted, volumes)
 
 
 def labels(sandbox_id: str) -> dict[str, str]:
@@ -684,49 +701,64 @@ def _prepare_host(
     ws = data / "ws" if workspace is None else Path(workspace)
     layout = DockerLayout(image_id, workdir, ws, data / "home", user, limits, "none", ro_binds, sandbox_id,
                           rw_binds or {})  # fmt: skip
+    owner = _owner_of(client, layout)  # a user name is looked up in the image
     if limits.disk_bytes is not None:
         paths = [workdir, HOME] if workspace is None or copy_workspace else [HOME]
         if workspace is not None and copy_workspace:  # the writable directories too: empty capped volumes
             paths += [inside for inside in layout.rw_binds.values() if inside not in paths]
             layout = DockerLayout(**{**layout.__dict__, "rw_binds": {}})
-        holder = _owner_of(client, layout)  # a user name is looked up in the image
         name = f"rollbus-disk-{sandbox_id}"
-        size = limits.disk_bytes
-        disk = docker_disk.create(client, image_id, paths, size, holder, labels(sandbox_id), name)
+        disk = docker_disk.create(client, paths, limits.disk_bytes, owner, labels(sandbox_id), name)
         layout = DockerLayout(**{**layout.__dict__, "disk": disk})
     os.chmod(data, 0o755)  # the agent's uid traverses to its binds
-    return layout, data, (0, 0), []  # the owner is _fill's (a user name is looked up in the image)
+    return layout, data, owner, []
 
 
-def _fill(client: Any, layout: DockerLayout, data: Path, prepared: bool) -> tuple[int, int]:
+def _fill(client: Any, layout: DockerLayout, data: Path, prepared: bool, owner: tuple[int, int]) -> None:
     """The workspace from the image (its repository re-made from the base commit) and its trusted
-    baseline, or a tree the host ``prepared`` (the grader's) handed to the sandbox's uid; HOME likewise.
-    Returns the owner (uid, gid) of both."""
-    if prepared:
-        owner = _owner_of(client, layout)
-        _chown_tree(layout.workspace, owner)
-        if layout.disk is not None and layout.workdir in layout.disk.volumes:  # copy_workspace: the host's
-            docker_disk.put_tree(client, layout.disk, layout.workspace, layout.workdir)  # stays as it was
-    else:
-        owner = _owner_of(client, layout)
-        _cached_workspace(client, layout, layout.workspace, data.parent / "images")
-        _chown_tree(layout.workspace, owner)
-        if layout.disk is not None:  # into its capped volume; the host keeps the baseline alone
-            docker_disk.put_tree(client, layout.disk, layout.workspace, layout.workdir)
-            _empty(layout.workspace)
+    baseline, or a tree the host ``prepared`` (the grader's) handed to ``owner``, the sandbox's uid; HOME
+    likewise."""
+    if not prepared:  # into a volume, the entry goes in straight from the cache (_fill_volume): no host copy
+        copy = layout.disk is None or layout.workdir not in layout.disk.volumes
+        _cached_workspace(client, layout, layout.workspace, data.parent / "images", copy=copy)
+    _chown_tree(layout.workspace, owner)
     os.chown(data / "home", *owner)
-    return owner
 
 
-def _cached_workspace(client: Any, layout: DockerLayout, ws: Path, cache: Path) -> None:
-    """``ws`` filled from the image's scrubbed workspace and its trusted baseline, made once per image id
-    and workdir (:func:`_prepare_workspace`) and copied from then on, as bwrap's workspace cache
-    (:func:`rollbus.sandbox.images.cached_agent_workspace`). An image id is the digest of its content, so
-    an entry never goes stale; the copy is never linked (the agent writes into it), the baseline its own."""
+def _fill_volume(
+    client: Any, layout: DockerLayout, data: Path, prepared: bool, owner: tuple[int, int]
+) -> None:
+    """The workspace into its capped volume (through the running container that holds it): the image's,
+    from its cache entry, every file ``owner``'s (the host keeps the baseline alone), or a prepared tree
+    with ``copy_workspace`` (the host's stays as it was)."""
+    if layout.disk is None or layout.workdir not in layout.disk.volumes:
+        return
+    binds = [*layout.ro_binds.values(), *layout.rw_binds.values()]  # over the volume in the container
+    covered = [posixpath.relpath(path, layout.workdir) for path in binds if _below(path, layout.workdir)]
+    tree = layout.workspace if prepared else _entry(layout, data.parent / "images") / "ws"
+    owned = None if prepared else owner
+    docker_disk.put_tree(client, layout.disk, tree, layout.workdir, covered, owned, data)
+
+
+def _below(path: str, root: str) -> bool:
+    path, root = posixpath.normpath(path), posixpath.normpath(root)
+    return path != root and posixpath.commonpath([path, root]) == root
+
+
+def _entry(layout: DockerLayout, cache: Path) -> Path:
+    key = hashlib.sha256(f"{layout.image}\0{layout.workdir}".encode()).hexdigest()[:24]
+    return cache / f"docker-{WORKSPACE_LAYOUT}-{key}"
+
+
+def _cached_workspace(client: Any, layout: DockerLayout, ws: Path, cache: Path, *, copy: bool = True) -> None:
+    """``ws`` filled from the image's scrubbed workspace (``copy``; else left for :func:`_fill_volume`) and
+    given its trusted baseline, made once per image id and workdir (:func:`_prepare_workspace`) and copied
+    from then on, as bwrap's workspace cache (:func:`rollbus.sandbox.images.cached_agent_workspace`). An
+    image id is the digest of its content, so an entry never goes stale; the copy is never linked (the agent
+    writes into it), the baseline its own."""
     from rollbus.sandbox.images import copy_entry
 
-    key = hashlib.sha256(f"{layout.image}\0{layout.workdir}".encode()).hexdigest()[:24]
-    entry = cache / f"docker-{WORKSPACE_LAYOUT}-{key}"
+    entry = _entry(layout, cache)
     try:
         if not entry.exists():
             cache.mkdir(parents=True, exist_ok=True)
@@ -742,19 +774,12 @@ def _cached_workspace(client: Any, layout: DockerLayout, ws: Path, cache: Path) 
             except BaseException:
                 shutil.rmtree(scratch, ignore_errors=True)
                 raise
-        copy_entry(entry / "ws", ws)
+        if copy:
+            copy_entry(entry / "ws", ws)
         share_baseline(entry / "ws", ws)
     except (GitError, OSError) as exc:
         kind: FailureKind = "disk_full" if "No space left" in str(exc) else "image_error"
         raise SandboxError(f"filling the workspace from {layout.workdir} of the image: {exc}", kind) from exc
-
-
-def _empty(directory: Path) -> None:
-    for entry in directory.iterdir():
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
 
 
 def _prepare_workspace(client: Any, layout: DockerLayout, ws: Path) -> None:
@@ -843,46 +868,10 @@ def _chown_tree(root: Path, owner: tuple[int, int]) -> None:
 start = docker_disk.start  # a container start the engine failed transiently is tried again
 
 
-def _start_holder(client: Any, image: str, sandbox_id: str) -> tuple[str, int]:
-    """A sleeping container with no network of its own but loopback; its id and its process's host pid."""
-    import docker
-
-    config = client.api.create_host_config(
-        network_mode="none", cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True,
-        pids_limit=32, mem_limit=64 << 20, log_config=docker.types.LogConfig(type="none"),
-    )  # fmt: skip
-    cid = client.api.create_container(
-        image, ["sleep", "infinity"], user="65534:65534", host_config=config, labels=labels(sandbox_id),
-        entrypoint=[],
-    )["Id"]  # fmt: skip
-    try:
-        start(client.api, cid)
-        pid = int(client.api.inspect_container(cid)["State"]["Pid"])
-        if pid <= 0:
-            raise SandboxError("the network holder did not start")
-    except BaseException:
-        with contextlib.suppress(Exception):
-            client.api.remove_container(cid, force=True)
-        raise
-    return cid, pid
-
-
 def _close(client: Any, containers: list[str], data: Path, mounted: list[Path], volumes: list[str]) -> None:
-    """Remove the sandbox's containers (side by side: each removal is a kill and a wait in the engine), then
-    its capped volumes (once no container holds them) and its host directories."""
-
-    def remove(cid: str) -> None:
-        with contextlib.suppress(Exception):
-            client.api.remove_container(cid, force=True)
-
-    others = [threading.Thread(target=remove, args=(cid,), daemon=True) for cid in containers[1:]]
-    for thread in others:
-        thread.start()
-    for cid in containers[:1]:
-        remove(cid)
-    for thread in others:
-        thread.join()
-    docker_disk.remove(client, [], volumes)
+    """Remove the sandbox's container, then its capped volumes (once no container holds them) and its host
+    directories."""
+    docker_disk.remove(client, containers, volumes)
     _remove_data(data, mounted)
 
 

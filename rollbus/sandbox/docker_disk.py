@@ -1,4 +1,4 @@
-"""A docker sandbox's capped disk, made by the engine: tmpfs volumes of fixed size that a keeper holds.
+"""A docker sandbox's capped disk, made by the engine: fixed-size tmpfs volumes its command container holds.
 
 A tmpfs the runner mounts on a host directory caps the disk only where the engine sees the runner's mounts.
 Under Compose the runner is a container beside the engine and its mounts are private to it: a bind of that
@@ -7,15 +7,18 @@ directory gives the sandbox the plain host disk beneath. So the engine makes the
 mounted by every container of the sandbox. A write past ``N`` fails while it is written (ENOSPC inside the
 container); nothing reaches the host disk, whoever started the container and wherever it runs.
 
-The engine mounts such a volume while some container uses it and drops its contents when none does (a
-deadline kill restarts the command container), so a **keeper** holds it: a sleeping container of the
-sandbox's image with both volumes at their sandbox paths, no network, no capability, read-only root. The host
-never touches the files directly: the workspace goes in, and the runner's files come and go, through the
-engine's archive API on the keeper (``put_archive`` / ``get_archive``: the engine resolves paths inside the
-keeper, so a link the agent planted cannot reach a host path). The patch is taken as before, by a tool
-container mounting the workspace volume read-only. Free space (for ``disk_full``) is read through the
-keeper's ``/proc/<pid>/root`` where the host sees its pids (the runner under Compose has the host's pid
-namespace); the keeper runs as uid 0 with no capability, so a root caller needs no ``CAP_SYS_PTRACE``.
+The engine mounts such a volume while some container uses it and drops its contents when none does, so the
+sandbox's command container holds it for the sandbox's whole life: it is started once, before the workspace
+goes in, and never restarted (a deadline kills the command's processes, not the container; see
+:mod:`rollbus.sandbox.docker_backend`). Its init and that init's sleeping child run with no capability as uid
+0, or 65534 where the commands run as uid 0 (:func:`init_user`: never the commands' uid, so no command can
+signal them; uid 0 lets any root caller read their ``/proc/<pid>/root``) and are never the memory cgroup's OOM
+victim (``oom_score_adj`` -1000, set by the host). The host never touches the files directly: the workspace
+goes in, and the runner's files come and go, through the engine's archive API on that container
+(``put_archive`` / ``get_archive``: the engine resolves paths inside it, so a link the agent planted cannot
+reach a host path). The patch is taken as before, by a tool container mounting the workspace volume read-only.
+Free space (for ``disk_full``) is read through the holding container's ``/proc/<pid>/root`` where the host
+sees its pids (the runner under Compose has the host's pid namespace).
 """
 
 from __future__ import annotations
@@ -36,20 +39,22 @@ from typing import Any
 from rollbus.sandbox.base import FailureKind, SandboxError, SandboxPathError
 
 START_TRIES = 3  # a container start the engine failed (a server error) is tried again
-KEEPER_USER = "0:0"  # no capability at all; root only so that any root caller may read its /proc/<pid>/root
+INIT_USER = "0:0"  # the holder's init: no capability; root, so a root caller reads its /proc/<pid>/root
+INIT_USER_BESIDE_ROOT = "65534:65534"  # where the commands run as uid 0, which could signal a uid-0 init
 
 
 @dataclass(frozen=True)
 class EngineDisk:
-    """One sandbox's capped volumes (sandbox path -> volume name) and the keeper that holds them mounted."""
+    """One sandbox's capped volumes (sandbox path -> volume name) and the container that holds them mounted
+    (``keeper``: the sandbox's command container, its init's host pid; empty until it started)."""
 
     volumes: Mapping[str, str]
-    keeper: str
-    keeper_pid: int
     size: int
+    keeper: str = ""
+    keeper_pid: int = 0
 
     def free_paths(self) -> list[Path]:
-        """Where the host reads each volume's free space (empty where it cannot see the keeper's pids)."""
+        """Where the host reads each volume's free space (empty where it cannot see the holder's pids)."""
         root = Path(f"/proc/{self.keeper_pid}/root")
         try:
             os.stat(root)
@@ -57,8 +62,17 @@ class EngineDisk:
             return []
         return [root / inside.lstrip("/") for inside in self.volumes]
 
+    def held_by(self, container: str, pid: int) -> EngineDisk:
+        return EngineDisk(self.volumes, self.size, container, pid)
+
     def holds(self, path: str) -> bool:
         return any(posixpath.commonpath([path, inside]) == inside for inside in self.volumes)
+
+
+def init_user(commands_uid: int) -> str:
+    """The uid the holding container's init and its sleep run as: never the commands' (a process without
+    ``CAP_KILL`` signals its own uid's alone, so no command can kill what holds the sandbox)."""
+    return INIT_USER_BESIDE_ROOT if commands_uid == 0 else INIT_USER
 
 
 def mounts(volumes: Mapping[str, str], *, read_only: bool = False, only: set[str] | None = None) -> list[Any]:
@@ -74,22 +88,13 @@ def mounts(volumes: Mapping[str, str], *, read_only: bool = False, only: set[str
     ]
 
 
-def create(
-    client: Any,
-    image: str,
-    paths: list[str],
-    size: int,
-    owner: tuple[int, int],
-    labels: Mapping[str, str],
-    prefix: str,
-) -> EngineDisk:
-    """A tmpfs volume of ``size`` bytes per sandbox path in ``paths`` (its root ``owner``'s) and the keeper
-    (a container of ``image``) holding them mounted. Nothing is left behind on failure."""
-    import docker
-
+def create(client: Any, paths: list[str], size: int, owner: tuple[int, int], labels: Mapping[str, str],
+           prefix: str) -> EngineDisk:  # fmt: skip
+    """A tmpfs volume of ``size`` bytes per sandbox path in ``paths`` (its root ``owner``'s), held by no
+    container yet (:meth:`EngineDisk.held_by` once the command container runs). Nothing is left behind on
+    failure."""
     options = f"size={size},uid={owner[0]},gid={owner[1]},mode=0755,nosuid,nodev"
     volumes: dict[str, str] = {}
-    keeper = ""
     try:
         for i, inside in enumerate(paths):
             name = f"{prefix}-{i}"
@@ -98,22 +103,9 @@ def create(
                 driver_opts={"type": "tmpfs", "device": "tmpfs", "o": options},
             )  # fmt: skip
             volumes[inside] = name
-        config = client.api.create_host_config(
-            network_mode="none", cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True,
-            pids_limit=32, mem_limit=64 << 20, log_config=docker.types.LogConfig(type="none"),
-            mounts=mounts(volumes),
-        )  # fmt: skip
-        keeper = client.api.create_container(
-            image, ["sleep", "infinity"], user=KEEPER_USER, host_config=config, labels=dict(labels),
-            entrypoint=[], network_disabled=True,
-        )["Id"]  # fmt: skip
-        start(client.api, keeper)
-        pid = int(client.api.inspect_container(keeper)["State"]["Pid"])
-        if pid <= 0:
-            raise SandboxError("the disk keeper did not start")
-        return EngineDisk(volumes, keeper, pid, size)
+        return EngineDisk(volumes, size)
     except BaseException:
-        remove(client, [keeper] if keeper else [], list(volumes.values()))
+        remove(client, [], list(volumes.values()))
         raise
 
 
@@ -132,15 +124,34 @@ def start(api: Any, cid: str) -> None:
             time.sleep(0.2 * (attempt + 1))
 
 
-def put_tree(client: Any, disk: EngineDisk, tree: Path, inside: str) -> None:
-    """Copy the host directory ``tree`` (its owners, modes and links as they are) into the volume at
-    ``inside``; a tree larger than the volume is ``disk_full``."""
+def put_tree(
+    client: Any,
+    disk: EngineDisk,
+    tree: Path,
+    inside: str,
+    covered: Iterable[str] = (),
+    owner: tuple[int, int] | None = None,
+    spool_dir: Path | None = None,
+) -> None:
+    """Copy the host directory ``tree`` (its modes and links as they are, its owners or every entry
+    ``owner``'s) into the volume at ``inside``, but for the paths below it in ``covered`` (where the
+    container binds something else over the volume: nothing would ever see them); a tree larger than the
+    volume is ``disk_full``."""
     import docker
 
-    with tempfile.TemporaryFile(dir=tree.parent) as spool:
+    hidden = {posixpath.normpath(path) for path in covered}
+
+    def entry(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        if info.name in hidden:
+            return None
+        if owner is not None:
+            info.uid, info.gid, info.uname, info.gname = *owner, "", ""
+        return info
+
+    with tempfile.TemporaryFile(dir=spool_dir or tree.parent) as spool:
         with tarfile.open(fileobj=spool, mode="w") as tar:
-            for entry in sorted(os.listdir(tree)):
-                tar.add(tree / entry, arcname=entry)
+            for name in sorted(os.listdir(tree)):
+                tar.add(tree / name, arcname=name, filter=entry)
         spool.seek(0)
         try:
             client.api.put_archive(disk.keeper, inside, spool)
@@ -173,8 +184,8 @@ def write_file(client: Any, disk: EngineDisk, path: str, data: bytes, owner: tup
 
 def read_file(client: Any, disk: EngineDisk, path: str, limit: int | None = None) -> bytes:
     """The regular file at the sandbox path ``path`` (a link is not followed out: the engine resolves it
-    inside the keeper, and anything but a regular file is refused); ``limit``: its first ``limit`` bytes
-    alone, read off the engine's stream (a file as large as the volume costs no memory)."""
+    inside the holding container, and anything but a regular file is refused); ``limit``: its first
+    ``limit`` bytes alone, read off the engine's stream (a file as large as the volume costs no memory)."""
     import docker
 
     _locate(disk, path)
@@ -246,7 +257,7 @@ class _Chunks(io.RawIOBase):
 
 
 def remove(client: Any, containers: list[str], volumes: list[str]) -> None:
-    """The keeper (and any container still using the volumes) first, then the volumes."""
+    """The containers still using the volumes first, then the volumes."""
     for cid in containers:
         with contextlib.suppress(Exception):
             client.api.remove_container(cid, force=True)
