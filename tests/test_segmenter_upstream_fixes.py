@@ -64,9 +64,14 @@ async def test_the_end_of_a_recovery_stops_the_flow_and_waits_for_the_hand_over_
     seek_before_streams_resume(app)
     consumer.resume_flow()
     app.flow_control.resume()
-    never = asyncio.Event()
-    hand_over = asyncio.ensure_future(consumer.wait_first(never.wait(), consumer.suspend_flow.wait()))
-    await asyncio.sleep(0.01)
+    never, delivering = asyncio.Event(), asyncio.Event()
+
+    async def delivery() -> None:
+        delivering.set()  # wait_first runs it: the hand-over is under way
+        await never.wait()
+
+    hand_over = asyncio.ensure_future(consumer.wait_first(delivery(), consumer.suspend_flow.wait()))
+    await asyncio.wait_for(delivering.wait(), 10)
     assert not hand_over.done()
     await recovery.on_recovery_completed(1)
     assert found == [(False, False, True)]

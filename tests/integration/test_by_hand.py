@@ -130,6 +130,26 @@ def test_by_hand_flow_with_9092_taken_needs_no_flags(tmp_path: Path, port_9092_t
         rollbus(tmp_path, "broker", "stop")
 
 
+def probes_while_away(address: str, wanted: int, timeout: float = 60) -> None:
+    """Listens on the stopped broker's port until ``wanted`` of the tail's probes (a Kafka request from
+    client id ``rollbus-probe``) came, closing every connection unanswered: to the tail the broker is away."""
+    host, port = address.rsplit(":", 1)
+    seen, deadline = 0, time.monotonic() + timeout
+    with socket.create_server((host, int(port))) as server:
+        while seen < wanted:
+            server.settimeout(max(deadline - time.monotonic(), 0.01))
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                raise AssertionError(f"{seen} of {wanted} probes in {timeout:.0f} s") from None
+            with conn:
+                conn.settimeout(5)
+                try:
+                    seen += b"rollbus-probe" in conn.recv(4096)
+                except OSError:
+                    pass
+
+
 def follow_through_a_broker_restart(cwd: Path, address: str) -> None:
     """``tail`` says it follows, says once that the broker went away, keeps quiet, says it is back, and
     prints what comes after."""
@@ -141,7 +161,7 @@ def follow_through_a_broker_restart(cwd: Path, address: str) -> None:
         wait_for_text(err, f"following turns from the end on {address}, Ctrl-C to stop", tail)
         assert rollbus(cwd, "broker", "stop").returncode == 0
         wait_for_text(err, f"lost the broker at {address}", tail)
-        time.sleep(3)  # retrying meanwhile, quietly
+        probes_while_away(address, 2)  # retrying meanwhile, quietly (the line count below)
         assert rollbus(cwd, "broker", "start").returncode == 0
         wait_for_text(err, "is back", tail)
         asyncio.run(publish_turn(address, "r-after"))
