@@ -41,7 +41,7 @@ running beside it, so walls of ~5 min and idle shares larger than above):
   The adapter's work fell 6-21% (the two pairs): the engine request's JSON (the whole prompt's ids, every
   turn) by orjson, and a Messages stream's finished answer sent as one chunk. The grader's and runner's idle
   rates fell by 0.5-1 CPU-ms/s each (3.0 -> 2.0 and 3.5 -> 2.5; 2.5 -> 2.0 and 3.0 -> 2.5): their
-  consumers' empty fetches wait 2 s on the broker, not 0.5 s (``SERVICE_FETCH_WAIT_MS``). (The runner's
+  consumers' empty fetches wait 2 s on the broker, not 0.5 s (their ``--fetch-wait-ms``). (The runner's
   work rose only on paper: its lower idle rate leaves more of a lower total to work.) Still far from the
   aim. Profiled (py-spy on each service over a run), what is left: the adapter's ~16 ms per turn is
   rendering and tokenizing (a full render for every new chain, each of Claude Code's side calls included),
