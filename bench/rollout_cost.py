@@ -41,12 +41,33 @@ running beside it, so walls of ~5 min and idle shares larger than above):
   The adapter's work fell 6-21% (the two pairs): the engine request's JSON (the whole prompt's ids, every
   turn) by orjson, and a Messages stream's finished answer sent as one chunk. The grader's and runner's idle
   rates fell by 0.5-1 CPU-ms/s each (3.0 -> 2.0 and 3.5 -> 2.5; 2.5 -> 2.0 and 3.0 -> 2.5): their
-  consumers' empty fetches wait 2 s on the broker, not 0.5 s (``SERVICE_FETCH_WAIT_MS``). (The runner's
+  consumers' empty fetches wait 2 s on the broker, not 0.5 s (their ``--fetch-wait-ms``). (The runner's
   work rose only on paper: its lower idle rate leaves more of a lower total to work.) Still far from the
   aim. Profiled (py-spy on each service over a run), what is left: the adapter's ~16 ms per turn is
   rendering and tokenizing (a full render for every new chain, each of Claude Code's side calls included),
   Starlette and httpx per request, the bus record; the segmenter's is Faust's and aiokafka's own machinery
   (changelog writes, fetches, commits), and its idle rate (~5 CPU-ms/s) is the largest.
+
+Then (h6/cost), ``--rollouts 4 --turns 50 --idle 20``, before (981a9cf) and after alternated, two pairs:
+  pair 1, load 6-9:  before rollbus 1.17 + 0.45 = 1.62 (adapter 0.75 + 0.08, runner 0.23 + 0.08, grader
+          0.02 + 0.08, segmenter 0.17 + 0.21; 155 s), after 1.16 + 0.23 = 1.39 (adapter 0.76 + 0.03, runner
+          0.22 + 0.05, grader 0.01 + 0.05, segmenter 0.17 + 0.10; 91 s); agent CLI 2.98 and 2.68.
+  pair 2, load 5-18: before 1.25 + 0.71 = 1.95 (segmenter 0.14 + 0.37; 225 s), after 1.21 + 0.73 = 1.94
+          (segmenter 0.17 + 0.33; 264 s); agent CLI 3.24 and 3.25; ratio 0.38 / 0.60 and 0.37 / 0.60.
+  The segmenter's idle rate fell 5.5 -> 4.5 and 6.5 -> 5.0 CPU-ms/s (and 5.75 -> 5.25 twice over, an idle
+  segmenter alone): offsets committed every 3 s, not 1 s (``--commit-interval``). A tick every 30 s
+  instead of 10 s changed nothing measurable (5.75 both), so it stays. The adapter's work did not move
+  beyond the noise: this run has no side calls and one new chain per rollout (the adapter's metrics: 100
+  ``/v1/messages`` requests, 100 turns, 2 chains, all ``first``), so the render kept across chains and
+  rollouts (``services/adapter/markup.py``: the ~90k characters of system prompt and tools encoded once,
+  a first prompt's ~55 ms -> ~6 ms) saves ~40 ms of ~800 per rollout here; it pays where side calls and
+  compactions open chains. What the adapter's ~15 ms a turn is, from cProfile (main thread, CPU clock) and
+  timed apart: the engine call through httpx (the largest single part under the profiler, ~1/3 of the
+  main thread's run time), the request (decode + the Python check of every JSON node + validation +
+  translation: 0.8-2 ms at 20-100 messages), the SSE response through Starlette, the turn record (its
+  prompt-reference check 0.7 ms, Avro, the producer), and the plan and the parse in worker threads; no part
+  above ~1/3, so the aim needs the request path rebuilt (raw HTTP to the engine, the body checked once per
+  new message), not one fix.
 """
 
 from __future__ import annotations

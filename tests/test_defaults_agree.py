@@ -42,3 +42,16 @@ def test_callers_default_to_where_the_adapter_and_the_engine_listen() -> None:
 @pytest.mark.parametrize("name", sorted(settings_classes()))
 def test_the_consumer_group_has_one_name(name: str) -> None:
     assert "group_id" not in settings_classes()[name].model_fields, f"{name} has --group-id"
+
+
+def test_the_long_running_consumers_fetch_wait_is_one_setting_each() -> None:
+    """The grader's and the runner's empty-fetch wait is their own setting (``--fetch-wait-ms``, default 2 s
+    on the broker, not aiokafka's 0.5 s), read from the flag and the service's variable."""
+    classes = settings_classes()
+    for name, service in (("GraderSettings", "GRADER"), ("RunnerSettings", "SANDBOX_RUNNER")):
+        cls = classes[name]
+        assert default(cls, "fetch_wait_ms") == 2000, name
+        assert cls.load({"fetch_wait_ms": "250"}).fetch_wait_ms == 250, name
+        assert cls.env_var("fetch_wait_ms") == f"ROLLBUS_{service}_FETCH_WAIT_MS", name
+        with pytest.raises(ValueError, match="fetch"):
+            cls.load({"fetch_wait_ms": "-1"})

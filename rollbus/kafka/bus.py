@@ -231,7 +231,7 @@ class EventConsumer:
         """``max_batch`` bounds one poll (and so one transaction); a handler slower than
         ``max_poll_interval_ms`` per batch (a grader running tests) must raise it, or the group
         evicts this member and its uncommitted work is redelivered to another. ``fetch_max_wait_ms``:
-        how long an empty fetch waits on the broker (a long-running service: ``SERVICE_FETCH_WAIT_MS``)."""
+        how long an empty fetch waits on the broker (the grader's and the runner's ``--fetch-wait-ms``)."""
         self.service = service
         self.consumer_group = consumer_group
         self.handler = handler

@@ -15,12 +15,6 @@ from typing import Any
 from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
-#: How long the broker holds a service's fetch when there is nothing new (aiokafka's default: 500 ms). Data
-#: that arrives ends the wait at once, so it costs no latency there; an idle service's fetches (each a
-#: request, a response and the client's bookkeeping, ~0.5 CPU-ms) fall from two a second to one in two
-#: seconds. A seek or resume waits for the fetch in flight, up to this long.
-SERVICE_FETCH_WAIT_MS = 2000
-
 
 def producer(bootstrap_servers: str, *, client_id: str, **options: Any) -> AIOKafkaProducer:
     return AIOKafkaProducer(bootstrap_servers=bootstrap_servers, client_id=client_id, **options)

@@ -17,20 +17,30 @@ rendered twice (:class:`Markup`):
   (:class:`ContentFormsMarkup`).
 
 For content with no such strings the ids equal the tokenizer's plain encoding of the plain rendering.
+
+A long run of text between added tokens is encoded once and kept (:data:`KEPT_TEXT_CHARS`): the system
+prompt and the tools of a coding agent's conversation are one run of ~90k characters (~50 ms to encode) that
+every new chain of a rollout and every rollout of the task renders again. The run's ids depend only on its
+text (runs are encoded apart, between added tokens), so a kept run is the same ids as a fresh encoding.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from array import array
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tokenizers import Tokenizer
 
 Message = dict[str, Any]
+#: a run of text this long is kept once encoded (shorter ones cost less to encode than to look up and keep)
+KEPT_TEXT_CHARS = 4096
+KEPT_TEXTS = 16  # per tokenizer: ~80 KB of ids each for a 20k-token run
 _PLACEHOLDERS = range(0x10FFFD, 0x100000, -1)  # Supplementary Private Use Area-B, for placeholders
 _NEUTRAL_BASE = 0xF0000  # Supplementary Private Use Area-A, for neutral stand-ins
 _NEUTRAL_DIGITS = 0xFFFE
@@ -153,6 +163,7 @@ class Markup:
         self._heads = {t[:k] for t in added for k in range(1, len(t))}  # proper prefixes
         self._tails = {t[k:] for t in added for k in range(1, len(t))}  # proper suffixes
         self._longest = max(map(len, added), default=0)
+        self._kept = functools.lru_cache(maxsize=KEPT_TEXTS)(self._encode_text)  # thread-safe
 
     @classmethod
     def of(cls, tokenizer: Any) -> Markup:
@@ -232,15 +243,19 @@ class Markup:
         ids.extend(self._text(rendered[at:], restore))
         return ids
 
-    def _text(self, piece: str, restore: dict[int, str]) -> Iterable[int]:
+    def _text(self, piece: str, restore: dict[int, str]) -> Sequence[int]:
         if not piece:
             return []
         if restore:
             piece = piece.translate(restore)
+        return self._kept(piece) if len(piece) >= KEPT_TEXT_CHARS else self._encode_text(piece)
+
+    def _encode_text(self, piece: str) -> Sequence[int]:
+        """``piece``'s ids as text (kept only if it encodes without an added token: a refusal is not kept)."""
         ids = self.text_model.encode(piece, add_special_tokens=False).ids
         if not self.added_ids.isdisjoint(ids):  # the model itself spells one: never from content
             raise ContentFormsMarkup(f"the tokenizer's model encodes text as an added token: {piece[:60]!r}")
-        return ids
+        return array("i", ids) if len(piece) >= KEPT_TEXT_CHARS else ids
 
 
 def _neutral(index: int) -> str:

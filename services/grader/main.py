@@ -19,7 +19,6 @@ import logging
 
 from rollbus.events import DiffEvent
 from rollbus.kafka.bus import Event, EventConsumer, EventTooLarge, PermanentError, Publisher
-from rollbus.kafka.clients import SERVICE_FETCH_WAIT_MS
 from rollbus.kafka.topics import topic_name
 from rollbus.sandbox import bwrap_usable
 from rollbus.sandbox.scratch import GRADE_SCRATCH_PREFIX, sweep_scratch
@@ -103,7 +102,7 @@ async def serve(settings: GraderSettings, stop: asyncio.Event) -> None:
             settings.bootstrap_servers, [topic_name("diffs", settings.namespace)],
             consumer_group=settings.consumer_group,
             handler=handler, service="grader", publisher=publisher, max_batch=settings.max_batch,
-            max_poll_interval_ms=poll_interval_ms, fetch_max_wait_ms=SERVICE_FETCH_WAIT_MS,
+            max_poll_interval_ms=poll_interval_ms, fetch_max_wait_ms=settings.fetch_wait_ms,
         )  # fmt: skip
         async with consumer:
             sandboxes = "bwrap sandboxes" if settings.backend == "local" else f"{settings.backend} sandboxes"

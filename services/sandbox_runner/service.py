@@ -19,7 +19,6 @@ from typing import Any
 
 from rollbus.events import DiffEvent, TaskEvent
 from rollbus.kafka.bus import Event, Publisher
-from rollbus.kafka.clients import SERVICE_FETCH_WAIT_MS
 from rollbus.kafka.in_flight import InFlightConsumer
 from rollbus.kafka.topics import topic_name
 from rollbus.services.sandbox_runner.outcome import AttemptResult, diff_event
@@ -72,7 +71,7 @@ class SandboxRunner:
             start=self._start, capacity=settings.concurrency, poll_ms=settings.poll_ms,
             answers=self.diffs_topic, session_timeout_ms=settings.session_timeout_ms,
             heartbeat_interval_ms=max(settings.session_timeout_ms // 4, 250),
-            fetch_max_wait_ms=SERVICE_FETCH_WAIT_MS,
+            fetch_max_wait_ms=settings.fetch_wait_ms,
         )  # fmt: skip
         sessions = AdapterSessions(
             settings.adapter_url, settings.admin(), settings.close_timeout, settings.adapter_wait

@@ -108,6 +108,12 @@ class RunnerSettings(BusSettings):
         ".claude,.rollbus", description="workspace paths left out of the patch (comma-separated)"
     )
     poll_ms: int = Field(500, ge=10, description="consumer poll timeout, milliseconds")
+    fetch_wait_ms: int = Field(
+        2000, ge=0, le=30_000,
+        description="how long the broker holds an empty fetch, milliseconds (aiokafka's default: 500): "
+        "data that arrives ends the wait at once, so an idle consumer's fetches (~0.5 CPU-ms each) fall "
+        "with it at no latency to new work; a seek or resume waits for the fetch in flight, up to this long",
+    )  # fmt: skip
     session_timeout_ms: int = Field(10_000, ge=1000, description="Kafka group session timeout, milliseconds")
     close_timeout: float = Field(30.0, gt=0, description="seconds to wait for the adapter's sessions API")
     adapter_wait: float = Field(
