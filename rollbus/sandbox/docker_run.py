@@ -113,7 +113,8 @@ def run_exec(
 ) -> Ran:
     """One command in the running container ``cid`` (``create``: the keyword arguments of ``exec_create``).
     When its process exits, ``leftovers()`` kills whatever it left running (their output pipes would keep
-    the stream open); at the deadline or when ``cancelled`` is set, ``kill()`` kills the whole container.
+    the stream open); at the deadline or when ``cancelled`` is set, ``kill()`` kills every process the
+    command started (the caller's choice of how: the sandbox's container lives on).
     ``oom_killed`` and ``pids_hit`` are left to the caller's counters (the container outlives the command)."""
     api = client.api
     exec_id = api.exec_create(cid, **create, stdin=True, stdout=True, stderr=True, tty=False)["Id"]
