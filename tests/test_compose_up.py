@@ -116,10 +116,15 @@ def stack() -> Iterator[Stack]:
         up.compose("up", "-d", "--no-build", timeout=600)
         yield up
     finally:
-        logs = up.compose("logs", "--no-color", "--tail", "60", check=False).stdout
+        # each service's own tail: a failure names what stalled (the broker's chatter crowds out the rest)
+        logs = [up.compose("logs", "--no-color", "--tail", "40", s, check=False).stdout[-4000:]
+                for s in SERVICES]  # fmt: skip
         up.compose("down", "-v", "--remove-orphans", "-t", "5", check=False, timeout=300)
-        print(logs[-12000:])
+        print("\n".join(logs))
         subprocess.run(["rm", "-rf", shared], check=False)
+
+
+SERVICES = ("trainer", "segmenter", "grader", "sandbox-runner", "adapter", "engine", "kafka")
 
 
 def free_port() -> int:

@@ -190,6 +190,8 @@ class Trainer:
         """Drop a just-completed group left with too few valid samples, too stale, or (if so set) without
         reward variance among its valid samples."""
         segments = group.segments()
+        log.info("group %s complete: %d segment(s); %d complete group(s) of %d for a step", group.group_id,
+                 len(segments), len(self.buffer.complete), self.settings.rollout_batch_size)  # fmt: skip
         failed = group.infrastructure_failed()
         self.counters["infrastructure_samples"] += len(failed)
         if failed:
