@@ -252,3 +252,14 @@ def env_snapshot(prefix: str = "ROLLBUS_") -> dict[str, str]:
     """The ``ROLLBUS_*`` variables in force (for tests and start-up logs)."""
     return {k: v for k, v in os.environ.items() if k.startswith(prefix)}
 
+
+class ServiceConsumerSettings(BusSettings):
+    """A service that consumes the bus for good, idle for long stretches (the grader, the sandbox runner):
+    its empty fetches wait longer on the broker than aiokafka's default."""
+
+    fetch_wait_ms: int = Field(
+        2000, ge=0, le=30_000,
+        description="how long the broker holds an empty fetch, milliseconds (aiokafka's default: 500): "
+        "data that arrives ends the wait at once, so an idle consumer's fetches (~0.5 CPU-ms each) fall "
+        "with it at no latency to new work; a seek or resume waits for the fetch in flight, up to this long",
+    )  # fmt: skip

@@ -10,7 +10,7 @@ from pydantic import model_validator
 from rollbus.grading import GradeConfig
 from rollbus.grading.backends import grade_function
 from rollbus.sandbox.scratch import SCRATCH_BYTES
-from rollbus.settings import BusSettings, Field, Settings
+from rollbus.settings import Field, ServiceConsumerSettings, Settings
 
 
 class GradingOptions(Settings):
@@ -81,18 +81,12 @@ class DiffGrading(GradingOptions):
     )
 
 
-class GraderSettings(DiffGrading, BusSettings):
+class GraderSettings(DiffGrading, ServiceConsumerSettings):
     """Settings of `rollbus grader` (flags --x-y, variables ROLLBUS_GRADER_X_Y)."""
 
-    model_config = BusSettings.scoped("grader")
+    model_config = ServiceConsumerSettings.scoped("grader")
 
     consumer_group: str = Field(
         "rollbus-grader", min_length=1, description="Kafka consumer group on diffs (add graders to scale)"
     )
     max_batch: int = Field(1, ge=1, description="diffs fetched per poll (they are graded one after another)")
-    fetch_wait_ms: int = Field(
-        2000, ge=0, le=30_000,
-        description="how long the broker holds an empty fetch, milliseconds (aiokafka's default: 500): "
-        "data that arrives ends the wait at once, so an idle consumer's fetches (~0.5 CPU-ms each) fall "
-        "with it at no latency to new work; a seek or resume waits for the fetch in flight, up to this long",
-    )  # fmt: skip

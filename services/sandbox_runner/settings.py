@@ -15,17 +15,17 @@ from rollbus.sandbox import Limits
 from rollbus.sandbox.base import SandboxError
 from rollbus.sandbox.bwrap_host import SCRATCH_ROOT
 from rollbus.sandbox.e2b_backend import E2BOptions
-from rollbus.settings import ADAPTER_URL, BusSettings
+from rollbus.settings import ADAPTER_URL, ServiceConsumerSettings
 
 MIB = 1 << 20
 
 DEFAULT_PROMPT_TEMPLATE = "{prompt}"
 
 
-class RunnerSettings(BusSettings):
+class RunnerSettings(ServiceConsumerSettings):
     """Settings of ``rollbus sandbox-runner``: where the adapter is, how rollouts run, what they may use."""
 
-    model_config = BusSettings.scoped("sandbox-runner")
+    model_config = ServiceConsumerSettings.scoped("sandbox-runner")
 
     adapter_url: str = Field(ADAPTER_URL, description="adapter the agent talks to", min_length=1)
     admin_token: SecretStr | None = Field(None, description="the adapter's admin token (sessions API)")
@@ -108,12 +108,6 @@ class RunnerSettings(BusSettings):
         ".claude,.rollbus", description="workspace paths left out of the patch (comma-separated)"
     )
     poll_ms: int = Field(500, ge=10, description="consumer poll timeout, milliseconds")
-    fetch_wait_ms: int = Field(
-        2000, ge=0, le=30_000,
-        description="how long the broker holds an empty fetch, milliseconds (aiokafka's default: 500): "
-        "data that arrives ends the wait at once, so an idle consumer's fetches (~0.5 CPU-ms each) fall "
-        "with it at no latency to new work; a seek or resume waits for the fetch in flight, up to this long",
-    )  # fmt: skip
     session_timeout_ms: int = Field(10_000, ge=1000, description="Kafka group session timeout, milliseconds")
     close_timeout: float = Field(30.0, gt=0, description="seconds to wait for the adapter's sessions API")
     adapter_wait: float = Field(
