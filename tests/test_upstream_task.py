@@ -76,3 +76,34 @@ def test_the_fix_is_library_code_and_the_image_holds_only_the_base_release(
     ).stdout.split()
     assert (refs, len(commits)) == (["refs/heads/main"], 1)
     assert not (spec.image / "tests" / "test_parse.py").read_text().count("hyphen")
+
+
+def identity(path: Path) -> tuple[int, int]:
+    """Which file ``path`` is: a file removed and made again has a new change time, even on a reused inode."""
+    st = path.stat()
+    return st.st_ino, st.st_ctime_ns
+
+
+def test_a_second_build_leaves_the_image_it_made_for_its_readers(spec: GradingSpec) -> None:
+    # pytest workers build and grade side by side: a rebuild under a grader read "not a git repository"
+    held = [
+        spec.image / ".git" / "HEAD",
+        spec.image / "parse.py",
+        UPSTREAM / "eval" / "parse" / "tests" / "test_parse.py",
+    ]
+    before = [identity(path) for path in held]
+    load_build().build()
+    assert [identity(path) for path in held] == before
+
+
+def test_an_image_made_by_another_recipe_is_remade(tmp_path: Path) -> None:
+    build = load_build()
+    helpers = build.swe_mini_build()
+    base = build.unpack(build.sdist(*build.BASE), tmp_path / "base")
+    image = tmp_path / "image"
+    build.make_image(helpers, base, image)
+    marker = image / ".git" / helpers.STAMP
+    made = identity(image / "parse.py")
+    marker.write_text("another recipe")
+    build.make_image(helpers, base, image)
+    assert marker.read_text() == build.source_stamp(helpers) and identity(image / "parse.py") != made

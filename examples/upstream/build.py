@@ -18,6 +18,7 @@ The sdists are fetched with ``pip download`` into ``sdists/`` (kept there, check
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -125,23 +126,51 @@ def gold_patch(build: Any, base: Path, fix: Path) -> str:
         ).stdout
 
 
+def source_stamp(build: Any) -> str:
+    """What the image is made of: both releases' hashes, the commit identity and this script's recipe."""
+    digest = hashlib.sha256(json.dumps([BASE, FIX, build.COMMIT_ENV], sort_keys=True).encode())
+    digest.update(Path(__file__).read_bytes())
+    return digest.hexdigest()
+
+
+def make_image(build: Any, base: Path, image: Path) -> None:
+    """Make ``image`` the base release as a one-commit repository, unless it was made from the same sources
+    already: another process may be grading from it (pytest workers side by side), so a finished image is
+    never removed under a reader; one whose recipe changed is rebuilt."""
+    stamp = source_stamp(build)
+    marker = image / ".git" / build.STAMP
+    if marker.is_file() and marker.read_text() == stamp:
+        return
+    if image.exists():
+        shutil.rmtree(image)
+    image.mkdir(parents=True)
+    build.copy_files(base, image)
+    build.git(image, "init", "-q", "-b", "main")
+    build.git(image, "add", "-A")
+    build.git(image, "commit", "-q", "-m", f"{PROJECT} {BASE[0]} (sdist)")
+    marker.write_text(stamp)
+
+
+def write_if_changed(path: Path, data: bytes) -> None:
+    """``path`` holds ``data``; a reader never sees it half written (a new file renamed over the old)."""
+    if path.is_file() and path.read_bytes() == data:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_bytes(data)
+    partial.replace(path)
+
+
 def build_task() -> dict[str, Any]:
     """Make the image and the eval-only test file; return the row (paths relative to this directory)."""
     build = swe_mini_build()
+    image = IMAGES / PROJECT
+    hidden = EVAL / PROJECT / HIDDEN_TEST
     with tempfile.TemporaryDirectory(prefix="upstream-sdists-") as tmp:
         base = unpack(sdist(*BASE), Path(tmp) / "base")
         fix = unpack(sdist(*FIX), Path(tmp) / "fix")
-        image = IMAGES / PROJECT
-        if image.exists():
-            shutil.rmtree(image)
-        image.mkdir(parents=True)
-        build.copy_files(base, image)
-        build.git(image, "init", "-q", "-b", "main")
-        build.git(image, "add", "-A")
-        build.git(image, "commit", "-q", "-m", f"{PROJECT} {BASE[0]} (sdist)")
-        hidden = EVAL / PROJECT / HIDDEN_TEST
-        hidden.parent.mkdir(parents=True, exist_ok=True)
-        hidden.write_bytes((fix / HIDDEN_TEST).read_bytes())
+        make_image(build, base, image)
+        write_if_changed(hidden, (fix / HIDDEN_TEST).read_bytes())
         label = gold_patch(build, base, fix)
     metadata = {
         "instance_id": INSTANCE_ID,
@@ -155,8 +184,12 @@ def build_task() -> dict[str, Any]:
 
 
 def build(*, write_tasks: bool = False, dataset: Path = DATASET) -> list[dict[str, Any]]:
-    """Build and return the rows; checks (or rewrites) ``dataset``."""
-    rows = [build_task()]
+    """Build and return the rows; checks (or rewrites) ``dataset``. One builder at a time (a lock file):
+    processes side by side never see a half-made image."""
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    with open(IMAGES / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        rows = [build_task()]
     text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
     if write_tasks:
         dataset.write_text(text)
