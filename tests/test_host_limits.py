@@ -4,8 +4,9 @@ sandbox tries to exceed them, and every hit is named.
 Each attack is what a policy would write: big random files in the workspace before its patch is taken, a
 non-UTF-8 byte in a changed file, ``fallocate`` past the grader's disk, a filled ``/tmp`` with stderr
 silenced. The host is measured around each attack: the test process's peak RSS (``VmHWM``, reset just
-before; this process is the runner taking the patch) and the free space of the host filesystem the
-sandboxes' scratch lives on. Real bwrap sandboxes and cgroups, as root.
+before; this process is the runner taking the patch) and the free space of the filesystem the sandboxes'
+scratch lives on: a private one per test (:func:`host_disk`), so only what the attack leaks moves it, not
+what other tests on the machine write meanwhile. Real bwrap sandboxes and cgroups, as root.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import importlib.util
 import io
 import os
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +29,7 @@ from rollbus.events import EVENT_TYPES, DiffEvent
 from rollbus.grading import parse_row
 from rollbus.grading.backends import grade_function
 from rollbus.sandbox import BwrapSandbox, Limits, SandboxSpec, bwrap_usable, create_local
-from rollbus.sandbox.bwrap_host import SCRATCH_ROOT
+from rollbus.sandbox.bwrap_host import mount_tmpfs, unmount
 from rollbus.sandbox.capture import capture_patch
 from rollbus.sandbox.scratch import capped_scratch
 from rollbus.services.grader.core import diff_patch
@@ -42,9 +45,24 @@ MIB = 1 << 20
 CAP = 1 * MIB  # the patch cap of these tests
 RSS_SLACK = 48 * MIB  # what the runner may add to its peak beyond the cap (buffers, the interpreter's own)
 DISK_SLACK = 16 * MIB  # host disk the attack may cost (nothing but metadata should reach it)
+HOST_DISK = 1024 * MIB  # the private filesystem standing for the host's disk
 needs_root_bwrap = pytest.mark.skipif(
     not bwrap_usable() or os.geteuid() != 0, reason="needs bubblewrap and root (cgroups, tmpfs mounts)"
 )
+
+
+@pytest.fixture
+def host_disk() -> Iterator[Path]:
+    """A filesystem nothing else writes to, standing for the host disk the sandboxes' scratch lives on: its
+    free space moves by what the sandbox under test leaks past its caps and nothing else (the machine's
+    shared disk once lost 91 MiB under a capture that wrote nothing there: other tests' files)."""
+    path = Path(tempfile.mkdtemp(prefix="rollbus-host-disk-"))
+    assert mount_tmpfs(path, 0o755, HOST_DISK, name="rollbus-host-disk"), "as root a tmpfs mounts"
+    try:
+        yield path
+    finally:
+        unmount(path)
+        path.rmdir()
 
 
 def free_bytes(path: Path) -> int:
@@ -72,27 +90,30 @@ class PeakRss:
         raise AssertionError("no VmHWM in /proc/self/status")
 
 
-async def agent_sandbox(limits: Limits) -> BwrapSandbox:
-    return await create_local(SandboxSpec(image=EXAMPLE_REPO, limits=limits))
+async def agent_sandbox(limits: Limits, scratch_root: Path | None = None) -> BwrapSandbox:
+    spec = SandboxSpec(image=EXAMPLE_REPO, limits=limits)
+    return await (
+        create_local(spec) if scratch_root is None else create_local(spec, scratch_root=scratch_root)
+    )
 
 
 # --- 14: taking the patch ------------------------------------------------------------------------------
 
 
 @needs_root_bwrap
-async def test_a_workspace_of_random_data_costs_the_runner_at_most_the_cap() -> None:
+async def test_a_workspace_of_random_data_costs_the_runner_at_most_the_cap(host_disk: Path) -> None:
     """100 MB of random bytes in new files: the patch would be ~135 MB of base85. git runs in the sandbox
     (its cgroup pays), its output stops at the cap, and the runner's peak RSS and the host disk do not move
     by more than the cap and slack. (The host-side capture before took the whole diff into memory as text
     and wrote every new file into the baseline's objects on the host disk.)"""
-    async with await agent_sandbox(Limits(memory_bytes=1024 * MIB, disk_bytes=512 * MIB)) as box:
+    async with await agent_sandbox(Limits(memory_bytes=1024 * MIB, disk_bytes=512 * MIB), host_disk) as box:
         attack = "head -c 60M /dev/urandom > data.bin && head -c 40M /dev/urandom > more.bin"
         done = await box.run(["sh", "-c", attack], ENV, timeout=120)
         assert done.exit_code == 0 and done.failure_kind is None, done
-        disk_before = free_bytes(SCRATCH_ROOT)
+        disk_before = free_bytes(host_disk)
         with PeakRss() as rss:
             captured = await capture_patch(box, CAP + 1, timeout=120)
-        disk_drop = disk_before - free_bytes(SCRATCH_ROOT)
+        disk_drop = disk_before - free_bytes(host_disk)
     outcome = attempt_outcome("att-1", done, captured, CAP)
     assert (outcome.failure_kind, outcome.patch_truncated) == ("patch_too_large", True), captured
     assert len(outcome.patch) <= CAP and outcome.patch.startswith(b"diff --git a/data.bin b/data.bin\n")
@@ -192,13 +213,12 @@ def test_a_diff_written_before_v3_reads_back_as_its_utf8_bytes() -> None:
 
 
 @needs_root_bwrap
-async def test_fallocate_past_the_graders_disk_never_reaches_the_host_disk() -> None:
+async def test_fallocate_past_the_graders_disk_never_reaches_the_host_disk(host_disk: Path) -> None:
     """Code under test in the grader's repository allocates 6 GB, then writes zeros until the disk is full,
     stderr silenced. The repository sits on a capped tmpfs: both fail while they write, the host disk does
     not move (measured before the scratch is removed), and the sandbox names the hit ``disk_full``."""
-    host = Path(os.environ.get("TMPDIR", "/tmp"))
-    before = free_bytes(host)
-    with capped_scratch("rollbus-grade-test-", host, size=32 * MIB) as scratch:
+    before = free_bytes(host_disk)
+    with capped_scratch("rollbus-grade-test-", host_disk, size=32 * MIB) as scratch:
         repo = scratch / "repo"
         subprocess.run(["cp", "-r", str(EXAMPLE_REPO), str(repo)], check=True)
         box = await BwrapSandbox.create(repo, network="none")
@@ -207,7 +227,7 @@ async def test_fallocate_past_the_graders_disk_never_reaches_the_host_disk() -> 
             done = await box.run(["sh", "-c", attack], ENV, timeout=120)
         finally:
             await box.close()
-        drop = before - free_bytes(host)
+        drop = before - free_bytes(host_disk)
         held = sum(p.stat().st_blocks * 512 for p in repo.iterdir() if p.is_file())
     assert done.exit_code == 0 and done.failure_kind == "disk_full", done
     assert drop < DISK_SLACK, f"the host disk lost {drop >> 20} MiB"
