@@ -69,12 +69,15 @@ Then (h6/cost), ``--rollouts 4 --turns 50 --idle 20``, before (981a9cf) and afte
   above ~1/3, so the aim needs the request path rebuilt (raw HTTP to the engine, the body checked once per
   new message), not one fix.
 
-Then (h7/runner), ``--rollouts 2 --turns 50 --idle 10``, main (697171c) and this branch alternated, load 9-13,
+Then (h7/runner), ``--rollouts 2 --turns 50 --idle 10``, main (697171c) and this branch alternated, load 7-13,
 work + idle = total (the idle rate in CPU-ms/s), the run's wall, the agent CLI's CPU:
   pair 1: main    runner 0.24 + 0.13 = 0.36 (2.0), segmenter 0.17 + 0.31; rollbus 1.33 + 0.63; 125 s; 3.14.
           branch  runner 0.28 + 0.07 = 0.35 (1.0), segmenter 0.24 + 0.35; rollbus 1.41 + 0.84; 140 s; 3.95.
   pair 2: main    runner 0.30 + 0.19 = 0.48 (2.0), segmenter 0.26 + 0.46; rollbus 1.62 + 1.02; 185 s; 4.11.
           branch  runner 0.28 + 0.08 = 0.37 (1.0), segmenter 0.29 + 0.41; rollbus 1.53 + 0.97; 165 s; 4.09.
+  pair 3: main    runner 0.35 + 0.16 = 0.51 (2.0), segmenter 0.24 + 0.48; rollbus 1.71 + 1.02; 160 s; 4.47.
+          branch  runner 0.27 + 0.03 = 0.30 (1.0), segmenter 0.19 + 0.22; rollbus 1.58 + 0.40; 63 s; 3.55
+          (the load fell from 12.7 to 6.7 during it).
   Ten seconds of idle read in 10 ms ticks is coarse; each service's threads read over 40 s of an idle stack
   (``/proc/<pid>/task/*/stat`` and ``voluntary_ctxt_switches``), main then branch: the runner 2.5 -> 1.5
   CPU-ms/s and 7.7 -> 3.7 wake-ups/s (an earlier pair: 2.5 -> 2.0). Its consumer's background fetcher
