@@ -68,6 +68,35 @@ Then (h6/cost), ``--rollouts 4 --turns 50 --idle 20``, before (981a9cf) and afte
   prompt-reference check 0.7 ms, Avro, the producer), and the plan and the parse in worker threads; no part
   above ~1/3, so the aim needs the request path rebuilt (raw HTTP to the engine, the body checked once per
   new message), not one fix.
+
+Then (h7/runner), ``--rollouts 2 --turns 50 --idle 10``, main (697171c) and this branch alternated, load 7-13,
+work + idle = total (the idle rate in CPU-ms/s), the run's wall, the agent CLI's CPU:
+  pair 1: main    runner 0.24 + 0.13 = 0.36 (2.0), segmenter 0.17 + 0.31; rollbus 1.33 + 0.63; 125 s; 3.14.
+          branch  runner 0.28 + 0.07 = 0.35 (1.0), segmenter 0.24 + 0.35; rollbus 1.41 + 0.84; 140 s; 3.95.
+  pair 2: main    runner 0.30 + 0.19 = 0.48 (2.0), segmenter 0.26 + 0.46; rollbus 1.62 + 1.02; 185 s; 4.11.
+          branch  runner 0.28 + 0.08 = 0.37 (1.0), segmenter 0.29 + 0.41; rollbus 1.53 + 0.97; 165 s; 4.09.
+  pair 3: main    runner 0.35 + 0.16 = 0.51 (2.0), segmenter 0.24 + 0.48; rollbus 1.71 + 1.02; 160 s; 4.47.
+          branch  runner 0.27 + 0.03 = 0.30 (1.0), segmenter 0.19 + 0.22; rollbus 1.58 + 0.40; 63 s; 3.55
+          (the load fell from 12.7 to 6.7 during it).
+  Ten seconds of idle read in 10 ms ticks is coarse; each service's threads read over 40 s of an idle stack
+  (``/proc/<pid>/task/*/stat`` and ``voluntary_ctxt_switches``), main then branch: the runner 2.5 -> 1.5
+  CPU-ms/s and 7.7 -> 3.7 wake-ups/s (an earlier pair: 2.5 -> 2.0). Its consumer's background fetcher
+  (aiokafka) looked at its partitions every 200 ms whatever happened; now every 2 s
+  (``--consumer-timeout-ms``), since every event that needs a fetch (records taken, a resume, a seek, a
+  rebalance) wakes it at once. The runner and the segmenter also load the codec's schemas at start, not on
+  their first event (a one-time ~0.1 CPU-s each, cProfile, that this bench counted as the first rollouts'
+  work); the work figures above move less than their noise (+-0.05). Profiled (cProfile on a thread-CPU
+  clock, py-spy), what is left: the runner's ~0.25 CPU-s a rollout is mostly the sandbox's life (the
+  workspace copied and removed; bwrap, for the probe, the agent and the git capture, started with a
+  ``preexec_fn`` that joins its cgroups, so forked, not spawned; the sessions API over httpx) plus ~1 ms a
+  turn in the proxy (~0.9 ms on the event loop, and the peer check's walk of the host's ``/proc`` in a
+  thread: a readlink of each process's PID namespace, ~0.65 ms with ~150 processes); the segmenter's rollbus
+  code is ~1 ms a fact (decode ~0.45 ms, the state machine and its two table writes), the rest Faust's and
+  aiokafka's own. The segmenter's idle ~6 CPU-ms/s (main thread ~2, consumer thread ~4.5 at ~10 wake-ups/s)
+  is theirs and out of reach of Faust's settings: aiokafka's same 200 ms fetcher timer (half the consumer
+  thread's wake-ups; Faust builds the consumer without ``consumer_timeout_ms``), Faust's 1 s drain and
+  mode's 1.1 s thread keep-alive, each crossing between the two threads, and the commit livelock check
+  (every 2.5 commit intervals, ~7 ms over ~44 partitions each time).
 """
 
 from __future__ import annotations

@@ -55,3 +55,14 @@ def test_the_long_running_consumers_fetch_wait_is_one_setting_each() -> None:
         assert cls.env_var("fetch_wait_ms") == f"ROLLBUS_{service}_FETCH_WAIT_MS", name
         with pytest.raises(ValueError, match="fetch"):
             cls.load({"fetch_wait_ms": "-1"})
+
+
+def test_the_runner_s_fetcher_looks_at_its_partitions_every_2_s_unless_woken() -> None:
+    """``--consumer-timeout-ms``: the runner's tasks consumer takes it as aiokafka's ``consumer_timeout_ms``
+    (default 200 ms there: five idle wake-ups a second), read from the flag and the runner's variable."""
+    cls = settings_classes()["RunnerSettings"]
+    assert default(cls, "consumer_timeout_ms") == 2000
+    assert cls.env_var("consumer_timeout_ms") == "ROLLBUS_SANDBOX_RUNNER_CONSUMER_TIMEOUT_MS"
+    assert cls.load({"consumer_timeout_ms": "200"}).consumer_timeout_ms == 200
+    with pytest.raises(ValueError, match="consumer-timeout-ms"):
+        cls.load({"consumer_timeout_ms": "0"})

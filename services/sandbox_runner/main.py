@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Any
 
+from rollbus.codec import default_codec
 from rollbus.sandbox import bwrap_usable
 from rollbus.serve import run_service
 from rollbus.services.sandbox_runner.outcome import diff_event
@@ -89,6 +90,7 @@ async def _serve(settings: RunnerSettings, stop: asyncio.Event) -> int:
         if swept:
             log.info("swept %d docker sandboxes of dead runners", len(swept))
     runner = SandboxRunner(settings)
+    default_codec()  # the schemas, loaded once here (~0.1 CPU-s), not by the first task in the middle of work
     log.info("consuming %s as group %s: %d rollouts at once, %d booting, budget %.0fs, %s, adapter %s",
              runner.tasks_topic, settings.consumer_group, settings.concurrency, settings.boot_concurrency,
              settings.agent_timeout, settings.backend, settings.adapter_url)  # fmt: skip

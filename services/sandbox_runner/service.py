@@ -71,7 +71,7 @@ class SandboxRunner:
             start=self._start, capacity=settings.concurrency, poll_ms=settings.poll_ms,
             answers=self.diffs_topic, session_timeout_ms=settings.session_timeout_ms,
             heartbeat_interval_ms=max(settings.session_timeout_ms // 4, 250),
-            fetch_max_wait_ms=settings.fetch_wait_ms,
+            fetch_max_wait_ms=settings.fetch_wait_ms, consumer_timeout_ms=settings.consumer_timeout_ms,
         )  # fmt: skip
         sessions = AdapterSessions(
             settings.adapter_url, settings.admin(), settings.close_timeout, settings.adapter_wait
