@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from rollbus.services.adapter.bodies import has_long_number
 from rollbus.services.adapter.engine_http import EngineHTTP, HTTPError
 from rollbus.top_logprobs import BadTopLogprobs, from_sglang
-
-_LONG_NUMBER = re.compile(rb"[0-9]{20}")
 
 
 class EngineError(Exception):
@@ -139,7 +137,7 @@ def decode_answer(body: bytes) -> Any:
     """The answer's JSON, read by orjson; what it refuses (a NaN or Infinity, a lone surrogate, another
     encoding than UTF-8) and a number of 20 digits or more (orjson reads an int past 64 bits as a float) the
     standard decoder reads or refuses, as httpx's ``response.json()`` did, so both give the same values."""
-    if _LONG_NUMBER.search(body) is None:
+    if not has_long_number(body):
         try:
             return orjson.loads(body)
         except orjson.JSONDecodeError:
