@@ -248,5 +248,10 @@ class EngineHTTP:
             raise ReadError(str(exc) or type(exc).__name__) from None
 
     async def aclose(self) -> None:
+        """Close the idle connections and wait until they are closed (the engine sees them end now)."""
+        closing = []
         while self._idle:
-            self._idle.pop().close()
+            connection = self._idle.pop()
+            connection.close()
+            closing.append(connection.writer.wait_closed())
+        await asyncio.gather(*closing, return_exceptions=True)
