@@ -68,6 +68,26 @@ Then (h6/cost), ``--rollouts 4 --turns 50 --idle 20``, before (981a9cf) and afte
   prompt-reference check 0.7 ms, Avro, the producer), and the plan and the parse in worker threads; no part
   above ~1/3, so the aim needs the request path rebuilt (raw HTTP to the engine, the body checked once per
   new message), not one fix.
+
+Then (h7/adapter), ``--rollouts 2 --turns 50 --idle 5``, main (697171c) and this branch alternated, two pairs
+(``--idle 5`` makes the idle rates coarse: compare work and totals):
+  pair 1, load 7.5-10.3: adapter before 1.04 + 0.19 = 1.23, after 0.70 + 0.10 = 0.81 (97 s and 102 s);
+  pair 2, load 10.3-13.2: adapter before 1.14 + 0.15 = 1.30, after 0.80 + 0.18 = 0.98 (151 s and 179 s);
+  rollbus work 1.11 -> 1.26 and 1.78 -> 1.42 (the other services unchanged, their work as noisy as ever).
+  The adapter's work fell by 30-32% (21-23 -> 14-16 ms a turn on this loaded machine): the engine
+  called over a lean keep-alive HTTP/1.1 client instead of httpx (``services/adapter/engine_http.py``:
+  ~1.4 -> ~0.25 ms of CPU a call at a 20k-token prompt), the request body read by orjson (~0.4 -> ~0.17
+  ms for Claude Code's ~100 KB), its nesting check visiting containers only, and the long-number guard
+  before orjson a translate, not a regex (a regex over 100 KB cost ~1 ms). Measured apart too: the 50
+  turns of one real rollout's captured bodies replayed to an adapter alone (no broker; ~10-12 ms a turn
+  on main). What is left, timed per part on the main thread (thread CPU clock) in that replay: request
+  parse ~1 ms at 100 messages (validation, conversation check, translation), the turn record ~0.8 ms
+  (``prompt_reference`` ~0.6 ms: the 20k-token stream built as a list from the chain's array to compare),
+  Avro + queueing ~0.8 ms, Starlette/FastAPI/uvicorn (h11) around the route and the SSE stream ~2.5 ms,
+  attribution ~0.3 ms, and in a worker thread the plan (the prompt as a list from the chain's array) and
+  the parse ~1-2 ms. Next: the prompt kept as the list the engine is sent instead of rebuilt thrice from
+  the array (at a memory cost per live chain), the request's messages validated once per chain, and a
+  faster HTTP parser for uvicorn (httptools).
 """
 
 from __future__ import annotations
