@@ -79,15 +79,18 @@ Then (h7/adapter), ``--rollouts 2 --turns 50 --idle 5``, main (697171c) and this
   ~1.4 -> ~0.25 ms of CPU a call at a 20k-token prompt), the request body read by orjson (~0.4 -> ~0.17
   ms for Claude Code's ~100 KB), its nesting check visiting containers only, and the long-number guard
   before orjson a translate, not a regex (a regex over 100 KB cost ~1 ms). Measured apart too: the 50
-  turns of one real rollout's captured bodies replayed to an adapter alone (no broker; ~10-12 ms a turn
-  on main). What is left, timed per part on the main thread (thread CPU clock) in that replay: request
-  parse ~1 ms at 100 messages (validation, conversation check, translation), the turn record ~0.8 ms
-  (``prompt_reference`` ~0.6 ms: the 20k-token stream built as a list from the chain's array to compare),
-  Avro + queueing ~0.8 ms, Starlette/FastAPI/uvicorn (h11) around the route and the SSE stream ~2.5 ms,
-  attribution ~0.3 ms, and in a worker thread the plan (the prompt as a list from the chain's array) and
-  the parse ~1-2 ms. Next: the prompt kept as the list the engine is sent instead of rebuilt thrice from
-  the array (at a memory cost per live chain), the request's messages validated once per chain, and a
-  faster HTTP parser for uvicorn (httptools).
+  turns of one real rollout's captured bodies replayed to an adapter alone (real uvicorn and Avro, no
+  broker, a stub engine), 3 rollouts each, alternated twice, load ~2: main 12.0 ms a turn at best (means
+  15.1 and 16.1: its third rollout ran at ~21 ms both times), this branch 9.6-11.4 (means 12.3 and 10.3);
+  the turn and session events of both byte-identical but for timings and request ids. What is left,
+  timed per part on the main thread (thread CPU clock) in that replay: request parse ~1 ms at 100
+  messages (validation, conversation check, translation), the turn record ~0.8 ms (``prompt_reference``
+  ~0.6 ms: the 20k-token stream built as a list from the chain's array to compare), Avro + queueing ~0.8
+  ms, Starlette/FastAPI/uvicorn (h11) around the route and the SSE stream ~2.5 ms, attribution ~0.3 ms,
+  and in a worker thread the plan (the prompt as a list from the chain's array) and the parse ~1-2 ms.
+  Next: the prompt kept as the list the engine is sent instead of rebuilt thrice from the array (at a
+  memory cost per live chain), the request's messages validated once per chain, and a faster HTTP parser
+  for uvicorn (httptools).
 """
 
 from __future__ import annotations
