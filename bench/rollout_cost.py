@@ -97,6 +97,29 @@ work + idle = total (the idle rate in CPU-ms/s), the run's wall, the agent CLI's
   thread's wake-ups; Faust builds the consumer without ``consumer_timeout_ms``), Faust's 1 s drain and
   mode's 1.1 s thread keep-alive, each crossing between the two threads, and the commit livelock check
   (every 2.5 commit intervals, ~7 ms over ~44 partitions each time).
+
+Then (h7/adapter), ``--rollouts 2 --turns 50 --idle 5``, main (697171c) and this branch alternated, two pairs
+(``--idle 5`` makes the idle rates coarse: compare work and totals):
+  pair 1, load 7.5-10.3: adapter before 1.04 + 0.19 = 1.23, after 0.70 + 0.10 = 0.81 (97 s and 102 s);
+  pair 2, load 10.3-13.2: adapter before 1.14 + 0.15 = 1.30, after 0.80 + 0.18 = 0.98 (151 s and 179 s);
+  rollbus work 1.11 -> 1.26 and 1.78 -> 1.42 (the other services unchanged, their work as noisy as ever).
+  The adapter's work fell by 30-32% (21-23 -> 14-16 ms a turn on this loaded machine): the engine
+  called over a lean keep-alive HTTP/1.1 client instead of httpx (``services/adapter/engine_http.py``:
+  ~1.4 -> ~0.25 ms of CPU a call at a 20k-token prompt), the request body read by orjson (~0.4 -> ~0.17
+  ms for Claude Code's ~100 KB), its nesting check visiting containers only, and the long-number guard
+  before orjson a translate, not a regex (a regex over 100 KB cost ~1 ms). Measured apart too: the 50
+  turns of one real rollout's captured bodies replayed to an adapter alone (real uvicorn and Avro, no
+  broker, a stub engine), 3 rollouts each, alternated twice, load ~2: main 12.0 ms a turn at best (means
+  15.1 and 16.1: its third rollout ran at ~21 ms both times), this branch 9.6-11.4 (means 12.3 and 10.3);
+  the turn and session events of both byte-identical but for timings and request ids. What is left,
+  timed per part on the main thread (thread CPU clock) in that replay: request parse ~1 ms at 100
+  messages (validation, conversation check, translation), the turn record ~0.8 ms (``prompt_reference``
+  ~0.6 ms: the 20k-token stream built as a list from the chain's array to compare), Avro + queueing ~0.8
+  ms, Starlette/FastAPI/uvicorn (h11) around the route and the SSE stream ~2.5 ms, attribution ~0.3 ms,
+  and in a worker thread the plan (the prompt as a list from the chain's array) and the parse ~1-2 ms.
+  Next: the prompt kept as the list the engine is sent instead of rebuilt thrice from the array (at a
+  memory cost per live chain), the request's messages validated once per chain, and a faster HTTP parser
+  for uvicorn (httptools).
 """
 
 from __future__ import annotations

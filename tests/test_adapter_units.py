@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollbus.cli import main as cli_main
-from rollbus.services.adapter import sse
+from rollbus.services.adapter import bodies, sse
 from rollbus.services.adapter.anthropic import Message, parse_messages_request
 from rollbus.services.adapter.assistant import stop_reason
 from rollbus.services.adapter.attribution import answers_agent_call, claude_code
@@ -354,3 +354,34 @@ def test_every_growing_conversation_translates_to_growing_chats(requests) -> Non
     for before, after in zip(chats, chats[1:], strict=False):
         assert after[: len(before)] == before
     assert not any(m["role"] == "system" for chat in chats for m in chat[1:])
+
+
+JSON_EDGES = [
+    b'{"a": 1e400, "b": -1e-400, "c": -0, "d": -0.0, "e": 0.1e1, "f": 5e-324}',
+    b'{"a": NaN, "b": Infinity}',
+    b'{"id": 123456789012345678901234567890, "u": 18446744073709551615, "s": "12345678901234567890"}',
+    b'{"t": "\\ud800 lone", "pair": "\\ud83d\\ude00"}',
+    b'{"a": 1, "a": 2}',
+    b"\xef\xbb\xbf" + b'{"bom": true}',
+    '{"utf16": "\u00e9"}'.encode("utf-16"),
+    b'{"raw": "\xed\xa0\x80"}',  # a surrogate encoded as UTF-8: the standard decoder's surrogatepass reads it
+    b'{"bad": "\xff"}',
+    b'{"ctl": "a\x01b"}',
+    b"[" * 2000 + b"]" * 2000,
+    b'{"x": [' + b"0.30000000000000004, " * 50 + b"1]}",
+    b'{"trailing": 1} x',
+]
+
+
+@pytest.mark.parametrize("raw", JSON_EDGES)
+def test_request_and_engine_json_read_as_the_standard_decoder_reads_it(raw: bytes) -> None:
+    """The faster decoder of request bodies and engine answers (orjson where it agrees) gives the standard
+    decoder's values, types and errors."""
+
+    def outcome(loads):
+        try:
+            return "ok", repr(loads(raw))
+        except (ValueError, RecursionError) as exc:
+            return "error", type(exc).__name__
+
+    assert outcome(bodies.loads_exact) == outcome(json.loads)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 
 import fastavro
-import httpx
 import numpy as np
 import pytest
 import torch
@@ -17,6 +16,7 @@ from rollbus import codec
 from rollbus.codec.avro import HEADER
 from rollbus.kafka.bus import Publisher
 from rollbus.kafka.read import read_partitions
+from rollbus.services.adapter.engine_http import EngineHTTP
 from rollbus.services.adapter.sglang_client import EngineError, SGLangClient, TurnHeaders, parse_generation
 from rollbus.services.engine.policies import SamplePolicy, ScriptedPolicy
 from rollbus.services.segmenter.segmentation import Segmenter
@@ -91,12 +91,13 @@ async def test_the_engine_answers_each_tokens_top_k_as_a_full_forward_ranks_them
     those of one cold forward over prompt + output; the sampled token is never likelier than the best."""
     engine_, url = engine
     prompt = chat_prompt(tokenizer, "list the files")
-    async with httpx.AsyncClient(timeout=120) as http:
-        client = SGLangClient(url, http)
-        headers = TurnHeaders("r-0", "c", "main")
-        params = {"max_new_tokens": 6, "ignore_eos": True}
-        generation = await client.generate(prompt, params, "rid-1", headers, top_logprobs=K)
-        plain = await client.generate(prompt, params, "rid-2", headers)
+    http = EngineHTTP(url, timeout=120, connect_timeout=10, max_connections=2, keepalive=2)
+    client = SGLangClient(http)
+    headers = TurnHeaders("r-0", "c", "main")
+    params = {"max_new_tokens": 6, "ignore_eos": True}
+    generation = await client.generate(prompt, params, "rid-1", headers, top_logprobs=K)
+    plain = await client.generate(prompt, params, "rid-2", headers)
+    await http.aclose()
     n = len(generation.output_ids)
     ids, logprobs = unpack(generation.top_logprobs, n)
     with torch.inference_mode():

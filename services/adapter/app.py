@@ -12,7 +12,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import httpx
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
@@ -22,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 
 from rollbus.services.adapter import anthropic, edge
 from rollbus.services.adapter.bodies import decode_json
+from rollbus.services.adapter.engine_http import EngineHTTP
 from rollbus.services.adapter.errors import ApiError, forbidden, invalid_request, not_found, unauthenticated
 from rollbus.services.adapter.expiry import idle_expiry
 from rollbus.services.adapter.markup import ContentFormsMarkup
@@ -187,7 +187,7 @@ def create_app(
     publisher: BytePublisher,
     *,
     tokenizer: Any = None,
-    http: httpx.AsyncClient | None = None,
+    http: EngineHTTP | None = None,
     parse: Callable[..., Any] | None = None,
     records: Records | None = None,
 ) -> FastAPI:

@@ -1,4 +1,5 @@
-"""Token-in/token-out calls to an SGLang ``/generate`` server over one pooled HTTP client.
+"""Token-in/token-out calls to an SGLang ``/generate`` server over one pooled HTTP client
+(:mod:`rollbus.services.adapter.engine_http`).
 
 A turn that is cancelled (the CLI hung up) or fails is aborted on the server, so a dead request never
 keeps generating on the GPU.
@@ -12,9 +13,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import orjson
 
+from rollbus.services.adapter.bodies import loads_exact
+from rollbus.services.adapter.engine_http import EngineHTTP, HTTPError
 from rollbus.top_logprobs import BadTopLogprobs, from_sglang
 
 
@@ -67,17 +69,19 @@ class TurnHeaders:
 class SGLangClient:
     """``api_key``: the engine's ``--api-key``, sent as a bearer token on every call."""
 
-    def __init__(
-        self, base_url: str, http: httpx.AsyncClient, api_key: str | None = None, abort_timeout: float = 5.0
-    ) -> None:
-        self.base_url = base_url.rstrip("/")
+    def __init__(self, http: EngineHTTP, api_key: str | None = None, abort_timeout: float = 5.0) -> None:
         self.abort_timeout = abort_timeout
         self.http = http
         self.auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     async def generate(
-        self, input_ids: list[int], sampling_params: dict[str, Any], rid: str, headers: TurnHeaders,
-        routes_from: int | None = None, top_logprobs: int = 0,
+        self,
+        input_ids: list[int],
+        sampling_params: dict[str, Any],
+        rid: str,
+        headers: TurnHeaders,
+        routes_from: int | None = None,
+        top_logprobs: int = 0,
     ) -> Generation:
         """``routes_from``: ask for the routed experts of positions ``routes_from`` .. seqlen - 2 (SGLang's
         ``routed_experts_start_len``; the server needs ``--enable-return-routed-experts``); None: not.
@@ -95,33 +99,26 @@ class SGLangClient:
             body["top_logprobs_num"] = top_logprobs
         started = time.monotonic()
         try:
-            response = await self.http.post(
-                f"{self.base_url}/generate", content=encode_body(body),
-                headers={**headers.as_dict(), **self.auth, "Content-Type": "application/json"},
-            )  # fmt: skip
+            sent_headers = {**headers.as_dict(), **self.auth}
+            response = await self.http.post("/generate", encode_body(body), sent_headers)
         except asyncio.CancelledError:
             await asyncio.shield(self.abort(rid))
             raise
-        except httpx.HTTPError as exc:
+        except HTTPError as exc:
             await self.abort(rid)
             raise EngineError(f"engine call failed: {type(exc).__name__}: {exc}") from exc
-        if response.status_code != 200:
+        if response.status != 200:
             await self.abort(rid)
-            error = EngineRejected if 400 <= response.status_code < 500 else EngineError
-            raise error(f"engine answered {response.status_code}: {response.text[:500]}")
+            error = EngineRejected if 400 <= response.status < 500 else EngineError
+            raise error(f"engine answered {response.status}: {response.text[:500]}")
         elapsed_ms = int((time.monotonic() - started) * 1000)
-        return parse_generation(response.json(), rid, elapsed_ms, top_logprobs)
+        return parse_generation(loads_exact(response.body), rid, elapsed_ms, top_logprobs)
 
     async def abort(self, rid: str) -> None:
         """Best effort: the engine may already have finished or be unreachable."""
         try:
-            await self.http.post(
-                f"{self.base_url}/abort_request",
-                json={"rid": rid},
-                headers=self.auth,
-                timeout=self.abort_timeout,
-            )
-        except httpx.HTTPError:
+            await self.http.post("/abort_request", orjson.dumps({"rid": rid}), self.auth, self.abort_timeout)
+        except HTTPError:
             pass
 
 

@@ -7,9 +7,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from rollbus.routed_experts import RoutesStore
+from rollbus.services.adapter.engine_http import EngineHTTP
 from rollbus.services.adapter.errors import overloaded, unavailable
 from rollbus.services.adapter.metrics import AdapterMetrics
 from rollbus.services.adapter.publisher import BacklogFull, BytePublisher, Outbox
@@ -86,13 +85,14 @@ def build_state(
         from rollbus.services.adapter.parsing import parse_output as parse
     stops = SpecialIds.from_tokenizer(tokenizer).stop_token_ids
     history_class = CanonicalHistory if settings.history_mode == "canonical" else RerenderHistory
-    http = http or httpx.AsyncClient(
-        timeout=httpx.Timeout(settings.engine_timeout, connect=settings.engine_connect_timeout),
+    http = http or EngineHTTP(
+        settings.sglang_url,
+        timeout=settings.engine_timeout,
+        connect_timeout=settings.engine_connect_timeout,
+        max_connections=settings.max_concurrency + 8,
         # idle connections are dropped before the engine's server drops them (uvicorn: 5 s): reusing one it
         # is closing loses the request (a ReadError, seen when Codex's spawn left the engine idle ~5 s)
-        limits=httpx.Limits(
-            max_connections=settings.max_concurrency + 8, keepalive_expiry=settings.engine_keepalive
-        ),
+        keepalive=settings.engine_keepalive,
     )
     outbox = Outbox(
         publisher,
@@ -104,9 +104,7 @@ def build_state(
     )
     kit = TurnKit(
         settings,
-        SGLangClient(
-            settings.sglang_url, http, settings.engine_api_key, abort_timeout=settings.abort_timeout
-        ),
+        SGLangClient(http, settings.engine_api_key, abort_timeout=settings.abort_timeout),
         tokenizer,
         stops,
         parse,
