@@ -7,6 +7,7 @@ forces ``ROLLBUS_TEST_BROKER=docker`` for a share of the broker tests.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -130,3 +131,45 @@ def test_the_python_base_stands_in_for_the_public_image_and_trusts_the_hosts_ext
     ).decode()
     for cert in host_ca_certificates():
         assert any(line.endswith(cert.name) for line in listed.split()), (cert.name, listed)
+
+
+@pytest.mark.docker
+def test_a_rebuilt_tag_drops_the_image_it_named_unless_a_container_holds_it(tmp_path: Path) -> None:
+    """Each changed tree rebuilt ``rollbus:latest`` and left the 8 GB image before it untagged: a machine's
+    disk filled after a few. A tag that moves now takes its old image with it; one a container was made from
+    is kept (the engine refuses, nothing is forced), and the build still succeeds."""
+    import docker
+
+    from rollbus.local_images.build import build
+    from rollbus.sandbox.docker_engine import client
+
+    engine = client()
+    tag = f"rollbus-test/replaced:{tmp_path.name[-12:].lower().replace('_', '-')}"
+
+    def made(content: str) -> str:
+        context = tmp_path / content
+        context.mkdir()
+        (context / "f").write_text(content)
+        (context / "Dockerfile").write_text("FROM scratch\nCOPY f /f\n")
+        build(engine, context, tag, {})
+        return str(engine.images.get(tag).id)
+
+    def exists(image: str) -> bool:
+        try:
+            engine.images.get(image)
+        except docker.errors.ImageNotFound:
+            return False
+        return True
+
+    first = made("one")
+    second = made("two")
+    assert second != first and not exists(first)
+    holder = engine.containers.create(second, ["/f"])
+    try:
+        third = made("three")
+        assert third != second and exists(second) and exists(third)
+    finally:
+        holder.remove(force=True)
+        for image in (second, tag):
+            with contextlib.suppress(docker.errors.APIError):
+                engine.images.remove(image, force=True)

@@ -90,11 +90,13 @@ def build(
     client: Any, context: Path, tag: str, buildargs: dict[str, str], dockerfile: str = "Dockerfile"
 ) -> None:
     """``docker build`` with the host's network (registries are reached from the build, never from a
-    sandbox), never pulling: every base is local or was built here."""
+    sandbox), never pulling: every base is local or was built here. The image ``tag`` named before is removed
+    once the tag moves, unless something still holds it (see :func:`drop_replaced`)."""
     import docker
 
+    before = image_id(client, tag)
     try:
-        client.images.build(
+        built, _ = client.images.build(
             path=str(context), dockerfile=dockerfile, tag=tag, buildargs=buildargs, network_mode="host",
             rm=True, forcerm=True, pull=False,
         )  # fmt: skip
@@ -102,6 +104,29 @@ def build(
         raise ImageError(f"{tag} did not build: {exc.msg}\n{log_tail(exc.build_log)}") from exc
     except docker.errors.APIError as exc:
         raise ImageError(f"{tag} did not build: {exc.explanation or exc}") from exc
+    if before is not None and before != built.id:
+        drop_replaced(client, before)
+
+
+def image_id(client: Any, name: str) -> str | None:
+    import docker
+
+    try:
+        return str(client.images.get(name).id)
+    except docker.errors.ImageNotFound:
+        return None
+
+
+def drop_replaced(client: Any, old_id: str) -> None:
+    """Remove the image a rebuilt tag named before: left untagged, each rebuild of the rollbus image (8 GB)
+    kept its predecessor, and a machine that ran a few changed trees had its disk full. An image another tag
+    or a container still holds is kept (the engine refuses; nothing is forced)."""
+    import docker
+
+    try:
+        client.images.remove(old_id, noprune=False)
+    except docker.errors.APIError:
+        pass
 
 
 def log_tail(lines: Iterable[dict[str, Any]], chars: int = 1500) -> str:
