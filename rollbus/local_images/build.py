@@ -33,13 +33,7 @@ def content_key(*parts: bytes | str | Path) -> str:
 
 
 def has_image(client: Any, name: str) -> bool:
-    import docker
-
-    try:
-        client.images.get(name)
-    except docker.errors.ImageNotFound:
-        return False
-    return True
+    return image_id(client, name) is not None
 
 
 def ensure_image(
